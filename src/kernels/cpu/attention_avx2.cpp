@@ -1,0 +1,94 @@
+// AVX2 + FMA + F16C inner loops of attention_f16; compiled only into this file, called after a
+// runtime CPU check. Same operation order as the scalar reference in attention.cpp.
+#include <immintrin.h>
+
+#include "kernels/cpu/attention_impl.h"
+
+namespace vxq::cpu::detail {
+
+namespace {
+inline float hsum8(__m256 x) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+inline __m256 load_f16(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+}  // namespace
+
+void attn_scores_f16_avx2(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
+    if (d % 8 != 0 || d > 256) {  // rare shapes: lane-by-lane, same order
+        for (int64_t t = 0; t < n_kv; ++t) {
+            float acc[8] = {};
+            for (int64_t c = 0; c < d; ++c) {
+                __m128 x = _mm_cvtph_ps(_mm_cvtsi32_si128(k[t * d + c]));
+                acc[c % 8] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(q16[c]), x, _mm_set_ss(acc[c % 8])));
+            }
+            s[t] = hsum8(_mm256_loadu_ps(acc));
+        }
+        return;
+    }
+    __m256 qv[32];
+    const int64_t nb = d / 8;
+    for (int64_t b = 0; b < nb; ++b) qv[b] = _mm256_loadu_ps(q16 + 8 * b);
+    int64_t t = 0;
+    for (; t + 4 <= n_kv; t += 4) {  // four keys at a time: independent FMA chains
+        const f16_t* k0 = k + t * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t b = 0; b < nb; ++b) {
+            a0 = _mm256_fmadd_ps(qv[b], load_f16(k0 + 8 * b), a0);
+            a1 = _mm256_fmadd_ps(qv[b], load_f16(k0 + d + 8 * b), a1);
+            a2 = _mm256_fmadd_ps(qv[b], load_f16(k0 + 2 * d + 8 * b), a2);
+            a3 = _mm256_fmadd_ps(qv[b], load_f16(k0 + 3 * d + 8 * b), a3);
+        }
+        s[t] = hsum8(a0);
+        s[t + 1] = hsum8(a1);
+        s[t + 2] = hsum8(a2);
+        s[t + 3] = hsum8(a3);
+    }
+    for (; t < n_kv; ++t) {
+        __m256 a0 = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) a0 = _mm256_fmadd_ps(qv[b], load_f16(k + t * d + 8 * b), a0);
+        s[t] = hsum8(a0);
+    }
+}
+
+void attn_weighted_sum_f16_avx2(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+    // acc[l][c]: lane l of output c. For d % 8 == 0 hold the 8 lanes of 8 outputs as 8 vectors
+    // indexed by lane, i.e. lanes are the key index mod 8 and the vector runs over channels.
+    if (d % 8 != 0 || d > 256) {
+        for (int64_t c = 0; c < d; ++c) {
+            float acc[8] = {};
+            for (int64_t t = 0; t < n_kv; ++t) {
+                __m128 x = _mm_cvtph_ps(_mm_cvtsi32_si128(v[t * d + c]));
+                acc[t % 8] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p16[t]), x, _mm_set_ss(acc[t % 8])));
+            }
+            out[c] = hsum8(_mm256_loadu_ps(acc));
+        }
+        return;
+    }
+    const int64_t nb = d / 8;
+    alignas(32) float acc[8][256];
+    for (int l = 0; l < 8; ++l)
+        for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[l][8 * b], _mm256_setzero_ps());
+    for (int64_t t = 0; t < n_kv; ++t) {
+        if (p16[t] == 0.0f) continue;  // fma(0, v, a) == a for finite v: skipping is exact
+        const __m256 p = _mm256_set1_ps(p16[t]);
+        float* a = acc[t % 8];
+        const f16_t* vt = v + t * d;
+        for (int64_t b = 0; b < nb; ++b) {
+            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(p, load_f16(vt + 8 * b), _mm256_load_ps(a + 8 * b)));
+        }
+    }
+    // Reduce the 8 lanes of each channel in ggml's hsum order: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
+    for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c = 8 * b;
+        const __m256 t0 = _mm256_add_ps(_mm256_load_ps(&acc[0][c]), _mm256_load_ps(&acc[4][c]));
+        const __m256 t1 = _mm256_add_ps(_mm256_load_ps(&acc[1][c]), _mm256_load_ps(&acc[5][c]));
+        const __m256 t2 = _mm256_add_ps(_mm256_load_ps(&acc[2][c]), _mm256_load_ps(&acc[6][c]));
+        const __m256 t3 = _mm256_add_ps(_mm256_load_ps(&acc[3][c]), _mm256_load_ps(&acc[7][c]));
+        _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3)));
+    }
+}
+
+}  // namespace vxq::cpu::detail

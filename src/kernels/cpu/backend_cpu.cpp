@@ -1,0 +1,55 @@
+// The CPU implementation of the Backend ops: matmuls and attention spread over a thread pool,
+// the cheap element-wise ops run on the calling thread.
+#include <fmt/format.h>
+
+#include "core/thread_pool.h"
+#include "kv/kv_cache.h"
+#include "model/backend.h"
+
+namespace vxq {
+
+namespace {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+
+    std::string describe() const override {
+        return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
+    }
+    void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
+        cpu::matmul(w, x, n, y, pool_);
+    }
+    void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
+        for (int64_t i = 0; i < n; ++i) cpu::dequantize_row(table, ids[i], out + i * table.cols);
+    }
+    void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y) override {
+        pool_.parallel_for(n_rows, [&](int64_t b, int64_t e) {
+            cpu::rms_norm(x + b * dim, weight, e - b, dim, eps, y + b * dim);
+        });
+    }
+    void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p) override {
+        pool_.parallel_for(n_tokens, [&](int64_t b, int64_t e) {
+            cpu::rope(x + b * n_heads * head_dim, e - b, n_heads, head_dim, pos0 + b, p);
+        });
+    }
+    void swiglu(float* gate, const float* up, int64_t n) override {
+        pool_.parallel_for(n, [&](int64_t b, int64_t e) { cpu::swiglu(gate + b, up + b, e - b); });
+    }
+    void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
+    void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override { cpu::add_bias(x, b, n_rows, dim); }
+    void attention(KvCache& cache, int64_t layer, const float* q, const float* k, const float* v, int64_t n,
+                   int64_t pos0, float* out) override {
+        cache.write(layer, pos0, k, v, n);
+        cache.attend(layer, q, n, pos0, out, pool_);
+    }
+
+private:
+    ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+
+}  // namespace vxq

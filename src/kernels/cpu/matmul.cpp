@@ -1,0 +1,538 @@
+// Weight x activation products: dispatch, threading, and the scalar reference.
+//
+// =================================================================================================
+// SUMMATION ORDER RULES: what llama.cpp b4748 computes on an AVX2+FMA+F16C machine without AVX-512
+// =================================================================================================
+// Sources read (ggml as vendored in llama.cpp around b4748, Feb 2025):
+//   [MM]  ggml-cpu.c  ggml_compute_forward_mul_mat: with src1 contiguous it first calls
+//         llamafile_sgemm(m = weight rows, n = tokens, k = cols / block size) on the raw f32
+//         activations; if that declines, src1 is converted row by row to the weight's vec_dot_type
+//         (F16 -> f16, BF16 -> bf16, Q8_0/Q4_0 -> q8_0) and llamafile_sgemm is tried again on the
+//         converted activations; if that declines too, every output is one ggml_vec_dot_<type>
+//         call (vec_dot_num_rows is 1 on x86).
+//   [SG]  llamafile/sgemm.cpp (after PR #10714 "more perfo with llamafile tinyblas on x86_64"):
+//         llamafile_sgemm returns false when n < 2 ("only enable sgemm for prompt processing").
+//         F32 needs Btype F32; F16 needs Btype F16 and BF16 needs Btype BF16 (so both only accept the
+//         *converted* activations); tinyBLAS<KN=8, __m256>::matmul declines unless k % 8 == 0 and
+//         m % 4 == 0 (its tiles are 4 rows tall).  Q8_0 and Q4_0 go to tinyBLAS_Q0_AVX, which never
+//         declines.
+//         tinyBLAS::gemm_bloc: one __m256 accumulator per output, Cv = fma(A[l..l+8), B[l..l+8), Cv)
+//         for l = 0, 8, 16, ... (lane j sums elements j, j+8, j+16, ...), then hsum(Cv):
+//         v = hi128 + lo128; v = v + movehl(v); r = v[0] + v[1]  ->  ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+//         tinyBLAS_Q0_AVX (gemm, gemm4xN, gemmMx4): per block, lanes = madd(maddubs(sign(a,a),
+//         sign(b,a)), 1) (lane i = bytes 4i..4i+3, a = weight codes, b = activation codes), converted
+//         to float, Cv = fma(set1(fp16(da) * fp16(db)), lanes, Cv); hsum as above.
+//   [VD]  ggml-cpu.c ggml_vec_dot_f32 / _f16 (GGML_F32_STEP = GGML_F16_STEP = 32, EPR = 8):
+//         4 accumulators acc[j] (j = 0..3) of 8 lanes; for i in steps of 32: acc[j] = fma(x[i+8j..],
+//         y[i+8j..], acc[j]).  GGML_F32x8_REDUCE: acc0 += acc2, acc1 += acc3, acc0 += acc1,
+//         t = lo128 + hi128, t = hadd(t, t), r = hadd(t, t)[0]  ->  (t0+t1) + (t2+t3).
+//         f32: sumf is float; leftovers (n % 32) `sumf += x[i]*y[i]` one at a time.  ggml-cpu is built
+//         with -O3 -march=native in GNU C mode (-ffp-contract=fast), so GCC fuses this into
+//         sumf = fma(x[i], y[i], sumf)  (ASSUMPTION, see kF32LeftoverFma below).
+//         f16: sumf is double (ggml_float) = (double)r; leftovers sumf += (double)(fp16(x)*fp16(y)),
+//         the product being exact in float; result (float)sumf.
+//   [VB]  ggml_vec_dot_bf16, AVX2 branch: c1..c4 (offsets 0, 8, 16, 24 in steps of 32) accumulate
+//         mul+add (products of two bf16 are exact in f32, so this equals fma), c1 = (c1+c3)+(c2+c4),
+//         then hsum as tinyBLAS, into a double; leftovers in double; result (float)sumf.
+//   [QD]  ggml-cpu-quants.c ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0, AVX2 branch: one __m256 acc,
+//         acc = fma(set1(fp16(dx)*fp16(dy)), mul_sum_i8_pairs_float(qx, qy), acc), hsum_float_8
+//         (same reduction as tinyBLAS hsum).  Q4_0: qx = bytes_from_nibbles_32(qs) - 8, i.e. value j in
+//         the low nibble of byte j and value j+16 in its high nibble.  => the Q0 order of [SG] and [QD]
+//         are identical: Q8_0 (and Q4_0 with rows % 8 != 0) use it for every n.
+//   [QQ]  quantize_row_q8_0, AVX2 branch: amax by max_ps over |x| (tree: 4 vectors, hi/lo, movehl,
+//         movehdup), d = amax / 127.f stored as fp16 (F16C, round to nearest even),
+//         id = amax != 0 ? 127.f / amax : 0, q = cvtps_epi32(round_ps(x * id, NEAREST)) packed with
+//         signed saturation (packs_epi32 / packs_epi16).  The 4-row variant used with repacked Q4_0
+//         (ggml_quantize_mat_q8_0_4x8) gives the same codes and scales.
+//   [RP]  ggml-cpu-aarch64.cpp: on AVX2 every Q4_0 weight with rows % 8 == 0 is repacked at load time
+//         into block_q4_0x8 (ggml_aarch64_get_optimal_repack_type) and its MUL_MAT runs
+//         ggml_gemm_q4_0_8x8_q8_0 (4 tokens at a time) / ggml_gemv_q4_0_8x8_q8_0 (the rest).  Both, on
+//         AVX2, compute per output the exact integer dot of each 32-element block and accumulate
+//         acc = fma(float(isum), fp16(dw) * fp16(dx), acc) block after block: one scalar fma chain,
+//         no lanes, no horizontal sum.  (Q8_0 was not repacked on x86 in b4748.)
+//   Conversions: fp32 -> fp16 round to nearest even (F16C); fp32 -> bf16 ggml_compute_fp32_to_bf16
+//   (round to nearest even, NaN quieted); fp16 -> f32 and bf16 -> f32 are exact.
+//
+// Hence, for a product with m = rows, n = n_tokens, k = cols (DotOrder, see dot_order()):
+//   F32, F16, BF16 with n >= 2 && k % 8 == 0 && m % 4 == 0  -> Lanes8  (tinyBLAS)
+//   F32 otherwise                                          -> VecF32  (float sum, fma leftovers)
+//   F16 otherwise                                          -> VecF16  (double sum, leftovers)
+//   BF16 otherwise                                         -> VecBF16
+//   Q8_0 always, Q4_0 with m % 8 != 0                      -> Q0Lanes
+//   Q4_0 with m % 8 == 0                                   -> Q4Repack
+// The reference below implements these literally, one output at a time, with std::fma where ggml
+// fuses and plain float/double adds elsewhere (this file is compiled for baseline x86-64, which has
+// no FMA instruction, so the compiler cannot contract anything else).  The AVX2 kernels in
+// matmul_avx2.cpp compute the same operations in the same order and must match bit for bit.
+// =================================================================================================
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "kernels/cpu/matmul_avx2.h"
+
+namespace vxq::cpu {
+
+namespace {
+
+// ggml_vec_dot_f32 leftovers: true = fused (what GCC emits for ggml's `sumf += x[i]*y[i]` when built
+// with -march=native on an FMA machine), false = separately rounded product and sum.
+constexpr bool kF32LeftoverFma = true;
+
+// ---------------------------------------------------------------------------------------------
+// Scalar emulation of the x86 operations ggml uses.
+
+// hsum of tinyBLAS / hsum_float_8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))
+float hsum8(const float l[8]) {
+    const float v0 = l[4] + l[0], v1 = l[5] + l[1], v2 = l[6] + l[2], v3 = l[7] + l[3];
+    const float w0 = v0 + v2, w1 = v1 + v3;
+    return w0 + w1;
+}
+
+// GGML_F32x8_REDUCE of 4 accumulators: lanes a0+a2, a1+a3, then +, then lo+hi and two hadds.
+float reduce4x8(const float acc[4][8]) {
+    float a[8];
+    for (int l = 0; l < 8; ++l) {
+        const float s02 = acc[0][l] + acc[2][l];
+        const float s13 = acc[1][l] + acc[3][l];
+        a[l] = s02 + s13;
+    }
+    float t[4];
+    for (int i = 0; i < 4; ++i) t[i] = a[i] + a[i + 4];
+    const float h0 = t[0] + t[1], h1 = t[2] + t[3];
+    return h0 + h1;
+}
+
+int8_t sign_epi8(int8_t a, int8_t b) {  // _mm256_sign_epi8 for one byte (negation wraps)
+    if (b < 0) return int8_t(uint8_t(-int(a)));
+    return b == 0 ? int8_t(0) : a;
+}
+
+int16_t maddubs_pair(uint8_t a0, int8_t b0, uint8_t a1, int8_t b1) {  // _mm256_maddubs_epi16
+    const int s = int(a0) * int(b0) + int(a1) * int(b1);
+    return int16_t(std::clamp(s, -32768, 32767));
+}
+
+// One int32 lane of ggml's mul_sum_i8_pairs: w = weight codes (signs), x = activation codes.
+int32_t dot4(const int8_t* w, const int8_t* x) {
+    uint8_t aw[4];
+    int8_t sx[4];
+    for (int i = 0; i < 4; ++i) {
+        aw[i] = uint8_t(sign_epi8(w[i], w[i]));
+        sx[i] = sign_epi8(x[i], w[i]);
+    }
+    return int32_t(maddubs_pair(aw[0], sx[0], aw[1], sx[1])) +
+           int32_t(maddubs_pair(aw[2], sx[2], aw[3], sx[3]));
+}
+
+void unpack_q4_0(const BlockQ4_0& b, int8_t out[32]) {
+    for (int j = 0; j < 16; ++j) {
+        out[j] = int8_t((b.qs[j] & 0x0f) - 8);
+        out[j + 16] = int8_t((b.qs[j] >> 4) - 8);
+    }
+}
+
+// cvtps_epi32 (out of range / NaN -> INT32_MIN) followed by the signed-saturating packs to int8.
+int8_t cvt_pack_i8(float r) {
+    int32_t i;
+    if (!(r >= -2147483648.0f && r < 2147483648.0f)) {
+        i = INT32_MIN;
+    } else {
+        i = int32_t(r);
+    }
+    return int8_t(std::clamp<int32_t>(i, -128, 127));
+}
+
+float maxps(float a, float b) { return a > b ? a : b; }  // MAXPS: second operand unless a > b
+
+// ---------------------------------------------------------------------------------------------
+// Reference dot products, one output each.
+
+// tinyBLAS: lane l sums elements l, l+8, ... with fma, then hsum8.  w, x already in f32.
+float dot_lanes8(const float* w, const float* x, int64_t k) {
+    float acc[8] = {};
+    for (int64_t i = 0; i < k; i += 8)
+        for (int l = 0; l < 8; ++l) acc[l] = std::fma(w[i + l], x[i + l], acc[l]);
+    return hsum8(acc);
+}
+
+// ggml_vec_dot_f32 / _f16 main part: 4 x 8 lanes over steps of 32, reduce4x8.
+float dot_vec_main(const float* w, const float* x, int64_t np) {
+    float acc[4][8] = {};
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 8; ++l)
+                acc[j][l] = std::fma(w[i + 8 * j + l], x[i + 8 * j + l], acc[j][l]);
+    return reduce4x8(acc);
+}
+
+float dot_vec_f32(const float* w, const float* x, int64_t k) {
+    const int64_t np = k & ~int64_t(31);
+    float sum = dot_vec_main(w, x, np);
+    for (int64_t i = np; i < k; ++i) {
+        if constexpr (kF32LeftoverFma) {
+            sum = std::fma(w[i], x[i], sum);
+        } else {
+            const volatile float p = w[i] * x[i];
+            sum = sum + p;
+        }
+    }
+    return sum;
+}
+
+// f16 and bf16 values (already widened to f32): the products are exact in f32.
+float dot_vec_f16(const float* w, const float* x, int64_t k) {
+    const int64_t np = k & ~int64_t(31);
+    double sum = double(dot_vec_main(w, x, np));
+    for (int64_t i = np; i < k; ++i) sum += double(w[i] * x[i]);
+    return float(sum);
+}
+
+float dot_vec_bf16(const float* w, const float* x, int64_t k) {
+    const int64_t np = k & ~int64_t(31);
+    float c[4][8] = {};
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 8; ++l)
+                c[j][l] = std::fma(w[i + 8 * j + l], x[i + 8 * j + l], c[j][l]);  // == mul+add
+    float lanes[8];
+    for (int l = 0; l < 8; ++l) {
+        const float s13 = c[0][l] + c[2][l];
+        const float s24 = c[1][l] + c[3][l];
+        lanes[l] = s13 + s24;
+    }
+    double sum = double(hsum8(lanes));
+    for (int64_t i = np; i < k; ++i) sum += double(w[i] * x[i]);
+    return float(sum);
+}
+
+// ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 order (also tinyBLAS_Q0_AVX).  wq: nb*32 weight codes.
+float dot_q0_lanes(const int8_t* wq, const float* wd, const BlockQ8_0* xb, int64_t nb) {
+    float acc[8] = {};
+    for (int64_t b = 0; b < nb; ++b) {
+        const float d = wd[b] * fp16_to_fp32(xb[b].d);
+        for (int l = 0; l < 8; ++l) {
+            const int32_t lane = dot4(wq + 32 * b + 4 * l, xb[b].qs + 4 * l);
+            acc[l] = std::fma(d, float(lane), acc[l]);
+        }
+    }
+    return hsum8(acc);
+}
+
+// ggml_gemv/gemm_q4_0_8x8_q8_0 order: exact block integer dot, one fma chain.
+float dot_q4_repack(const int8_t* wq, const float* wd, const BlockQ8_0* xb, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        int32_t isum = 0;
+        for (int l = 0; l < 8; ++l) isum += dot4(wq + 32 * b + 4 * l, xb[b].qs + 4 * l);
+        const float s = wd[b] * fp16_to_fp32(xb[b].d);
+        acc = std::fma(float(isum), s, acc);
+    }
+    return acc;
+}
+
+const uint8_t* row_ptr(const WeightView& w, int64_t r) {
+    return static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes;
+}
+
+void check_view(const WeightView& w) {
+    VXQ_ASSERT(w.data != nullptr || w.rows == 0);
+    VXQ_ASSERT(w.rows >= 0 && w.cols >= 0);
+    VXQ_ASSERT(w.row_bytes >= ggml_row_bytes(w.type, w.cols));
+}
+
+// ---------------------------------------------------------------------------------------------
+// AVX2 dispatch
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                           __builtin_cpu_supports("f16c");
+    return ok;
+#else
+    return false;
+#endif
+}
+
+// Per-thread scratch, grown on demand and kept for the thread's life (no allocation per call once
+// warm).  The calling thread holds the converted activations; every worker its weight panel.
+struct Scratch {
+    std::vector<float> xf;        // activations widened after f16/bf16 rounding
+    std::vector<BlockQ8_0> xq;    // activations quantized to q8_0
+    std::vector<float> xd;        // their scales as f32
+    std::vector<float> panel;     // per-worker weight panel
+};
+thread_local Scratch t_scratch;
+
+template <typename T>
+T* grow(std::vector<T>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+    return v.data();
+}
+
+// Splits [0, units) into nth near-equal contiguous ranges.
+inline void split(int64_t units, int ith, int nth, int64_t& b, int64_t& e) {
+    b = units * ith / nth;
+    e = units * (ith + 1) / nth;
+}
+
+void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
+    const int64_t m = w.rows, k = w.cols;
+    const DotOrder order = dot_order(w, n);
+    const auto* wbase = static_cast<const uint8_t*>(w.data);
+    Scratch& s = t_scratch;
+    const int nth_pool = pool.size();
+
+    // 1. activations -> dot type, once per call
+    const float* xa = x;
+    const BlockQ8_0* xq = nullptr;
+    const float* xd = nullptr;
+    const int64_t nb = k / 32;
+    if (w.type == GgmlType::F16) {
+        float* buf = grow(s.xf, size_t(n * k));
+        avx2::round_f16(x, buf, n * k);
+        xa = buf;
+    } else if (w.type == GgmlType::BF16) {
+        float* buf = grow(s.xf, size_t(n * k));
+        avx2::round_bf16(x, buf, n * k);
+        xa = buf;
+    } else if (w.type == GgmlType::Q8_0 || w.type == GgmlType::Q4_0) {
+        BlockQ8_0* qb = grow(s.xq, size_t(n * nb));
+        float* db = grow(s.xd, size_t(n * nb));
+        avx2::quantize_q8_0(x, qb, db, n * k);
+        xq = qb;
+        xd = db;
+    }
+
+    // 2. products
+    switch (order) {
+        case DotOrder::Lanes8: {
+            // Panels of 4 rows; split rows across threads unless there are too few of them.
+            const int64_t panels = m / 4;
+            const bool by_rows = panels >= 2 * int64_t(nth_pool) || n < 2 * 3 * int64_t(nth_pool);
+            pool.run([&](int ith, int nth) {
+                int64_t p0 = 0, p1 = panels, t0 = 0, t1 = n;
+                if (by_rows) split(panels, ith, nth, p0, p1);
+                else split(n, ith, nth, t0, t1);
+                if (p0 >= p1 || t0 >= t1) return;
+                float* panel = w.type == GgmlType::F32 ? nullptr : grow(t_scratch.panel, size_t(4 * k));
+                avx2::gemm_lanes8(w.type, wbase, w.row_bytes, 4 * p0, 4 * p1, xa, t0, t1, k, y, m, panel);
+            });
+            break;
+        }
+        case DotOrder::VecF32:
+        case DotOrder::VecF16:
+        case DotOrder::VecBF16: {
+            pool.run([&](int ith, int nth) {
+                int64_t r0, r1;
+                split(m, ith, nth, r0, r1);
+                if (r0 >= r1) return;
+                avx2::gemv_vec(w.type, wbase, w.row_bytes, r0, r1, xa, 0, n, k, y, m);
+            });
+            break;
+        }
+        case DotOrder::Q0Lanes: {
+            pool.run([&](int ith, int nth) {
+                int64_t r0, r1;
+                split(m, ith, nth, r0, r1);
+                if (r0 >= r1) return;
+                avx2::gemm_q0_lanes(w.type, wbase, w.row_bytes, r0, r1, xq, xd, 0, n, nb, y, m);
+            });
+            break;
+        }
+        case DotOrder::Q4Repack: {
+            const int64_t groups = m / 8;
+            pool.run([&](int ith, int nth) {
+                int64_t g0, g1;
+                split(groups, ith, nth, g0, g1);
+                if (g0 >= g1) return;
+                avx2::gemm_q4_repack(wbase, w.row_bytes, 8 * g0, 8 * g1, xq, xd, 0, n, nb, y, m);
+            });
+            break;
+        }
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+DotOrder dot_order(const WeightView& w, int64_t n_tokens) {
+    const int64_t m = w.rows, k = w.cols;
+    switch (w.type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::BF16: {
+            if (n_tokens >= 2 && k % 8 == 0 && m % 4 == 0) return DotOrder::Lanes8;
+            if (w.type == GgmlType::F32) return DotOrder::VecF32;
+            return w.type == GgmlType::F16 ? DotOrder::VecF16 : DotOrder::VecBF16;
+        }
+        case GgmlType::Q8_0: return DotOrder::Q0Lanes;
+        case GgmlType::Q4_0: return m % 8 == 0 ? DotOrder::Q4Repack : DotOrder::Q0Lanes;
+    }
+    fail("matmul: unsupported weight type {}", uint32_t(w.type));
+}
+
+const char* dot_order_name(DotOrder o) {
+    switch (o) {
+        case DotOrder::Lanes8: return "lanes8";
+        case DotOrder::VecF32: return "vec_f32";
+        case DotOrder::VecF16: return "vec_f16";
+        case DotOrder::VecBF16: return "vec_bf16";
+        case DotOrder::Q0Lanes: return "q0_lanes";
+        case DotOrder::Q4Repack: return "q4_repack";
+    }
+    return "?";
+}
+
+void quantize_row_q8_0(const float* x, BlockQ8_0* out, int64_t n) {
+    VXQ_ASSERT(n % kQK8_0 == 0);
+    for (int64_t b = 0; b < n / kQK8_0; ++b) {
+        const float* v = x + b * kQK8_0;
+        // amax in the AVX2 reduction order (matters only for NaN): 4 vectors, hi/lo, movehl, movehdup
+        float m8[8];
+        for (int l = 0; l < 8; ++l) {
+            float a = std::fabs(v[l]);
+            for (int j = 1; j < 4; ++j) a = maxps(a, std::fabs(v[8 * j + l]));
+            m8[l] = a;
+        }
+        float m4[4];
+        for (int l = 0; l < 4; ++l) m4[l] = maxps(m8[l + 4], m8[l]);
+        const float m2a = maxps(m4[0], m4[2]), m2b = maxps(m4[1], m4[3]);
+        const float amax = maxps(m2a, m2b);
+
+        const float d = amax / 127.f;
+        out[b].d = fp32_to_fp16(d);
+        const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+        for (int j = 0; j < kQK8_0; ++j) out[b].qs[j] = cvt_pack_i8(std::nearbyint(v[j] * id));
+    }
+}
+
+void dequantize_row(const WeightView& w, int64_t r, float* out) {
+    check_view(w);
+    VXQ_ASSERT(r >= 0 && r < w.rows);
+    const uint8_t* p = row_ptr(w, r);
+    const int64_t k = w.cols;
+    switch (w.type) {
+        case GgmlType::F32: std::memcpy(out, p, size_t(k) * sizeof(float)); return;
+        case GgmlType::F16:
+            for (int64_t i = 0; i < k; ++i) {
+                f16_t h;
+                std::memcpy(&h, p + 2 * i, 2);
+                out[i] = fp16_to_fp32(h);
+            }
+            return;
+        case GgmlType::BF16:
+            for (int64_t i = 0; i < k; ++i) {
+                bf16_t h;
+                std::memcpy(&h, p + 2 * i, 2);
+                out[i] = bf16_to_fp32(h);
+            }
+            return;
+        case GgmlType::Q8_0: {
+            const auto* b = reinterpret_cast<const BlockQ8_0*>(p);
+            for (int64_t i = 0; i < k / kQK8_0; ++i) {
+                const float d = fp16_to_fp32(b[i].d);
+                for (int j = 0; j < kQK8_0; ++j) out[i * kQK8_0 + j] = float(b[i].qs[j]) * d;
+            }
+            return;
+        }
+        case GgmlType::Q4_0: {
+            const auto* b = reinterpret_cast<const BlockQ4_0*>(p);
+            for (int64_t i = 0; i < k / kQK4_0; ++i) {
+                const float d = fp16_to_fp32(b[i].d);
+                for (int j = 0; j < kQK4_0 / 2; ++j) {
+                    out[i * kQK4_0 + j] = float((b[i].qs[j] & 0x0f) - 8) * d;
+                    out[i * kQK4_0 + j + 16] = float((b[i].qs[j] >> 4) - 8) * d;
+                }
+            }
+            return;
+        }
+    }
+    fail("dequantize_row: unsupported weight type {}", uint32_t(w.type));
+}
+
+void matmul_ref(const WeightView& w, const float* x, int64_t n_tokens, float* y) {
+    check_view(w);
+    const int64_t m = w.rows, k = w.cols;
+    if (m == 0 || n_tokens <= 0) return;
+    const DotOrder order = dot_order(w, n_tokens);
+
+    if (w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
+        // activations in the dot type, weights widened to f32 (both exact conversions after rounding)
+        std::vector<float> xa(static_cast<size_t>(n_tokens * k)), wr(static_cast<size_t>(k));
+        for (int64_t i = 0; i < n_tokens * k; ++i) {
+            if (w.type == GgmlType::F16) xa[size_t(i)] = round_fp16(x[i]);
+            else if (w.type == GgmlType::BF16) xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+            else xa[size_t(i)] = x[i];
+        }
+        for (int64_t r = 0; r < m; ++r) {
+            dequantize_row(w, r, wr.data());
+            for (int64_t t = 0; t < n_tokens; ++t) {
+                const float* xt = xa.data() + t * k;
+                float v = 0.0f;
+                switch (order) {
+                    case DotOrder::Lanes8: v = dot_lanes8(wr.data(), xt, k); break;
+                    case DotOrder::VecF32: v = dot_vec_f32(wr.data(), xt, k); break;
+                    case DotOrder::VecF16: v = dot_vec_f16(wr.data(), xt, k); break;
+                    case DotOrder::VecBF16: v = dot_vec_bf16(wr.data(), xt, k); break;
+                    default: VXQ_ASSERT(false);
+                }
+                y[t * m + r] = v;
+            }
+        }
+        return;
+    }
+
+    // Q8_0 / Q4_0: activations quantized per token row
+    VXQ_ASSERT(k % 32 == 0);
+    const int64_t nb = k / 32;
+    std::vector<BlockQ8_0> xq(static_cast<size_t>(n_tokens * nb));
+    for (int64_t t = 0; t < n_tokens; ++t) quantize_row_q8_0(x + t * k, xq.data() + t * nb, k);
+    std::vector<int8_t> wq(static_cast<size_t>(k));
+    std::vector<float> wd(static_cast<size_t>(nb));
+    for (int64_t r = 0; r < m; ++r) {
+        const uint8_t* p = row_ptr(w, r);
+        for (int64_t b = 0; b < nb; ++b) {
+            if (w.type == GgmlType::Q8_0) {
+                const auto& blk = reinterpret_cast<const BlockQ8_0*>(p)[b];
+                std::memcpy(wq.data() + 32 * b, blk.qs, 32);
+                wd[size_t(b)] = fp16_to_fp32(blk.d);
+            } else {
+                const auto& blk = reinterpret_cast<const BlockQ4_0*>(p)[b];
+                unpack_q4_0(blk, wq.data() + 32 * b);
+                wd[size_t(b)] = fp16_to_fp32(blk.d);
+            }
+        }
+        for (int64_t t = 0; t < n_tokens; ++t) {
+            const BlockQ8_0* xb = xq.data() + t * nb;
+            y[t * m + r] = order == DotOrder::Q4Repack ? dot_q4_repack(wq.data(), wd.data(), xb, nb)
+                                                       : dot_q0_lanes(wq.data(), wd.data(), xb, nb);
+        }
+    }
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+    check_view(w);
+    if (w.rows == 0 || n_tokens <= 0) return;
+    if (w.cols == 0) {
+        std::fill(y, y + n_tokens * w.rows, 0.0f);
+        return;
+    }
+    if (!cpu_has_avx2()) {
+        matmul_ref(w, x, n_tokens, y);
+        return;
+    }
+    matmul_avx2_path(w, x, n_tokens, y, pool);
+}
+
+const char* matmul_isa() { return cpu_has_avx2() ? "avx2" : "scalar"; }
+
+}  // namespace vxq::cpu

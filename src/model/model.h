@@ -1,0 +1,46 @@
+// A loaded Llama-family model: the mapped GGUF file, its config, weights and tokenizer, and the
+// forward pass written once against the Backend ops.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "formats/gguf.h"
+#include "formats/tokenizer.h"
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace vxq {
+
+class KvCache;
+
+class Model {
+public:
+    // Opens, validates and maps a GGUF model; vxq::Error naming what is wrong.
+    static std::unique_ptr<Model> load(const std::string& path);
+
+    const ModelConfig& config() const { return cfg_; }
+    const ModelWeights& weights() const { return w_; }
+    const Tokenizer& tokenizer() const { return *tok_; }
+    const GgufFile& file() const { return file_; }
+
+    // Runs n tokens at positions [cache.size(), cache.size() + n) through the model, appends
+    // their K/V to the cache and commits them. Writes logits for the last token only
+    // (all_logits = false) or for every token.
+    //   tokens: [n]; logits: [all_logits ? n : 1, n_vocab]
+    void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, bool all_logits,
+                 float* logits) const;
+
+private:
+    Model(GgufFile f) : file_(std::move(f)) {}
+
+    GgufFile file_;
+    ModelConfig cfg_;
+    ModelWeights w_;
+    std::unique_ptr<Tokenizer> tok_;
+};
+
+}  // namespace vxq

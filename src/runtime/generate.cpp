@@ -1,0 +1,65 @@
+#include "runtime/generate.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace vxq {
+
+namespace {
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+GenerateResult generate(const Model& model, Backend& be, KvCache& cache, std::string_view prompt,
+                        const GenerateParams& p, const std::function<void(std::string_view)>& on_text) {
+    if (p.n_predict < 0) fail("number of tokens to predict must be >= 0, got {}", p.n_predict);
+    GenerateResult r;
+    r.prompt_ids = model.tokenizer().encode(prompt, /*add_special=*/true, /*parse_special=*/true);
+    if (r.prompt_ids.empty()) fail("the prompt is empty");
+    const int64_t n_ctx = cache.shape().n_ctx;
+    if (int64_t(r.prompt_ids.size()) + (p.n_predict > 0 ? 1 : 0) > n_ctx) {
+        fail("the prompt is {} tokens, longer than the context of {} tokens (raise -c)", r.prompt_ids.size(), n_ctx);
+    }
+
+    const int64_t n_vocab = model.config().n_vocab;
+    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    Sampler sampler(p.sampler);
+    Utf8Stream utf8;
+
+    auto t0 = std::chrono::steady_clock::now();
+    cache.truncate(0);
+    model.forward(be, cache, r.prompt_ids, false, logits.data());
+    r.prompt_ms = ms_since(t0);
+
+    r.stop_reason = "n_predict";
+    t0 = std::chrono::steady_clock::now();
+    for (int32_t i = 0; i < p.n_predict; ++i) {
+        const TokenId next = sampler.sample(logits);
+        if (model.tokenizer().is_eog(next)) {
+            r.stop_reason = "eos";
+            break;
+        }
+        r.ids.push_back(next);
+        const std::string text = utf8.push(model.tokenizer().token_to_piece(next));
+        r.text += text;
+        if (on_text && !text.empty()) on_text(text);
+        if (i + 1 == p.n_predict) break;
+        if (cache.size() >= n_ctx) {
+            r.stop_reason = "context_full";
+            break;
+        }
+        const TokenId one[1] = {next};
+        model.forward(be, cache, one, false, logits.data());
+    }
+    r.decode_ms = ms_since(t0);
+    const std::string rest = utf8.finish();
+    r.text += rest;
+    if (on_text && !rest.empty()) on_text(rest);
+    return r;
+}
+
+}  // namespace vxq

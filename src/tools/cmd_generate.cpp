@@ -1,0 +1,81 @@
+// vxq generate: prompt in, continuation streamed to stdout (or one JSON object with --json).
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "runtime/generate.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace vxq::tools {
+
+namespace {
+struct GenerateOptions {
+    RuntimeOptions rt;
+    std::string prompt;
+    std::string prompt_file;
+    GenerateParams gen;
+    bool json = false;
+};
+
+void run_generate(const GenerateOptions& o) {
+    const std::string prompt = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
+    Engine e = make_engine(o.rt);
+    std::function<void(std::string_view)> stream;
+    if (!o.json) {
+        fmt::print("{}", prompt);
+        std::fflush(stdout);
+        stream = [](std::string_view s) {
+            fmt::print("{}", s);
+            std::fflush(stdout);
+        };
+    }
+    const GenerateResult r = generate(*e.model, *e.backend, *e.cache, prompt, o.gen, stream);
+    const size_t kv_bytes = e.cache->resident_bytes();
+    const double pp_tps = r.prompt_ids.size() / (r.prompt_ms / 1e3);
+    const double tg_tps = r.ids.empty() ? 0.0 : r.ids.size() / (r.decode_ms / 1e3);
+    if (o.json) {
+        nlohmann::json j;
+        j["prompt_ids"] = r.prompt_ids;
+        j["ids"] = r.ids;
+        j["text"] = r.text;
+        j["stop_reason"] = r.stop_reason;
+        j["timings"] = {{"prompt_n", r.prompt_ids.size()}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", pp_tps},
+                        {"predicted_n", r.ids.size()},     {"predicted_ms", r.decode_ms}, {"predicted_per_second", tg_tps}};
+        j["kv_cache"] = {{"format", e.cache->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx}};
+        j["backend"] = e.backend->describe();
+        fmt::print("{}\n", j.dump());
+    } else {
+        fmt::print("\n");
+        fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
+                   "stop: {}\nkv cache: {} {} bytes for {} tokens | backend: {}\n",
+                   r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
+                   e.cache->format(), kv_bytes, e.n_ctx, e.backend->describe());
+    }
+}
+}  // namespace
+
+void add_generate(CLI::App& app, int& rc) {
+    auto* sub = app.add_subcommand("generate", "Generate a continuation of a prompt");
+    auto o = std::make_shared<GenerateOptions>();
+    o->rt.add_to(sub);
+    auto* p = sub->add_option("-p,--prompt", o->prompt, "prompt text");
+    auto* f = sub->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
+    p->excludes(f);
+    sub->add_option("-n,--n-predict", o->gen.n_predict, "tokens to generate (default 128)");
+    sub->add_option("--temp", o->gen.sampler.temperature, "temperature; 0 = greedy (default 0.8)");
+    sub->add_option("--top-k", o->gen.sampler.top_k, "top-k, 0 = off (default 40)");
+    sub->add_option("--top-p", o->gen.sampler.top_p, "top-p, 1 = off (default 0.95)")->check(CLI::Range(0.0f, 1.0f));
+    sub->add_option("--min-p", o->gen.sampler.min_p, "min-p, 0 = off (default 0.05)")->check(CLI::Range(0.0f, 1.0f));
+    sub->add_option("-s,--seed", o->gen.sampler.seed, "RNG seed (default: random)");
+    sub->add_flag("--json", o->json, "print one JSON object: prompt_ids, ids, text, timings");
+    sub->callback([o, &rc, p, f] {
+        if (p->count() == 0 && f->count() == 0) throw CLI::RequiredError("--prompt or --file");
+        run_generate(*o);
+        rc = 0;
+    });
+}
+
+}  // namespace vxq::tools

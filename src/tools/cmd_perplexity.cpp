@@ -1,0 +1,52 @@
+// vxq perplexity: llama-perplexity semantics; progress on a terminal, final line
+// "Final estimate: PPL = X +/- Y".
+#include <cstdio>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "runtime/perplexity.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace vxq::tools {
+
+namespace {
+struct PerplexityOptions {
+    RuntimeOptions rt;
+    std::string file;
+    int64_t chunks = -1;
+};
+
+void run_perplexity(PerplexityOptions o) {
+    const std::string text = read_file(o.file);
+    if (o.rt.n_ctx == 0) o.rt.n_ctx = 512;  // llama-perplexity's default
+    Engine e = make_engine(o.rt);
+    const bool tty = stderr_is_tty();
+    fmt::print(stderr, "perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),
+               e.backend->describe());
+    const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks},
+                              [&](int64_t i, int64_t n, double ppl) {
+                                  if (tty) fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
+                              });
+    if (tty) fmt::print(stderr, "\n");
+    fmt::print("chunks: {} x {} tokens, {} scored, {:.1f} s ({:.0f} tokens/s)\n", r.n_chunks, e.n_ctx, r.n_scored,
+               r.seconds, double(r.n_chunks * e.n_ctx) / r.seconds);
+    fmt::print("kv cache: {} {} bytes\n", e.cache->format(), e.cache->resident_bytes());
+    fmt::print("Final estimate: PPL = {:.4f} +/- {:.5f}\n", r.ppl, r.ppl_err);
+}
+}  // namespace
+
+void add_perplexity(CLI::App& app, int& rc) {
+    auto* sub = app.add_subcommand("perplexity", "Perplexity of a model on a text file (llama-perplexity semantics)");
+    auto o = std::make_shared<PerplexityOptions>();
+    o->rt.add_to(sub);
+    sub->add_option("-f,--file", o->file, "text file")->required();
+    sub->add_option("--chunks", o->chunks, "number of chunks (default: all)");
+    sub->callback([o, &rc] {
+        run_perplexity(*o);
+        rc = 0;
+    });
+}
+
+}  // namespace vxq::tools

@@ -1,0 +1,21 @@
+// The vxq subcommands. Each add_* registers one subcommand whose callback runs it and writes
+// its exit status to rc; errors are thrown as vxq::Error and reported by main.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace vxq::tools {
+
+void add_inspect(CLI::App& app, int& rc);
+void add_tokenize(CLI::App& app, int& rc);
+void add_generate(CLI::App& app, int& rc);
+void add_perplexity(CLI::App& app, int& rc);
+
+inline void add_commands(CLI::App& app, int& rc) {
+    add_inspect(app, rc);
+    add_tokenize(app, rc);
+    add_generate(app, rc);
+    add_perplexity(app, rc);
+}
+
+}  // namespace vxq::tools

@@ -1,0 +1,38 @@
+// Pieces shared by the vxq subcommands: model/runtime options and their validation.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "kv/kv_cache.h"
+#include "model/backend.h"
+#include "model/model.h"
+
+namespace vxq::tools {
+
+struct RuntimeOptions {
+    std::string model;
+    int threads = 0;      // 0: all hardware threads
+    int64_t n_ctx = 0;    // 0: the model's training context
+
+    void add_to(CLI::App* sub, bool with_ctx = true);
+};
+
+// The model, a backend and a KV cache sized for n_ctx, built from validated options.
+struct Engine {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<KvCache> cache;
+    int64_t n_ctx = 0;
+};
+Engine make_engine(const RuntimeOptions& o);
+
+// Reads a whole file; vxq::Error naming it if it cannot be read.
+std::string read_file(const std::string& path);
+
+// True when standard error is a terminal (progress is shown only then).
+bool stderr_is_tty();
+
+}  // namespace vxq::tools
