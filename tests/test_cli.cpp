@@ -63,7 +63,7 @@ const BadInput kBadInputs[] = {
     {"PromptLongerThanContext", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", std::string(400, 'a') + " the end", "-c", "16"}; }, "longer than the context"},
     {"InvalidUtf8Prompt", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "caf\xc3(", "-n", "1"}; }, "UTF-8"},
     {"InvalidUtf8Tokenize", [] { return std::vector<std::string>{"tokenize", "-m", M(), "-p", "\xff\xfe"}; }, "UTF-8"},
-    {"EmptyPrompt", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "", "--temp", "0"}; }, "empty"},
+    {"NonNumericPredict", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-n", "many"}; }, "n-predict"},
     {"NoPrompt", [] { return std::vector<std::string>{"generate", "-m", M()}; }, "prompt"},
     {"NegativeThreads", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-t", "-1"}; }, "threads"},
     {"TopPOutOfRange", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--top-p", "2"}; }, "top-p"},

@@ -136,7 +136,7 @@ void read_array(Cursor& c, GgufValue& v, const std::string& key, int depth) {
     const uint64_t min_bytes = v.elem_type == GgufValueType::STRING ? 8
                              : v.elem_type == GgufValueType::ARRAY  ? 12 : es;
     if (n > c.remaining() / min_bytes) {
-        c.bad(fmt::format("metadata key '{}': array of {} elements does not fit in the file", key, n));
+        c.bad(fmt::format("metadata key '{}': array of {} elements does not fit in the file (truncated or corrupt)", key, n));
     }
     if (v.elem_type == GgufValueType::STRING) {
         v.strs.reserve(n);

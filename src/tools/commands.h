@@ -10,12 +10,14 @@ void add_inspect(CLI::App& app, int& rc);
 void add_tokenize(CLI::App& app, int& rc);
 void add_generate(CLI::App& app, int& rc);
 void add_perplexity(CLI::App& app, int& rc);
+void add_bench(CLI::App& app, int& rc);
 
 inline void add_commands(CLI::App& app, int& rc) {
     add_inspect(app, rc);
     add_tokenize(app, rc);
     add_generate(app, rc);
     add_perplexity(app, rc);
+    add_bench(app, rc);
 }
 
 }  // namespace vxq::tools

@@ -15,6 +15,14 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", "vxq 0.1.0");
     int rc = 0;
     vxq::tools::add_commands(app, rc);
+    if (argc > 1 && argv[1][0] != '-') {
+        bool known = false;
+        for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];
+        if (!known) {
+            std::fprintf(stderr, "vxq: error: unknown subcommand '%s' (run vxq --help for the list)\n", argv[1]);
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

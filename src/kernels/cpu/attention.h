@@ -1,7 +1,8 @@
 // Attention over an fp16 K/V store, in llama.cpp's (non flash-attention) numerics: the query is
 // rounded to fp16, each score is an 8-lane fp16 dot product reduced as ggml's hsum, softmax in
-// f32 with a double-precision sum, probabilities rounded to fp16, and the weighted sum of V
-// accumulates in 8 lanes by key index (key j goes to lane j mod 8).
+// f32 with ggml's exp approximation (ggml_v_expf) over groups of 8 keys whose sums add up in
+// double, probabilities rounded to fp16, and the weighted sum of V accumulates in 8 lanes by key
+// index (key j goes to lane j mod 8).
 #pragma once
 
 #include <cstdint>

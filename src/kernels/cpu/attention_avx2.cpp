@@ -2,7 +2,13 @@
 // runtime CPU check. Same operation order as the scalar reference in attention.cpp.
 #include <immintrin.h>
 
+#include <algorithm>
+#include <cmath>
+
 #include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/ops_avx2_inl.h"
+
+#pragma GCC optimize("fp-contract=off")  // every product and sum rounds on its own, as in the reference
 
 namespace vxq::cpu::detail {
 
@@ -88,6 +94,53 @@ void attn_weighted_sum_f16_avx2(const float* p16, const f16_t* v, int64_t n_kv, 
         const __m256 t2 = _mm256_add_ps(_mm256_load_ps(&acc[2][c]), _mm256_load_ps(&acc[6][c]));
         const __m256 t3 = _mm256_add_ps(_mm256_load_ps(&acc[3][c]), _mm256_load_ps(&acc[7][c]));
         _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(t0, t2), _mm256_add_ps(t1, t3)));
+    }
+}
+
+void attn_softmax_f16_avx2(float* s, int64_t n, float scale) {
+    const int64_t n8 = n - n % 8;
+    // w = s * scale and its maximum (max is exact in any order).
+    const __m256 vscale = _mm256_set1_ps(scale);
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < n8; t += 8) {
+        const __m256 w = _mm256_mul_ps(_mm256_loadu_ps(s + t), vscale);
+        _mm256_storeu_ps(s + t, w);
+        vmax = _mm256_max_ps(vmax, w);
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, vmax);
+    float mx = lanes[0];
+    for (int l = 1; l < 8; ++l) mx = std::max(mx, lanes[l]);
+    for (int64_t t = n8; t < n; ++t) {
+        s[t] *= scale;
+        mx = std::max(mx, s[t]);
+    }
+    // exp(w - max) in groups of 8 from t = 0; each group's hsum8 is added to a double.
+    const __m256 vmx = _mm256_set1_ps(mx);
+    double sum = 0.0;
+    for (int64_t t = 0; t < n8; t += 8) {
+        const __m256 e = expf8(_mm256_sub_ps(_mm256_loadu_ps(s + t), vmx));
+        _mm256_storeu_ps(s + t, e);
+        sum += double(hsum8(e));
+    }
+    if (n8 < n) {  // the masked keys that complete the group give exactly 0
+        alignas(32) float tail[8];
+        for (int l = 0; l < 8; ++l) tail[l] = n8 + l < n ? s[n8 + l] : -INFINITY;
+        const __m256 e = expf8(_mm256_sub_ps(_mm256_load_ps(tail), vmx));
+        _mm256_store_ps(tail, e);
+        for (int64_t t = n8; t < n; ++t) s[t] = tail[t - n8];
+        sum += double(hsum8(e));
+    }
+    // p = e * float(1/sum), rounded to fp16 (round to nearest even, as F16C with imm 0).
+    const float inv = float(1.0 / sum);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int64_t t = 0; t < n8; t += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_mul_ps(_mm256_loadu_ps(s + t), vinv), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(s + t, _mm256_cvtph_ps(h));
+    }
+    for (int64_t t = n8; t < n; ++t) {
+        const __m128i h = _mm_cvtps_ph(_mm_set_ss(s[t] * inv), _MM_FROUND_TO_NEAREST_INT);
+        s[t] = _mm_cvtss_f32(_mm_cvtph_ps(h));
     }
 }
 

@@ -290,25 +290,41 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
     Scratch& s = t_scratch;
     const int nth_pool = pool.size();
 
-    // 1. activations -> dot type, once per call
+    // 1. activations -> dot type, once per call (split by tokens across the pool when large)
     const float* xa = x;
     const BlockQ8_0* xq = nullptr;
     const float* xd = nullptr;
     const int64_t nb = k / 32;
-    if (w.type == GgmlType::F16) {
-        float* buf = grow(s.xf, size_t(n * k));
-        avx2::round_f16(x, buf, n * k);
-        xa = buf;
-    } else if (w.type == GgmlType::BF16) {
-        float* buf = grow(s.xf, size_t(n * k));
-        avx2::round_bf16(x, buf, n * k);
-        xa = buf;
+    float* xf_buf = nullptr;
+    BlockQ8_0* xq_buf = nullptr;
+    float* xd_buf = nullptr;
+    if (w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
+        xf_buf = grow(s.xf, size_t(n * k));
+        xa = xf_buf;
     } else if (w.type == GgmlType::Q8_0 || w.type == GgmlType::Q4_0) {
-        BlockQ8_0* qb = grow(s.xq, size_t(n * nb));
-        float* db = grow(s.xd, size_t(n * nb));
-        avx2::quantize_q8_0(x, qb, db, n * k);
-        xq = qb;
-        xd = db;
+        xq_buf = grow(s.xq, size_t(n * nb));
+        xd_buf = grow(s.xd, size_t(n * nb));
+        xq = xq_buf;
+        xd = xd_buf;
+    }
+    if (w.type != GgmlType::F32) {
+        auto convert = [&](int64_t t0, int64_t t1) {
+            if (t0 >= t1) return;
+            const float* xs = x + t0 * k;
+            const int64_t cnt = (t1 - t0) * k;
+            if (w.type == GgmlType::F16) avx2::round_f16(xs, xf_buf + t0 * k, cnt);
+            else if (w.type == GgmlType::BF16) avx2::round_bf16(xs, xf_buf + t0 * k, cnt);
+            else avx2::quantize_q8_0(xs, xq_buf + t0 * nb, xd_buf + t0 * nb, cnt);
+        };
+        if (nth_pool > 1 && n >= 2 * nth_pool && n * k >= (int64_t(1) << 16)) {
+            pool.run([&](int ith, int nth) {
+                int64_t t0, t1;
+                split(n, ith, nth, t0, t1);
+                convert(t0, t1);
+            });
+        } else {
+            convert(0, n);
+        }
     }
 
     // 2. products
@@ -322,7 +338,7 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
                 if (by_rows) split(panels, ith, nth, p0, p1);
                 else split(n, ith, nth, t0, t1);
                 if (p0 >= p1 || t0 >= t1) return;
-                float* panel = w.type == GgmlType::F32 ? nullptr : grow(t_scratch.panel, size_t(4 * k));
+                float* panel = w.type == GgmlType::F32 ? nullptr : grow(t_scratch.panel, size_t(avx2::kLanes8MaxPanels * 4 * k));
                 avx2::gemm_lanes8(w.type, wbase, w.row_bytes, 4 * p0, 4 * p1, xa, t0, t1, k, y, m, panel);
             });
             break;

@@ -3,6 +3,14 @@
 // which *different* outputs are computed are free.  Mind that GCC contracts a*b+c into an fma
 // whenever FMA is enabled (even in ISO mode), so float expressions here never add a product:
 // every multiply-add is an explicit _mm256_fmadd_ps / _mm_fmadd_ss.
+//
+// Tuning knobs (compile-time; they change speed only, never results), chosen from a sweep of the
+// variants with a standalone harness (see the commit report):
+//   VXQ_LANES8_CHUNK  tokens per pass over the weights in gemm_lanes8           (96)
+//   VXQ_LANES8_L1     bytes of widened weight panels kept in L1 per pass          (20 KiB)
+//   VXQ_VEC_ROWS      rows per ggml_vec_dot-order GEMV step                        (2)
+//   VXQ_Q0_RM/RN      rows x tokens of a Q0Lanes GEMM tile (GEMV: 4 x 1)           (3 x 3)
+//   VXQ_Q4R_RN        tokens per Q4Repack tile of 8 rows                           (4)
 #include "kernels/cpu/matmul_avx2.h"
 
 #include <immintrin.h>
@@ -243,6 +251,7 @@ inline __m256 lanes_i8(__m256i aw, __m256i w, __m256i x) {
 template <bool Q4, int RM, int RN>
 inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, const float* xd,
                     int64_t nb, float* C, int64_t ldc) {
+    static_assert(RM <= 4, "scales of up to 4 rows are gathered in one xmm");
     __m256 acc[RN][RM];
 #pragma GCC unroll 16
     for (int j = 0; j < RN; ++j)
@@ -251,22 +260,24 @@ inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, con
 
     for (int64_t b = 0; b < nb; ++b) {
         __m256i wv[RM], aw[RM];
-        float dw[RM];
+        __m128i dbits = _mm_setzero_si128();
 #pragma GCC unroll 16
         for (int i = 0; i < RM; ++i) {
             const uint8_t* blk = block_ptr<Q4>(w + size_t(i) * row_bytes, b);
             wv[i] = load_codes<Q4>(blk);
             aw[i] = _mm256_sign_epi8(wv[i], wv[i]);
-            dw[i] = f16_to_f32(load_u16(blk));
+            dbits = _mm_insert_epi16(dbits, load_u16(blk), i);
         }
+        const __m128 dw = _mm_cvtph_ps(dbits);
 #pragma GCC unroll 16
         for (int j = 0; j < RN; ++j) {
             const BlockQ8_0& xb = xq[j * nb + b];
             const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs));
-            const float dx = xd[j * nb + b];
+            // dw[i] * dx for the RM rows (each product exact), then broadcast per row
+            const __m256 d4 = _mm256_castps128_ps256(_mm_mul_ps(dw, _mm_set1_ps(xd[j * nb + b])));
 #pragma GCC unroll 16
             for (int i = 0; i < RM; ++i) {
-                const __m256 d = _mm256_set1_ps(dw[i] * dx);
+                const __m256 d = _mm256_permutevar8x32_ps(d4, _mm256_set1_epi32(i));
                 acc[j][i] = _mm256_fmadd_ps(d, lanes_i8(aw[i], wv[i], xv), acc[j][i]);
             }
         }
@@ -281,9 +292,15 @@ inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, con
     }
 }
 
+#ifndef VXQ_Q0_RM
+#define VXQ_Q0_RM 3
+#endif
+#ifndef VXQ_Q0_RN
+#define VXQ_Q0_RN 3
+#endif
 template <bool Q4, int RN>
-inline void tile_q0_rows(int64_t rm, const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq,
-                         const float* xd, int64_t nb, float* C, int64_t ldc) {
+inline void tile_q0_any(int64_t rm, const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq,
+                        const float* xd, int64_t nb, float* C, int64_t ldc) {
     switch (rm) {
         case 4: tile_q0<Q4, 4, RN>(w, row_bytes, xq, xd, nb, C, ldc); break;
         case 3: tile_q0<Q4, 3, RN>(w, row_bytes, xq, xd, nb, C, ldc); break;
@@ -295,15 +312,17 @@ inline void tile_q0_rows(int64_t rm, const uint8_t* w, size_t row_bytes, const B
 template <bool Q4>
 void gemm_q0_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const BlockQ8_0* xq,
                const float* xd, int64_t t0, int64_t t1, int64_t nb, float* y, int64_t ldy) {
-    constexpr int64_t RN = 3;
-    for (int64_t r = r0; r < r1; r += 4) {
-        const int64_t rm = min64(4, r1 - r);
+    // one token: 4 rows per tile; several tokens: RM x RN tiles
+    const int64_t RM = t1 - t0 == 1 ? 4 : VXQ_Q0_RM;
+    constexpr int64_t RN = VXQ_Q0_RN;
+    for (int64_t r = r0; r < r1; r += RM) {
+        const int64_t rm = min64(RM, r1 - r);
         const uint8_t* wr = w + size_t(r) * row_bytes;
         int64_t t = t0;
         for (; t + RN <= t1; t += RN)
-            tile_q0_rows<Q4, RN>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
+            tile_q0_any<Q4, RN>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
         for (; t < t1; ++t)
-            tile_q0_rows<Q4, 1>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
+            tile_q0_any<Q4, 1>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
     }
 }
 
@@ -311,47 +330,62 @@ void gemm_q0_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const
 // Q4_0 in the order of ggml's repacked q4_0_8x8 kernels: per output, the exact integer dot of each
 // block, then acc = fma(float(isum), dw * dx, acc).  8 rows at once: lane r of acc is row r.
 
-// Sums the 8 lanes of each of p[0..7] into lane r of the result (exact integer adds).
-inline __m256i reduce_rows8(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4, __m256i p5,
-                            __m256i p6, __m256i p7) {
-    const __m256i h0123 = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    const __m256i h4567 = _mm256_hadd_epi32(_mm256_hadd_epi32(p4, p5), _mm256_hadd_epi32(p6, p7));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
-                            _mm256_permute2x128_si256(h0123, h4567, 0x31));
+inline __m256i nibbles_q4_0(const uint8_t* qs) {  // the 32 raw nibbles (0..15), ggml's order
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m256i both = _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
-inline __m256i isum_pairs(__m256i aw, __m256i w, __m256i x) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w)), _mm256_set1_epi16(1));
+// 8 * sum of the 32 codes of x, in every lane.
+inline __m256i sum8_codes(__m256i x) {
+    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), x), _mm256_set1_epi16(1));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4e));
+    s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xb1));
+    return _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
 }
 
+#ifndef VXQ_Q4R_RN
+#define VXQ_Q4R_RN 4
+#endif
+
+// isum_r = sum_e (u_r[e] - 8) * x[e] = sum_e u_r[e] x[e] - 8 sum_e x[e]: exact integers, equal to
+// ggml's sign/maddubs lanes for every activation code other than -128 (which the q8_0 quantizer
+// never produces from finite input).
 template <int RN>
 inline void tile_q4_repack(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq,
                            const float* xd, int64_t nb, float* C, int64_t ldc) {
     __m256 acc[RN];
 #pragma GCC unroll 8
     for (int j = 0; j < RN; ++j) acc[j] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
 
     for (int64_t b = 0; b < nb; ++b) {
         __m256i xv[RN];
 #pragma GCC unroll 8
         for (int j = 0; j < RN; ++j)
             xv[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[j * nb + b].qs));
-        __m256i p[RN][8];
-        alignas(16) uint16_t dbits[8];
+        __m256i h[RN][4];
+        __m128i dbits = _mm_setzero_si128();
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) {
-            const uint8_t* blk = w + size_t(i) * row_bytes + size_t(b) * sizeof(BlockQ4_0);
-            dbits[i] = load_u16(blk);
-            const __m256i wv = unpack_q4_0(blk + 2);
-            const __m256i aw = _mm256_sign_epi8(wv, wv);
+        for (int i = 0; i < 8; i += 2) {
+            const uint8_t* b0 = w + size_t(i) * row_bytes + size_t(b) * sizeof(BlockQ4_0);
+            const uint8_t* b1 = b0 + row_bytes;
+            dbits = _mm_insert_epi16(dbits, load_u16(b0), i);
+            dbits = _mm_insert_epi16(dbits, load_u16(b1), i + 1);
+            const __m256i u0 = nibbles_q4_0(b0 + 2), u1 = nibbles_q4_0(b1 + 2);
 #pragma GCC unroll 8
-            for (int j = 0; j < RN; ++j) p[j][i] = isum_pairs(aw, wv, xv[j]);
+            for (int j = 0; j < RN; ++j)
+                h[j][i / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, xv[j]), ones),
+                                                _mm256_madd_epi16(_mm256_maddubs_epi16(u1, xv[j]), ones));
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(dbits)));
+        const __m256 dw = _mm256_cvtph_ps(dbits);
 #pragma GCC unroll 8
         for (int j = 0; j < RN; ++j) {
-            const __m256i tot =
-                reduce_rows8(p[j][0], p[j][1], p[j][2], p[j][3], p[j][4], p[j][5], p[j][6], p[j][7]);
+            const __m256i h0123 = _mm256_hadd_epi32(h[j][0], h[j][1]);
+            const __m256i h4567 = _mm256_hadd_epi32(h[j][2], h[j][3]);
+            __m256i tot = _mm256_add_epi32(_mm256_permute2x128_si256(h0123, h4567, 0x20),
+                                           _mm256_permute2x128_si256(h0123, h4567, 0x31));
+            tot = _mm256_sub_epi32(tot, sum8_codes(xv[j]));
             const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xd[j * nb + b]));  // exact
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(tot), s, acc[j]);
         }
@@ -439,28 +473,41 @@ void gemm_lanes8(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, 
                  const float* x, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy,
                  float* panel) {
 #ifndef VXQ_LANES8_CHUNK
-#define VXQ_LANES8_CHUNK 48
+#define VXQ_LANES8_CHUNK 96
 #endif
-    constexpr int64_t kChunk = VXQ_LANES8_CHUNK;  // tokens per pass over the weights
+#ifndef VXQ_LANES8_L1
+#define VXQ_LANES8_L1 (20 * 1024)
+#endif
+    // Loop nest: token chunks (their activations stay in L2) > blocks of P panels of 4 rows (in
+    // L1, widened to f32 once per chunk) > token triples (3 rows of activations, reused from L1
+    // across the P panels) > panels.
+    constexpr int64_t kChunk = VXQ_LANES8_CHUNK;
     const bool direct = type == GgmlType::F32 && row_bytes % 4 == 0;
+    int64_t P = VXQ_LANES8_L1 / (16 * k);
+    P = P < 1 ? 1 : (P > kLanes8MaxPanels ? kLanes8MaxPanels : P);
+    const float* A[kLanes8MaxPanels];
+    const int64_t lda = direct ? int64_t(row_bytes / 4) : k;
     for (int64_t tc = t0; tc < t1; tc += kChunk) {
         const int64_t te = min64(tc + kChunk, t1);
-        for (int64_t r = r0; r < r1; r += 4) {
-            const uint8_t* wr = w + size_t(r) * row_bytes;
-            const float* A;
-            int64_t lda;
-            if (direct) {
-                A = reinterpret_cast<const float*>(wr);
-                lda = int64_t(row_bytes / 4);
-            } else {
-                widen_panel(type, wr, row_bytes, k, panel);
-                A = panel;
-                lda = k;
+        for (int64_t rb = r0; rb < r1; rb += 4 * P) {
+            const int64_t np = min64(P, (r1 - rb) / 4);
+            for (int64_t p = 0; p < np; ++p) {
+                const uint8_t* wr = w + size_t(rb + 4 * p) * row_bytes;
+                if (direct) {
+                    A[p] = reinterpret_cast<const float*>(wr);
+                } else {
+                    widen_panel(type, wr, row_bytes, k, panel + p * 4 * k);
+                    A[p] = panel + p * 4 * k;
+                }
             }
             int64_t t = tc;
-            for (; t + 3 <= te; t += 3) tile_lanes8<4, 3>(A, lda, x + t * k, k, k, y + t * ldy + r, ldy);
-            if (te - t == 2) tile_lanes8<4, 2>(A, lda, x + t * k, k, k, y + t * ldy + r, ldy);
-            else if (te - t == 1) tile_lanes8<4, 1>(A, lda, x + t * k, k, k, y + t * ldy + r, ldy);
+            for (; t + 3 <= te; t += 3)
+                for (int64_t p = 0; p < np; ++p)
+                    tile_lanes8<4, 3>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
+            for (int64_t p = 0; p < np; ++p) {
+                if (te - t == 2) tile_lanes8<4, 2>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
+                else if (te - t == 1) tile_lanes8<4, 1>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
+            }
         }
     }
 }
@@ -485,7 +532,7 @@ void gemm_q0_lanes(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0
 void gemm_q4_repack(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
                     const BlockQ8_0* xq, const float* xd, int64_t t0, int64_t t1, int64_t nb,
                     float* y, int64_t ldy) {
-    constexpr int64_t RN = 2;
+    constexpr int64_t RN = VXQ_Q4R_RN;
     for (int64_t r = r0; r + 8 <= r1; r += 8) {
         const uint8_t* wr = w + size_t(r) * row_bytes;
         int64_t t = t0;

@@ -23,7 +23,8 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, float* yd, int64_t n);
 
 // DotOrder::Lanes8 (tinyBLAS) for F32/F16/BF16 weights: rows [r0, r1) (multiples of 4), tokens
 // [t0, t1).  x: activations already in the dot type, widened to f32, row stride k; k % 8 == 0.
-// y[t * ldy + r].  panel: 4 * k floats of scratch (unused for F32).
+// y[t * ldy + r].  panel: kLanes8MaxPanels * 4 * k floats of scratch (unused for F32).
+constexpr int64_t kLanes8MaxPanels = 4;
 void gemm_lanes8(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
                  const float* x, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy,
                  float* panel);

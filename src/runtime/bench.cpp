@@ -1,0 +1,179 @@
+#include "runtime/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "core/error.h"
+#include "kv/kv_cache.h"
+#include "model/backend.h"
+#include "model/model.h"
+
+namespace vxq {
+
+namespace {
+
+double loadavg() {
+    std::ifstream in("/proc/loadavg");
+    double v = -1;
+    in >> v;
+    return v;
+}
+
+std::string cpu_model() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+    }
+    return "unknown cpu";
+}
+
+std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx) {
+    const ModelConfig& m = c.model->config();
+    const KvShape shape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx};
+    if (c.kv == "f16") return make_f16_cache(shape);
+    fail("unknown KV cache format '{}' (available: f16)", c.kv);
+}
+
+// Random token ids, avoiding control tokens, as llama-bench's prompts.
+std::vector<TokenId> random_tokens(const Model& m, int64_t n, std::mt19937_64& rng) {
+    std::uniform_int_distribution<TokenId> dist(3, TokenId(m.config().n_vocab - 1));
+    std::vector<TokenId> t(static_cast<size_t>(n));
+    for (auto& x : t) x = dist(rng);
+    t[0] = m.tokenizer().vocab().bos >= 0 ? m.tokenizer().vocab().bos : t[0];
+    return t;
+}
+
+}  // namespace
+
+BenchStats summarize(std::vector<double> s) {
+    BenchStats st;
+    if (s.empty()) return st;
+    st.samples = s;
+    std::sort(s.begin(), s.end());
+    const size_t n = s.size();
+    st.median = n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+    st.min = s.front();
+    st.max = s.back();
+    double sum = 0;
+    for (double x : s) sum += x;
+    st.mean = sum / double(n);
+    double var = 0;
+    for (double x : s) var += (x - st.mean) * (x - st.mean);
+    st.sd = n > 1 ? std::sqrt(var / double(n - 1)) : 0.0;
+    return st;
+}
+
+BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchParams& p,
+                      const std::function<void(const std::string&)>& trace,
+                      const std::function<void(int, int)>& progress) {
+    if (configs_in.empty()) fail("bench: no configuration to run");
+    if (p.reps < 1) fail("bench: repetitions must be >= 1, got {}", p.reps);
+    if (p.n_prompt < 0 || p.n_gen < 0 || p.depth < 0) fail("bench: -p, -n and -d must be >= 0");
+    if (p.n_prompt == 0 && p.n_gen == 0) fail("bench: nothing to measure (-p 0 and -n 0)");
+    if (p.pool < 1) fail("bench: the prompt pool needs at least one prompt");
+
+    std::vector<BenchConfig> configs = configs_in;
+    if (p.add_aa) {
+        BenchConfig aa = configs.front();
+        aa.label += " (A/A)";
+        configs.insert(configs.begin() + 1, aa);
+    }
+    BenchReport rep;
+    rep.loadavg_1m = loadavg();
+    rep.machine = cpu_model();
+
+    struct Test {
+        std::string name;
+        bool prefill;
+        int64_t n;
+    };
+    std::vector<Test> tests;
+    const std::string at = p.depth > 0 ? fmt::format("@d{}", p.depth) : "";
+    if (p.n_prompt > 0) tests.push_back({fmt::format("pp{}{}", p.n_prompt, at), true, p.n_prompt});
+    if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen});
+
+    auto backend = make_cpu_backend(p.threads);
+    const int64_t n_ctx = p.depth + std::max(p.n_prompt, p.n_gen) + 1;
+    std::vector<std::unique_ptr<KvCache>> caches;
+    for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx));
+
+    // One prompt pool per model (configs of the same model share it, so each repetition hands
+    // every arm the same input): depth prefix + test tokens.
+    std::mt19937_64 rng(p.seed);
+    std::vector<std::vector<std::vector<TokenId>>> pools(configs.size());
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+        for (size_t cj = 0; cj < ci; ++cj) {
+            if (configs[cj].model == configs[ci].model) pools[ci] = pools[cj];
+        }
+        if (pools[ci].empty()) {
+            for (int i = 0; i < p.pool; ++i) pools[ci].push_back(random_tokens(*configs[ci].model, n_ctx - 1, rng));
+        }
+    }
+
+    std::vector<float> logits;
+    // Runs one test on one config; returns tokens/s of the timed part.
+    auto run_one = [&](size_t ci, const Test& t, const std::vector<TokenId>& prompt) {
+        const Model& m = *configs[ci].model;
+        KvCache& cache = *caches[ci];
+        logits.resize(size_t(m.config().n_vocab));
+        cache.truncate(0);
+        if (p.depth > 0) m.forward(*backend, cache, std::span(prompt).first(size_t(p.depth)), false, logits.data());
+        const auto body = std::span(prompt).subspan(size_t(p.depth));
+        const auto t0 = std::chrono::steady_clock::now();
+        if (t.prefill) {
+            m.forward(*backend, cache, body.first(size_t(t.n)), false, logits.data());
+        } else {
+            for (int64_t i = 0; i < t.n; ++i) m.forward(*backend, cache, body.subspan(size_t(i), 1), false, logits.data());
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return double(t.n) / s;
+    };
+
+    // Warm-up: every config once on every test, untimed (first-touch faults, caches, pool spin-up).
+    for (size_t ci = 0; ci < configs.size(); ++ci)
+        for (const auto& t : tests) run_one(ci, t, pools[ci][0]);
+
+    std::vector<std::vector<std::vector<double>>> samples(configs.size(), std::vector<std::vector<double>>(tests.size()));
+    const int total = p.reps * int(configs.size() * tests.size());
+    int done = 0;
+    for (int r = 0; r < p.reps; ++r) {
+        const int prompt_idx = (r + 1) % p.pool;  // index 0 was the warm-up's
+        for (size_t ti = 0; ti < tests.size(); ++ti) {
+            for (size_t ci = 0; ci < configs.size(); ++ci) {
+                const double tps = run_one(ci, tests[ti], pools[ci][size_t(prompt_idx)]);
+                samples[ci][ti].push_back(tps);
+                if (trace) {
+                    trace(fmt::format("run {:>3}: rep {} {:<10} {:<40} prompt #{} -> {:.1f} t/s", done + 1, r + 1,
+                                      tests[ti].name, configs[ci].label, prompt_idx, tps));
+                }
+                if (progress) progress(++done, total);
+            }
+        }
+    }
+
+    for (size_t ti = 0; ti < tests.size(); ++ti) {
+        for (size_t ci = 0; ci < configs.size(); ++ci) {
+            BenchRow row;
+            row.label = configs[ci].label;
+            row.test = tests[ti].name;
+            row.code_path = backend->describe();
+            row.kv_format = caches[ci]->format();
+            row.kv_bytes = caches[ci]->resident_bytes();
+            const ModelConfig& m = configs[ci].model->config();
+            row.kv_bits_per_element = 8.0 * double(row.kv_bytes) / double(2 * m.n_layer * m.kv_dim() * n_ctx);
+            row.is_aa = p.add_aa && ci == 1;
+            row.tps = summarize(samples[ci][ti]);
+            rep.rows.push_back(std::move(row));
+        }
+    }
+    return rep;
+}
+
+}  // namespace vxq

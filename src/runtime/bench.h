@@ -1,0 +1,63 @@
+// Throughput benchmark with the protocol of ../shared/docs/MEASURE.md: configurations run
+// interleaved round-robin in one process, each repetition on a different prompt from a rotating
+// pool, warm-up outside timing, an A/A copy of the baseline as the noise floor, and median /
+// min / max / mean +- sd per configuration.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace vxq {
+
+class Model;
+
+struct BenchConfig {
+    std::string label;          // e.g. "vxq-llama-h64-f16 kv=f16"
+    const Model* model = nullptr;
+    std::string kv = "f16";
+};
+
+struct BenchParams {
+    int64_t n_prompt = 512;     // pp test: tokens in one batch (0: skip)
+    int64_t n_gen = 128;        // tg test: decode steps (0: skip)
+    int64_t depth = 0;          // tokens already in the cache before each test (untimed)
+    int reps = 5;
+    int threads = 2;
+    int pool = 8;               // distinct prompts in the rotation
+    uint64_t seed = 42;
+    bool add_aa = true;         // add an A/A copy of the first configuration
+};
+
+struct BenchStats {
+    double median = 0, min = 0, max = 0, mean = 0, sd = 0;  // tokens/s
+    std::vector<double> samples;
+};
+
+struct BenchRow {
+    std::string label;
+    std::string test;           // "pp512", "tg128", "pp512@d1024", ...
+    std::string code_path;      // backend and kernels that ran
+    std::string kv_format;
+    size_t kv_bytes = 0;
+    double kv_bits_per_element = 0;
+    bool is_aa = false;
+    BenchStats tps;
+};
+
+struct BenchReport {
+    std::vector<BenchRow> rows;
+    double loadavg_1m = -1;
+    std::string machine;
+};
+
+// trace(line) gets one line per timed run (order of runs, which prompt) when set.
+BenchReport run_bench(const std::vector<BenchConfig>& configs, const BenchParams& p,
+                      const std::function<void(const std::string&)>& trace = {},
+                      const std::function<void(int, int)>& progress = {});
+
+BenchStats summarize(std::vector<double> samples);
+
+}  // namespace vxq

@@ -1,0 +1,131 @@
+// vxq bench: llama-bench-style throughput table, measured with the MEASURE.md protocol
+// (interleaved configurations, rotating prompts, A/A noise floor, median/min/max).
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "runtime/bench.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace vxq::tools {
+
+namespace {
+
+struct BenchOptions {
+    std::vector<std::string> models;
+    std::vector<std::string> kv{"f16"};
+    BenchParams p;
+    bool csv = false;
+    bool json = false;
+    bool verbose = false;
+    bool no_aa = false;
+};
+
+// Paired per-repetition ratios against the baseline (first configuration) of the same test.
+BenchStats paired_ratio(const BenchRow& row, const BenchRow& base) {
+    std::vector<double> r;
+    for (size_t i = 0; i < row.tps.samples.size(); ++i) r.push_back(row.tps.samples[i] / base.tps.samples[i]);
+    return summarize(r);
+}
+
+void run_bench_cmd(BenchOptions o) {
+    std::vector<std::unique_ptr<Model>> models;
+    std::vector<BenchConfig> configs;
+    for (const auto& path : o.models) {
+        models.push_back(Model::load(path));
+        const std::string stem = std::filesystem::path(path).stem().string();
+        for (const auto& kv : o.kv) configs.push_back({fmt::format("{} kv={}", stem, kv), models.back().get(), kv});
+    }
+    o.p.add_aa = !o.no_aa;
+    const bool tty = stderr_is_tty();
+    const BenchReport rep = run_bench(
+        configs, o.p, o.verbose ? std::function<void(const std::string&)>([](const std::string& s) { fmt::print(stderr, "{}\n", s); }) : nullptr,
+        [&](int done, int total) {
+            if (tty && !o.verbose) fmt::print(stderr, "\rbench: run {}/{}   ", done, total);
+        });
+    if (tty && !o.verbose) fmt::print(stderr, "\n");
+
+    // The baseline of each test is its first row; the A/A row gives the noise floor.
+    std::map<std::string, const BenchRow*> base, aa;
+    for (const auto& r : rep.rows) {
+        if (!base.count(r.test)) base[r.test] = &r;
+        if (r.is_aa) aa[r.test] = &r;
+    }
+    if (o.json) {
+        nlohmann::json j;
+        j["machine"] = rep.machine;
+        j["loadavg_1m_at_start"] = rep.loadavg_1m;
+        j["threads"] = o.p.threads;
+        j["repetitions"] = o.p.reps;
+        j["prompt_pool"] = o.p.pool;
+        for (const auto& r : rep.rows) {
+            const BenchStats ratio = paired_ratio(r, *base[r.test]);
+            j["rows"].push_back({{"config", r.label}, {"test", r.test}, {"code_path", r.code_path}, {"kv_format", r.kv_format},
+                                 {"kv_bytes", r.kv_bytes}, {"kv_bits_per_element", r.kv_bits_per_element}, {"aa", r.is_aa},
+                                 {"tps_median", r.tps.median}, {"tps_min", r.tps.min}, {"tps_max", r.tps.max},
+                                 {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"tps_samples", r.tps.samples},
+                                 {"ratio_median", ratio.median}, {"ratio_min", ratio.min}, {"ratio_max", ratio.max}});
+        }
+        fmt::print("{}\n", j.dump(1));
+        return;
+    }
+    if (o.csv) {
+        fmt::print("config,test,code_path,kv_format,kv_bytes,kv_bits_per_element,reps,tps_median,tps_min,tps_max,tps_mean,tps_sd,ratio_median,ratio_min,ratio_max\n");
+        for (const auto& r : rep.rows) {
+            const BenchStats ratio = paired_ratio(r, *base[r.test]);
+            fmt::print("\"{}\",{},\"{}\",{},{},{:.3f},{},{:.2f},{:.2f},{:.2f},{:.2f},{:.2f},{:.4f},{:.4f},{:.4f}\n", r.label, r.test, r.code_path,
+                       r.kv_format, r.kv_bytes, r.kv_bits_per_element, r.tps.samples.size(), r.tps.median, r.tps.min, r.tps.max,
+                       r.tps.mean, r.tps.sd, ratio.median, ratio.min, ratio.max);
+        }
+        return;
+    }
+    fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts\n\n",
+               rep.machine, o.p.threads, rep.loadavg_1m, o.p.reps, o.p.pool);
+    fmt::print("| config | test | code path | KV bytes | KV bits/el | t/s median | min | max | mean ± sd | ratio (min–max) |\n");
+    fmt::print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (const auto& r : rep.rows) {
+        const BenchStats ratio = paired_ratio(r, *base[r.test]);
+        fmt::print("| {} | {} | {} | {} | {:.2f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} ± {:.1f} | {:.3f} ({:.3f}–{:.3f}) |\n", r.label,
+                   r.test, r.code_path, r.kv_bytes, r.kv_bits_per_element, r.tps.median, r.tps.min, r.tps.max, r.tps.mean,
+                   r.tps.sd, ratio.median, ratio.min, ratio.max);
+    }
+    for (const auto& [test, row] : aa) {
+        const BenchStats ratio = paired_ratio(*row, *base[test]);
+        fmt::print("\nnoise floor ({}): A/A ratio {:.3f} ({:.3f}–{:.3f}); differences inside ±{:.1f}% are not measurable\n", test,
+                   ratio.median, ratio.min, ratio.max, 100.0 * std::max(std::abs(ratio.max - 1.0), std::abs(1.0 - ratio.min)));
+    }
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app, int& rc) {
+    auto* sub = app.add_subcommand("bench", "Prefill/decode throughput (llama-bench style, MEASURE.md protocol)");
+    auto o = std::make_shared<BenchOptions>();
+    sub->add_option("-m,--model", o->models, "GGUF model file(s)")->required();
+    sub->add_option("-p,--n-prompt", o->p.n_prompt, "prompt tokens per prefill test (0: skip)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    sub->add_option("-n,--n-gen", o->p.n_gen, "generated tokens per decode test (0: skip)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    sub->add_option("-d,--depth", o->p.depth, "tokens in the cache before each test")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
+    sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
+    sub->add_option("--kv", o->kv, "KV cache formats, comma-separated")->delimiter(',');
+    sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
+    sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
+    sub->add_flag("--csv", o->csv, "CSV output");
+    sub->add_flag("--json", o->json, "JSON output");
+    sub->add_flag("-v,--verbose", o->verbose, "trace every timed run: order, configuration, prompt");
+    sub->callback([o, &rc] {
+        run_bench_cmd(*o);
+        rc = 0;
+    });
+}
+
+}  // namespace vxq::tools

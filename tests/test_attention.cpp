@@ -1,0 +1,227 @@
+// Attention over the fp16 cache (kernels/cpu/attention.cpp) in llama.cpp b4748's numerics: the AVX2
+// row equals the scalar reference bit for bit, the softmax follows ggml_vec_soft_max_f32 over a
+// row padded the way llama.cpp pads it, and the whole stays within a derived bound of a naive
+// double-precision softmax attention.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/fp16.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_impl.h"
+#include "kernels/cpu/ops.h"
+
+#pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
+
+namespace vxq::cpu {
+namespace {
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+float hsum8(const float* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
+
+bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
+// ---- softmax ----
+
+TEST(AttentionSoftmax, Avx2EqualsReferenceBitForBit) {
+    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "no AVX2";
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (const float spread : {1.0f, 4.0f, 60.0f}) {  // 60: most exps flush to zero or go subnormal
+        std::normal_distribution<float> nd(0.0f, spread);
+        for (const int64_t n : {1, 7, 8, 9, 31, 97, 1000, 4099}) {
+            std::vector<float> s(size_t(n));
+            for (auto& v : s) v = nd(rng);
+            std::vector<float> a = s, b = s;
+            detail::attn_softmax_f16_avx2(a.data(), n, 0.125f);
+            detail::attn_softmax_f16_ref(b.data(), n, 0.125f);
+            for (int64_t t = 0; t < n; ++t) {
+                ASSERT_TRUE(same_bits(a[size_t(t)], b[size_t(t)]))
+                    << "n=" << n << " t=" << t << ": " << a[size_t(t)] << " vs " << b[size_t(t)] << " seed=" << seed;
+            }
+        }
+    }
+}
+
+// llama.cpp (no flash attention) runs ggml_soft_max_ext on rows of n_kv = max(32, round_up(used
+// cells, 32)) entries: w = s * scale + mask (0 visible, -inf masked), max, then
+// ggml_vec_soft_max_f32: ggml_v_expf(w - max) per group of 8, each group's hsum added in double, and
+// p = e * float(1 / sum), converted to fp16 for the V product. Computed here on the padded row.
+TEST(AttentionSoftmax, EqualsGgmlOnTheKvPaddedRow) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    const float scale = 1.0f / std::sqrt(64.0f);
+    for (const int64_t n : {1, 7, 8, 9, 31, 32, 33, 97, 1000}) {
+        const int64_t n_kv = std::max<int64_t>(32, (n + 31) / 32 * 32);
+        std::vector<float> s(size_t(n_kv));
+        for (auto& v : s) v = nd(rng);  // padded cells hold scores too: the mask hides them
+        std::vector<float> w(size_t(n_kv));
+        for (int64_t t = 0; t < n_kv; ++t) w[size_t(t)] = s[size_t(t)] * scale + (t < n ? 0.0f : -INFINITY);
+        float mx = -INFINITY;
+        for (const float v : w) mx = std::max(mx, v);
+        for (auto& v : w) v -= mx;
+        std::vector<float> e(w.size());
+        vec_expf(w.data(), e.data(), n_kv);
+        double sum = 0.0;
+        for (int64_t t = 0; t < n_kv; t += 8) sum += double(hsum8(e.data() + t));
+        const float inv = float(1.0 / sum);
+
+        std::vector<float> got(s.begin(), s.begin() + n);
+        detail::attn_softmax_f16_ref(got.data(), n, scale);
+        for (int64_t t = 0; t < n; ++t) {
+            ASSERT_TRUE(same_bits(got[size_t(t)], round_fp16(e[size_t(t)] * inv))) << "n=" << n << " t=" << t;
+        }
+        for (int64_t t = n; t < n_kv; ++t) ASSERT_EQ(e[size_t(t)], 0.0f);  // masked: exactly nothing
+    }
+}
+
+// Against softmax in double: the exp approximation (< 2 ulp), the sum and the scaling add ~1e-6
+// relative; the fp16 rounding of the result adds 2^-11 relative (normal fp16) or 2^-25 absolute
+// (subnormal fp16, p < 2^-14).
+TEST(AttentionSoftmax, CloseToExactSoftmax) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 8.0f);
+    for (const int64_t n : {1, 9, 97, 1000, 4099}) {
+        std::vector<float> s(size_t(n));
+        for (auto& v : s) v = nd(rng);
+        std::vector<float> p = s;
+        detail::attn_softmax_f16_ref(p.data(), n, 0.25f);
+        double mx = -INFINITY, z = 0.0, total = 0.0;
+        for (const float v : s) mx = std::max(mx, double(v * 0.25f));
+        for (const float v : s) z += std::exp(double(v * 0.25f) - mx);
+        for (int64_t t = 0; t < n; ++t) {
+            const double want = std::exp(double(s[size_t(t)] * 0.25f) - mx) / z;
+            ASSERT_LE(std::fabs(double(p[size_t(t)]) - want), want * (0x1p-11 + 1e-6) + 0x1p-25)
+                << "n=" << n << " t=" << t << " seed=" << seed;
+            total += p[size_t(t)];
+        }
+        EXPECT_NEAR(total, 1.0, double(n) * 0x1p-25 + 0x1p-10);
+    }
+}
+
+// ---- the whole row ----
+
+struct Problem {
+    int64_t d, n_head_kv, gqa, n_q, pos0, cap;
+    std::vector<float> q, out;
+    std::vector<f16_t> k, v;
+    AttentionF16Args args() {
+        return AttentionF16Args{q.data(), k.data(), v.data(), cap * d, out.data(), n_q, pos0,
+                                n_head_kv * gqa, n_head_kv, d, 1.0f / std::sqrt(float(d))};
+    }
+};
+
+Problem make_problem(int64_t d, int64_t gqa, int64_t kv_len, float q_spread, std::mt19937& rng) {
+    Problem p;
+    p.d = d, p.n_head_kv = 2, p.gqa = gqa;
+    p.n_q = std::min<int64_t>(2, kv_len);
+    p.pos0 = kv_len - p.n_q;  // the last query row sees kv_len keys
+    p.cap = kv_len + 3;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    p.q.resize(size_t(p.n_q * p.n_head_kv * gqa * d));
+    for (auto& x : p.q) x = q_spread * nd(rng);
+    p.k.resize(size_t(p.n_head_kv * p.cap * d));
+    p.v.resize(p.k.size());
+    for (auto& x : p.k) x = fp32_to_fp16(nd(rng));
+    for (auto& x : p.v) x = fp32_to_fp16(nd(rng));
+    p.out.assign(size_t(p.n_q * p.n_head_kv * gqa * d), 0.0f);
+    return p;
+}
+
+TEST(AttentionRow, Avx2EqualsReferenceBitForBit) {
+    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "no AVX2";
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (const int64_t d : {8, 64, 128}) {
+        for (const int64_t gqa : {1, 3, 4}) {
+            for (const int64_t kv_len : {1, 31, 97, 1000}) {
+                for (const float q_spread : {1.0f, 6.0f}) {
+                    Problem p = make_problem(d, gqa, kv_len, q_spread, rng);
+                    const AttentionF16Args a = p.args();
+                    std::vector<float> scratch(size_t(p.pos0 + p.n_q));
+                    std::vector<float> ref(size_t(d));
+                    for (int64_t i = 0; i < p.n_q; ++i) {
+                        for (int64_t h = 0; h < a.n_head; ++h) {
+                            float* o = p.out.data() + (i * a.n_head + h) * d;
+                            attention_f16_row_ref(a, i, h, scratch.data());
+                            std::copy(o, o + d, ref.begin());
+                            attention_f16_row(a, i, h, scratch.data());
+                            for (int64_t c = 0; c < d; ++c) {
+                                ASSERT_TRUE(same_bits(o[c], ref[size_t(c)]))
+                                    << "d=" << d << " gqa=" << gqa << " kv=" << kv_len << " i=" << i << " h=" << h
+                                    << " c=" << c << " seed=" << seed;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Against a naive softmax attention in double on the same fp16 K/V, with a per-output bound
+// derived from the roundings the engine makes:
+//   E = scale * (2^-11 + d 2^-23) * max_t sum_c |q_c k_tc|   bounds every score's error (q rounded
+//       to fp16, float accumulation), which moves each probability by a factor within e^(+-2E);
+//   each probability also carries 2^-11 + 1e-6 relative (fp16 rounding, exp approximation) or
+//   2^-25 absolute (subnormal fp16), and the weighted sum adds n_kv 2^-23 relative.
+TEST(AttentionRow, CloseToDoubleSoftmaxAttention) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (const int64_t d : {8, 64, 128}) {
+        for (const int64_t gqa : {1, 3}) {
+            for (const int64_t kv_len : {1, 31, 97, 1000}) {
+                Problem p = make_problem(d, gqa, kv_len, 2.0f, rng);
+                const AttentionF16Args a = p.args();
+                std::vector<float> scratch(size_t(p.pos0 + p.n_q));
+                for (int64_t i = 0; i < p.n_q; ++i) {
+                    for (int64_t h = 0; h < a.n_head; ++h) {
+                        attention_f16_row(a, i, h, scratch.data());
+                        const int64_t g = h / gqa, n = p.pos0 + i + 1;
+                        const float* q = p.q.data() + (i * a.n_head + h) * d;
+                        const f16_t* k = p.k.data() + g * a.stride_head;
+                        const f16_t* v = p.v.data() + g * a.stride_head;
+                        std::vector<double> s(size_t(n));
+                        double mx = -INFINITY, big = 0.0;
+                        for (int64_t t = 0; t < n; ++t) {
+                            double dot = 0.0, mag = 0.0;
+                            for (int64_t c = 0; c < d; ++c) {
+                                dot += double(q[c]) * fp16_to_fp32(k[t * d + c]);
+                                mag += std::fabs(double(q[c]) * fp16_to_fp32(k[t * d + c]));
+                            }
+                            s[size_t(t)] = dot * a.scale;
+                            mx = std::max(mx, s[size_t(t)]);
+                            big = std::max(big, mag);
+                        }
+                        double z = 0.0;
+                        for (auto& x : s) z += (x = std::exp(x - mx));
+                        const double E = a.scale * (0x1p-11 + double(d) * 0x1p-23) * big;
+                        const double rel = std::expm1(2.0 * E) + 0x1p-11 + 1e-6;
+                        for (int64_t c = 0; c < d; ++c) {
+                            double want = 0.0, tol = 0.0;
+                            for (int64_t t = 0; t < n; ++t) {
+                                const double pt = s[size_t(t)] / z, vt = fp16_to_fp32(v[t * d + c]);
+                                want += pt * vt;
+                                tol += (pt * (rel + double(n) * 0x1p-23) + 0x1p-25) * std::fabs(vt);
+                            }
+                            const float got = p.out[size_t((i * a.n_head + h) * d + c)];
+                            ASSERT_LE(std::fabs(double(got) - want), tol + 1e-7)
+                                << "d=" << d << " gqa=" << gqa << " kv=" << n << " c=" << c << " seed=" << seed;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace vxq::cpu
