@@ -12,7 +12,11 @@
 namespace vxq {
 
 namespace {
-constexpr int kSpinIterations = 1 << 16;  // ~a few ms of spinning before a worker sleeps
+// Spin briefly (a decode step's jobs arrive microseconds apart), then yield the core (another
+// process may need it: on an oversubscribed machine pure spinning starves the thread we wait
+// for), then sleep.
+constexpr int kSpinIterations = 1 << 11;
+constexpr int kYieldIterations = 1 << 8;
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
@@ -38,6 +42,10 @@ void ThreadPool::worker_loop(int index) {
                 VXQ_CPU_RELAX();
                 continue;
             }
+            if (spins < kSpinIterations + kYieldIterations) {
+                std::this_thread::yield();
+                continue;
+            }
             std::unique_lock lock(mu_);
             cv_.wait(lock, [&] { return generation_.load() != seen; });
         }
@@ -61,7 +69,13 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     }
     cv_.notify_all();
     fn(0, n_threads_);
-    while (pending_.load(std::memory_order_acquire) != 0) VXQ_CPU_RELAX();
+    for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < kSpinIterations) {
+            VXQ_CPU_RELAX();
+        } else {
+            std::this_thread::yield();
+        }
+    }
 }
 
 void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {

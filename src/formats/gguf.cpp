@@ -142,10 +142,13 @@ void read_array(Cursor& c, GgufValue& v, const std::string& key, int depth) {
         v.strs.reserve(n);
         for (uint64_t i = 0; i < n; ++i) v.strs.push_back(c.read_string("array string"));
     } else if (v.elem_type == GgufValueType::ARRAY) {
-        v.items.resize(n);
+        // Grown as elements are read (no reserve): a GgufValue is ~50x larger than its smallest
+        // encoding, so reserving from the declared count would let a small file demand a lot.
         for (uint64_t i = 0; i < n; ++i) {
-            v.items[i].type = GgufValueType::ARRAY;
-            read_array(c, v.items[i], key, depth + 1);
+            GgufValue item;
+            item.type = GgufValueType::ARRAY;
+            read_array(c, item, key, depth + 1);
+            v.items.push_back(std::move(item));
         }
     } else if (is_float(v.elem_type)) {
         v.floats.reserve(n);
