@@ -5,10 +5,17 @@
 // 32 MiB L3 (64 MiB or more), so a GEMV streams its weights from DRAM as a real decode of a large
 // model would.  (The 11M-parameter model itself fits in L3; numbers for that case are higher.)
 // Counters: bytes_per_second = weight bytes read, items_per_second = FLOPs (2 * rows * cols * n),
-// plus GB/s and GFLOP/s for convenience.
+// plus GB/s and GFLOP/s for convenience; the label names the summation order (code path) that ran
+// and the context prints the ISA and the machine load.  BM_ReadBandwidth gives the DRAM ceiling
+// for the GEMV numbers on the same machine.  Per docs/MEASURE.md run with repetitions, e.g.
+//   vxq_microbench --benchmark_filter=Matmul --benchmark_min_time=0.2
+//                  --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+// (median, min and max are reported).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -50,13 +57,15 @@ void fill_weights(GgmlType type, uint8_t* p, int64_t rows, int64_t cols, uint64_
             case GgmlType::BF16:
                 for (int64_t c = 0; c < cols; ++c) {
                     const float v = 0.05f * unit(s);
-                    const uint16_t h = type == GgmlType::F16 ? vxq::fp32_to_fp16(v) : vxq::fp32_to_bf16(v);
+                    const uint16_t h =
+                        type == GgmlType::F16 ? vxq::fp32_to_fp16(v) : vxq::fp32_to_bf16(v);
                     std::memcpy(row + 2 * c, &h, 2);
                 }
                 break;
             case GgmlType::Q8_0:
             case GgmlType::Q4_0: {
-                const size_t bb = type == GgmlType::Q8_0 ? sizeof(vxq::BlockQ8_0) : sizeof(vxq::BlockQ4_0);
+                const size_t bb =
+                    type == GgmlType::Q8_0 ? sizeof(vxq::BlockQ8_0) : sizeof(vxq::BlockQ4_0);
                 for (int64_t b = 0; b < cols / 32; ++b) {
                     uint8_t* blk = row + size_t(b) * bb;
                     const uint16_t d = vxq::fp32_to_fp16(0.002f + 0.001f * unit(s));
@@ -93,7 +102,8 @@ WeightPool& weight_pool(GgmlType type, int64_t rows, int64_t cols) {
         if (pool.count < 2) pool.count = 2;
         pool.data.assign(pool.matrix_bytes * size_t(pool.count), 0);
         for (int i = 0; i < pool.count; ++i)
-            fill_weights(type, pool.data.data() + size_t(i) * pool.matrix_bytes, rows, cols, uint64_t(i + 1));
+            fill_weights(type, pool.data.data() + size_t(i) * pool.matrix_bytes, rows, cols,
+                         uint64_t(i + 1));
     }
     return pool;
 }
@@ -118,7 +128,8 @@ void BM_Matmul(benchmark::State& state) {
     const size_t rb = vxq::ggml_row_bytes(type, cols);
     int i = 0;
     for (auto _ : state) {
-        const vxq::cpu::WeightView w{type, wp.data.data() + size_t(i) * wp.matrix_bytes, rows, cols, rb};
+        const vxq::cpu::WeightView w{type, wp.data.data() + size_t(i) * wp.matrix_bytes, rows, cols,
+                                     rb};
         vxq::cpu::matmul(w, x.data(), n, y.data(), tp);
         benchmark::DoNotOptimize(y.data());
         benchmark::ClobberMemory();
@@ -129,23 +140,67 @@ void BM_Matmul(benchmark::State& state) {
     state.SetItemsProcessed(int64_t(double(state.iterations()) * flops));
     state.counters["GB/s"] = benchmark::Counter(double(wp.matrix_bytes) * 1e-9,
                                                 benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["GFLOP/s"] =
+        benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.SetLabel(std::string(vxq::ggml_type_name(type)) + " " +
                    vxq::cpu::dot_order_name(vxq::cpu::dot_order(
                        vxq::cpu::WeightView{type, nullptr, rows, cols, rb}, n)));
 }
 
+// Sum of a buffer larger than the L3, 1 or 2 threads: the DRAM read bandwidth a GEMV can reach.
+void BM_ReadBandwidth(benchmark::State& state) {
+    const int threads = int(state.range(0));
+    static std::vector<float> buf(kPoolBytes / sizeof(float), 1.0f);
+    vxq::ThreadPool& tp = thread_pool(threads);
+    float sink[2] = {};
+    for (auto _ : state) {
+        tp.run([&](int ith, int nth) {
+            const size_t b = buf.size() * size_t(ith) / size_t(nth);
+            const size_t e = buf.size() * size_t(ith + 1) / size_t(nth);
+            float acc[8] = {};
+            for (size_t i = b; i + 8 <= e; i += 8)
+                for (int l = 0; l < 8; ++l) acc[l] += buf[i + size_t(l)];
+            sink[ith] = acc[0] + acc[7];
+        });
+        benchmark::DoNotOptimize(sink);
+    }
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kPoolBytes));
+    state.counters["GB/s"] = benchmark::Counter(double(kPoolBytes) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+double stat_min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
+double stat_max(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
 void args(benchmark::internal::Benchmark* b) {
     b->ArgNames({"type", "rows", "cols", "n", "thr"});
-    const GgmlType types[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32, GgmlType::BF16};
+    const GgmlType types[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32,
+                              GgmlType::BF16};
     const int64_t shapes[][2] = {{384, 384}, {1024, 384}, {384, 1024}, {4096, 384}};
     for (GgmlType t : types)
         for (const auto& sh : shapes)
             for (int64_t n : {1, 512})
                 for (int thr : {1, 2}) b->Args({int64_t(t), sh[0], sh[1], n, thr});
     b->Unit(benchmark::kMicrosecond)->UseRealTime();
+    b->ComputeStatistics("min", stat_min)->ComputeStatistics("max", stat_max);
 }
 
 BENCHMARK(BM_Matmul)->Apply(args);
+
+// The machine state every result depends on, printed in the benchmark context.
+const bool kContext = [] {
+    benchmark::AddCustomContext("matmul_isa", vxq::cpu::matmul_isa());
+    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+        char line[128] = {};
+        if (std::fgets(line, sizeof line, f)) {
+            std::string s(line);
+            while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+            benchmark::AddCustomContext("loadavg_at_start", s);
+        }
+        std::fclose(f);
+    }
+    return true;
+}();
 
 }  // namespace

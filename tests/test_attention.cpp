@@ -36,7 +36,7 @@ TEST(AttentionSoftmax, Avx2EqualsReferenceBitForBit) {
     for (const float spread : {1.0f, 4.0f, 60.0f}) {  // 60: most exps flush to zero or go subnormal
         std::normal_distribution<float> nd(0.0f, spread);
         for (const int64_t n : {1, 7, 8, 9, 31, 97, 1000, 4099}) {
-            std::vector<float> s(size_t(n));
+            std::vector<float> s(static_cast<size_t>(n));
             for (auto& v : s) v = nd(rng);
             std::vector<float> a = s, b = s;
             detail::attn_softmax_f16_avx2(a.data(), n, 0.125f);
@@ -60,9 +60,9 @@ TEST(AttentionSoftmax, EqualsGgmlOnTheKvPaddedRow) {
     const float scale = 1.0f / std::sqrt(64.0f);
     for (const int64_t n : {1, 7, 8, 9, 31, 32, 33, 97, 1000}) {
         const int64_t n_kv = std::max<int64_t>(32, (n + 31) / 32 * 32);
-        std::vector<float> s(size_t(n_kv));
+        std::vector<float> s(static_cast<size_t>(n_kv));
         for (auto& v : s) v = nd(rng);  // padded cells hold scores too: the mask hides them
-        std::vector<float> w(size_t(n_kv));
+        std::vector<float> w(static_cast<size_t>(n_kv));
         for (int64_t t = 0; t < n_kv; ++t) w[size_t(t)] = s[size_t(t)] * scale + (t < n ? 0.0f : -INFINITY);
         float mx = -INFINITY;
         for (const float v : w) mx = std::max(mx, v);
@@ -90,7 +90,7 @@ TEST(AttentionSoftmax, CloseToExactSoftmax) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 8.0f);
     for (const int64_t n : {1, 9, 97, 1000, 4099}) {
-        std::vector<float> s(size_t(n));
+        std::vector<float> s(static_cast<size_t>(n));
         for (auto& v : s) v = nd(rng);
         std::vector<float> p = s;
         detail::attn_softmax_f16_ref(p.data(), n, 0.25f);
@@ -119,10 +119,10 @@ struct Problem {
     }
 };
 
-Problem make_problem(int64_t d, int64_t gqa, int64_t kv_len, float q_spread, std::mt19937& rng) {
+Problem make_problem(int64_t d, int64_t gqa, int64_t kv_len, float q_spread, std::mt19937& rng, int64_t n_q = 2) {
     Problem p;
     p.d = d, p.n_head_kv = 2, p.gqa = gqa;
-    p.n_q = std::min<int64_t>(2, kv_len);
+    p.n_q = std::min<int64_t>(n_q, kv_len);
     p.pos0 = kv_len - p.n_q;  // the last query row sees kv_len keys
     p.cap = kv_len + 3;
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -144,10 +144,11 @@ TEST(AttentionRow, Avx2EqualsReferenceBitForBit) {
         for (const int64_t gqa : {1, 3, 4}) {
             for (const int64_t kv_len : {1, 31, 97, 1000}) {
                 for (const float q_spread : {1.0f, 6.0f}) {
-                    Problem p = make_problem(d, gqa, kv_len, q_spread, rng);
+                    // n_q = 1: a decode step (ggml_vec_dot_f16 order), 3: a batch (tinyBLAS order)
+                    Problem p = make_problem(d, gqa, kv_len, q_spread, rng, q_spread == 1.0f ? 1 : 3);
                     const AttentionF16Args a = p.args();
                     std::vector<float> scratch(size_t(p.pos0 + p.n_q));
-                    std::vector<float> ref(size_t(d));
+                    std::vector<float> ref(static_cast<size_t>(d));
                     for (int64_t i = 0; i < p.n_q; ++i) {
                         for (int64_t h = 0; h < a.n_head; ++h) {
                             float* o = p.out.data() + (i * a.n_head + h) * d;
@@ -156,7 +157,8 @@ TEST(AttentionRow, Avx2EqualsReferenceBitForBit) {
                             attention_f16_row(a, i, h, scratch.data());
                             for (int64_t c = 0; c < d; ++c) {
                                 ASSERT_TRUE(same_bits(o[c], ref[size_t(c)]))
-                                    << "d=" << d << " gqa=" << gqa << " kv=" << kv_len << " i=" << i << " h=" << h
+                                    << "d=" << d << " gqa=" << gqa << " kv=" << kv_len << " n_q=" << p.n_q << " i=" << i
+                                    << " h=" << h
                                     << " c=" << c << " seed=" << seed;
                             }
                         }
@@ -179,7 +181,7 @@ TEST(AttentionRow, CloseToDoubleSoftmaxAttention) {
     for (const int64_t d : {8, 64, 128}) {
         for (const int64_t gqa : {1, 3}) {
             for (const int64_t kv_len : {1, 31, 97, 1000}) {
-                Problem p = make_problem(d, gqa, kv_len, 2.0f, rng);
+                Problem p = make_problem(d, gqa, kv_len, 2.0f, rng, kv_len % 2 ? 1 : 2);
                 const AttentionF16Args a = p.args();
                 std::vector<float> scratch(size_t(p.pos0 + p.n_q));
                 for (int64_t i = 0; i < p.n_q; ++i) {
@@ -189,7 +191,7 @@ TEST(AttentionRow, CloseToDoubleSoftmaxAttention) {
                         const float* q = p.q.data() + (i * a.n_head + h) * d;
                         const f16_t* k = p.k.data() + g * a.stride_head;
                         const f16_t* v = p.v.data() + g * a.stride_head;
-                        std::vector<double> s(size_t(n));
+                        std::vector<double> s(static_cast<size_t>(n));
                         double mx = -INFINITY, big = 0.0;
                         for (int64_t t = 0; t < n; ++t) {
                             double dot = 0.0, mag = 0.0;
@@ -216,6 +218,80 @@ TEST(AttentionRow, CloseToDoubleSoftmaxAttention) {
                             ASSERT_LE(std::fabs(double(got) - want), tol + 1e-7)
                                 << "d=" << d << " gqa=" << gqa << " kv=" << n << " c=" << c << " seed=" << seed;
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// The two dot-product orders of llama.cpp's f16 GGML_OP_MUL_MAT on AVX2, written out on plain arrays:
+// tinyBLAS (llamafile_sgemm, taken for batches of n >= 2 columns): lane l % 8 of one accumulator,
+// then (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
+float tinyblas_dot(const std::vector<float>& x, const std::vector<float>& y) {
+    float acc[8] = {};
+    for (size_t i = 0; i < x.size(); ++i) acc[i % 8] = std::fma(x[i], y[i], acc[i % 8]);
+    return hsum8(acc);
+}
+// ggml_vec_dot_f16 (every n = 1 product): accumulators sum[j] over 32-element steps, reduced
+// sum0+sum2, sum1+sum3, their sum, lo+hi halves, hadd, hadd; leftovers in double.
+float vec_dot_f16(const std::vector<float>& x, const std::vector<float>& y) {
+    const size_t np = x.size() & ~size_t(31);
+    float sum[4][8] = {};
+    for (size_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; ++j)
+            for (int l = 0; l < 8; ++l) sum[j][l] = std::fma(x[i + 8 * j + l], y[i + 8 * j + l], sum[j][l]);
+    float r[8];
+    for (int l = 0; l < 8; ++l) r[l] = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
+    const float t0 = r[0] + r[4], t1 = r[1] + r[5], t2 = r[2] + r[6], t3 = r[3] + r[7];
+    double s = (t0 + t1) + (t2 + t3);
+    for (size_t i = np; i < x.size(); ++i) s += double(x[i] * y[i]);
+    return float(s);
+}
+
+// One attention row computed the way llama.cpp's graph does it, over the KV-padded cell range:
+// KQ = mul_mat(K, q16) for n_kv = max(32, round_up(kv, 32)) cells, softmax with the -inf mask,
+// KQV = mul_mat(V^T, p16), each product in the order that the batch size n_q selects.
+TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (const int64_t d : {8, 64, 128}) {
+        for (const int64_t n_q : {1, 2}) {
+            for (const int64_t kv_len : {2, 31, 97}) {
+                Problem p = make_problem(d, 1, kv_len, 2.0f, rng, n_q);
+                const AttentionF16Args a = p.args();
+                const int64_t i = p.n_q - 1, h = 1, n = p.pos0 + i + 1;  // the last query: n = kv_len keys
+                const int64_t n_kv = std::max<int64_t>(32, (n + 31) / 32 * 32);
+                const auto dot = [&](const std::vector<float>& x, const std::vector<float>& y) {
+                    return n_q >= 2 ? tinyblas_dot(x, y) : vec_dot_f16(x, y);
+                };
+                std::vector<float> q16(static_cast<size_t>(d));
+                for (int64_t c = 0; c < d; ++c) q16[size_t(c)] = round_fp16(p.q[size_t((i * a.n_head + h) * d + c)]);
+                const f16_t* k = p.k.data() + (h / p.gqa) * a.stride_head;
+                const f16_t* v = p.v.data() + (h / p.gqa) * a.stride_head;
+                std::vector<float> kq(static_cast<size_t>(n_kv), 0.0f);  // cells past kv_len hold zeros
+                for (int64_t t = 0; t < n; ++t) {
+                    std::vector<float> kt(static_cast<size_t>(d));
+                    for (int64_t c = 0; c < d; ++c) kt[size_t(c)] = fp16_to_fp32(k[t * d + c]);
+                    kq[size_t(t)] = dot(kt, q16);
+                }
+                std::vector<float> prob(kq.begin(), kq.begin() + n);  // the softmax, as checked above
+                detail::attn_softmax_f16_ref(prob.data(), n, a.scale);
+                prob.resize(size_t(n_kv), 0.0f);  // masked cells: probability exactly 0
+                std::vector<float> want(static_cast<size_t>(d));
+                for (int64_t c = 0; c < d; ++c) {
+                    std::vector<float> vc(static_cast<size_t>(n_kv), 0.0f);
+                    for (int64_t t = 0; t < n; ++t) vc[size_t(t)] = fp16_to_fp32(v[t * d + c]);
+                    want[size_t(c)] = dot(vc, prob);
+                }
+                std::vector<float> scratch(size_t(p.pos0 + p.n_q));
+                for (const bool avx2 : {false, true}) {
+                    if (avx2 && !detail::cpu_has_avx2()) continue;
+                    (avx2 ? attention_f16_row : attention_f16_row_ref)(a, i, h, scratch.data());
+                    for (int64_t c = 0; c < d; ++c) {
+                        ASSERT_TRUE(same_bits(p.out[size_t((i * a.n_head + h) * d + c)], want[size_t(c)]))
+                            << "avx2=" << avx2 << " d=" << d << " n_q=" << n_q << " kv=" << n << " c=" << c
+                            << " seed=" << seed;
                     }
                 }
             }

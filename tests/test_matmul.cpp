@@ -106,12 +106,16 @@ void naive_dot(const Weights& w, int64_t r, const float* x, double& dot, double&
         std::vector<BlockQ8_0> q(static_cast<size_t>(k / 32));
         quantize_row_q8_0(x, q.data(), k);
         for (int64_t i = 0; i < k; ++i)
-            xa[size_t(i)] = double(fp16_to_fp32(q[size_t(i / 32)].d)) * q[size_t(i / 32)].qs[i % 32];
+            xa[size_t(i)] =
+                double(fp16_to_fp32(q[size_t(i / 32)].d)) * q[size_t(i / 32)].qs[i % 32];
     } else {
         for (int64_t i = 0; i < k; ++i) {
-            if (w.type == GgmlType::F16) xa[size_t(i)] = round_fp16(x[i]);
-            else if (w.type == GgmlType::BF16) xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
-            else xa[size_t(i)] = x[i];
+            if (w.type == GgmlType::F16)
+                xa[size_t(i)] = round_fp16(x[i]);
+            else if (w.type == GgmlType::BF16)
+                xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+            else
+                xa[size_t(i)] = x[i];
         }
     }
     dot = 0;
@@ -149,34 +153,40 @@ TEST_P(MatmulExact, OptimizedEqualsReferenceBitForBit) {
             const int64_t max_n = 64;
             const std::vector<float> x = random_acts(max_n * k, rng);
             for (int64_t n : tokens_list) {
-                SCOPED_TRACE("rows " + std::to_string(m) + " cols " + std::to_string(k) + " tokens " +
-                             std::to_string(n) + " order " + dot_order_name(dot_order(w.view(), n)));
-                std::vector<float> ref(static_cast<size_t>(n * m)), y1(size_t(n * m), -1.f), y2(size_t(n * m), -2.f);
+                SCOPED_TRACE("rows " + std::to_string(m) + " cols " + std::to_string(k) +
+                             " tokens " + std::to_string(n) + " order " +
+                             dot_order_name(dot_order(w.view(), n)));
+                std::vector<float> ref(static_cast<size_t>(n * m)), y1(size_t(n * m), -1.f),
+                    y2(size_t(n * m), -2.f);
                 matmul_ref(w.view(), x.data(), n, ref.data());
                 matmul(w.view(), x.data(), n, y1.data(), pool1);
                 matmul(w.view(), x.data(), n, y2.data(), pool2);
                 int bad1 = 0, bad2 = 0;
                 for (size_t i = 0; i < ref.size(); ++i) {
                     if (bits(y1[i]) != bits(ref[i]) && bad1++ < 3)
-                        ADD_FAILURE() << "1 thread: y[" << i << "] " << y1[i] << " vs ref " << ref[i];
+                        ADD_FAILURE()
+                            << "1 thread: y[" << i << "] " << y1[i] << " vs ref " << ref[i];
                     if (bits(y2[i]) != bits(ref[i]) && bad2++ < 3)
-                        ADD_FAILURE() << "2 threads: y[" << i << "] " << y2[i] << " vs ref " << ref[i];
+                        ADD_FAILURE()
+                            << "2 threads: y[" << i << "] " << y2[i] << " vs ref " << ref[i];
                 }
                 EXPECT_EQ(bad1, 0);
                 EXPECT_EQ(bad2, 0);
 
                 // the reference against an exact dot: forward error of a chain of L float roundings
                 // (fma chain per lane + reduction levels) is at most about L * 2^-24 * sum |w x|.
-                // L = k/8 + 8 covers every order used here (longest chain: lanes8, k/8 fmas + 3 adds).
+                // L = k/8 + 8 covers every order used here (longest: lanes8, k/8 fmas + 3 adds).
                 if (n <= 2) {
                     for (int64_t t = 0; t < n; ++t) {
                         for (int64_t r = 0; r < m; ++r) {
                             double dot, mag;
                             naive_dot(w, r, x.data() + t * k, dot, mag);
-                            const double tol = double(k / 8 + 8) * std::ldexp(1.0, -24) * mag + 1e-30;
+                            const double tol =
+                                double(k / 8 + 8) * std::ldexp(1.0, -24) * mag + 1e-30;
                             const double got = ref[size_t(t * m + r)];
                             ASSERT_LE(std::fabs(got - dot), tol)
-                                << "ref " << got << " exact " << dot << " row " << r << " token " << t;
+                                << "ref " << got << " exact " << dot << " row " << r << " token "
+                                << t;
                         }
                     }
                 }
@@ -193,9 +203,9 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulExact, ::testing::ValuesIn(kAllTypes),
 TEST(MatmulOrder, RulesOfLlamaCppB4748) {
     auto v = [](GgmlType t, int64_t m, int64_t k) { return WeightView{t, nullptr, m, k, 0}; };
     EXPECT_EQ(dot_order(v(GgmlType::F16, 384, 384), 2), DotOrder::Lanes8);
-    EXPECT_EQ(dot_order(v(GgmlType::F16, 384, 384), 1), DotOrder::VecF16);     // n < 2: no sgemm
-    EXPECT_EQ(dot_order(v(GgmlType::F16, 33, 384), 64), DotOrder::VecF16);     // m % 4 != 0
-    EXPECT_EQ(dot_order(v(GgmlType::F32, 64, 172), 64), DotOrder::VecF32);     // k % 8 != 0
+    EXPECT_EQ(dot_order(v(GgmlType::F16, 384, 384), 1), DotOrder::VecF16);  // n < 2: no sgemm
+    EXPECT_EQ(dot_order(v(GgmlType::F16, 33, 384), 64), DotOrder::VecF16);  // m % 4 != 0
+    EXPECT_EQ(dot_order(v(GgmlType::F32, 64, 172), 64), DotOrder::VecF32);  // k % 8 != 0
     EXPECT_EQ(dot_order(v(GgmlType::F32, 64, 64), 5), DotOrder::Lanes8);
     EXPECT_EQ(dot_order(v(GgmlType::BF16, 64, 64), 1), DotOrder::VecBF16);
     EXPECT_EQ(dot_order(v(GgmlType::Q8_0, 4096, 384), 1), DotOrder::Q0Lanes);
@@ -232,7 +242,8 @@ TEST(MatmulEdge, ZeroColumnsAndIsa) {
 
 TEST(QuantizeQ8_0, KnownValuesTiesToEven) {
     // amax = 127 makes id exactly 1, so the codes are x rounded half to even
-    float x[32] = {127.f, 0.5f, 1.5f, 2.5f, -0.5f, -1.5f, -2.5f, 3.49f, -3.51f, 126.5f, -127.f, 0.f};
+    float x[32] = {127.f, 0.5f,  1.5f,   2.5f,   -0.5f,  -1.5f,
+                   -2.5f, 3.49f, -3.51f, 126.5f, -127.f, 0.f};
     for (int i = 12; i < 32; ++i) x[i] = float(i) - 0.5f;  // 11.5, 12.5, ... all ties
     BlockQ8_0 b;
     quantize_row_q8_0(x, &b, 32);
@@ -273,9 +284,11 @@ TEST(QuantizeQ8_0, ReconstructsWithinHalfAStep) {
         for (int j = 0; j < 32; ++j) {
             const double xv = x[b * 32 + size_t(j)];
             // codes are x / d rounded: within half a step of the exact scale ...
-            EXPECT_LE(std::fabs(xv - q[b].qs[j] * d_exact), 0.5 * d_exact * (1 + 1e-5)) << b << "," << j;
+            EXPECT_LE(std::fabs(xv - q[b].qs[j] * d_exact), 0.5 * d_exact * (1 + 1e-5))
+                << b << "," << j;
             // ... and within d/2 plus the scale's own rounding once reconstructed with the stored d
-            EXPECT_LE(std::fabs(xv - q[b].qs[j] * d16), 0.5 * d16 + 127 * std::fabs(d16 - d_exact) + 1e-12);
+            EXPECT_LE(std::fabs(xv - q[b].qs[j] * d16),
+                      0.5 * d16 + 127 * std::fabs(d16 - d_exact) + 1e-12);
         }
     }
 }
@@ -337,7 +350,8 @@ TEST(DequantizeRow, F32F16Bf16) {
     EXPECT_EQ(out[0], 7.f);
     EXPECT_EQ(out[3], 10.f);
 
-    const std::vector<uint16_t> h = {0x3c00, 0xc000, 0x0001, 0x7bff, 0x8000, 0x3555, 0x7c00, 0x0400};
+    const std::vector<uint16_t> h = {0x3c00, 0xc000, 0x0001, 0x7bff,
+                                     0x8000, 0x3555, 0x7c00, 0x0400};
     dequantize_row(view_of(GgmlType::F16, h, 2, 4), 0, out);
     EXPECT_EQ(out[0], 1.0f);
     EXPECT_EQ(out[1], -2.0f);
@@ -377,7 +391,7 @@ TEST(DequantizeRow, Q4_0NibbleOrder) {
     b[1].d = 0xb800;              // -0.5
     for (int j = 0; j < 16; ++j) {
         b[0].qs[j] = uint8_t((j & 15) | ((15 - j) << 4));  // value j: j, value j+16: 15-j
-        b[1].qs[j] = uint8_t(0x8 | (0x0 << 4));             // 0 and -8
+        b[1].qs[j] = uint8_t(0x8 | (0x0 << 4));            // 0 and -8
     }
     std::vector<float> out(64);
     dequantize_row(view_of(GgmlType::Q4_0, b, 1, 64), 0, out.data());

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention.h"
+#include "kv/codec.h"
 #include "kv/kv_cache.h"
 
 namespace vxq {
@@ -77,6 +78,18 @@ public:
 
     std::string format() const override { return "f16"; }
 
+    void dequantize(int64_t layer, int64_t head, std::vector<float>& k, std::vector<float>& v) const override {
+        const int64_t d = shape_.head_dim;
+        k.resize(size_t(size_ * d));
+        v.resize(size_t(size_ * d));
+        const f16_t* ks = k_[size_t(layer)].data() + head * shape_.n_ctx * d;
+        const f16_t* vs = v_[size_t(layer)].data() + head * shape_.n_ctx * d;
+        for (int64_t i = 0; i < size_ * d; ++i) {
+            k[size_t(i)] = fp16_to_fp32(ks[i]);
+            v[size_t(i)] = fp16_to_fp32(vs[i]);
+        }
+    }
+
 private:
     KvShape shape_;
     std::vector<std::vector<f16_t>> k_, v_;
@@ -86,5 +99,17 @@ private:
 }  // namespace
 
 std::unique_ptr<KvCache> make_f16_cache(const KvShape& shape) { return std::make_unique<F16Cache>(shape); }
+
+std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec) {
+    const CodecSpec k = CodecSpec::parse(k_spec), v = CodecSpec::parse(v_spec);
+    if (k.name == "f16" && v.name == "f16" && k.options.empty() && v.options.empty()) return make_f16_cache(shape);
+    return make_paged_cache(shape, k, v);
+}
+
+double resident_bits_per_element(const KvCache& c, int64_t tokens) {
+    const KvShape& s = c.shape();
+    if (tokens <= 0) return 0.0;
+    return 8.0 * double(c.resident_bytes()) / double(2 * s.n_layer * s.n_head_kv * s.head_dim * tokens);
+}
 
 }  // namespace vxq

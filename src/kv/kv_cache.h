@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace vxq {
 
@@ -45,11 +46,28 @@ public:
 
     // Bytes this cache holds in memory for K and V (allocator-side, not a formula).
     virtual size_t resident_bytes() const = 0;
-    // Name of the storage format, e.g. "f16".
+    // Name of the storage format, e.g. "f16" or "K q8_0 / V q4_0".
     virtual std::string format() const = 0;
+
+    // K and V of one layer and KV head as the cache would give them back (dequantized), for
+    // tests and fidelity measurements.   k, v: [size(), head_dim]
+    virtual void dequantize(int64_t layer, int64_t head, std::vector<float>& k, std::vector<float>& v) const = 0;
 };
 
-// The plain cache: K and V stored as IEEE fp16, as llama.cpp's default cache.
+// The llama.cpp-parity cache: K and V as IEEE fp16 for the full context, attention in llama.cpp's
+// (non flash-attention) numerics. What `--kv f16` gives.
 std::unique_ptr<KvCache> make_f16_cache(const KvShape& shape);
+
+struct CodecSpec;
+// The compressed cache: packed codec blocks in pages allocated as tokens arrive, read in place by
+// the fused attention kernel. K and V may use different codecs.
+std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v);
+
+// From CLI specs ("f16", "q4_0", "kivi:bits=2,group=32"): the parity cache when both are plain
+// f16, else the paged cache. vxq::Error for an unknown method or option.
+std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec);
+
+// Bits per cached K/V element actually resident: 8 * resident_bytes / (2 * layers * kv_dim * tokens).
+double resident_bits_per_element(const KvCache& c, int64_t tokens);
 
 }  // namespace vxq

@@ -10,17 +10,38 @@
 // Exact products and sums in the order documented in attention.h: no FMA contraction here.
 #pragma GCC optimize("fp-contract=off")
 
+// How llama.cpp b4748 (ggml-cpu.c, llamafile/sgemm.cpp) computes KQ = K q and KQV = V p on the CPU
+// with an f16 cache (non flash-attention path), both as GGML_OP_MUL_MAT with src1 converted to f16:
+//  * llamafile_sgemm (tinyBLAS<8, __m256, ...>) when the batch has n >= 2 query tokens ("only enable
+//    sgemm for prompt processing") and its shape fits (k % 8 == 0, m % 4 == 0): one 8-lane
+//    accumulator per output, element l of the dot product in lane l % 8, then hsum8.
+//  * otherwise, i.e. for every single-token decode step, ggml_vec_dot_f16: four 8-lane accumulators
+//    (element l in accumulator (l / 8) % 4, lane l % 8) over the first n & ~31 elements, reduced as
+//    GGML_F32x8_REDUCE, then the remaining elements added one by one in double.
+// The V product runs over n_kv = a multiple of 32 cells (llama.cpp's KV padding); the cells past
+// the query's position have probability 0 and add nothing, so it is enough to go over the visible
+// keys with the same lane assignment.
+
 namespace vxq::cpu {
 
 namespace {
 
-// ggml's hsum of an 8-lane accumulator: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
+// tinyBLAS's hsum of an 8-lane accumulator: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
 float hsum8(const float* l) {
     const float t0 = l[0] + l[4], t1 = l[1] + l[5], t2 = l[2] + l[6], t3 = l[3] + l[7];
     return (t0 + t2) + (t1 + t3);
 }
 
-void scores_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
+// GGML_F32x8_REDUCE of four 8-lane accumulators a[j][l]: a0+a2, a1+a3, then their sum, then
+// lanes l + (l+4), then two horizontal adds: (t0+t1) + (t2+t3).
+float reduce4x8(const float (*a)[8]) {
+    float x[8], t[4];
+    for (int l = 0; l < 8; ++l) x[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+    for (int l = 0; l < 4; ++l) t[l] = x[l] + x[l + 4];
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+void scores_tinyblas_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
     for (int64_t t = 0; t < n_kv; ++t) {
         const f16_t* kt = k + t * d;
         float acc[8] = {};
@@ -29,7 +50,22 @@ void scores_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float
     }
 }
 
-void weighted_sum_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+void scores_vecdot_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
+    const int64_t np = d & ~int64_t(31);
+    for (int64_t t = 0; t < n_kv; ++t) {
+        const f16_t* kt = k + t * d;
+        float acc[4][8] = {};
+        for (int64_t c = 0; c < np; ++c) {
+            float& a = acc[(c / 8) % 4][c % 8];
+            a = std::fma(fp16_to_fp32(kt[c]), q16[c], a);
+        }
+        double sum = reduce4x8(acc);
+        for (int64_t c = np; c < d; ++c) sum += double(fp16_to_fp32(kt[c]) * q16[c]);
+        s[t] = float(sum);
+    }
+}
+
+void weighted_sum_tinyblas_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
     std::vector<float> acc(size_t(8 * d), 0.0f);
     for (int64_t t = 0; t < n_kv; ++t) {
         float* a = acc.data() + (t % 8) * d;
@@ -42,22 +78,48 @@ void weighted_sum_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d,
     }
 }
 
-using ScoresFn = void (*)(const float*, const f16_t*, int64_t, int64_t, float*);
-using WeightedSumFn = void (*)(const float*, const f16_t*, int64_t, int64_t, float*);
-using SoftmaxFn = void (*)(float*, int64_t, float);
+void weighted_sum_vecdot_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+    std::vector<float> acc(size_t(32 * d), 0.0f);  // slot t % 32 = accumulator (t / 8) % 4, lane t % 8
+    for (int64_t t = 0; t < n_kv; ++t) {
+        float* a = acc.data() + (t % 32) * d;
+        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(fp16_to_fp32(v[t * d + c]), p16[t], a[c]);
+    }
+    for (int64_t c = 0; c < d; ++c) {
+        float a[4][8];
+        for (int s = 0; s < 32; ++s) a[s / 8][s % 8] = acc[size_t(s * d + c)];
+        out[c] = reduce4x8(a);
+    }
+}
 
-void row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch, ScoresFn scores, SoftmaxFn softmax,
-         WeightedSumFn wsum) {
+struct Kernels {
+    void (*scores_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
+    void (*scores_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
+    void (*softmax)(float*, int64_t, float);
+    void (*wsum_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
+    void (*wsum_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
+};
+
+void row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch, const Kernels& kern) {
     const int64_t d = a.head_dim;
     const int64_t g = h / (a.n_head / a.n_head_kv);
     const int64_t n_kv = a.pos0 + i + 1;
     const float* q = a.q + (i * a.n_head + h) * d;
     float q16[1024];
     for (int64_t c = 0; c < d; ++c) q16[c] = round_fp16(q[c]);
-    scores(q16, a.k + g * a.stride_head, n_kv, d, scratch);
-    softmax(scratch, n_kv, a.scale);
-    wsum(scratch, a.v + g * a.stride_head, n_kv, d, a.out + (i * a.n_head + h) * d);
+    // tinyBLAS needs n >= 2 and k % 8 == 0 (KQ: k = d, m = n_kv padded to 32; KQV: k = n_kv padded,
+    // m = d must be a multiple of 4).
+    const bool batch = a.n_q >= 2;
+    (batch && d % 8 == 0 ? kern.scores_tinyblas : kern.scores_vecdot)(q16, a.k + g * a.stride_head, n_kv, d, scratch);
+    kern.softmax(scratch, n_kv, a.scale);
+    float* out = a.out + (i * a.n_head + h) * d;
+    (batch && d % 4 == 0 ? kern.wsum_tinyblas : kern.wsum_vecdot)(scratch, a.v + g * a.stride_head, n_kv, d, out);
 }
+
+constexpr Kernels kRef{scores_tinyblas_ref, scores_vecdot_ref, detail::attn_softmax_f16_ref,
+                       weighted_sum_tinyblas_ref, weighted_sum_vecdot_ref};
+constexpr Kernels kAvx2{detail::attn_scores_f16_avx2, detail::attn_scores_f16_vecdot_avx2,
+                        detail::attn_softmax_f16_avx2, detail::attn_weighted_sum_f16_avx2,
+                        detail::attn_weighted_sum_f16_vecdot_avx2};
 
 }  // namespace
 
@@ -82,33 +144,26 @@ void attn_softmax_f16_ref(float* s, int64_t n, float scale) {
     double sum = 0.0;
     for (int64_t t0 = 0; t0 < n; t0 += 8) {
         float lane[8] = {};
-        for (int64_t t = t0; t < std::min(n, t0 + 8); ++t) lane[t - t0] = s[t] = detail::ggml_expf(s[t] - mx);
+        for (int64_t t = t0; t < std::min(n, t0 + 8); ++t) lane[t - t0] = s[t] = ggml_expf(s[t] - mx);
         sum += double(hsum8(lane));
     }
     const float inv = float(1.0 / sum);
     for (int64_t t = 0; t < n; ++t) s[t] = round_fp16(s[t] * inv);
 }
 
+bool cpu_has_avx2() {
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
 }  // namespace detail
 
 void attention_f16_row_ref(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch) {
-    row(a, i, h, scratch, scores_ref, detail::attn_softmax_f16_ref, weighted_sum_ref);
+    row(a, i, h, scratch, kRef);
 }
 
 void attention_f16_row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch) {
     static const bool avx2 = detail::cpu_has_avx2();
-    if (avx2) {
-        row(a, i, h, scratch, detail::attn_scores_f16_avx2, detail::attn_softmax_f16_avx2,
-            detail::attn_weighted_sum_f16_avx2);
-    } else {
-        row(a, i, h, scratch, scores_ref, detail::attn_softmax_f16_ref, weighted_sum_ref);
-    }
+    row(a, i, h, scratch, avx2 ? kAvx2 : kRef);
 }
-
-namespace detail {
-bool cpu_has_avx2() {
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-}
-}  // namespace detail
 
 }  // namespace vxq::cpu

@@ -1,8 +1,8 @@
-// Attention over an fp16 K/V store, in llama.cpp's (non flash-attention) numerics: the query is
-// rounded to fp16, each score is an 8-lane fp16 dot product reduced as ggml's hsum, softmax in
-// f32 with ggml's exp approximation (ggml_v_expf) over groups of 8 keys whose sums add up in
-// double, probabilities rounded to fp16, and the weighted sum of V accumulates in 8 lanes by key
-// index (key j goes to lane j mod 8).
+// Attention over an fp16 K/V store, in llama.cpp b4748's (non flash-attention) CPU numerics: the
+// query is rounded to fp16; scores and the weighted sum of V are f16 dot products in the order of
+// tinyBLAS (llamafile sgemm) for batches of n_q >= 2 tokens and of ggml_vec_dot_f16 for a single
+// token (see attention.cpp); the softmax is ggml's (ggml_v_expf over groups of 8 keys, sums added in
+// double) and its probabilities are rounded to fp16 before the V product.
 #pragma once
 
 #include <cstdint>

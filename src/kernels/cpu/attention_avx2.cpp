@@ -20,6 +20,15 @@ inline float hsum8(__m256 x) {
     return _mm_cvtss_f32(r);
 }
 inline __m256 load_f16(const f16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// GGML_F32x8_REDUCE of four accumulators (ggml_vec_dot_f16): (a0+a2) + (a1+a3), lanes l + (l+4),
+// then two horizontal adds.
+inline float reduce4x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 x = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+inline float fp16_scalar(f16_t h) { return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))); }
 }  // namespace
 
 void attn_scores_f16_avx2(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
@@ -141,6 +150,65 @@ void attn_softmax_f16_avx2(float* s, int64_t n, float scale) {
     for (int64_t t = n8; t < n; ++t) {
         const __m128i h = _mm_cvtps_ph(_mm_set_ss(s[t] * inv), _MM_FROUND_TO_NEAREST_INT);
         s[t] = _mm_cvtss_f32(_mm_cvtph_ps(h));
+    }
+}
+
+void attn_scores_f16_vecdot_avx2(const float* q16, const f16_t* k, int64_t n_kv, int64_t d, float* s) {
+    const int64_t np = d & ~int64_t(31);
+    for (int64_t t = 0; t < n_kv; ++t) {
+        const f16_t* kt = k + t * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t c = 0; c < np; c += 32) {
+            a0 = _mm256_fmadd_ps(load_f16(kt + c), _mm256_loadu_ps(q16 + c), a0);
+            a1 = _mm256_fmadd_ps(load_f16(kt + c + 8), _mm256_loadu_ps(q16 + c + 8), a1);
+            a2 = _mm256_fmadd_ps(load_f16(kt + c + 16), _mm256_loadu_ps(q16 + c + 16), a2);
+            a3 = _mm256_fmadd_ps(load_f16(kt + c + 24), _mm256_loadu_ps(q16 + c + 24), a3);
+        }
+        double sum = reduce4x8(a0, a1, a2, a3);
+        for (int64_t c = np; c < d; ++c) sum += double(fp16_scalar(kt[c]) * q16[c]);
+        s[t] = float(sum);
+    }
+}
+
+void attn_weighted_sum_f16_vecdot_avx2(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+    if (d % 8 != 0 || d > 256) {  // rare shapes: channel by channel, same order
+        for (int64_t c = 0; c < d; ++c) {
+            float acc[32] = {};
+            for (int64_t t = 0; t < n_kv; ++t) {
+                const __m128 x = _mm_set_ss(fp16_scalar(v[t * d + c]));
+                acc[t % 32] = _mm_cvtss_f32(_mm_fmadd_ss(x, _mm_set_ss(p16[t]), _mm_set_ss(acc[t % 32])));
+            }
+            out[c] = reduce4x8(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8), _mm256_loadu_ps(acc + 16),
+                               _mm256_loadu_ps(acc + 24));
+        }
+        return;
+    }
+    // acc[slot][c], slot = t % 32 = 8 * accumulator + lane; vectors run over channels.
+    const int64_t nb = d / 8;
+    alignas(32) float acc[32][256];
+    for (int sl = 0; sl < 32; ++sl)
+        for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[sl][8 * b], _mm256_setzero_ps());
+    for (int64_t t = 0; t < n_kv; ++t) {
+        if (p16[t] == 0.0f) continue;  // fma(v, 0, a) == a for finite v: skipping is exact
+        const __m256 p = _mm256_set1_ps(p16[t]);
+        float* a = acc[t % 32];
+        const f16_t* vt = v + t * d;
+        for (int64_t b = 0; b < nb; ++b) {
+            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(load_f16(vt + 8 * b), p, _mm256_load_ps(a + 8 * b)));
+        }
+    }
+    // Per channel: x_l = (acc0 + acc2) + (acc1 + acc3) at lane l, t_l = x_l + x_{l+4},
+    // out = (t0 + t1) + (t2 + t3).
+    for (int64_t b = 0; b < nb; ++b) {
+        const int64_t c = 8 * b;
+        __m256 x[8];
+        for (int l = 0; l < 8; ++l) {
+            x[l] = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(&acc[l][c]), _mm256_load_ps(&acc[16 + l][c])),
+                                 _mm256_add_ps(_mm256_load_ps(&acc[8 + l][c]), _mm256_load_ps(&acc[24 + l][c])));
+        }
+        const __m256 t0 = _mm256_add_ps(x[0], x[4]), t1 = _mm256_add_ps(x[1], x[5]);
+        const __m256 t2 = _mm256_add_ps(x[2], x[6]), t3 = _mm256_add_ps(x[3], x[7]);
+        _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)));
     }
 }
 

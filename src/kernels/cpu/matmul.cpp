@@ -1,75 +1,77 @@
 // Weight x activation products: dispatch, threading, and the scalar reference.
 //
-// =================================================================================================
-// SUMMATION ORDER RULES: what llama.cpp b4748 computes on an AVX2+FMA+F16C machine without AVX-512
-// =================================================================================================
+// ================================================================================================
+// SUMMATION ORDER: what llama.cpp b4748 computes on an AVX2+FMA+F16C CPU without AVX-512
+// ================================================================================================
 // Sources read (ggml as vendored in llama.cpp around b4748, Feb 2025):
-//   [MM]  ggml-cpu.c  ggml_compute_forward_mul_mat: with src1 contiguous it first calls
-//         llamafile_sgemm(m = weight rows, n = tokens, k = cols / block size) on the raw f32
-//         activations; if that declines, src1 is converted row by row to the weight's vec_dot_type
-//         (F16 -> f16, BF16 -> bf16, Q8_0/Q4_0 -> q8_0) and llamafile_sgemm is tried again on the
-//         converted activations; if that declines too, every output is one ggml_vec_dot_<type>
-//         call (vec_dot_num_rows is 1 on x86).
-//   [SG]  llamafile/sgemm.cpp (after PR #10714 "more perfo with llamafile tinyblas on x86_64"):
-//         llamafile_sgemm returns false when n < 2 ("only enable sgemm for prompt processing").
-//         F32 needs Btype F32; F16 needs Btype F16 and BF16 needs Btype BF16 (so both only accept the
-//         *converted* activations); tinyBLAS<KN=8, __m256>::matmul declines unless k % 8 == 0 and
-//         m % 4 == 0 (its tiles are 4 rows tall).  Q8_0 and Q4_0 go to tinyBLAS_Q0_AVX, which never
-//         declines.
-//         tinyBLAS::gemm_bloc: one __m256 accumulator per output, Cv = fma(A[l..l+8), B[l..l+8), Cv)
-//         for l = 0, 8, 16, ... (lane j sums elements j, j+8, j+16, ...), then hsum(Cv):
-//         v = hi128 + lo128; v = v + movehl(v); r = v[0] + v[1]  ->  ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
-//         tinyBLAS_Q0_AVX (gemm, gemm4xN, gemmMx4): per block, lanes = madd(maddubs(sign(a,a),
-//         sign(b,a)), 1) (lane i = bytes 4i..4i+3, a = weight codes, b = activation codes), converted
-//         to float, Cv = fma(set1(fp16(da) * fp16(db)), lanes, Cv); hsum as above.
-//   [VD]  ggml-cpu.c ggml_vec_dot_f32 / _f16 (GGML_F32_STEP = GGML_F16_STEP = 32, EPR = 8):
-//         4 accumulators acc[j] (j = 0..3) of 8 lanes; for i in steps of 32: acc[j] = fma(x[i+8j..],
-//         y[i+8j..], acc[j]).  GGML_F32x8_REDUCE: acc0 += acc2, acc1 += acc3, acc0 += acc1,
-//         t = lo128 + hi128, t = hadd(t, t), r = hadd(t, t)[0]  ->  (t0+t1) + (t2+t3).
-//         f32: sumf is float; leftovers (n % 32) `sumf += x[i]*y[i]` one at a time.  ggml-cpu is built
-//         with -O3 -march=native in GNU C mode (-ffp-contract=fast), so GCC fuses this into
-//         sumf = fma(x[i], y[i], sumf)  (ASSUMPTION, see kF32LeftoverFma below).
-//         f16: sumf is double (ggml_float) = (double)r; leftovers sumf += (double)(fp16(x)*fp16(y)),
-//         the product being exact in float; result (float)sumf.
-//   [VB]  ggml_vec_dot_bf16, AVX2 branch: c1..c4 (offsets 0, 8, 16, 24 in steps of 32) accumulate
-//         mul+add (products of two bf16 are exact in f32, so this equals fma), c1 = (c1+c3)+(c2+c4),
-//         then hsum as tinyBLAS, into a double; leftovers in double; result (float)sumf.
-//   [QD]  ggml-cpu-quants.c ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0, AVX2 branch: one __m256 acc,
-//         acc = fma(set1(fp16(dx)*fp16(dy)), mul_sum_i8_pairs_float(qx, qy), acc), hsum_float_8
-//         (same reduction as tinyBLAS hsum).  Q4_0: qx = bytes_from_nibbles_32(qs) - 8, i.e. value j in
-//         the low nibble of byte j and value j+16 in its high nibble.  => the Q0 order of [SG] and [QD]
-//         are identical: Q8_0 (and Q4_0 with rows % 8 != 0) use it for every n.
-//   [QQ]  quantize_row_q8_0, AVX2 branch: amax by max_ps over |x| (tree: 4 vectors, hi/lo, movehl,
-//         movehdup), d = amax / 127.f stored as fp16 (F16C, round to nearest even),
-//         id = amax != 0 ? 127.f / amax : 0, q = cvtps_epi32(round_ps(x * id, NEAREST)) packed with
-//         signed saturation (packs_epi32 / packs_epi16).  The 4-row variant used with repacked Q4_0
-//         (ggml_quantize_mat_q8_0_4x8) gives the same codes and scales.
-//   [RP]  ggml-cpu-aarch64.cpp: on AVX2 every Q4_0 weight with rows % 8 == 0 is repacked at load time
-//         into block_q4_0x8 (ggml_aarch64_get_optimal_repack_type) and its MUL_MAT runs
-//         ggml_gemm_q4_0_8x8_q8_0 (4 tokens at a time) / ggml_gemv_q4_0_8x8_q8_0 (the rest).  Both, on
-//         AVX2, compute per output the exact integer dot of each 32-element block and accumulate
-//         acc = fma(float(isum), fp16(dw) * fp16(dx), acc) block after block: one scalar fma chain,
-//         no lanes, no horizontal sum.  (Q8_0 was not repacked on x86 in b4748.)
-//   Conversions: fp32 -> fp16 round to nearest even (F16C); fp32 -> bf16 ggml_compute_fp32_to_bf16
-//   (round to nearest even, NaN quieted); fp16 -> f32 and bf16 -> f32 are exact.
+// [MM] ggml-cpu.c ggml_compute_forward_mul_mat: with src1 contiguous it first calls
+//      llamafile_sgemm(m = weight rows, n = tokens, k = cols / block size) on the f32 activations;
+//      if that declines, src1 is converted row by row to the weight's vec_dot_type (F16 -> f16,
+//      BF16 -> bf16, Q8_0/Q4_0 -> q8_0) and llamafile_sgemm is tried again on the converted
+//      activations; if that declines too, each output is one ggml_vec_dot_<type> call
+//      (vec_dot_num_rows is 1 on x86).
+// [SG] llamafile/sgemm.cpp (after PR #10714, Dec 2024): llamafile_sgemm returns false when n < 2
+//      ("only enable sgemm for prompt processing").  F32 needs Btype F32, F16 needs Btype F16 and
+//      BF16 needs Btype BF16, so the last two only take the *converted* activations.
+//      tinyBLAS<KN = 8, __m256>::matmul declines unless k % 8 == 0 and m % 4 == 0 (4-row tiles).
+//      Q8_0 and Q4_0 go to tinyBLAS_Q0_AVX, which never declines.
+//      tinyBLAS::gemm_bloc keeps one __m256 accumulator per output: Cv = fma(A[l..l+8),
+//      B[l..l+8), Cv) for l = 0, 8, 16, ... (lane j sums elements j, j+8, ...), then hsum(Cv):
+//      v = hi128 + lo128; v = v + movehl(v); r = v[0] + v[1], i.e.
+//      ((l0+l4) + (l2+l6)) + ((l1+l5) + (l3+l7)).
+//      tinyBLAS_Q0_AVX (gemm, gemm4xN, gemmMx4): per block, lanes = madd(maddubs(sign(a, a),
+//      sign(b, a)), 1) (lane i = bytes 4i..4i+3; a = weight codes, b = activation codes) as
+//      float, Cv = fma(set1(fp16(da) * fp16(db)), lanes, Cv); hsum as above.
+// [VD] ggml-cpu.c ggml_vec_dot_f32 / _f16 (GGML_F32_STEP = GGML_F16_STEP = 32, EPR = 8):
+//      accumulators acc[j], j = 0..3, of 8 lanes; for i in steps of 32:
+//      acc[j] = fma(x[i+8j ..], y[i+8j ..], acc[j]).  GGML_F32x8_REDUCE: acc0 += acc2,
+//      acc1 += acc3, acc0 += acc1, t = lo128 + hi128, t = hadd(t, t), r = hadd(t, t)[0], i.e.
+//      (t0+t1) + (t2+t3).
+//      f32: sumf is a float; leftovers (n % 32) `sumf += x[i]*y[i]` one at a time.  ggml-cpu is
+//      built -O3 -march=native in GNU C mode (-ffp-contract=fast), so GCC fuses this into
+//      sumf = fma(x[i], y[i], sumf)  (ASSUMPTION, see kF32LeftoverFma).
+//      f16: sumf is a double (ggml_float) = r; leftovers sumf += (double)(fp16(x) * fp16(y)),
+//      the product exact in float; result (float)sumf.
+// [VB] ggml_vec_dot_bf16, AVX2 branch: c1..c4 (offsets 0, 8, 16, 24 in steps of 32) accumulate
+//      mul+add (the product of two bf16 is exact in f32, so this equals fma),
+//      c1 = (c1+c3) + (c2+c4), hsum as tinyBLAS, into a double; leftovers in double; (float)sumf.
+// [QD] ggml-cpu-quants.c ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0, AVX2 branch: one __m256 acc,
+//      acc = fma(set1(fp16(dx) * fp16(dy)), mul_sum_i8_pairs_float(qx, qy), acc), hsum_float_8
+//      (the tinyBLAS reduction).  Q4_0: qx = bytes_from_nibbles_32(qs) - 8: value j in the low
+//      nibble of byte j, value j+16 in its high nibble.  So the Q0 orders of [SG] and [QD] are
+//      the same: Q8_0 (and Q4_0 with rows % 8 != 0) use it for every n.
+// [QQ] quantize_row_q8_0, AVX2 branch: amax by max_ps over |x| (4 vectors, hi/lo, movehl,
+//      movehdup), d = amax / 127.f stored as fp16 (F16C, nearest even),
+//      id = amax != 0 ? 127.f / amax : 0, q = cvtps_epi32(round_ps(x * id, NEAREST)) packed with
+//      signed saturation.  ggml_quantize_mat_q8_0_4x8 (used with repacked Q4_0) gives the same
+//      codes and scales.
+// [RP] ggml-cpu-aarch64.cpp: on AVX2 every 2-D Q4_0 weight with rows % 8 == 0 is repacked at load
+//      time into block_q4_0x8 (ggml_aarch64_get_optimal_repack_type) and its MUL_MAT runs
+//      ggml_gemm_q4_0_8x8_q8_0 (4 tokens at a time) / ggml_gemv_q4_0_8x8_q8_0 (the rest).  On
+//      AVX2 both take, per output, the exact integer dot of each 32-element block and accumulate
+//      acc = fma(float(isum), fp16(dw) * fp16(dx), acc) block after block: a single fma chain,
+//      no lanes, no horizontal sum.  (Q8_0 is not repacked on x86 in b4748.)
+// Conversions: fp32 -> fp16 rounds to nearest even (F16C); fp32 -> bf16 is
+// ggml_compute_fp32_to_bf16 (nearest even, NaN quieted); fp16/bf16 -> f32 are exact.
 //
-// Hence, for a product with m = rows, n = n_tokens, k = cols (DotOrder, see dot_order()):
-//   F32, F16, BF16 with n >= 2 && k % 8 == 0 && m % 4 == 0  -> Lanes8  (tinyBLAS)
-//   F32 otherwise                                          -> VecF32  (float sum, fma leftovers)
-//   F16 otherwise                                          -> VecF16  (double sum, leftovers)
+// Hence, for m = rows, n = n_tokens, k = cols (DotOrder, see dot_order()):
+//   F32, F16, BF16 with n >= 2 && k % 8 == 0 && m % 4 == 0  -> Lanes8   (tinyBLAS)
+//   F32 otherwise                                          -> VecF32   (float sum, fused leftovers)
+//   F16 otherwise                                          -> VecF16   (double sum and leftovers)
 //   BF16 otherwise                                         -> VecBF16
 //   Q8_0 always, Q4_0 with m % 8 != 0                      -> Q0Lanes
 //   Q4_0 with m % 8 == 0                                   -> Q4Repack
 // The reference below implements these literally, one output at a time, with std::fma where ggml
-// fuses and plain float/double adds elsewhere (this file is compiled for baseline x86-64, which has
-// no FMA instruction, so the compiler cannot contract anything else).  The AVX2 kernels in
+// fuses and plain float/double adds elsewhere (this file is compiled for baseline x86-64, which
+// has no FMA instruction, so the compiler cannot contract anything else).  The AVX2 kernels in
 // matmul_avx2.cpp compute the same operations in the same order and must match bit for bit.
-// =================================================================================================
+// ================================================================================================
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -81,10 +83,6 @@
 namespace vxq::cpu {
 
 namespace {
-
-// ggml_vec_dot_f32 leftovers: true = fused (what GCC emits for ggml's `sumf += x[i]*y[i]` when built
-// with -march=native on an FMA machine), false = separately rounded product and sum.
-constexpr bool kF32LeftoverFma = true;
 
 // ---------------------------------------------------------------------------------------------
 // Scalar emulation of the x86 operations ggml uses.
@@ -264,10 +262,10 @@ bool cpu_has_avx2() {
 // Per-thread scratch, grown on demand and kept for the thread's life (no allocation per call once
 // warm).  The calling thread holds the converted activations; every worker its weight panel.
 struct Scratch {
-    std::vector<float> xf;        // activations widened after f16/bf16 rounding
-    std::vector<BlockQ8_0> xq;    // activations quantized to q8_0
-    std::vector<float> xd;        // their scales as f32
-    std::vector<float> panel;     // per-worker weight panel
+    std::vector<float> xf;      // activations widened after f16/bf16 rounding
+    std::vector<BlockQ8_0> xq;  // activations quantized to q8_0
+    std::vector<float> xd;      // their scales as f32
+    std::vector<float> panel;   // per-worker weight panel
 };
 thread_local Scratch t_scratch;
 
@@ -312,9 +310,12 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
             if (t0 >= t1) return;
             const float* xs = x + t0 * k;
             const int64_t cnt = (t1 - t0) * k;
-            if (w.type == GgmlType::F16) avx2::round_f16(xs, xf_buf + t0 * k, cnt);
-            else if (w.type == GgmlType::BF16) avx2::round_bf16(xs, xf_buf + t0 * k, cnt);
-            else avx2::quantize_q8_0(xs, xq_buf + t0 * nb, xd_buf + t0 * nb, cnt);
+            if (w.type == GgmlType::F16)
+                avx2::round_f16(xs, xf_buf + t0 * k, cnt);
+            else if (w.type == GgmlType::BF16)
+                avx2::round_bf16(xs, xf_buf + t0 * k, cnt);
+            else
+                avx2::quantize_q8_0(xs, xq_buf + t0 * nb, xd_buf + t0 * nb, cnt);
         };
         if (nth_pool > 1 && n >= 2 * nth_pool && n * k >= (int64_t(1) << 16)) {
             pool.run([&](int ith, int nth) {
@@ -327,49 +328,63 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
         }
     }
 
-    // 2. products
+    // 2. products, split across the pool
+    avx2::Job job;
+    job.type = w.type;
+    job.w = wbase;
+    job.row_bytes = w.row_bytes;
+    job.k = k;
+    job.t1 = n;
+    job.x = xa;
+    job.xq = xq;
+    job.xd = xd;
+    job.y = y;
+    job.ldy = m;
     switch (order) {
         case DotOrder::Lanes8: {
-            // Panels of 4 rows; split rows across threads unless there are too few of them.
+            // panels of 4 rows; split rows across threads unless there are too few of them
             const int64_t panels = m / 4;
             const bool by_rows = panels >= 2 * int64_t(nth_pool) || n < 2 * 3 * int64_t(nth_pool);
             pool.run([&](int ith, int nth) {
-                int64_t p0 = 0, p1 = panels, t0 = 0, t1 = n;
-                if (by_rows) split(panels, ith, nth, p0, p1);
-                else split(n, ith, nth, t0, t1);
-                if (p0 >= p1 || t0 >= t1) return;
-                float* panel = w.type == GgmlType::F32 ? nullptr : grow(t_scratch.panel, size_t(avx2::kLanes8MaxPanels * 4 * k));
-                avx2::gemm_lanes8(w.type, wbase, w.row_bytes, 4 * p0, 4 * p1, xa, t0, t1, k, y, m, panel);
+                avx2::Job j = job;
+                int64_t p0 = 0, p1 = panels;
+                if (by_rows)
+                    split(panels, ith, nth, p0, p1);
+                else
+                    split(n, ith, nth, j.t0, j.t1);
+                if (p0 >= p1 || j.t0 >= j.t1) return;
+                j.r0 = 4 * p0;
+                j.r1 = 4 * p1;
+                if (w.type != GgmlType::F32)
+                    j.scratch = grow(t_scratch.panel, size_t(avx2::kLanes8MaxPanels * 4 * k));
+                avx2::gemm_lanes8(j);
             });
             break;
         }
         case DotOrder::VecF32:
         case DotOrder::VecF16:
-        case DotOrder::VecBF16: {
-            pool.run([&](int ith, int nth) {
-                int64_t r0, r1;
-                split(m, ith, nth, r0, r1);
-                if (r0 >= r1) return;
-                avx2::gemv_vec(w.type, wbase, w.row_bytes, r0, r1, xa, 0, n, k, y, m);
-            });
-            break;
-        }
+        case DotOrder::VecBF16:
         case DotOrder::Q0Lanes: {
             pool.run([&](int ith, int nth) {
-                int64_t r0, r1;
-                split(m, ith, nth, r0, r1);
-                if (r0 >= r1) return;
-                avx2::gemm_q0_lanes(w.type, wbase, w.row_bytes, r0, r1, xq, xd, 0, n, nb, y, m);
+                avx2::Job j = job;
+                split(m, ith, nth, j.r0, j.r1);
+                if (j.r0 >= j.r1) return;
+                if (order == DotOrder::Q0Lanes)
+                    avx2::gemm_q0_lanes(j);
+                else
+                    avx2::gemv_vec(j);
             });
             break;
         }
         case DotOrder::Q4Repack: {
-            const int64_t groups = m / 8;
             pool.run([&](int ith, int nth) {
+                avx2::Job j = job;
                 int64_t g0, g1;
-                split(groups, ith, nth, g0, g1);
+                split(m / 8, ith, nth, g0, g1);
                 if (g0 >= g1) return;
-                avx2::gemm_q4_repack(wbase, w.row_bytes, 8 * g0, 8 * g1, xq, xd, 0, n, nb, y, m);
+                j.r0 = 8 * g0;
+                j.r1 = 8 * g1;
+                avx2::gemm_q4_repack(j);
             });
             break;
         }
@@ -412,7 +427,8 @@ void quantize_row_q8_0(const float* x, BlockQ8_0* out, int64_t n) {
     VXQ_ASSERT(n % kQK8_0 == 0);
     for (int64_t b = 0; b < n / kQK8_0; ++b) {
         const float* v = x + b * kQK8_0;
-        // amax in the AVX2 reduction order (matters only for NaN): 4 vectors, hi/lo, movehl, movehdup
+        // amax in the AVX2 reduction order (matters only for NaN): 4 vectors, hi/lo, movehl,
+        // movehdup
         float m8[8];
         for (int l = 0; l < 8; ++l) {
             float a = std::fabs(v[l]);
@@ -482,12 +498,15 @@ void matmul_ref(const WeightView& w, const float* x, int64_t n_tokens, float* y)
     const DotOrder order = dot_order(w, n_tokens);
 
     if (w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
-        // activations in the dot type, weights widened to f32 (both exact conversions after rounding)
+        // activations in the dot type, weights widened to f32 (exact conversions after rounding)
         std::vector<float> xa(static_cast<size_t>(n_tokens * k)), wr(static_cast<size_t>(k));
         for (int64_t i = 0; i < n_tokens * k; ++i) {
-            if (w.type == GgmlType::F16) xa[size_t(i)] = round_fp16(x[i]);
-            else if (w.type == GgmlType::BF16) xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
-            else xa[size_t(i)] = x[i];
+            if (w.type == GgmlType::F16)
+                xa[size_t(i)] = round_fp16(x[i]);
+            else if (w.type == GgmlType::BF16)
+                xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+            else
+                xa[size_t(i)] = x[i];
         }
         for (int64_t r = 0; r < m; ++r) {
             dequantize_row(w, r, wr.data());
@@ -543,6 +562,13 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
         return;
     }
     if (!cpu_has_avx2()) {
+        static const bool warned = [] {
+            std::fprintf(stderr,
+                         "vxq: no AVX2+FMA+F16C on this CPU: matmul runs the scalar "
+                         "reference (single thread, slow)\n");
+            return true;
+        }();
+        (void)warned;
         matmul_ref(w, x, n_tokens, y);
         return;
     }

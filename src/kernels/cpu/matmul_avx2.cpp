@@ -9,6 +9,7 @@
 //   VXQ_LANES8_CHUNK  tokens per pass over the weights in gemm_lanes8           (96)
 //   VXQ_LANES8_L1     bytes of widened weight panels kept in L1 per pass          (20 KiB)
 //   VXQ_VEC_ROWS      rows per ggml_vec_dot-order GEMV step                        (2)
+//   VXQ_PF_DIST       software prefetch distance in weight bytes for GEMV (0 = off) (2048)
 //   VXQ_Q0_RM/RN      rows x tokens of a Q0Lanes GEMM tile (GEMV: 4 x 1)           (3 x 3)
 //   VXQ_Q4R_RN        tokens per Q4Repack tile of 8 rows                           (4)
 #include "kernels/cpu/matmul_avx2.h"
@@ -16,6 +17,28 @@
 #include <immintrin.h>
 
 #include <cstring>
+
+#ifndef VXQ_LANES8_CHUNK
+#define VXQ_LANES8_CHUNK 96
+#endif
+#ifndef VXQ_LANES8_L1
+#define VXQ_LANES8_L1 (20 * 1024)
+#endif
+#ifndef VXQ_VEC_ROWS
+#define VXQ_VEC_ROWS 2
+#endif
+#ifndef VXQ_PF_DIST
+#define VXQ_PF_DIST 2048
+#endif
+#ifndef VXQ_Q0_RM
+#define VXQ_Q0_RM 3
+#endif
+#ifndef VXQ_Q0_RN
+#define VXQ_Q0_RN 3
+#endif
+#ifndef VXQ_Q4R_RN
+#define VXQ_Q4R_RN 4
+#endif
 
 namespace vxq::cpu::avx2 {
 
@@ -77,13 +100,18 @@ inline __m256 load8_bf16(const uint8_t* p) {
     const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
-inline __m256 load8_f32(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m256 load8_f32(const uint8_t* p) {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(p));
+}
 
 template <int T>  // 0 = f32, 1 = f16, 2 = bf16
 inline __m256 load8w(const uint8_t* row, int64_t i) {
-    if constexpr (T == 0) return load8_f32(row + 4 * i);
-    else if constexpr (T == 1) return load8_f16(row + 2 * i);
-    else return load8_bf16(row + 2 * i);
+    if constexpr (T == 0)
+        return load8_f32(row + 4 * i);
+    else if constexpr (T == 1)
+        return load8_f16(row + 2 * i);
+    else
+        return load8_bf16(row + 2 * i);
 }
 
 template <int T>
@@ -163,6 +191,13 @@ inline void vec_rows(const uint8_t* w, size_t row_bytes, const float* x, int64_t
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm256_setzero_ps();
 
     for (int64_t i = 0; i < np; i += 32) {
+#if VXQ_PF_DIST > 0
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r)
+            _mm_prefetch(reinterpret_cast<const char*>(w + size_t(r) * row_bytes) +
+                             (T == 0 ? 4 : 2) * i + VXQ_PF_DIST,
+                         _MM_HINT_T0);
+#endif
         __m256 xv[4];
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) xv[j] = _mm256_loadu_ps(x + i + 8 * j);
@@ -180,8 +215,13 @@ inline void vec_rows(const uint8_t* w, size_t row_bytes, const float* x, int64_t
         if constexpr (T == 0) {
             // float sum; leftovers fused one at a time
             __m128 s = _mm_set_ss(reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-            for (int64_t i = np; i < k; ++i)
-                s = _mm_fmadd_ss(_mm_set_ss(load1w<T>(row, i)), _mm_set_ss(x[i]), s);
+            for (int64_t i = np; i < k; ++i) {
+                const __m128 wi = _mm_set_ss(load1w<T>(row, i)), xi = _mm_set_ss(x[i]);
+                if constexpr (kF32LeftoverFma)
+                    s = _mm_fmadd_ss(wi, xi, s);
+                else
+                    s = _mm_add_ss(s, _mm_mul_ss(wi, xi));
+            }
             out[r] = _mm_cvtss_f32(s);
         } else {
             const float main = T == 1 ? reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3])
@@ -197,9 +237,6 @@ inline void vec_rows(const uint8_t* w, size_t row_bytes, const float* x, int64_t
     }
 }
 
-#ifndef VXQ_VEC_ROWS
-#define VXQ_VEC_ROWS 2
-#endif
 template <int T>
 void gemv_vec_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const float* x,
                 int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
@@ -228,7 +265,8 @@ void gemv_vec_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, cons
 
 inline __m256i unpack_q4_0(const uint8_t* qs) {  // ggml bytes_from_nibbles_32 - 8
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m256i both = _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    const __m256i both =
+        _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
     return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0f)), _mm256_set1_epi8(8));
 }
 
@@ -239,8 +277,10 @@ inline const uint8_t* block_ptr(const uint8_t* row, int64_t b) {
 
 template <bool Q4>
 inline __m256i load_codes(const uint8_t* blk) {
-    if constexpr (Q4) return unpack_q4_0(blk + 2);
-    else return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    if constexpr (Q4)
+        return unpack_q4_0(blk + 2);
+    else
+        return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
 }
 
 inline __m256 lanes_i8(__m256i aw, __m256i w, __m256i x) {
@@ -264,6 +304,10 @@ inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, con
 #pragma GCC unroll 16
         for (int i = 0; i < RM; ++i) {
             const uint8_t* blk = block_ptr<Q4>(w + size_t(i) * row_bytes, b);
+#if VXQ_PF_DIST > 0
+            if constexpr (RN == 1)
+                _mm_prefetch(reinterpret_cast<const char*>(blk) + VXQ_PF_DIST, _MM_HINT_T0);
+#endif
             wv[i] = load_codes<Q4>(blk);
             aw[i] = _mm256_sign_epi8(wv[i], wv[i]);
             dbits = _mm_insert_epi16(dbits, load_u16(blk), i);
@@ -292,12 +336,6 @@ inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, con
     }
 }
 
-#ifndef VXQ_Q0_RM
-#define VXQ_Q0_RM 3
-#endif
-#ifndef VXQ_Q0_RN
-#define VXQ_Q0_RN 3
-#endif
 template <bool Q4, int RN>
 inline void tile_q0_any(int64_t rm, const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq,
                         const float* xd, int64_t nb, float* C, int64_t ldc) {
@@ -320,9 +358,11 @@ void gemm_q0_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const
         const uint8_t* wr = w + size_t(r) * row_bytes;
         int64_t t = t0;
         for (; t + RN <= t1; t += RN)
-            tile_q0_any<Q4, RN>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
+            tile_q0_any<Q4, RN>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r,
+                                ldy);
         for (; t < t1; ++t)
-            tile_q0_any<Q4, 1>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
+            tile_q0_any<Q4, 1>(rm, wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r,
+                               ldy);
     }
 }
 
@@ -332,28 +372,26 @@ void gemm_q0_t(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1, const
 
 inline __m256i nibbles_q4_0(const uint8_t* qs) {  // the 32 raw nibbles (0..15), ggml's order
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m256i both = _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    const __m256i both =
+        _mm256_insertf128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
     return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 
 // 8 * sum of the 32 codes of x, in every lane.
 inline __m256i sum8_codes(__m256i x) {
-    __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), x), _mm256_set1_epi16(1));
+    __m256i s =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), x), _mm256_set1_epi16(1));
     s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0x4e));
     s = _mm256_add_epi32(s, _mm256_shuffle_epi32(s, 0xb1));
     return _mm256_add_epi32(s, _mm256_permute2x128_si256(s, s, 0x01));
 }
 
-#ifndef VXQ_Q4R_RN
-#define VXQ_Q4R_RN 4
-#endif
-
 // isum_r = sum_e (u_r[e] - 8) * x[e] = sum_e u_r[e] x[e] - 8 sum_e x[e]: exact integers, equal to
 // ggml's sign/maddubs lanes for every activation code other than -128 (which the q8_0 quantizer
 // never produces from finite input).
 template <int RN>
-inline void tile_q4_repack(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq,
-                           const float* xd, int64_t nb, float* C, int64_t ldc) {
+inline void tile_q4_repack(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, const float* xd,
+                           int64_t nb, float* C, int64_t ldc) {
     __m256 acc[RN];
 #pragma GCC unroll 8
     for (int j = 0; j < RN; ++j) acc[j] = _mm256_setzero_ps();
@@ -370,13 +408,20 @@ inline void tile_q4_repack(const uint8_t* w, size_t row_bytes, const BlockQ8_0* 
         for (int i = 0; i < 8; i += 2) {
             const uint8_t* b0 = w + size_t(i) * row_bytes + size_t(b) * sizeof(BlockQ4_0);
             const uint8_t* b1 = b0 + row_bytes;
+#if VXQ_PF_DIST > 0
+            if constexpr (RN == 1) {
+                _mm_prefetch(reinterpret_cast<const char*>(b0) + VXQ_PF_DIST, _MM_HINT_T0);
+                _mm_prefetch(reinterpret_cast<const char*>(b1) + VXQ_PF_DIST, _MM_HINT_T0);
+            }
+#endif
             dbits = _mm_insert_epi16(dbits, load_u16(b0), i);
             dbits = _mm_insert_epi16(dbits, load_u16(b1), i + 1);
             const __m256i u0 = nibbles_q4_0(b0 + 2), u1 = nibbles_q4_0(b1 + 2);
 #pragma GCC unroll 8
             for (int j = 0; j < RN; ++j)
-                h[j][i / 2] = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, xv[j]), ones),
-                                                _mm256_madd_epi16(_mm256_maddubs_epi16(u1, xv[j]), ones));
+                h[j][i / 2] =
+                    _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u0, xv[j]), ones),
+                                      _mm256_madd_epi16(_mm256_maddubs_epi16(u1, xv[j]), ones));
         }
         const __m256 dw = _mm256_cvtph_ps(dbits);
 #pragma GCC unroll 8
@@ -415,8 +460,8 @@ void round_bf16(const float* x, float* out, int64_t n) {
     for (; i + 8 <= n; i += 8) {
         const __m256i u = _mm256_castps_si256(_mm256_loadu_ps(x + i));
         const __m256i hi = _mm256_srli_epi32(u, 16);
-        const __m256i rounded =
-            _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
+        const __m256i rounded = _mm256_srli_epi32(
+            _mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
         const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absmask), inf);
         const __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, quiet), nan);
         _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)));
@@ -425,8 +470,10 @@ void round_bf16(const float* x, float* out, int64_t n) {
         uint32_t u;
         std::memcpy(&u, x + i, 4);
         uint32_t r;
-        if ((u & 0x7fffffffu) > 0x7f800000u) r = (u >> 16) | 64u;
-        else r = (u + (0x7fffu + ((u >> 16) & 1u))) >> 16;
+        if ((u & 0x7fffffffu) > 0x7f800000u)
+            r = (u >> 16) | 64u;
+        else
+            r = (u + (0x7fffu + ((u >> 16) & 1u))) >> 16;
         r <<= 16;
         std::memcpy(out + i, &r, 4);
     }
@@ -444,7 +491,8 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, float* yd, int64_t n) {
         max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign_bit, v1));
         max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign_bit, v2));
         max_abs = _mm256_max_ps(max_abs, _mm256_andnot_ps(sign_bit, v3));
-        __m128 max4 = _mm_max_ps(_mm256_extractf128_ps(max_abs, 1), _mm256_castps256_ps128(max_abs));
+        __m128 max4 =
+            _mm_max_ps(_mm256_extractf128_ps(max_abs, 1), _mm256_castps256_ps128(max_abs));
         max4 = _mm_max_ps(max4, _mm_movehl_ps(max4, max4));
         max4 = _mm_max_ss(max4, _mm_movehdup_ps(max4));
         const float amax = _mm_cvtss_f32(max4);
@@ -469,15 +517,14 @@ void quantize_q8_0(const float* x, BlockQ8_0* y, float* yd, int64_t n) {
     }
 }
 
-void gemm_lanes8(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
-                 const float* x, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy,
-                 float* panel) {
-#ifndef VXQ_LANES8_CHUNK
-#define VXQ_LANES8_CHUNK 96
-#endif
-#ifndef VXQ_LANES8_L1
-#define VXQ_LANES8_L1 (20 * 1024)
-#endif
+void gemm_lanes8(const Job& job) {
+    const GgmlType type = job.type;
+    const uint8_t* w = job.w;
+    const size_t row_bytes = job.row_bytes;
+    const int64_t k = job.k, r0 = job.r0, r1 = job.r1, t0 = job.t0, t1 = job.t1, ldy = job.ldy;
+    const float* x = job.x;
+    float* y = job.y;
+    float* panel = job.scratch;
     // Loop nest: token chunks (their activations stay in L2) > blocks of P panels of 4 rows (in
     // L1, widened to f32 once per chunk) > token triples (3 rows of activations, reused from L1
     // across the P panels) > panels.
@@ -505,41 +552,50 @@ void gemm_lanes8(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, 
                 for (int64_t p = 0; p < np; ++p)
                     tile_lanes8<4, 3>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
             for (int64_t p = 0; p < np; ++p) {
-                if (te - t == 2) tile_lanes8<4, 2>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
-                else if (te - t == 1) tile_lanes8<4, 1>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
+                if (te - t == 2)
+                    tile_lanes8<4, 2>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
+                else if (te - t == 1)
+                    tile_lanes8<4, 1>(A[p], lda, x + t * k, k, k, y + t * ldy + rb + 4 * p, ldy);
             }
         }
     }
 }
 
-void gemv_vec(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
-              const float* x, int64_t t0, int64_t t1, int64_t k, float* y, int64_t ldy) {
-    switch (type) {
-        case GgmlType::F32: gemv_vec_t<0>(w, row_bytes, r0, r1, x, t0, t1, k, y, ldy); break;
-        case GgmlType::F16: gemv_vec_t<1>(w, row_bytes, r0, r1, x, t0, t1, k, y, ldy); break;
-        case GgmlType::BF16: gemv_vec_t<2>(w, row_bytes, r0, r1, x, t0, t1, k, y, ldy); break;
+void gemv_vec(const Job& j) {
+    switch (j.type) {
+        case GgmlType::F32:
+            gemv_vec_t<0>(j.w, j.row_bytes, j.r0, j.r1, j.x, j.t0, j.t1, j.k, j.y, j.ldy);
+            break;
+        case GgmlType::F16:
+            gemv_vec_t<1>(j.w, j.row_bytes, j.r0, j.r1, j.x, j.t0, j.t1, j.k, j.y, j.ldy);
+            break;
+        case GgmlType::BF16:
+            gemv_vec_t<2>(j.w, j.row_bytes, j.r0, j.r1, j.x, j.t0, j.t1, j.k, j.y, j.ldy);
+            break;
         default: break;
     }
 }
 
-void gemm_q0_lanes(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
-                   const BlockQ8_0* xq, const float* xd, int64_t t0, int64_t t1, int64_t nb,
-                   float* y, int64_t ldy) {
-    if (type == GgmlType::Q4_0) gemm_q0_t<true>(w, row_bytes, r0, r1, xq, xd, t0, t1, nb, y, ldy);
-    else gemm_q0_t<false>(w, row_bytes, r0, r1, xq, xd, t0, t1, nb, y, ldy);
+void gemm_q0_lanes(const Job& j) {
+    const int64_t nb = j.k / 32;
+    if (j.type == GgmlType::Q4_0)
+        gemm_q0_t<true>(j.w, j.row_bytes, j.r0, j.r1, j.xq, j.xd, j.t0, j.t1, nb, j.y, j.ldy);
+    else
+        gemm_q0_t<false>(j.w, j.row_bytes, j.r0, j.r1, j.xq, j.xd, j.t0, j.t1, nb, j.y, j.ldy);
 }
 
-void gemm_q4_repack(const uint8_t* w, size_t row_bytes, int64_t r0, int64_t r1,
-                    const BlockQ8_0* xq, const float* xd, int64_t t0, int64_t t1, int64_t nb,
-                    float* y, int64_t ldy) {
+void gemm_q4_repack(const Job& j) {
     constexpr int64_t RN = VXQ_Q4R_RN;
-    for (int64_t r = r0; r + 8 <= r1; r += 8) {
-        const uint8_t* wr = w + size_t(r) * row_bytes;
-        int64_t t = t0;
-        for (; t + RN <= t1; t += RN)
-            tile_q4_repack<RN>(wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
-        for (; t < t1; ++t)
-            tile_q4_repack<1>(wr, row_bytes, xq + t * nb, xd + t * nb, nb, y + t * ldy + r, ldy);
+    const int64_t nb = j.k / 32;
+    for (int64_t r = j.r0; r + 8 <= j.r1; r += 8) {
+        const uint8_t* wr = j.w + size_t(r) * j.row_bytes;
+        int64_t t = j.t0;
+        for (; t + RN <= j.t1; t += RN)
+            tile_q4_repack<RN>(wr, j.row_bytes, j.xq + t * nb, j.xd + t * nb, nb,
+                               j.y + t * j.ldy + r, j.ldy);
+        for (; t < j.t1; ++t)
+            tile_q4_repack<1>(wr, j.row_bytes, j.xq + t * nb, j.xd + t * nb, nb,
+                              j.y + t * j.ldy + r, j.ldy);
     }
 }
 

@@ -1,0 +1,229 @@
+// AVX2 + FMA + F16C readers of the baseline KV codecs (formats: baseline.cpp). Compiled with
+// -mavx2 -mfma -mf16c; called only after baseline.cpp's runtime CPU check. To keep AVX2 code out
+// of functions shared with other translation units (the linker keeps one copy of each inline
+// function or template instantiation), this file includes no project header, instantiates no std
+// template, and keeps everything but the entry points in an anonymous namespace.
+//
+// Every loader below yields 8 values of one token exactly as decode() computes them (same
+// roundings), in a register; the kernels apply each loaded chunk to up to 8 query heads at once,
+// so for n_q <= 8 every token is dequantized once per call (n_q > 8: once per group of 8 heads).
+// Only the summation order differs from the scalar reader (FMA, 8 lanes, 1-2 accumulators).
+#include <immintrin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace vxq::codecs::baseline_avx2 {
+
+namespace {
+
+inline float hsum(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+inline float fp16_scalar(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+// ---- loaders: values [c, c + 8) of the token at tok, c % 8 == 0 ----------------------------------
+
+struct LoadF32 {
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        return _mm256_loadu_ps(reinterpret_cast<const float*>(tok) + c);
+    }
+};
+
+struct LoadF16 {
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(tok + 2 * c)));
+    }
+};
+
+struct LoadBF16 {
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(tok + 2 * c));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+};
+
+// BlockQ8_0 = {fp16 d; int8 qs[32]} (34 bytes): x = float(q) * d.
+struct LoadQ8_0 {
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        const uint8_t* b = tok + (c >> 5) * 34;
+        const __m256 d = _mm256_set1_ps(fp16_scalar(b));
+        const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (c & 31)));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+    }
+};
+
+// BlockQ4_0 = {fp16 d; uint8 qs[16]} (18 bytes): values j < 16 in the low nibbles of qs[j], j >= 16
+// in the high nibbles of qs[j - 16]; x = float(q - 8) * d.
+struct LoadQ4_0 {
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        const uint8_t* b = tok + (c >> 5) * 18;
+        const __m256 d = _mm256_set1_ps(fp16_scalar(b));
+        const int64_t j = c & 31;
+        __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (j & 15))));
+        if (j >= 16) w = _mm256_srli_epi32(w, 4);
+        w = _mm256_sub_epi32(_mm256_and_si256(w, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(w), d);
+    }
+};
+
+// e4m3fn code -> fp16 bits: (code & 0x7f) << 7 puts the 4 exponent bits in the low bits of the
+// fp16 exponent and the 3 mantissa bits at its top, so the fp16 value is the e4m3 value / 2^8,
+// subnormals included (F16C converts fp16 subnormals exactly). Multiplying by 2^8 * scale (exact
+// power-of-two scaling of scale) gives e4m3(code) * scale rounded once, as decode() does. Codes
+// 0x7f / 0xff (NaN) would read as +-480 and are turned into NaN.
+struct LoadFP8 {
+    __m256 mul;
+    explicit LoadFP8(float scale) : mul(_mm256_set1_ps(scale * 256.0f)) {}
+    __m256 operator()(const uint8_t* tok, int64_t c) const {
+        const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(tok + c)));
+        const __m128i mag = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7f)), 7);
+        const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+        const __m256 x = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign)), mul);
+        const __m128i nan16 = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80));
+        return _mm256_or_ps(x, _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16)));  // all ones = NaN
+    }
+};
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+// s[g * n + t] = <q_g, x_t> for G heads (q: [G, d]). G <= 4: two accumulators per head (chunks
+// alternate) to cover the FMA latency; G > 4: the heads' chains already do.
+template <class L, int G>
+void scores_group(const L& ld, const float* q, const uint8_t* blk, int64_t n, int64_t d, size_t bb, float* s) {
+    for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* tok = blk + size_t(t) * bb;
+        __m256 a0[G], a1[G];
+        for (int g = 0; g < G; ++g) a0[g] = a1[g] = _mm256_setzero_ps();
+        int64_t c = 0;
+        if constexpr (G <= 4) {
+            for (; c + 16 <= d; c += 16) {
+                const __m256 x0 = ld(tok, c);
+                const __m256 x1 = ld(tok, c + 8);
+                for (int g = 0; g < G; ++g) {
+                    a0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + c), x0, a0[g]);
+                    a1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + c + 8), x1, a1[g]);
+                }
+            }
+        }
+        for (; c < d; c += 8) {
+            const __m256 x = ld(tok, c);
+            for (int g = 0; g < G; ++g) a0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * d + c), x, a0[g]);
+        }
+        for (int g = 0; g < G; ++g) s[g * n + t] = hsum(_mm256_add_ps(a0[g], a1[g]));
+    }
+}
+
+// acc[g * d + c] += sum_t p[g * n + t] * x_t[c] for G heads, 16 (G <= 4) or 8 columns per pass
+// with the accumulators in registers across the n tokens.
+template <class L, int G>
+void accumulate_group(const L& ld, const float* p, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
+                      float* acc) {
+    int64_t c = 0;
+    if constexpr (G <= 4) {
+        for (; c + 16 <= d; c += 16) {
+            __m256 a0[G], a1[G];
+            for (int g = 0; g < G; ++g) {
+                a0[g] = _mm256_loadu_ps(acc + g * d + c);
+                a1[g] = _mm256_loadu_ps(acc + g * d + c + 8);
+            }
+            for (int64_t t = 0; t < n; ++t) {
+                const uint8_t* tok = blk + size_t(t) * bb;
+                const __m256 x0 = ld(tok, c);
+                const __m256 x1 = ld(tok, c + 8);
+                for (int g = 0; g < G; ++g) {
+                    const __m256 pg = _mm256_broadcast_ss(p + g * n + t);
+                    a0[g] = _mm256_fmadd_ps(pg, x0, a0[g]);
+                    a1[g] = _mm256_fmadd_ps(pg, x1, a1[g]);
+                }
+            }
+            for (int g = 0; g < G; ++g) {
+                _mm256_storeu_ps(acc + g * d + c, a0[g]);
+                _mm256_storeu_ps(acc + g * d + c + 8, a1[g]);
+            }
+        }
+    }
+    for (; c < d; c += 8) {
+        __m256 a[G];
+        for (int g = 0; g < G; ++g) a[g] = _mm256_loadu_ps(acc + g * d + c);
+        for (int64_t t = 0; t < n; ++t) {
+            const __m256 x = ld(blk + size_t(t) * bb, c);
+            for (int g = 0; g < G; ++g) a[g] = _mm256_fmadd_ps(_mm256_broadcast_ss(p + g * n + t), x, a[g]);
+        }
+        for (int g = 0; g < G; ++g) _mm256_storeu_ps(acc + g * d + c, a[g]);
+    }
+}
+
+template <class L>
+void scores_all(const L& ld, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
+                float* s) {
+    for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
+        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
+        const float* qh = q + h0 * d;
+        float* sh = s + h0 * n;
+        switch (g) {
+            case 1: scores_group<L, 1>(ld, qh, blk, n, d, bb, sh); break;
+            case 2: scores_group<L, 2>(ld, qh, blk, n, d, bb, sh); break;
+            case 3: scores_group<L, 3>(ld, qh, blk, n, d, bb, sh); break;
+            case 4: scores_group<L, 4>(ld, qh, blk, n, d, bb, sh); break;
+            case 5: scores_group<L, 5>(ld, qh, blk, n, d, bb, sh); break;
+            case 6: scores_group<L, 6>(ld, qh, blk, n, d, bb, sh); break;
+            case 7: scores_group<L, 7>(ld, qh, blk, n, d, bb, sh); break;
+            default: scores_group<L, 8>(ld, qh, blk, n, d, bb, sh); break;
+        }
+    }
+}
+
+template <class L>
+void accumulate_all(const L& ld, const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
+                    float* acc) {
+    for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
+        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
+        const float* ph = p + h0 * n;
+        float* ah = acc + h0 * d;
+        switch (g) {
+            case 1: accumulate_group<L, 1>(ld, ph, blk, n, d, bb, ah); break;
+            case 2: accumulate_group<L, 2>(ld, ph, blk, n, d, bb, ah); break;
+            case 3: accumulate_group<L, 3>(ld, ph, blk, n, d, bb, ah); break;
+            case 4: accumulate_group<L, 4>(ld, ph, blk, n, d, bb, ah); break;
+            case 5: accumulate_group<L, 5>(ld, ph, blk, n, d, bb, ah); break;
+            case 6: accumulate_group<L, 6>(ld, ph, blk, n, d, bb, ah); break;
+            case 7: accumulate_group<L, 7>(ld, ph, blk, n, d, bb, ah); break;
+            default: accumulate_group<L, 8>(ld, ph, blk, n, d, bb, ah); break;
+        }
+    }
+}
+
+}  // namespace
+
+// Entry points (declared in baseline.cpp). head_dim % 8 == 0 (% 32 for q8_0 / q4_0).
+#define VXQ_BASELINE_AVX2_DEF(fmt, loader, token_bytes)                                                     \
+    void scores_##fmt(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float scale,  \
+                      float* s) {                                                                           \
+        (void)scale;                                                                                        \
+        scores_all(loader, q, n_q, blk, n, d, size_t(token_bytes), s);                                      \
+    }                                                                                                       \
+    void accumulate_##fmt(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,           \
+                          float scale, float* acc) {                                                        \
+        (void)scale;                                                                                        \
+        accumulate_all(loader, p, n_q, blk, n, d, size_t(token_bytes), acc);                                \
+    }
+
+VXQ_BASELINE_AVX2_DEF(f32, LoadF32{}, d * 4)
+VXQ_BASELINE_AVX2_DEF(f16, LoadF16{}, d * 2)
+VXQ_BASELINE_AVX2_DEF(bf16, LoadBF16{}, d * 2)
+VXQ_BASELINE_AVX2_DEF(q8_0, LoadQ8_0{}, d / 32 * 34)
+VXQ_BASELINE_AVX2_DEF(q4_0, LoadQ4_0{}, d / 32 * 18)
+VXQ_BASELINE_AVX2_DEF(fp8, LoadFP8(scale), d)
+#undef VXQ_BASELINE_AVX2_DEF
+
+}  // namespace vxq::codecs::baseline_avx2

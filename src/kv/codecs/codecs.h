@@ -1,0 +1,19 @@
+// Factories of the built-in codecs (one file per codec family), listed in registry.cpp.
+#pragma once
+
+#include "kv/codec.h"
+
+namespace vxq::codecs {
+
+// baseline.cpp: plain and llama.cpp-compatible formats.
+std::unique_ptr<Codec> make_f32(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_f16(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_bf16(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_q8_0(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_q4_0(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_fp8(const CodecSpec&, KvRole, int64_t head_dim);
+
+// kivi.cpp: KIVI (per-channel keys, per-token values, fp16 residual window).
+std::unique_ptr<Codec> make_kivi(const CodecSpec&, KvRole, int64_t head_dim);
+
+}  // namespace vxq::codecs

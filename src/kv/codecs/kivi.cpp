@@ -1,0 +1,279 @@
+// KIVI codec: the scalar reference of the format (METHODS.md "KIVI"), the two codecs (keys per
+// channel, values per token) and their readers. Layout and precision rules: kivi.h.
+#include "kv/codecs/kivi.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <cpuid.h>
+
+#include "core/error.h"
+#include "kv/codecs/codecs.h"
+#include "kv/codecs/option_parse.h"
+
+// Parity rule 2: every product and sum rounds on its own (no FMA contraction) in this file.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+namespace vxq::codecs {
+
+namespace kivi {
+
+Params parse_params(const CodecSpec& spec) {
+    check_known_options(spec, {"bits", "group", "residual"});
+    Params p;
+    p.bits = int(int_option(spec, "bits", 2, 1, 8));
+    if (p.bits != 2 && p.bits != 4 && p.bits != 8) fail("KV method '{}': bits={} (must be 2, 4 or 8)", spec.name, p.bits);
+    p.group = int(int_option(spec, "group", 32, 8, 256));
+    if ((p.group & (p.group - 1)) != 0) fail("KV method '{}': group={} is not a power of two", spec.name, p.group);
+    p.residual = int_option(spec, "residual", 128, 1, int64_t(1) << 20);
+    if (p.residual < p.group || p.residual % p.group != 0) {
+        fail("KV method '{}': residual={} must be a multiple of group={}", spec.name, p.residual, p.group);
+    }
+    return p;
+}
+
+void quantize_group(const float* x, int64_t n, int bits, f16_t* z16, f16_t* s16, uint8_t* codes) {
+    float mn = x[0], mx = x[0];
+    for (int64_t i = 1; i < n; ++i) {
+        if (x[i] < mn) mn = x[i];
+        if (x[i] > mx) mx = x[i];
+    }
+    const float qmax = float((1 << bits) - 1);
+    *z16 = fp32_to_fp16(mn);
+    *s16 = fp32_to_fp16((mx - mn) / qmax);  // 0 for a constant group (parity rule 4)
+    const float z = fp16_to_fp32(*z16), s = fp16_to_fp32(*s16);
+    if (s == 0.0f) {  // no 0/0: every code 0, x^ = z16
+        std::memset(codes, 0, size_t(n));
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        const float t = std::clamp((x[i] - z) / s, 0.0f, qmax);
+        codes[i] = uint8_t(std::nearbyint(t));  // round half to even (parity rule 1)
+    }
+}
+
+float dequantize(int q, f16_t s16, f16_t z16) {
+    const float qs = float(q) * fp16_to_fp32(s16);  // exact anyway: 8 x 11 significant bits
+    return qs + fp16_to_fp32(z16);
+}
+
+void pack_row(const uint8_t* codes, int64_t n, int bits, uint8_t* row) {
+    std::memset(row, 0, size_t(n * bits / 8));
+    for (int64_t j = 0; j < n; ++j) {
+        const int64_t bit = j * bits;
+        row[bit >> 3] = uint8_t(row[bit >> 3] | (codes[j] << (bit & 7)));
+    }
+}
+
+namespace {
+inline float load_f16(const uint8_t* p) {
+    f16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return fp16_to_fp32(h);
+}
+}  // namespace
+
+void key_scores_scalar(const Layout& l, const float* q, int64_t n_q, const uint8_t* blk, int64_t n,
+                       int64_t d, float* s) {
+    const int64_t G = l.group, nb = n / G, rb = l.row_code_bytes();
+    const size_t bytes = l.block_bytes();
+    float acc[256];
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* B = blk + size_t(b) * bytes;
+        const uint8_t* codes = B + l.codes_offset();
+        for (int64_t h = 0; h < n_q; ++h) {
+            const float* qh = q + h * d;
+            double cst = 0.0;  // sum_c q[c] * z[c]
+            std::fill(acc, acc + G, 0.0f);
+            for (int64_t c = 0; c < d; ++c) {
+                cst += double(qh[c]) * double(load_f16(B + l.zero_offset() + 2 * size_t(c)));
+                const float qs = qh[c] * load_f16(B + l.scale_offset() + 2 * size_t(c));
+                const uint8_t* row = codes + c * rb;
+                for (int64_t t = 0; t < G; ++t) acc[t] += qs * float(code_at(row, t, l.bits));
+            }
+            float* out = s + h * n + b * G;
+            for (int64_t t = 0; t < G; ++t) out[t] = float(double(acc[t]) + cst);
+        }
+    }
+}
+
+void value_accumulate_scalar(const Layout& l, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
+                             int64_t d, float* acc) {
+    const int64_t G = l.group, rb = l.row_code_bytes();
+    const size_t bytes = l.block_bytes();
+    for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* B = blk + size_t(t) * bytes;
+        for (int64_t g = 0; g < l.rows; ++g) {
+            f16_t z16, s16;
+            std::memcpy(&z16, B + l.zero_offset() + 2 * size_t(g), 2);
+            std::memcpy(&s16, B + l.scale_offset() + 2 * size_t(g), 2);
+            const uint8_t* row = B + l.codes_offset() + g * rb;
+            const int64_t c0 = g * G, c1 = std::min(d, c0 + G);
+            for (int64_t c = c0; c < c1; ++c) {
+                const float x = dequantize(code_at(row, c - c0, l.bits), s16, z16);
+                for (int64_t h = 0; h < n_q; ++h) acc[h * d + c] += p[h * n + t] * x;
+            }
+        }
+    }
+}
+
+bool avx2_available() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace kivi
+
+namespace {
+
+using kivi::Layout;
+
+class KeyReader final : public CodecReader {
+public:
+    explicit KeyReader(Layout l) : l_(l), avx2_(kivi::avx2_available()) {}
+    void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) const override {
+        VXQ_ASSERT(n % l_.group == 0 && d == l_.rows);
+        if (avx2_) {
+            kivi::key_scores_avx2(l_, q, n_q, blk, n, d, s);
+        } else {
+            kivi::key_scores_scalar(l_, q, n_q, blk, n, d, s);
+        }
+    }
+    void accumulate(const float*, int64_t, const uint8_t*, int64_t, int64_t, float*) const override {
+        fail("KIVI keys codec cannot accumulate values");
+    }
+
+private:
+    Layout l_;
+    bool avx2_;
+};
+
+class ValueReader final : public CodecReader {
+public:
+    explicit ValueReader(Layout l) : l_(l), avx2_(kivi::avx2_available()) {}
+    void scores(const float*, int64_t, const uint8_t*, int64_t, int64_t, float*) const override {
+        fail("KIVI values codec cannot score keys");
+    }
+    void accumulate(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* acc) const override {
+        if (avx2_) {
+            kivi::value_accumulate_avx2(l_, p, n_q, blk, n, d, acc);
+        } else {
+            kivi::value_accumulate_scalar(l_, p, n_q, blk, n, d, acc);
+        }
+    }
+
+private:
+    Layout l_;
+    bool avx2_;
+};
+
+std::string spec_string(const kivi::Params& p) {
+    return fmt::format("kivi:bits={},group={},residual={}", p.bits, p.group, p.residual);
+}
+
+// Keys: a block is G tokens x d channels; row c is channel c over the G tokens.
+class KiviKeys final : public Codec {
+public:
+    KiviKeys(kivi::Params p, int64_t d) : p_(p), l_(kivi::key_layout(p.bits, p.group, d)), reader_(l_) {}
+    std::string spec() const override { return spec_string(p_); }
+    int64_t block_tokens() const override { return p_.group; }
+    size_t block_bytes(int64_t d) const override { return kivi::key_layout(p_.bits, p_.group, d).block_bytes(); }
+    int64_t flush_at() const override { return p_.residual; }
+    int64_t flush_count() const override { return p_.residual; }
+
+    void encode(const float* x, int64_t d, uint8_t* block) const override {
+        VXQ_ASSERT(d == l_.rows);
+        const int64_t G = p_.group;
+        float col[256];
+        uint8_t codes[256];
+        for (int64_t c = 0; c < d; ++c) {
+            for (int64_t t = 0; t < G; ++t) col[t] = x[t * d + c];
+            f16_t z16, s16;
+            kivi::quantize_group(col, G, p_.bits, &z16, &s16, codes);
+            std::memcpy(block + l_.zero_offset() + 2 * size_t(c), &z16, 2);
+            std::memcpy(block + l_.scale_offset() + 2 * size_t(c), &s16, 2);
+            kivi::pack_row(codes, G, p_.bits, block + l_.codes_offset() + c * l_.row_code_bytes());
+        }
+    }
+    void decode(const uint8_t* block, int64_t d, float* x) const override {
+        VXQ_ASSERT(d == l_.rows);
+        const int64_t G = p_.group;
+        for (int64_t c = 0; c < d; ++c) {
+            f16_t z16, s16;
+            std::memcpy(&z16, block + l_.zero_offset() + 2 * size_t(c), 2);
+            std::memcpy(&s16, block + l_.scale_offset() + 2 * size_t(c), 2);
+            const uint8_t* row = block + l_.codes_offset() + c * l_.row_code_bytes();
+            for (int64_t t = 0; t < G; ++t) x[t * d + c] = kivi::dequantize(kivi::code_at(row, t, p_.bits), s16, z16);
+        }
+    }
+    const CodecReader& reader() const override { return reader_; }
+
+private:
+    kivi::Params p_;
+    Layout l_;
+    KeyReader reader_;
+};
+
+// Values: a block is one token; row g is channels [gG, gG + G), a ragged last row padded by
+// repeating its last real element (parity rule 3).
+class KiviValues final : public Codec {
+public:
+    KiviValues(kivi::Params p, int64_t d) : p_(p), l_(kivi::value_layout(p.bits, p.group, d)), reader_(l_) {}
+    std::string spec() const override { return spec_string(p_); }
+    int64_t block_tokens() const override { return 1; }
+    size_t block_bytes(int64_t d) const override { return kivi::value_layout(p_.bits, p_.group, d).block_bytes(); }
+    int64_t flush_at() const override { return p_.residual + 1; }
+    int64_t flush_count() const override { return 1; }
+
+    void encode(const float* x, int64_t d, uint8_t* block) const override {
+        VXQ_ASSERT(kivi::value_layout(p_.bits, p_.group, d).rows == l_.rows);
+        const int64_t G = p_.group;
+        float grp[256];
+        uint8_t codes[256];
+        for (int64_t g = 0; g < l_.rows; ++g) {
+            const int64_t c0 = g * G, real = std::min(G, d - c0);
+            std::copy(x + c0, x + c0 + real, grp);
+            std::fill(grp + real, grp + G, x[c0 + real - 1]);
+            f16_t z16, s16;
+            kivi::quantize_group(grp, G, p_.bits, &z16, &s16, codes);
+            std::memcpy(block + l_.zero_offset() + 2 * size_t(g), &z16, 2);
+            std::memcpy(block + l_.scale_offset() + 2 * size_t(g), &s16, 2);
+            kivi::pack_row(codes, G, p_.bits, block + l_.codes_offset() + g * l_.row_code_bytes());
+        }
+    }
+    void decode(const uint8_t* block, int64_t d, float* x) const override {
+        const int64_t G = p_.group;
+        for (int64_t g = 0; g < l_.rows; ++g) {
+            f16_t z16, s16;
+            std::memcpy(&z16, block + l_.zero_offset() + 2 * size_t(g), 2);
+            std::memcpy(&s16, block + l_.scale_offset() + 2 * size_t(g), 2);
+            const uint8_t* row = block + l_.codes_offset() + g * l_.row_code_bytes();
+            const int64_t c0 = g * G, c1 = std::min(d, c0 + G);
+            for (int64_t c = c0; c < c1; ++c) x[c] = kivi::dequantize(kivi::code_at(row, c - c0, p_.bits), s16, z16);
+        }
+    }
+    const CodecReader& reader() const override { return reader_; }
+
+private:
+    kivi::Params p_;
+    Layout l_;
+    ValueReader reader_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_kivi(const CodecSpec& spec, KvRole role, int64_t head_dim) {
+    const kivi::Params p = kivi::parse_params(spec);
+    if (head_dim < 1) fail("KV method '{}': bad head_dim {}", spec.name, head_dim);
+    if (role == KvRole::Key) return std::make_unique<KiviKeys>(p, head_dim);
+    return std::make_unique<KiviValues>(p, head_dim);
+}
+
+}  // namespace vxq::codecs
