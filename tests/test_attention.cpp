@@ -140,7 +140,7 @@ TEST(AttentionRow, Avx2EqualsReferenceBitForBit) {
     if (!detail::cpu_has_avx2()) GTEST_SKIP() << "no AVX2";
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    for (const int64_t d : {8, 64, 128}) {
+    for (const int64_t d : {8, 20, 64, 72, 128}) {  // 20, 72: the tail paths (d % 8, d % 32)
         for (const int64_t gqa : {1, 3, 4}) {
             for (const int64_t kv_len : {1, 31, 97, 1000}) {
                 for (const float q_spread : {1.0f, 6.0f}) {
@@ -255,7 +255,7 @@ float vec_dot_f16(const std::vector<float>& x, const std::vector<float>& y) {
 TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    for (const int64_t d : {8, 64, 128}) {
+    for (const int64_t d : {8, 20, 64, 72, 128}) {
         for (const int64_t n_q : {1, 2}) {
             for (const int64_t kv_len : {2, 31, 97}) {
                 Problem p = make_problem(d, 1, kv_len, 2.0f, rng, n_q);

@@ -201,7 +201,7 @@ std::vector<float> make_input(Mode mode, bool keys, int64_t n_tok, int64_t d, in
     std::vector<float> x(size_t(n_tok * d));
     // Gaussian with a global magnitude from tiny (fp16 subnormal scales) to large, per-channel offsets.
     const float mag = std::pow(10.0f, -7.0f + 10.5f * ud(rng));
-    std::vector<float> offset(size_t(d));
+    std::vector<float> offset(static_cast<size_t>(d));
     for (auto& o : offset) o = mag * 2.0f * nd(rng);
     for (int64_t i = 0; i < n_tok * d; ++i) x[size_t(i)] = offset[size_t(i % d)] + mag * nd(rng);
     switch (mode) {
@@ -321,12 +321,11 @@ TEST(KiviParity, Rule1RoundHalfEven) {
             EXPECT_EQ(bit_mismatches(got.xhat, good.xhat), 0);
             EXPECT_GT(bit_mismatches(got.xhat, bad.xhat), 0) << "round() would give the same output";
             EXPECT_NE(got.bytes, bad.bytes);
-            // explicitly: 0.5 -> 0, 2.5 -> 2 (half to even)
-            const int64_t at05 = keys ? 2 * d : 2, at25 = keys ? 4 * d : 4;  // k = 2: 2.5, k = 4: 4.5 (or 1.5)
-            EXPECT_EQ(x[size_t(at05)], 2.5f);
-            EXPECT_EQ(got.xhat[size_t(at05)], 2.0f);
-            EXPECT_EQ(bad.xhat[size_t(at05)], 3.0f);
-            (void)at25;
+            // explicitly: x = 2.5 -> code 2 (half to even), round() would give 3
+            const int64_t at = keys ? 2 * d : 2;  // position 2 of the group holds 2.5
+            ASSERT_EQ(x[size_t(at)], 2.5f);
+            EXPECT_EQ(got.xhat[size_t(at)], 2.0f);
+            EXPECT_EQ(bad.xhat[size_t(at)], 3.0f);
         }
     }
 }
@@ -366,7 +365,7 @@ TEST(KiviParity, Rule2DequantTwoRoundings) {
     const int G = 32;
     const int64_t d = 64;
     const auto codec = make_kivi(KvRole::Value, 8, G, 128, d);
-    std::vector<float> x(size_t(d));
+    std::vector<float> x(static_cast<size_t>(d));
     std::uniform_real_distribution<float> ud(1000.0f, 1025.5f);
     for (auto& v : x) v = ud(rng);
     x[0] = 1000.0f;
@@ -392,7 +391,7 @@ TEST(KiviParity, Rule3RaggedGroupRepeatsLastElement) {
             const int64_t d = 40;  // groups [0, 32) and [32, 40) + 24 padding
             const auto codec = make_kivi(KvRole::Value, bits, G, 128, d);
             ASSERT_EQ(codec->block_bytes(d), size_t(2 * 4 + 2 * G * bits / 8));
-            std::vector<float> x(size_t(d));
+            std::vector<float> x(static_cast<size_t>(d));
             for (int64_t c = 0; c < d; ++c) x[size_t(c)] = c < 32 ? std::sin(float(c)) : sign * (5.0f + 0.37f * float(c - 32));
             const RefBlock got = run_codec(*codec, x.data(), d);
             const RefBlock good = ref_values(x.data(), d, G, bits);
@@ -409,19 +408,22 @@ TEST(KiviParity, Rule3RaggedGroupRepeatsLastElement) {
     }
 }
 
-// Rule 4: a constant group stores s = 0 and reconstructs exactly z16, no 0/0.
+// Rule 4: a constant group stores s = 0 and reconstructs exactly z16, no 0/0. Two constants: 1.25
+// is an fp16 value, so x - z16 = 0 and the unguarded (x - z16) / s16 is 0/0 = NaN; 1.2345678 is
+// not, so x - z16 != 0 and the unguarded division gives inf -> code 2^b - 1 (different bytes; x^
+// happens to stay z16 because s16 = 0).
 TEST(KiviParity, Rule4ConstantGroupIsExactlyZ) {
     for (const bool keys : {true, false}) {
         SCOPED_TRACE(keys ? "keys" : "values");
         const int G = 32, bits = 2;
-        const int64_t d = 64;
+        const int64_t d = 128;
         const auto codec = make_kivi(keys ? KvRole::Key : KvRole::Value, bits, G, 128, d);
         const int64_t n_tok = keys ? G : 1;
+        const float c_exact = 1.25f, c_inexact = 1.2345678f;
         std::vector<float> x(size_t(n_tok * d));
-        const float c = 1.2345678f;  // not an fp16 value: x^ must be fp16(c), i.e. z16
         for (int64_t i = 0; i < n_tok * d; ++i) {
-            const int64_t ch = i % d;
-            x[size_t(i)] = ch < 32 ? c : std::cos(float(i));  // keys: channels 0..31 constant; values: group 0
+            const int64_t ch = i % d;  // keys: channels 0..63 constant over tokens; values: groups 0 and 1
+            x[size_t(i)] = ch < 32 ? c_exact : ch < 64 ? c_inexact : std::cos(float(i));
         }
         const RefBlock got = run_codec(*codec, x.data(), d);
         const RefBlock good = keys ? ref_keys(x.data(), d, G, bits) : ref_values(x.data(), d, G, bits);
@@ -431,15 +433,21 @@ TEST(KiviParity, Rule4ConstantGroupIsExactlyZ) {
         EXPECT_EQ(got.bytes, good.bytes);
         EXPECT_EQ(bit_mismatches(got.xhat, good.xhat), 0);
         EXPECT_GT(bit_mismatches(got.xhat, bad.xhat), 0) << "0/0 would give the same output";
+        EXPECT_NE(got.bytes, bad.bytes);
         for (int64_t i = 0; i < n_tok * d; ++i) {
-            if (i % d >= 32) continue;
-            ASSERT_EQ(got.xhat[size_t(i)], round_fp16(c)) << i;
-            ASSERT_TRUE(std::isnan(bad.xhat[size_t(i)])) << i;
+            const int64_t ch = i % d;
+            if (ch >= 64) continue;
+            ASSERT_EQ(got.xhat[size_t(i)], round_fp16(ch < 32 ? c_exact : c_inexact)) << i;
+            if (ch < 32) {
+                ASSERT_TRUE(std::isnan(bad.xhat[size_t(i)])) << i;
+            }
         }
-        // stored scale 0 for the constant groups
-        const int64_t rows = keys ? d : 2;
-        for (int64_t r = 0; r < (keys ? 32 : 1); ++r) {
+        // stored scale 0 and codes 0 for the constant groups
+        const int64_t rows = keys ? d : 4, const_rows = keys ? 64 : 2;
+        for (int64_t r = 0; r < const_rows; ++r) {
             EXPECT_EQ(got.bytes[size_t(2 * rows + 2 * r)] | got.bytes[size_t(2 * rows + 2 * r + 1)], 0);
+            const uint8_t* row = got.bytes.data() + 4 * rows + r * (G * bits / 8);
+            for (int j = 0; j < G; ++j) EXPECT_EQ(codecs::kivi::code_at(row, j, bits), 0);
         }
     }
 }
@@ -475,7 +483,7 @@ TEST(KiviReader, KeyScoresMatchDecodeThenDot) {
                     SCOPED_TRACE(::testing::Message() << "bits " << bits << " G " << G << " d " << d << " n_q " << n_q);
                     const auto codec = make_kivi(KvRole::Key, bits, G, 128, d);
                     const int64_t n = std::max<int64_t>(64, G);
-                    std::vector<float> ch_off(size_t(d)), ch_scale(size_t(d));
+                    std::vector<float> ch_off(static_cast<size_t>(d)), ch_scale(static_cast<size_t>(d));
                     for (int64_t c = 0; c < d; ++c) {
                         ch_off[size_t(c)] = 2.0f * ud(rng);
                         ch_scale[size_t(c)] = std::pow(10.0f, ud(rng));  // outlier channels up to 10x
@@ -597,7 +605,7 @@ TEST(KiviReader, Avx2ValueDequantIsBitExact) {
             const int64_t n = 8;
             const size_t bb = codec->block_bytes(d);
             std::vector<uint8_t> blocks(size_t(n) * bb);
-            std::vector<float> xhat(size_t(n * d)), x(size_t(d));
+            std::vector<float> xhat(size_t(n * d)), x(static_cast<size_t>(d));
             for (int64_t t = 0; t < n; ++t) {
                 for (auto& v : x) v = 100.0f + 7.0f * nd(rng);
                 codec->encode(x.data(), d, blocks.data() + size_t(t) * bb);

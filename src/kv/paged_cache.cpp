@@ -18,7 +18,7 @@ namespace vxq {
 
 namespace {
 
-constexpr int64_t kMinChunk = 64;  // tokens per attention chunk (and a page holds 4 chunks)
+constexpr int64_t kMinChunk = 64;  // tokens per attention chunk and per page (small pages: <= 63 tokens unused per stream)
 
 // Tokens [0, n_enc) are packed blocks in pages; [n_enc, n_enc + n_pending) wait in an fp16
 // ring of flush_at() tokens (absent when the codec encodes every token on arrival).
@@ -162,7 +162,7 @@ public:
         const int64_t bt = std::max(probe_k->block_tokens(), probe_v->block_tokens());
         chunk_ = std::max(kMinChunk, bt);
         chunk_ = (chunk_ + bt - 1) / bt * bt;
-        const int64_t page = 4 * chunk_;
+        const int64_t page = chunk_;
         for (int64_t l = 0; l < s.n_layer; ++l) {
             for (int64_t g = 0; g < s.n_head_kv; ++g) {
                 k_.emplace_back(make_codec(k_spec, KvRole::Key, s.head_dim), *residual_k_, s.head_dim, page);

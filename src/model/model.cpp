@@ -18,12 +18,12 @@ std::unique_ptr<Model> Model::load(const std::string& path) {
     return m;
 }
 
-void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, bool all_logits,
+void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out,
                     float* logits) const {
     const ModelConfig& c = cfg_;
     const int64_t n = int64_t(tokens.size());
     const int64_t pos0 = cache.size();
-    VXQ_ASSERT(n > 0);
+    VXQ_ASSERT(n > 0 && n_out >= 1 && n_out <= n);
     if (pos0 + n > cache.shape().n_ctx) {
         fail("context is full: {} cached + {} new tokens exceed the context size {}", pos0, n, cache.shape().n_ctx);
     }
@@ -73,7 +73,6 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
     }
     cache.commit(pos0 + n);
 
-    const int64_t n_out = all_logits ? n : 1;
     const float* last = x.data() + (n - n_out) * c.n_embd;
     be.rms_norm(last, w_.output_norm, n_out, c.n_embd, c.rms_eps, cur.data());
     be.matmul(w_.output, cur.data(), n_out, logits);

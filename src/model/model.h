@@ -32,7 +32,13 @@ public:
     // (all_logits = false) or for every token.
     //   tokens: [n]; logits: [all_logits ? n : 1, n_vocab]
     void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, bool all_logits,
-                 float* logits) const;
+                 float* logits) const {
+        forward(be, cache, tokens, all_logits ? int64_t(tokens.size()) : 1, logits);
+    }
+    // Same, with logits for the last n_out tokens (llama.cpp computes the output head only for
+    // the rows whose logits are requested; its matmul order depends on that row count).
+    //   logits: [n_out, n_vocab]
+    void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out, float* logits) const;
 
 private:
     Model(GgufFile f) : file_(std::move(f)) {}

@@ -36,9 +36,7 @@ std::string cpu_model() {
 
 std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx) {
     const ModelConfig& m = c.model->config();
-    const KvShape shape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx};
-    if (c.kv == "f16") return make_f16_cache(shape);
-    fail("unknown KV cache format '{}' (available: f16)", c.kv);
+    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, c.kv, c.kv);
 }
 
 // Random token ids, avoiding control tokens, as llama-bench's prompts.

@@ -41,21 +41,32 @@ PerplexityResult perplexity(const Model& model, Backend& be, KvCache& cache, std
     const int64_t first = n_ctx / 2;
     const int64_t n_vocab = model.config().n_vocab;
     const bool add_bos = model.tokenizer().vocab().add_bos;
-    std::vector<float> logits(size_t(n_ctx * n_vocab));
+    const int64_t n_scored_rows = n_ctx - first;  // logits rows llama-perplexity requests
+    std::vector<float> logits(size_t((p.mode == PplMode::Prefill ? n_scored_rows : 1) * n_vocab));
     double nll = 0.0, nll2 = 0.0;
     int64_t count = 0;
+    auto score = [&](const float* row, TokenId next) {
+        const double v = nll_of(row, n_vocab, next);
+        nll += v;
+        nll2 += v * v;
+    };
     for (int64_t i = 0; i < n_chunk; ++i) {
         std::vector<TokenId> chunk(tokens.begin() + i * n_ctx, tokens.begin() + (i + 1) * n_ctx);
         if (add_bos) chunk[0] = model.tokenizer().vocab().bos;
+        const TokenId* next = tokens.data() + i * n_ctx + 1;  // position j predicts the original token j + 1
         cache.truncate(0);
-        model.forward(be, cache, chunk, /*all_logits=*/true, logits.data());
-        // Scored with the original tokens: position j predicts token j + 1.
-        for (int64_t j = first; j < n_ctx - 1; ++j) {
-            const double v = nll_of(logits.data() + j * n_vocab, n_vocab, tokens[size_t(i * n_ctx + j + 1)]);
-            nll += v;
-            nll2 += v * v;
+        if (p.mode == PplMode::Prefill) {
+            model.forward(be, cache, chunk, n_scored_rows, logits.data());
+            for (int64_t j = first; j < n_ctx - 1; ++j) score(logits.data() + (j - first) * n_vocab, next[j]);
+        } else {
+            for (int64_t j = 0; j < n_ctx - 1; ++j) {
+                model.forward(be, cache, std::span(chunk).subspan(size_t(j), 1), int64_t(1), logits.data());
+                if (j >= first) score(logits.data(), next[j]);
+            }
         }
         count += n_ctx - 1 - first;
+        r.kv_bytes_max = std::max(r.kv_bytes_max, cache.resident_bytes());
+        r.kv_tokens_max = std::max(r.kv_tokens_max, cache.size());
         r.chunk_ppl.push_back(std::exp(nll / double(count)));
         if (progress) progress(i, n_chunk, r.chunk_ppl.back());
     }

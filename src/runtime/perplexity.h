@@ -14,9 +14,15 @@ class Model;
 class Backend;
 class KvCache;
 
+enum class PplMode {
+    Prefill,  // each chunk is one batch, its K/V written to the cache and read back through it
+    Stream,   // tokens fed one at a time through the decode path, as generation uses the cache
+};
+
 struct PerplexityParams {
     int64_t n_ctx = 512;
     int64_t n_chunks = -1;  // < 0: all
+    PplMode mode = PplMode::Prefill;
 };
 
 struct PerplexityResult {
@@ -27,6 +33,8 @@ struct PerplexityResult {
     int64_t n_text_tokens = 0;
     std::vector<double> chunk_ppl;  // running estimate after each chunk
     double seconds = 0.0;
+    size_t kv_bytes_max = 0;        // largest resident KV bytes seen (end of a chunk)
+    int64_t kv_tokens_max = 0;
 };
 
 // progress(chunk_index, n_chunks, running_ppl) after each chunk.

@@ -37,6 +37,26 @@ BenchStats paired_ratio(const BenchRow& row, const BenchRow& base) {
     return summarize(r);
 }
 
+// "f16,kivi:bits=2,group=32,q4_0" -> f16 | kivi:bits=2,group=32 | q4_0: an item with '=' but no
+// ':' is an option of the method before it.
+std::vector<std::string> split_methods(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    for (const auto& a : args) {
+        size_t pos = 0;
+        while (pos <= a.size()) {
+            const size_t comma = std::min(a.find(',', pos), a.size());
+            const std::string item = a.substr(pos, comma - pos);
+            if (!out.empty() && item.find('=') != std::string::npos && item.find(':') == std::string::npos) {
+                out.back() += "," + item;
+            } else if (!item.empty()) {
+                out.push_back(item);
+            }
+            pos = comma + 1;
+        }
+    }
+    return out;
+}
+
 void run_bench_cmd(BenchOptions o) {
     std::vector<std::unique_ptr<Model>> models;
     std::vector<BenchConfig> configs;
@@ -46,6 +66,7 @@ void run_bench_cmd(BenchOptions o) {
         for (const auto& kv : o.kv) configs.push_back({fmt::format("{} kv={}", stem, kv), models.back().get(), kv});
     }
     o.p.add_aa = !o.no_aa;
+    o.kv = split_methods(o.kv);
     const bool tty = stderr_is_tty();
     const BenchReport rep = run_bench(
         configs, o.p, o.verbose ? std::function<void(const std::string&)>([](const std::string& s) { fmt::print(stderr, "{}\n", s); }) : nullptr,
@@ -116,7 +137,7 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("-d,--depth", o->p.depth, "tokens in the cache before each test")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
     sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
     sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
-    sub->add_option("--kv", o->kv, "KV cache formats, comma-separated")->delimiter(',');
+    sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");
     sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
     sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
     sub->add_flag("--csv", o->csv, "CSV output");

@@ -44,15 +44,19 @@ void run_generate(const GenerateOptions& o) {
         j["stop_reason"] = r.stop_reason;
         j["timings"] = {{"prompt_n", r.prompt_ids.size()}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", pp_tps},
                         {"predicted_n", r.ids.size()},     {"predicted_ms", r.decode_ms}, {"predicted_per_second", tg_tps}};
-        j["kv_cache"] = {{"format", e.cache->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx}};
+        const int64_t tokens = e.cache->size();
+        const KvShape& s = e.cache->shape();
+        j["kv_cache"] = {{"format", e.cache->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx}, {"tokens", tokens},
+                         {"bits_per_element", resident_bits_per_element(*e.cache, tokens)},
+                         {"f16_bytes", 4 * s.n_layer * s.n_head_kv * s.head_dim * tokens}};
         j["backend"] = e.backend->describe();
         fmt::print("{}\n", j.dump());
     } else {
         fmt::print("\n");
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
-                   "stop: {}\nkv cache: {} {} bytes for {} tokens | backend: {}\n",
+                   "stop: {}\n{} | backend: {}\n",
                    r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
-                   e.cache->format(), kv_bytes, e.n_ctx, e.backend->describe());
+                   kv_summary(*e.cache, e.cache->size()), e.backend->describe());
     }
 }
 }  // namespace

@@ -1,5 +1,7 @@
 // vxq perplexity: llama-perplexity semantics; progress on a terminal, final line
 // "Final estimate: PPL = X +/- Y".
+#include <sys/resource.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -16,6 +18,7 @@ struct PerplexityOptions {
     RuntimeOptions rt;
     std::string file;
     int64_t chunks = -1;
+    std::string mode = "prefill";
 };
 
 void run_perplexity(PerplexityOptions o) {
@@ -25,14 +28,21 @@ void run_perplexity(PerplexityOptions o) {
     const bool tty = stderr_is_tty();
     fmt::print(stderr, "perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),
                e.backend->describe());
-    const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks},
+    const PplMode mode = o.mode == "stream" ? PplMode::Stream : PplMode::Prefill;
+    const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks, mode},
                               [&](int64_t i, int64_t n, double ppl) {
                                   if (tty) fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
                               });
     if (tty) fmt::print(stderr, "\n");
     fmt::print("chunks: {} x {} tokens, {} scored, {:.1f} s ({:.0f} tokens/s)\n", r.n_chunks, e.n_ctx, r.n_scored,
                r.seconds, double(r.n_chunks * e.n_ctx) / r.seconds);
-    fmt::print("kv cache: {} {} bytes\n", e.cache->format(), e.cache->resident_bytes());
+    fmt::print("mode: {} ({})\n", o.mode,
+               mode == PplMode::Prefill ? "each chunk one batch, K/V written to the cache and read back through it"
+                                        : "token by token through the decode path");
+    fmt::print("{}\n", kv_summary(*e.cache, r.kv_tokens_max));
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    fmt::print("peak RSS: {} KiB\n", ru.ru_maxrss);
     fmt::print("Final estimate: PPL = {:.4f} +/- {:.5f}\n", r.ppl, r.ppl_err);
 }
 }  // namespace
@@ -43,6 +53,8 @@ void add_perplexity(CLI::App& app, int& rc) {
     o->rt.add_to(sub);
     sub->add_option("-f,--file", o->file, "text file")->required();
     sub->add_option("--chunks", o->chunks, "number of chunks (default: all)");
+    sub->add_option("--mode", o->mode, "prefill (llama-perplexity: one batch per chunk) or stream (token by token)")
+        ->check(CLI::IsMember({"prefill", "stream"}));
     sub->callback([o, &rc] {
         run_perplexity(*o);
         rc = 0;

@@ -11,6 +11,7 @@ void add_tokenize(CLI::App& app, int& rc);
 void add_generate(CLI::App& app, int& rc);
 void add_perplexity(CLI::App& app, int& rc);
 void add_bench(CLI::App& app, int& rc);
+void add_methods(CLI::App& app, int& rc);
 
 inline void add_commands(CLI::App& app, int& rc) {
     add_inspect(app, rc);
@@ -18,6 +19,7 @@ inline void add_commands(CLI::App& app, int& rc) {
     add_generate(app, rc);
     add_perplexity(app, rc);
     add_bench(app, rc);
+    add_methods(app, rc);
 }
 
 }  // namespace vxq::tools

@@ -10,11 +10,17 @@
 
 #include "core/error.h"
 
+#include <fmt/format.h>
+
 namespace vxq::tools {
 
 void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
     sub->add_option("-m,--model", model, "GGUF model file")->required();
     sub->add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+    sub->add_option("--kv", kv, "KV cache method for K and V, e.g. f16, q8_0, q4_0, fp8, kivi:bits=2,group=32,residual=128 "
+                                "(vxq methods lists them)");
+    sub->add_option("--cache-type-k", kv_k, "KV method for keys (-ctk)");
+    sub->add_option("--cache-type-v", kv_v, "KV method for values (-ctv)");
     if (with_ctx) {
         sub->add_option("-c,--ctx-size", n_ctx, "context size in tokens (default: the model's)")
             ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
@@ -35,7 +41,7 @@ Engine make_engine(const RuntimeOptions& o) {
         fail("a KV cache for a context of {} tokens needs {:.1f} GiB, more than this machine's memory allows "
              "({:.1f} GiB): lower -c", e.n_ctx, kv_bytes / (1 << 30), mem_bytes / (1 << 30));
     }
-    e.cache = make_f16_cache(shape);
+    e.cache = make_kv_cache(shape, o.k_spec(), o.v_spec());
 
     return e;
 }
@@ -47,6 +53,14 @@ std::string read_file(const std::string& path) {
     ss << in.rdbuf();
     if (in.bad()) fail("cannot read '{}'", path);
     return ss.str();
+}
+
+std::string kv_summary(const KvCache& c, int64_t tokens) {
+    const KvShape& s = c.shape();
+    const double f16_bytes = 2.0 * double(s.n_layer * s.n_head_kv * s.head_dim) * double(tokens) * 2.0;
+    return fmt::format("kv cache: {} | resident {} bytes for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} bytes "
+                       "(16 bits/element)",
+                       c.format(), c.resident_bytes(), tokens, resident_bits_per_element(c, tokens), f16_bytes);
 }
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }

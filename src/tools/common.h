@@ -16,9 +16,17 @@ struct RuntimeOptions {
     std::string model;
     int threads = 0;      // 0: all hardware threads
     int64_t n_ctx = 0;    // 0: the model's training context
+    std::string kv;       // --kv: K and V method
+    std::string kv_k;     // -ctk / --cache-type-k
+    std::string kv_v;     // -ctv / --cache-type-v
 
     void add_to(CLI::App* sub, bool with_ctx = true);
+    std::string k_spec() const { return !kv_k.empty() ? kv_k : !kv.empty() ? kv : "f16"; }
+    std::string v_spec() const { return !kv_v.empty() ? kv_v : !kv.empty() ? kv : "f16"; }
 };
+
+// Resident KV bytes, bits per element and the f16 figure for the same tokens, one line.
+std::string kv_summary(const KvCache& c, int64_t tokens);
 
 // The model, a backend and a KV cache sized for n_ctx, built from validated options.
 struct Engine {

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -15,6 +17,15 @@ int main(int argc, char** argv) {
     app.set_version_flag("--version", "vxq 0.1.0");
     int rc = 0;
     vxq::tools::add_commands(app, rc);
+    // llama.cpp's single-dash long flags, which CLI11 would read as clusters of short flags.
+    std::vector<std::string> args(argv, argv + argc);
+    for (auto& a : args) {
+        if (a == "-ctk") a = "--cache-type-k";
+        if (a == "-ctv") a = "--cache-type-v";
+    }
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    argv = av.data();
     if (argc > 1 && argv[1][0] != '-') {
         bool known = false;
         for (const CLI::App* sub : app.get_subcommands({})) known |= sub->get_name() == argv[1];

@@ -156,13 +156,21 @@ void value_tile(const Layout& l, const float* p, const uint8_t* blk, int64_t n, 
         g[k] = (c0 + 8 * k) / G;
         j[k] = (c0 + 8 * k) % G;
     }
+    const bool one_group = g[0] == g[NC - 1];
     for (int64_t t = 0; t < n; ++t) {
         const uint8_t* Bt = blk + size_t(t) * bytes;
         __m256 x[NC];
-        for (int k = 0; k < NC; ++k) {
-            const __m256 z = _mm256_set1_ps(f16_at(Bt + l.zero_offset() + 2 * g[k]));
-            const __m256 s = _mm256_set1_ps(f16_at(Bt + l.scale_offset() + 2 * g[k]));
-            x[k] = _mm256_fmadd_ps(load8<B>(Bt + l.codes_offset() + g[k] * rb, j[k]), s, z);
+        if (one_group) {  // the usual case (G >= 8 * NC): one zero/scale for the whole tile
+            const __m256 z = _mm256_set1_ps(f16_at(Bt + l.zero_offset() + 2 * g[0]));
+            const __m256 s = _mm256_set1_ps(f16_at(Bt + l.scale_offset() + 2 * g[0]));
+            const uint8_t* row = Bt + l.codes_offset() + g[0] * rb;
+            for (int k = 0; k < NC; ++k) x[k] = _mm256_fmadd_ps(load8<B>(row, j[k]), s, z);
+        } else {
+            for (int k = 0; k < NC; ++k) {
+                const __m256 z = _mm256_set1_ps(f16_at(Bt + l.zero_offset() + 2 * g[k]));
+                const __m256 s = _mm256_set1_ps(f16_at(Bt + l.scale_offset() + 2 * g[k]));
+                x[k] = _mm256_fmadd_ps(load8<B>(Bt + l.codes_offset() + g[k] * rb, j[k]), s, z);
+            }
         }
         for (int h = 0; h < NH; ++h) {
             const __m256 w = _mm256_broadcast_ss(p + h * n + t);
