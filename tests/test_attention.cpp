@@ -262,8 +262,11 @@ TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
                 const AttentionF16Args a = p.args();
                 const int64_t i = p.n_q - 1, h = 1, n = p.pos0 + i + 1;  // the last query: n = kv_len keys
                 const int64_t n_kv = std::max<int64_t>(32, (n + 31) / 32 * 32);
-                const auto dot = [&](const std::vector<float>& x, const std::vector<float>& y) {
-                    return n_q >= 2 ? tinyblas_dot(x, y) : vec_dot_f16(x, y);
+                // llamafile_sgemm takes a product when n >= 2, k % 8 == 0 and m % 4 == 0:
+                // KQ has k = d, m = n_kv (a multiple of 32); KQV has k = n_kv, m = d.
+                const bool kq_tinyblas = n_q >= 2 && d % 8 == 0, kqv_tinyblas = n_q >= 2 && d % 4 == 0;
+                const auto dot = [](bool tinyblas, const std::vector<float>& x, const std::vector<float>& y) {
+                    return tinyblas ? tinyblas_dot(x, y) : vec_dot_f16(x, y);
                 };
                 std::vector<float> q16(static_cast<size_t>(d));
                 for (int64_t c = 0; c < d; ++c) q16[size_t(c)] = round_fp16(p.q[size_t((i * a.n_head + h) * d + c)]);
@@ -273,7 +276,7 @@ TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
                 for (int64_t t = 0; t < n; ++t) {
                     std::vector<float> kt(static_cast<size_t>(d));
                     for (int64_t c = 0; c < d; ++c) kt[size_t(c)] = fp16_to_fp32(k[t * d + c]);
-                    kq[size_t(t)] = dot(kt, q16);
+                    kq[size_t(t)] = dot(kq_tinyblas, kt, q16);
                 }
                 std::vector<float> prob(kq.begin(), kq.begin() + n);  // the softmax, as checked above
                 detail::attn_softmax_f16_ref(prob.data(), n, a.scale);
@@ -282,7 +285,7 @@ TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
                 for (int64_t c = 0; c < d; ++c) {
                     std::vector<float> vc(static_cast<size_t>(n_kv), 0.0f);
                     for (int64_t t = 0; t < n; ++t) vc[size_t(t)] = fp16_to_fp32(v[t * d + c]);
-                    want[size_t(c)] = dot(vc, prob);
+                    want[size_t(c)] = dot(kqv_tinyblas, vc, prob);
                 }
                 std::vector<float> scratch(size_t(p.pos0 + p.n_q));
                 for (const bool avx2 : {false, true}) {

@@ -292,6 +292,8 @@ TEST(Kivi, EncodeDecodeEqualsReferenceBitForBit) {
     EXPECT_GT(g_ties - ties0, 1000) << "the tie inputs did not land on .5";
     EXPECT_GT(zero_scale_groups, 100) << "constant / s16 == 0 groups were not exercised";
     RecordProperty("groups_checked", std::to_string(groups_checked));
+    RecordProperty("ties", std::to_string(g_ties - ties0));
+    RecordProperty("zero_scale_groups", std::to_string(zero_scale_groups));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -529,7 +531,7 @@ TEST(KiviReader, KeyScoresMatchDecodeThenDot) {
                         check(impl.name, s);
                     }
                 }
-    RecordProperty("worst_relative_error", std::to_string(worst));
+    RecordProperty("worst_relative_error", fmt::format("{:.3g}", worst));
 }
 
 TEST(KiviReader, ValueAccumulateMatchesDecodeThenSum) {
@@ -589,7 +591,7 @@ TEST(KiviReader, ValueAccumulateMatchesDecodeThenSum) {
                             }
                         }
                     }
-    RecordProperty("worst_relative_error", std::to_string(worst));
+    RecordProperty("worst_relative_error", fmt::format("{:.3g}", worst));
 }
 
 // The AVX2 value dequant (one FMA) reproduces the decoder bit for bit: with p = one-hot rows the
