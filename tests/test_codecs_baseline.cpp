@@ -10,6 +10,13 @@
 //    accumulate, the initial accumulator counts as a term). A float sum of up to 128 terms has
 //    a worst-case relative error (to sum |terms|) of ~128 * 2^-24 = 7.6e-6, so 1e-5 holds for
 //    any summation order and catches every real mistake (a wrong value moves a result by ~1e-2).
+//  * except the scores of q8_0 / q4_0 keys, which are llama.cpp's CPU flash-attention scores: the
+//    query quantized to q8_0 (AVX2 quantize_row_q8_0 = ref_q8_0 below) and ggml_vec_dot_q8_0_q8_0
+//    / q4_0_q8_0 (AVX2 branch). Both readers must equal ref_qdot (an independent scalar
+//    reference of those operations) bit for bit, and stay within the query's quantization error
+//    of decode-then-dot:
+//        |got - exact| <= sum over blocks b of amax(q_b) / 127 * sum_{c in b} |k_c| + 1e-5 * sum |terms|
+//    (|q_c - code_c * fp16(d)| <= d/2 + 127 * |d - fp16(d)| <= amax * (1/254 + 2^-11) < amax / 127).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -503,6 +510,36 @@ TEST(CodecBaseline, Fp8ScaleComesFromTheFirstBatch) {
 
 // ---- readers -------------------------------------------------------------------------------------
 
+// llama.cpp's score of one q8_0 / q4_0 key token against a query row: q -> q8_0 blocks
+// (ref_q8_0), then per 32-block the exact integer dot of the codes in 8 lanes of 4 values,
+// acc[l] = fma(fp16(d_k) * fp16(d_q), lane_l, acc[l]), and hsum_float_8:
+// ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). (ggml's maddubs/sign trick differs from the exact
+// products only when both codes are -128, which finite inputs never produce.)
+float ref_qdot(const std::string& name, const uint8_t* tok, const float* q, int64_t d) {
+    const Expected qq = ref_q8_0(q, d);
+    const bool q4 = name == "q4_0";
+    const size_t kbb = q4 ? 18 : 34;
+    float acc[8] = {};
+    for (int64_t b = 0; b < d / 32; ++b) {
+        const uint8_t* kb = tok + size_t(b) * kbb;
+        const uint8_t* qb = qq.bytes.data() + size_t(b) * 34;
+        const float dk = fp16_to_fp32(f16_t(kb[0] | (kb[1] << 8)));
+        const float dq = fp16_to_fp32(f16_t(qb[0] | (qb[1] << 8)));
+        int kc[32];
+        for (int j = 0; j < 32; ++j) {
+            kc[j] = q4 ? int((j < 16 ? kb[2 + j] & 0x0f : kb[2 + j - 16] >> 4)) - 8 : int(int8_t(kb[2 + j]));
+        }
+        const float dd = dk * dq;
+        for (int l = 0; l < 8; ++l) {
+            int lane = 0;
+            for (int j = 4 * l; j < 4 * l + 4; ++j) lane += kc[j] * int(int8_t(qb[2 + j]));
+            acc[l] = std::fma(dd, float(lane), acc[l]);
+        }
+    }
+    const float v0 = acc[0] + acc[4], v1 = acc[1] + acc[5], v2 = acc[2] + acc[6], v3 = acc[3] + acc[7];
+    return (v0 + v2) + (v1 + v3);
+}
+
 struct PackedRun {
     std::unique_ptr<Codec> codec;
     std::vector<uint8_t> bytes;     // n tokens, contiguous
@@ -539,16 +576,33 @@ void check_reader(const CodecReader& rd, const std::string& label, const PackedR
     for (auto& v : q) v = nd(rng);
     std::vector<float> s(size_t(n_q * n), NAN);
     rd.scores(q.data(), n_q, r.bytes.data(), n, d, s.data());
+    const std::string name = r.codec->spec();
+    const bool qdot = name == "q8_0" || name == "q4_0";
+    const size_t bb = r.codec->block_bytes(d);
     for (int64_t h = 0; h < n_q; ++h) {
         for (int64_t t = 0; t < n; ++t) {
-            double exact = 0.0, mag = 0.0;
+            double exact = 0.0, mag = 0.0, qerr = 0.0;
             for (int64_t c = 0; c < d; ++c) {
                 const double term = double(q[size_t(h * d + c)]) * r.xhat[size_t(t * d + c)];
                 exact += term;
                 mag += std::fabs(term);
             }
-            ASSERT_LE(std::fabs(double(s[size_t(h * n + t)]) - exact), 1e-5 * mag)
-                << label << " scores h=" << h << " t=" << t << ": " << s[size_t(h * n + t)] << " vs " << exact;
+            const float got = s[size_t(h * n + t)];
+            if (qdot) {
+                const float want = ref_qdot(name, r.bytes.data() + size_t(t) * bb, q.data() + h * d, d);
+                ASSERT_TRUE(same_float(got, want))
+                    << label << " scores h=" << h << " t=" << t << ": " << got << " vs llama.cpp's " << want;
+                for (int64_t b = 0; b < d / 32; ++b) {
+                    double amax = 0.0, ksum = 0.0;
+                    for (int64_t c = 32 * b; c < 32 * b + 32; ++c) {
+                        amax = std::max(amax, std::fabs(double(q[size_t(h * d + c)])));
+                        ksum += std::fabs(r.xhat[size_t(t * d + c)]);
+                    }
+                    qerr += amax / 127.0 * ksum;
+                }
+            }
+            ASSERT_LE(std::fabs(double(got) - exact), qerr + 1e-5 * mag)
+                << label << " scores h=" << h << " t=" << t << ": " << got << " vs " << exact;
         }
     }
     // accumulate
@@ -596,6 +650,42 @@ TEST(CodecBaseline, ReadersMatchDecodeThenDot) {
                     if (avx2) check_reader(*avx2, label + " avx2", r, n, n_q, d, rng);
                     if (HasFatalFailure()) return;
                 }
+            }
+        }
+    }
+}
+
+// q8_0 / q4_0 scores on arbitrary block bytes (every code, -128 included) and queries with NaN
+// (whose q8_0 code is -128 while the block scale stays finite: ggml's amax skips it): the AVX2
+// reader equals the scalar one bit for bit, including the wrap of _mm256_sign_epi8(-128) that the
+// scalar reader emulates.
+TEST(CodecBaseline, QdotReadersAgreeOnAnyBytes) {
+    const uint32_t seed = fresh_seed();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const char* name : {"q8_0", "q4_0"}) {
+        const int64_t d = 128, n = 50;
+        const auto c = make(name, d);
+        const auto* avx2 = codecs::detail::baseline_avx2_reader(*c);
+        if (!avx2) GTEST_SKIP() << "no AVX2";
+        const size_t bb = c->block_bytes(d), kbb = bb / size_t(d / 32);
+        std::vector<uint8_t> bytes(bb * size_t(n));
+        for (auto& b : bytes) b = uint8_t(rng());
+        for (size_t off = 0; off < bytes.size(); off += kbb) {  // finite scales
+            const f16_t h = fp32_to_fp16(nd(rng));
+            bytes[off] = uint8_t(h & 0xff);
+            bytes[off + 1] = uint8_t(h >> 8);
+            if (std::string(name) == "q8_0" && rng() % 2) bytes[off + 2 + rng() % 32] = 0x80;  // more -128
+        }
+        for (const int64_t n_q : {1, 3, 8, 11}) {
+            std::vector<float> q(size_t(n_q * d));
+            for (auto& v : q) v = rng() % 50 == 0 ? NAN : nd(rng) * 3.0f;
+            std::vector<float> s0(size_t(n_q * n)), s1(s0.size());
+            codecs::detail::baseline_scalar_reader(*c).scores(q.data(), n_q, bytes.data(), n, d, s0.data());
+            avx2->scores(q.data(), n_q, bytes.data(), n, d, s1.data());
+            for (size_t i = 0; i < s0.size(); ++i) {
+                ASSERT_TRUE(same_float(s0[i], s1[i])) << name << " n_q=" << n_q << " i=" << i << ": " << s0[i] << " vs " << s1[i];
             }
         }
     }

@@ -51,7 +51,6 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
         // Per thread: scores/probabilities for one chunk (+ a block of overhang), accumulator.
         std::vector<float> s(size_t(n_gqa * (C + 256)));
         std::vector<float> acc(size_t(n_gqa * d));
-        std::vector<float> qs(size_t(n_gqa * d));
         std::vector<SoftmaxState> st(static_cast<size_t>(n_gqa));
         std::vector<float> tmp(size_t(n_gqa * (C + 256)));  // one piece's scores or probabilities
         for (int64_t w = ith; w < units * n_split; w += nth) {
@@ -60,10 +59,11 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
             const int64_t len = a.pos0 + i + 1;  // visible tokens
             const int64_t chunks_here = (len + C - 1) / C;
             const int64_t c0 = chunks_here * split / n_split, c1 = chunks_here * (split + 1) / n_split;
-            for (int64_t h = 0; h < n_gqa; ++h) {
-                const float* q = a.q + (i * a.n_head + g * n_gqa + h) * d;
-                for (int64_t c = 0; c < d; ++c) qs[size_t(h * d + c)] = q[c] * a.scale;
-            }
+            // The group's n_gqa query heads are contiguous. The readers get the UNSCALED query and
+            // the scale multiplies each score afterwards, as in llama.cpp's CPU flash attention
+            // (`kq_vec_dot(...); s = s*scale;`): that is what makes q8_0 / q4_0 keys, whose readers
+            // quantize the query to q8_0 first, match it.
+            const float* qg = a.q + (i * a.n_head + g * n_gqa) * d;
             std::fill(acc.begin(), acc.end(), 0.0f);
             std::fill(st.begin(), st.end(), SoftmaxState{});
             const KvStreamView& ks = a.keys(g);
@@ -74,9 +74,12 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
                 // Scores for the chunk, one reader call per piece, for all heads of the group.
                 for_pieces(ks, ta, tb, [&](const KvSegment& seg, int64_t off, const uint8_t* data, int64_t m) {
                     VXQ_ASSERT(off + m <= ld);
-                    seg.reader->scores(qs.data(), n_gqa, data, m, d, tmp.data());
-                    for (int64_t h = 0; h < n_gqa; ++h)
-                        std::copy_n(tmp.data() + h * m, m, s.data() + h * ld + off);
+                    seg.reader->scores(qg, n_gqa, data, m, d, tmp.data());
+                    for (int64_t h = 0; h < n_gqa; ++h) {
+                        const float* th = tmp.data() + h * m;
+                        float* sh = s.data() + h * ld + off;
+                        for (int64_t t = 0; t < m; ++t) sh[t] = th[t] * a.scale;
+                    }
                 });
                 for (int64_t h = 0; h < n_gqa; ++h) {
                     float* sh = s.data() + h * ld;

@@ -36,10 +36,29 @@
 // the finite values of the first batch (observe_first_batch), 1 when that is 0 (or never observed).
 //
 // Readers. The scalar readers are the reference; the AVX2 + FMA + F16C readers live in
-// baseline_avx2.cpp and are used after a runtime CPU check. Both dequantize each token exactly as
-// decode() does (the same roundings) in registers (scalar: 32 values of one token at a time) and
-// apply it to all n_q query heads before moving on; only the summation order differs (see
-// tests/test_codecs_baseline.cpp for the tolerance).
+// baseline_avx2.cpp and are used after a runtime CPU check.
+//
+// accumulate (all formats) and scores (f32, f16, bf16, fp8): both readers dequantize each token
+// exactly as decode() does (the same roundings) in registers (scalar: 32 values of one token at a
+// time) and apply it to all n_q query heads before moving on; only the summation order differs
+// (see tests/test_codecs_baseline.cpp for the tolerance). This is what llama.cpp's CPU flash
+// attention does on the V side for every type (v_to_float, then ggml_vec_mad_f32 into an f32
+// accumulator).
+//
+// scores for q8_0 / q4_0 keys follow llama.cpp's CPU flash attention on the K side instead
+// (ggml_compute_forward_flash_attn_ext_f16, ggml-cpu.c in b4748, ggml-cpu/ops.cpp later): the
+// query row is converted ONCE to K's vec_dot_type with `q_to_vec_dot` (= the type traits'
+// from_float of GGML_TYPE_Q8_0, i.e. the AVX2 quantize_row_q8_0 described above, applied to the
+// UNSCALED query), each score is `kq_vec_dot(K row, Q_q)` = ggml_vec_dot_q8_0_q8_0 /
+// ggml_vec_dot_q4_0_q8_0, and only then `s = s*scale` (the fused kernel does that multiply). The
+// dots, AVX2 branch of ggml-cpu-quants.c: one __m256 accumulator; per 32-block
+//     acc = fma(set1(fp16(d_k) * fp16(d_q)), cvtepi32_ps(mul_sum_i8_pairs(k codes, q codes)), acc)
+// where mul_sum_i8_pairs leaves in int32 lane l the exact sum of the products of values 4l..4l+3
+// (maddubs(|k|, sign(q, k)) then madd with ones; q4_0 codes are nibble - 8 with value j in byte
+// j), and the result is hsum_float_8(acc) = ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)). The scalar
+// reader computes exactly these operations (std::fma, the same lane sums and reduction), so the
+// two readers agree bit for bit; the result differs from <q, decode(k)> by the q8_0 rounding of
+// the query (|error| <= sum over blocks of amax(q_block)/127 * sum |k values of the block|).
 #include <cpuid.h>
 
 #include <algorithm>
@@ -53,6 +72,8 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/ggml_types.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_avx2.h"
 #include "kv/codecs/codecs.h"
 #include "kv/codecs/option_parse.h"
 
@@ -60,6 +81,7 @@ namespace vxq::codecs {
 
 // AVX2 + FMA + F16C readers (baseline_avx2.cpp). Same contract as CodecReader::scores /
 // accumulate; `scale` is fp8's per-stream scale (ignored by the others). head_dim % 8 == 0.
+// (q8_0 / q4_0 scores take the query already quantized, qdot_scores_*.)
 namespace baseline_avx2 {
 #define VXQ_BASELINE_AVX2_DECL(fmt)                                                                          \
     void scores_##fmt(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float scale,   \
@@ -69,10 +91,16 @@ namespace baseline_avx2 {
 VXQ_BASELINE_AVX2_DECL(f32)
 VXQ_BASELINE_AVX2_DECL(f16)
 VXQ_BASELINE_AVX2_DECL(bf16)
-VXQ_BASELINE_AVX2_DECL(q8_0)
-VXQ_BASELINE_AVX2_DECL(q4_0)
 VXQ_BASELINE_AVX2_DECL(fp8)
 #undef VXQ_BASELINE_AVX2_DECL
+void accumulate_q8_0(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float scale, float* acc);
+void accumulate_q4_0(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float scale, float* acc);
+// llama.cpp's q8_0-query scores for q8_0 / q4_0 keys: qb = n_q * d/32 BlockQ8_0 (34 bytes each,
+// the query heads quantized by quantize_row_q8_0), qd = their scales as f32. d % 32 == 0.
+void qdot_scores_q8_0(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                      float* s);
+void qdot_scores_q4_0(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                      float* s);
 }  // namespace baseline_avx2
 
 namespace {
@@ -181,8 +209,16 @@ struct Q8_0 {
         const float d = fp16_to_fp32(blk.d);
         for (int j = 0; j < kQK8_0; ++j) x[j] = float(blk.qs[j]) * d;
     }
-    static void avx2_scores(const float* q, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc, float* s) {
-        baseline_avx2::scores_q8_0(q, n_q, b, n, d, sc, s);
+    // Codes of block b of a token (value j in codes[j]); returns the block's scale.
+    static float block_codes(const uint8_t* tok, int64_t b, int8_t codes[32]) {
+        BlockQ8_0 blk;
+        std::memcpy(&blk, tok + b * sizeof(BlockQ8_0), sizeof blk);
+        std::memcpy(codes, blk.qs, 32);
+        return fp16_to_fp32(blk.d);
+    }
+    static void avx2_qdot_scores(const BlockQ8_0* qb, const float* qd, int64_t n_q, const uint8_t* b, int64_t n,
+                                 int64_t d, float* s) {
+        baseline_avx2::qdot_scores_q8_0(reinterpret_cast<const uint8_t*>(qb), qd, n_q, b, n, d, s);
     }
     static void avx2_accumulate(const float* p, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc,
                                 float* acc) {
@@ -232,8 +268,19 @@ struct Q4_0 {
             x[j + kQK4_0 / 2] = float(int(blk.qs[j] >> 4) - 8) * d;
         }
     }
-    static void avx2_scores(const float* q, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc, float* s) {
-        baseline_avx2::scores_q4_0(q, n_q, b, n, d, sc, s);
+    // Codes (nibble - 8) of block b of a token, value j in codes[j]; returns the block's scale.
+    static float block_codes(const uint8_t* tok, int64_t b, int8_t codes[32]) {
+        BlockQ4_0 blk;
+        std::memcpy(&blk, tok + b * sizeof(BlockQ4_0), sizeof blk);
+        for (int j = 0; j < kQK4_0 / 2; ++j) {
+            codes[j] = int8_t(int(blk.qs[j] & 0x0f) - 8);
+            codes[j + kQK4_0 / 2] = int8_t(int(blk.qs[j] >> 4) - 8);
+        }
+        return fp16_to_fp32(blk.d);
+    }
+    static void avx2_qdot_scores(const BlockQ8_0* qb, const float* qd, int64_t n_q, const uint8_t* b, int64_t n,
+                                 int64_t d, float* s) {
+        baseline_avx2::qdot_scores_q4_0(reinterpret_cast<const uint8_t*>(qb), qd, n_q, b, n, d, s);
     }
     static void avx2_accumulate(const float* p, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc,
                                 float* acc) {
@@ -299,12 +346,61 @@ struct FP8 {
 
 // ---- readers ---------------------------------------------------------------------------------
 
+// _mm256_sign_epi8 for one byte: a negated (wrapping: -(-128) = -128) where b < 0, 0 where b == 0.
+int8_t sign_epi8(int8_t a, int8_t b) {
+    if (b < 0) return int8_t(uint8_t(-int(a)));
+    return b == 0 ? int8_t(0) : a;
+}
+
+// Int32 lane of ggml's AVX2 mul_sum_i8_pairs_float(x = k, y = q) over 4 values:
+// maddubs_epi16(|k| as uint8, sign(q, k)) -> two saturated int16 pair sums, then madd with ones.
+int32_t lane_dot4(const int8_t* k, const int8_t* q) {
+    int32_t sum = 0;
+    for (int p = 0; p < 4; p += 2) {
+        int pair = 0;
+        for (int i = p; i < p + 2; ++i) pair += int(uint8_t(sign_epi8(k[i], k[i]))) * int(sign_epi8(q[i], k[i]));
+        sum += std::clamp(pair, -32768, 32767);
+    }
+    return sum;
+}
+
+// hsum_float_8: ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)).
+float hsum_float_8(const float l[8]) {
+    const float v0 = l[4] + l[0], v1 = l[5] + l[1], v2 = l[6] + l[2], v3 = l[7] + l[3];
+    return (v0 + v2) + (v1 + v3);
+}
+
+// The n_q query heads quantized to q8_0 (ggml's AVX2 quantize_row_q8_0), per thread; qd holds
+// the block scales as f32.
+struct QueryQ8 {
+    std::vector<BlockQ8_0> qb;
+    std::vector<float> qd;
+};
+
+const QueryQ8& quantize_query(const float* q, int64_t n_q, int64_t d, bool avx2) {
+    thread_local QueryQ8 buf;
+    const int64_t nb = d / kQK8_0;
+    buf.qb.resize(size_t(n_q * nb));
+    buf.qd.resize(size_t(n_q * nb));
+    if (avx2) {
+        cpu::avx2::quantize_q8_0(q, buf.qb.data(), buf.qd.data(), n_q * d);  // d % 32 == 0: blocks stay per head
+    } else {
+        cpu::quantize_row_q8_0(q, buf.qb.data(), n_q * d);
+        for (size_t i = 0; i < buf.qb.size(); ++i) buf.qd[i] = fp16_to_fp32(buf.qb[i].d);
+    }
+    return buf;
+}
+
 template <class F>
 class ScalarReader final : public CodecReader {
 public:
     explicit ScalarReader(const float* scale) : scale_(scale) {}
 
     void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) const override {
+        if constexpr (F::kBlocks32) {
+            qdot_scores(q, n_q, blk, n, d, s);
+            return;
+        }
         const size_t bb = F::bytes(d);
         const float sc = *scale_;
         float x[kChunk];
@@ -344,6 +440,27 @@ public:
     }
 
 private:
+    // q8_0 / q4_0 keys: llama.cpp's q8_0-query dot (see the top of this file), literally.
+    static void qdot_scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) {
+        const size_t bb = F::bytes(d);
+        const int64_t nb = d / 32;
+        const QueryQ8& qq = quantize_query(q, n_q, d, false);
+        int8_t kc[32];
+        for (int64_t t = 0; t < n; ++t) {
+            const uint8_t* tok = blk + size_t(t) * bb;
+            for (int64_t h = 0; h < n_q; ++h) {
+                float acc[8] = {};
+                for (int64_t b = 0; b < nb; ++b) {
+                    const float dk = F::block_codes(tok, b, kc);
+                    const BlockQ8_0& qb = qq.qb[size_t(h * nb + b)];
+                    const float dd = dk * qq.qd[size_t(h * nb + b)];
+                    for (int l = 0; l < 8; ++l) acc[l] = std::fma(dd, float(lane_dot4(kc + 4 * l, qb.qs + 4 * l)), acc[l]);
+                }
+                s[h * n + t] = hsum_float_8(acc);
+            }
+        }
+    }
+
     const float* scale_;
 };
 
@@ -356,7 +473,12 @@ public:
 
     void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) const override {
         if (d % 8 != 0) return fallback_->scores(q, n_q, blk, n, d, s);
-        F::avx2_scores(q, n_q, blk, n, d, *scale_, s);
+        if constexpr (F::kBlocks32) {
+            const QueryQ8& qq = quantize_query(q, n_q, d, true);
+            F::avx2_qdot_scores(qq.qb.data(), qq.qd.data(), n_q, blk, n, d, s);
+        } else {
+            F::avx2_scores(q, n_q, blk, n, d, *scale_, s);
+        }
     }
     void accumulate(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
                     float* acc) const override {

@@ -8,6 +8,11 @@
 // roundings), in a register; the kernels apply each loaded chunk to up to 8 query heads at once,
 // so for n_q <= 8 every token is dequantized once per call (n_q > 8: once per group of 8 heads).
 // Only the summation order differs from the scalar reader (FMA, 8 lanes, 1-2 accumulators).
+//
+// q8_0 / q4_0 scores are llama.cpp's ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 (AVX2 branch) against
+// the query quantized to q8_0, in exactly its operations (baseline.cpp describes them), so they
+// equal the scalar reader bit for bit. Each key block's codes are loaded once and applied to up
+// to 8 heads.
 #include <immintrin.h>
 
 #include <cstddef>
@@ -203,27 +208,111 @@ void accumulate_all(const L& ld, const float* p, int64_t n_q, const uint8_t* blk
     }
 }
 
+// ---- q8_0-query dots for q8_0 / q4_0 keys ---------------------------------------------------------
+
+// The 32 codes of a key block (value j in byte j) as int8.
+struct CodesQ8_0 {
+    static constexpr size_t kBlockBytes = 34;
+    __m256i operator()(const uint8_t* b) const { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)); }
+};
+
+// q4_0: low nibbles of qs[0..15] = values 0..15, high nibbles = values 16..31, minus 8
+// (ggml's bytes_from_nibbles_32 - 8).
+struct CodesQ4_0 {
+    static constexpr size_t kBlockBytes = 18;
+    __m256i operator()(const uint8_t* b) const {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+        const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+        return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(15)), _mm256_set1_epi8(8));
+    }
+};
+
+constexpr size_t kQ8BlockBytes = 34;  // query blocks: BlockQ8_0
+
+// s[g * n + t] = ggml_vec_dot_<K>_q8_0(k_t, q_g) for G heads; qb: [G, nb] blocks, qd: their scales.
+template <class C, int G>
+void qdot_group(const uint8_t* qb, const float* qd, const uint8_t* blk, int64_t n, int64_t nb, float* s) {
+    const C codes;
+    const __m256i ones = _mm256_set1_epi16(1);
+    const size_t tb = size_t(nb) * C::kBlockBytes;
+    for (int64_t t = 0; t < n; ++t) {
+        const uint8_t* tok = blk + size_t(t) * tb;
+        __m256 acc[G];
+        for (int g = 0; g < G; ++g) acc[g] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t* kb = tok + size_t(b) * C::kBlockBytes;
+            const __m256i kx = codes(kb);
+            const __m256i ax = _mm256_sign_epi8(kx, kx);
+            const __m256 dk = _mm256_set1_ps(fp16_scalar(kb));
+            for (int g = 0; g < G; ++g) {
+                const size_t qi = size_t(g * nb + b);
+                const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + qi * kQ8BlockBytes + 2));
+                const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(qy, kx)), ones);
+                const __m256 dd = _mm256_mul_ps(dk, _mm256_broadcast_ss(qd + qi));
+                acc[g] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(dot), acc[g]);
+            }
+        }
+        for (int g = 0; g < G; ++g) s[g * n + t] = hsum(acc[g]);
+    }
+}
+
+template <class C>
+void qdot_all(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) {
+    const int64_t nb = d / 32;
+    for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
+        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
+        const uint8_t* qh = qb + size_t(h0 * nb) * kQ8BlockBytes;
+        const float* dh = qd + h0 * nb;
+        float* sh = s + h0 * n;
+        switch (g) {
+            case 1: qdot_group<C, 1>(qh, dh, blk, n, nb, sh); break;
+            case 2: qdot_group<C, 2>(qh, dh, blk, n, nb, sh); break;
+            case 3: qdot_group<C, 3>(qh, dh, blk, n, nb, sh); break;
+            case 4: qdot_group<C, 4>(qh, dh, blk, n, nb, sh); break;
+            case 5: qdot_group<C, 5>(qh, dh, blk, n, nb, sh); break;
+            case 6: qdot_group<C, 6>(qh, dh, blk, n, nb, sh); break;
+            case 7: qdot_group<C, 7>(qh, dh, blk, n, nb, sh); break;
+            default: qdot_group<C, 8>(qh, dh, blk, n, nb, sh); break;
+        }
+    }
+}
+
 }  // namespace
 
 // Entry points (declared in baseline.cpp). head_dim % 8 == 0 (% 32 for q8_0 / q4_0).
-#define VXQ_BASELINE_AVX2_DEF(fmt, loader, token_bytes)                                                     \
+#define VXQ_BASELINE_AVX2_SCORES(fmt, loader, token_bytes)                                                  \
     void scores_##fmt(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float scale,  \
                       float* s) {                                                                           \
         (void)scale;                                                                                        \
         scores_all(loader, q, n_q, blk, n, d, size_t(token_bytes), s);                                      \
-    }                                                                                                       \
+    }
+#define VXQ_BASELINE_AVX2_ACCUMULATE(fmt, loader, token_bytes)                                              \
     void accumulate_##fmt(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,           \
                           float scale, float* acc) {                                                        \
         (void)scale;                                                                                        \
         accumulate_all(loader, p, n_q, blk, n, d, size_t(token_bytes), acc);                                \
     }
 
-VXQ_BASELINE_AVX2_DEF(f32, LoadF32{}, d * 4)
-VXQ_BASELINE_AVX2_DEF(f16, LoadF16{}, d * 2)
-VXQ_BASELINE_AVX2_DEF(bf16, LoadBF16{}, d * 2)
-VXQ_BASELINE_AVX2_DEF(q8_0, LoadQ8_0{}, d / 32 * 34)
-VXQ_BASELINE_AVX2_DEF(q4_0, LoadQ4_0{}, d / 32 * 18)
-VXQ_BASELINE_AVX2_DEF(fp8, LoadFP8(scale), d)
-#undef VXQ_BASELINE_AVX2_DEF
+VXQ_BASELINE_AVX2_SCORES(f32, LoadF32{}, d * 4)
+VXQ_BASELINE_AVX2_SCORES(f16, LoadF16{}, d * 2)
+VXQ_BASELINE_AVX2_SCORES(bf16, LoadBF16{}, d * 2)
+VXQ_BASELINE_AVX2_SCORES(fp8, LoadFP8(scale), d)
+VXQ_BASELINE_AVX2_ACCUMULATE(f32, LoadF32{}, d * 4)
+VXQ_BASELINE_AVX2_ACCUMULATE(f16, LoadF16{}, d * 2)
+VXQ_BASELINE_AVX2_ACCUMULATE(bf16, LoadBF16{}, d * 2)
+VXQ_BASELINE_AVX2_ACCUMULATE(q8_0, LoadQ8_0{}, d / 32 * 34)
+VXQ_BASELINE_AVX2_ACCUMULATE(q4_0, LoadQ4_0{}, d / 32 * 18)
+VXQ_BASELINE_AVX2_ACCUMULATE(fp8, LoadFP8(scale), d)
+#undef VXQ_BASELINE_AVX2_SCORES
+#undef VXQ_BASELINE_AVX2_ACCUMULATE
+
+void qdot_scores_q8_0(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                      float* s) {
+    qdot_all<CodesQ8_0>(qb, qd, n_q, blk, n, d, s);
+}
+void qdot_scores_q4_0(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                      float* s) {
+    qdot_all<CodesQ4_0>(qb, qd, n_q, blk, n, d, s);
+}
 
 }  // namespace vxq::codecs::baseline_avx2
