@@ -656,9 +656,9 @@ TEST(CodecBaseline, ReadersMatchDecodeThenDot) {
 }
 
 // q8_0 / q4_0 scores on arbitrary block bytes (every code, -128 included) and queries with NaN
-// (whose q8_0 code is -128 while the block scale stays finite: ggml's amax skips it): the AVX2
-// reader equals the scalar one bit for bit, including the wrap of _mm256_sign_epi8(-128) that the
-// scalar reader emulates.
+// (q8_0 code -128; the block scale stays finite when ggml's max_ps order drops the NaN): the
+// AVX2 reader equals the scalar one bit for bit, including the wrap of _mm256_sign_epi8(-128)
+// that the scalar reader emulates.
 TEST(CodecBaseline, QdotReadersAgreeOnAnyBytes) {
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("seed=" + std::to_string(seed));

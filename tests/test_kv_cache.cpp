@@ -1,6 +1,7 @@
 // The paged KV cache and the fused attention kernel, for every registered codec: attention read
 // in place through the codec equals "dequantize everything, then plain attention" (double
-// precision) within 1e-5 relative error; resident bytes equal the format's formula; truncate.
+// precision) within 1e-5 relative error (q8_0 / q4_0 keys: 5e-2, see below); resident bytes
+// equal the format's formula; truncate.
 #include <cmath>
 #include <random>
 
@@ -79,6 +80,16 @@ TEST_P(FusedAttention, EqualsDequantizeThenAttend) {
         }
         if (c.kv == "f16") {
             EXPECT_LT(max_err / max_ref, 2e-3) << "llama.cpp-parity path rounds q and p to fp16";
+        } else if (c.kv == "q8_0" || c.kv == "q4_0") {
+            // q8_0 / q4_0 keys are scored as llama.cpp's CPU flash attention does: the query is
+            // quantized to q8_0 first (test_codecs_baseline.cpp checks those scores bit for bit
+            // against a scalar reference of ggml's dot). Its rounding (|dq| <= amax/254 per
+            // 32-block, here amax ~2.5) moves each scaled score by ~1e-2 here (k ~ N(0.5, 2^2),
+            // d = 64), so the output moves by ~1e-2 of its range: measured up to 2.4e-2 over these
+            // cases, bound 5e-2. (Against the reference run with the q8_0-rounded query the
+            // error is back at the float level, <= 2.2e-6 on these shapes; values are still
+            // checked to 1e-5 by the accumulate test of test_codecs_baseline.cpp.)
+            EXPECT_LT(max_err / max_ref, 5e-2) << c.kv << " n_q=" << n_q << " len=" << c.len;
         } else {
             EXPECT_LT(max_err / max_ref, 1e-5) << c.kv << " n_q=" << n_q << " len=" << c.len;
         }

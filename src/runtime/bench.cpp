@@ -164,8 +164,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             row.code_path = backend->describe();
             row.kv_format = caches[ci]->format();
             row.kv_bytes = caches[ci]->resident_bytes();
-            const ModelConfig& m = configs[ci].model->config();
-            row.kv_bits_per_element = 8.0 * double(row.kv_bytes) / double(2 * m.n_layer * m.kv_dim() * n_ctx);
+            row.kv_bits_per_element = resident_bits_per_element(*caches[ci], caches[ci]->size());
             row.is_aa = p.add_aa && ci == 1;
             row.tps = summarize(samples[ci][ti]);
             rep.rows.push_back(std::move(row));

@@ -58,6 +58,7 @@ std::vector<std::string> split_methods(const std::vector<std::string>& args) {
 }
 
 void run_bench_cmd(BenchOptions o) {
+    o.kv = split_methods(o.kv);
     std::vector<std::unique_ptr<Model>> models;
     std::vector<BenchConfig> configs;
     for (const auto& path : o.models) {
@@ -66,7 +67,6 @@ void run_bench_cmd(BenchOptions o) {
         for (const auto& kv : o.kv) configs.push_back({fmt::format("{} kv={}", stem, kv), models.back().get(), kv});
     }
     o.p.add_aa = !o.no_aa;
-    o.kv = split_methods(o.kv);
     const bool tty = stderr_is_tty();
     const BenchReport rep = run_bench(
         configs, o.p, o.verbose ? std::function<void(const std::string&)>([](const std::string& s) { fmt::print(stderr, "{}\n", s); }) : nullptr,
