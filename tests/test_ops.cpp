@@ -166,9 +166,8 @@ TEST(OpsSwiglu, CloseToExactSilu) {
     }
 }
 
-// The CPU backend gets swiglu(n_tokens * n_ff) and takes the row length n_ff from the matmul that
-// produced `up`.
-TEST(OpsSwiglu, BackendUsesRowsOfThePrecedingMatmul) {
+// The CPU backend applies SiLU per row of n_ff, as ggml does (leftovers of each row scalar).
+TEST(OpsSwiglu, BackendAppliesRowsOfNff) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 2.0f);
@@ -182,7 +181,7 @@ TEST(OpsSwiglu, BackendUsesRowsOfThePrecedingMatmul) {
     std::vector<float> g(up.size());
     for (auto& v : g) v = nd(rng);
     std::vector<float> got = g, want = g;
-    be->swiglu(got.data(), up.data(), n_tok * n_ff);
+    be->swiglu(got.data(), up.data(), n_tok, n_ff);
     swiglu_rows_ref(want.data(), up.data(), n_tok, n_ff);
     EXPECT_TRUE(same_bits(got, want)) << "seed=" << seed;
 }

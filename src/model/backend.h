@@ -29,7 +29,8 @@ public:
     virtual void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) = 0;
     virtual void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y) = 0;
     virtual void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p) = 0;
-    virtual void swiglu(float* gate, const float* up, int64_t n) = 0;
+    // gate[r][i] = silu(gate[r][i]) * up[r][i] for n_rows rows of n_ff.
+    virtual void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) = 0;
     virtual void add(float* x, const float* y, int64_t n) = 0;
     virtual void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) = 0;
     // Stores the layer's new K/V in the cache and attends over it (see KvCache::attend).

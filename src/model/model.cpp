@@ -64,12 +64,16 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.matmul(L.wo, attn.data(), n, cur.data());
         be.add(x.data(), cur.data(), n * c.n_embd);
 
-        be.rms_norm(x.data(), L.ffn_norm, n, c.n_embd, c.rms_eps, cur.data());
-        be.matmul(L.w_gate, cur.data(), n, gate.data());
-        be.matmul(L.w_up, cur.data(), n, up.data());
-        be.swiglu(gate.data(), up.data(), n * c.n_ff);
-        be.matmul(L.w_down, gate.data(), n, cur.data());
-        be.add(x.data(), cur.data(), n * c.n_embd);
+        // After the last attention only the rows whose logits are wanted matter; llama.cpp
+        // drops the others there too, so its last FFN runs (and orders its sums) on n_out rows.
+        const int64_t m = il + 1 == c.n_layer ? n_out : n;
+        float* xs = x.data() + (n - m) * c.n_embd;
+        be.rms_norm(xs, L.ffn_norm, m, c.n_embd, c.rms_eps, cur.data());
+        be.matmul(L.w_gate, cur.data(), m, gate.data());
+        be.matmul(L.w_up, cur.data(), m, up.data());
+        be.swiglu(gate.data(), up.data(), m, c.n_ff);
+        be.matmul(L.w_down, gate.data(), m, cur.data());
+        be.add(xs, cur.data(), m * c.n_embd);
     }
     cache.commit(pos0 + n);
 

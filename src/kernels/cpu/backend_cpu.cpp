@@ -18,7 +18,6 @@ public:
         return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
     }
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
-        last_matmul_rows_ = w.rows;
         cpu::matmul(w, x, n, y, pool_);
     }
     void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
@@ -34,15 +33,11 @@ public:
             cpu::rope(x + b * n_heads * head_dim, e - b, n_heads, head_dim, pos0 + b, p);
         });
     }
-    void swiglu(float* gate, const float* up, int64_t n) override {
-        // ggml applies SiLU row by row (row = n_ff): groups of 8 from each row start through its
-        // vector exp, the n_ff % 8 last ones through libm expf. Backend::swiglu only receives
-        // n = n_tokens * n_ff, so the row length is taken from the matmul that produced `up` (the
-        // forward pass calls matmul(w_up) right before swiglu); without one, the whole is one row.
-        // TODO(lead): pass n_ff in Backend::swiglu and drop this.
-        const int64_t row = last_matmul_rows_ > 0 && n % last_matmul_rows_ == 0 ? last_matmul_rows_ : n;
-        pool_.parallel_for(n / row, [&](int64_t b, int64_t e) {
-            cpu::swiglu_rows(gate + b * row, up + b * row, e - b, row);
+    void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) override {
+        // ggml applies SiLU row by row: groups of 8 from each row start through its vector exp,
+        // the n_ff % 8 last ones through libm expf (see cpu::swiglu_rows).
+        pool_.parallel_for(n_rows, [&](int64_t b, int64_t e) {
+            cpu::swiglu_rows(gate + b * n_ff, up + b * n_ff, e - b, n_ff);
         });
     }
     void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
@@ -55,7 +50,6 @@ public:
 
 private:
     ThreadPool pool_;
-    int64_t last_matmul_rows_ = 0;  // output width of the latest matmul (see swiglu)
 };
 
 }  // namespace
