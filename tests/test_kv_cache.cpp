@@ -161,3 +161,38 @@ TEST(PagedCache, UnknownMethodAndBadOptionsAreErrors) {
 
 }  // namespace
 }  // namespace vxq
+
+namespace vxq {
+namespace {
+
+// --prefill-exact: the first batch attends to its own exact K/V; a later decode step reads the
+// packed codes (so it differs from exact attention by the quantization error).
+TEST(PagedCache, PrefillExactUsesExactKvForTheFirstBatchOnly) {
+    const KvShape shape{1, 4, 2, 64, 512};
+    const int64_t n = 300, d = 64, H = 2;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(size_t(n * H * d)), v(k.size()), q(size_t(n * 4 * d));
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (auto& x : q) x = nd(rng);
+    ThreadPool pool(2);
+    auto exact = make_kv_cache(shape, "f32", "f32");
+    auto kivi = make_kv_cache(shape, "kivi:bits=2", "kivi:bits=2", /*prefill_exact=*/true);
+    std::vector<float> want(q.size()), got(q.size());
+    for (auto* c : {exact.get(), kivi.get()}) {
+        c->write(0, 0, k.data(), v.data(), n);
+        c->commit(n);
+    }
+    exact->attend(0, q.data(), n, 0, want.data(), pool);
+    kivi->attend(0, q.data(), n, 0, got.data(), pool);
+    EXPECT_EQ(want, got);  // same f32 reader, same order: identical
+    // The exact copy is gone after the layer's attend: a decode step now reads KIVI codes.
+    std::vector<float> q1(size_t(4 * d), 0.5f), o_exact(q1.size()), o_kivi(q1.size());
+    exact->attend(0, q1.data(), 1, n - 1, o_exact.data(), pool);
+    kivi->attend(0, q1.data(), 1, n - 1, o_kivi.data(), pool);
+    EXPECT_NE(o_exact, o_kivi);
+}
+
+}  // namespace
+}  // namespace vxq

@@ -100,10 +100,11 @@ private:
 
 std::unique_ptr<KvCache> make_f16_cache(const KvShape& shape) { return std::make_unique<F16Cache>(shape); }
 
-std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec) {
+std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec,
+                                       bool prefill_exact) {
     const CodecSpec k = CodecSpec::parse(k_spec), v = CodecSpec::parse(v_spec);
     if (k.name == "f16" && v.name == "f16" && k.options.empty() && v.options.empty()) return make_f16_cache(shape);
-    return make_paged_cache(shape, k, v);
+    return make_paged_cache(shape, k, v, prefill_exact);
 }
 
 double resident_bits_per_element(const KvCache& c, int64_t tokens) {

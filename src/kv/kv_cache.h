@@ -61,11 +61,16 @@ std::unique_ptr<KvCache> make_f16_cache(const KvShape& shape);
 struct CodecSpec;
 // The compressed cache: packed codec blocks in pages allocated as tokens arrive, read in place by
 // the fused attention kernel. K and V may use different codecs.
-std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v);
+// prefill_exact: a batch written at position 0 (a prompt, a perplexity chunk) attends to its own
+// exact K/V (KIVI's recipe); only later queries read the packed codes. The exact copy lives only
+// between the layer's write and attend.
+std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v,
+                                          bool prefill_exact = false);
 
 // From CLI specs ("f16", "q4_0", "kivi:bits=2,group=32"): the parity cache when both are plain
 // f16, else the paged cache. vxq::Error for an unknown method or option.
-std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec);
+std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec,
+                                       bool prefill_exact = false);
 
 // Bits per cached K/V element actually resident: 8 * resident_bytes / (2 * layers * kv_dim * tokens).
 double resident_bits_per_element(const KvCache& c, int64_t tokens);

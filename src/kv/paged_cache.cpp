@@ -152,9 +152,11 @@ private:
 
 class PagedCache final : public KvCache {
 public:
-    PagedCache(const KvShape& s, const CodecSpec& k_spec, const CodecSpec& v_spec) : shape_(s) {
+    PagedCache(const KvShape& s, const CodecSpec& k_spec, const CodecSpec& v_spec, bool prefill_exact)
+        : shape_(s), prefill_exact_(prefill_exact) {
         residual_k_ = make_codec(CodecSpec{"f16", {}}, KvRole::Key, s.head_dim);
         residual_v_ = make_codec(CodecSpec{"f16", {}}, KvRole::Value, s.head_dim);
+        exact_ = make_codec(CodecSpec{"f32", {}}, KvRole::Key, s.head_dim);
         auto probe_k = make_codec(k_spec, KvRole::Key, s.head_dim);
         auto probe_v = make_codec(v_spec, KvRole::Value, s.head_dim);
         k_spec_ = probe_k->spec();
@@ -178,6 +180,16 @@ public:
         VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && pos0 >= 0 && pos0 + n <= shape_.n_ctx);
         const int64_t d = shape_.head_dim, H = shape_.n_head_kv;
         std::vector<float> head_major(size_t(n * d)), scratch;
+        if (prefill_exact_ && pos0 == 0 && n > 1) {  // kept until this layer's attend
+            exact_layer_ = layer;
+            exact_k_.assign(size_t(H * n * d), 0.0f);
+            exact_v_.assign(size_t(H * n * d), 0.0f);
+            for (int64_t g = 0; g < H; ++g)
+                for (int64_t t = 0; t < n; ++t) {
+                    std::memcpy(&exact_k_[size_t((g * n + t) * d)], k + (t * H + g) * d, size_t(d) * 4);
+                    std::memcpy(&exact_v_[size_t((g * n + t) * d)], v + (t * H + g) * d, size_t(d) * 4);
+                }
+        }
         for (int64_t g = 0; g < H; ++g) {
             Stream& ks = k_[size_t(layer * H + g)];
             Stream& vs = v_[size_t(layer * H + g)];
@@ -195,9 +207,20 @@ public:
     void attend(int64_t layer, const float* q, int64_t n_q, int64_t pos0, float* out, ThreadPool& pool) const override {
         const int64_t H = shape_.n_head_kv;
         std::vector<const KvStreamView*> kv(size_t(2 * H));
+        std::vector<KvStreamView> exact(size_t(2 * H));
+        const bool use_exact = exact_layer_ == layer && pos0 == 0;
         for (int64_t g = 0; g < H; ++g) {
-            kv[size_t(g)] = &k_[size_t(layer * H + g)].view();
-            kv[size_t(H + g)] = &v_[size_t(layer * H + g)].view();
+            if (use_exact) {  // the batch's own f32 K/V, read through the f32 codec's reader
+                const int64_t n = int64_t(exact_k_.size()) / (H * shape_.head_dim);
+                const size_t row = size_t(shape_.head_dim) * 4;
+                exact[size_t(g)] = {{&exact_->reader(), reinterpret_cast<const uint8_t*>(&exact_k_[size_t(g * n) * row / 4]), 0, n, 1, row}};
+                exact[size_t(H + g)] = {{&exact_->reader(), reinterpret_cast<const uint8_t*>(&exact_v_[size_t(g * n) * row / 4]), 0, n, 1, row}};
+                kv[size_t(g)] = &exact[size_t(g)];
+                kv[size_t(H + g)] = &exact[size_t(H + g)];
+            } else {
+                kv[size_t(g)] = &k_[size_t(layer * H + g)].view();
+                kv[size_t(H + g)] = &v_[size_t(layer * H + g)].view();
+            }
         }
         cpu::FusedAttentionArgs a;
         a.q = q;
@@ -212,6 +235,11 @@ public:
         a.keys = [&](int64_t g) -> const KvStreamView& { return *kv[size_t(g)]; };
         a.values = [&](int64_t g) -> const KvStreamView& { return *kv[size_t(H + g)]; };
         cpu::attention_fused(a, pool);
+        if (use_exact) {
+            exact_layer_ = -1;
+            std::vector<float>().swap(exact_k_);
+            std::vector<float>().swap(exact_v_);
+        }
     }
 
     void truncate(int64_t n) override {
@@ -236,7 +264,10 @@ public:
 
 private:
     KvShape shape_;
-    std::unique_ptr<Codec> residual_k_, residual_v_;
+    std::unique_ptr<Codec> residual_k_, residual_v_, exact_;
+    bool prefill_exact_ = false;
+    mutable int64_t exact_layer_ = -1;             // layer whose batch K/V are held exactly (prefill_exact)
+    mutable std::vector<float> exact_k_, exact_v_;  // [n_head_kv, n, head_dim]
     std::vector<Stream> k_, v_;  // [layer * n_head_kv + g]
     std::string k_spec_, v_spec_;
     int64_t chunk_ = kMinChunk;
@@ -245,8 +276,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v) {
-    return std::make_unique<PagedCache>(shape, k, v);
+std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v,
+                                          bool prefill_exact) {
+    return std::make_unique<PagedCache>(shape, k, v, prefill_exact);
 }
 
 }  // namespace vxq

@@ -21,6 +21,8 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
                                 "(vxq methods lists them)");
     sub->add_option("--cache-type-k", kv_k, "KV method for keys (-ctk)");
     sub->add_option("--cache-type-v", kv_v, "KV method for values (-ctv)");
+    sub->add_flag("--prefill-exact", prefill_exact,
+                  "a batch starting at position 0 attends to its own exact K/V (KIVI's recipe); later queries read the codes");
     if (with_ctx) {
         sub->add_option("-c,--ctx-size", n_ctx, "context size in tokens (default: the model's)")
             ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
@@ -41,7 +43,7 @@ Engine make_engine(const RuntimeOptions& o) {
         fail("a KV cache for a context of {} tokens needs {:.1f} GiB, more than this machine's memory allows "
              "({:.1f} GiB): lower -c", e.n_ctx, kv_bytes / (1 << 30), mem_bytes / (1 << 30));
     }
-    e.cache = make_kv_cache(shape, o.k_spec(), o.v_spec());
+    e.cache = make_kv_cache(shape, o.k_spec(), o.v_spec(), o.prefill_exact);
 
     return e;
 }

@@ -19,6 +19,7 @@ struct RuntimeOptions {
     std::string kv;       // --kv: K and V method
     std::string kv_k;     // -ctk / --cache-type-k
     std::string kv_v;     // -ctv / --cache-type-v
+    bool prefill_exact = false;
 
     void add_to(CLI::App* sub, bool with_ctx = true);
     std::string k_spec() const { return !kv_k.empty() ? kv_k : !kv.empty() ? kv : "f16"; }
