@@ -127,57 +127,50 @@ struct F32 {
     }
 };
 
-struct F16 {
-    static constexpr const char* kName = "f16";
+// f16 and bf16: two bytes per element; they differ only in the conversion and the AVX2 kernels.
+template <typename Conv>
+struct Half16 {
+    static constexpr const char* kName = Conv::kName;
     static constexpr bool kBlocks32 = false;
     static size_t bytes(int64_t d) { return size_t(d) * 2; }
     static void encode(const float* x, int64_t d, uint8_t* out, float) {
         for (int64_t c = 0; c < d; ++c) {
-            const f16_t h = fp32_to_fp16(x[c]);
+            const uint16_t h = Conv::to(x[c]);
             std::memcpy(out + 2 * c, &h, 2);
         }
     }
     static void decode_range(const uint8_t* tok, int64_t c0, int64_t len, float* x, float) {
         for (int64_t i = 0; i < len; ++i) {
-            f16_t h;
+            uint16_t h;
             std::memcpy(&h, tok + 2 * (c0 + i), 2);
-            x[i] = fp16_to_fp32(h);
+            x[i] = Conv::from(h);
         }
     }
     static void avx2_scores(const float* q, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc, float* s) {
-        baseline_avx2::scores_f16(q, n_q, b, n, d, sc, s);
+        Conv::scores(q, n_q, b, n, d, sc, s);
     }
     static void avx2_accumulate(const float* p, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc,
                                 float* acc) {
-        baseline_avx2::accumulate_f16(p, n_q, b, n, d, sc, acc);
+        Conv::accumulate(p, n_q, b, n, d, sc, acc);
     }
 };
 
-struct BF16 {
-    static constexpr const char* kName = "bf16";
-    static constexpr bool kBlocks32 = false;
-    static size_t bytes(int64_t d) { return size_t(d) * 2; }
-    static void encode(const float* x, int64_t d, uint8_t* out, float) {
-        for (int64_t c = 0; c < d; ++c) {
-            const bf16_t h = fp32_to_bf16(x[c]);
-            std::memcpy(out + 2 * c, &h, 2);
-        }
-    }
-    static void decode_range(const uint8_t* tok, int64_t c0, int64_t len, float* x, float) {
-        for (int64_t i = 0; i < len; ++i) {
-            bf16_t h;
-            std::memcpy(&h, tok + 2 * (c0 + i), 2);
-            x[i] = bf16_to_fp32(h);
-        }
-    }
-    static void avx2_scores(const float* q, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc, float* s) {
-        baseline_avx2::scores_bf16(q, n_q, b, n, d, sc, s);
-    }
-    static void avx2_accumulate(const float* p, int64_t n_q, const uint8_t* b, int64_t n, int64_t d, float sc,
-                                float* acc) {
-        baseline_avx2::accumulate_bf16(p, n_q, b, n, d, sc, acc);
-    }
+struct F16Conv {
+    static constexpr const char* kName = "f16";
+    static uint16_t to(float x) { return fp32_to_fp16(x); }
+    static float from(uint16_t h) { return fp16_to_fp32(h); }
+    static constexpr auto scores = baseline_avx2::scores_f16;
+    static constexpr auto accumulate = baseline_avx2::accumulate_f16;
 };
+struct BF16Conv {
+    static constexpr const char* kName = "bf16";
+    static uint16_t to(float x) { return fp32_to_bf16(x); }
+    static float from(uint16_t h) { return bf16_to_fp32(h); }
+    static constexpr auto scores = baseline_avx2::scores_bf16;
+    static constexpr auto accumulate = baseline_avx2::accumulate_bf16;
+};
+using F16 = Half16<F16Conv>;
+using BF16 = Half16<BF16Conv>;
 
 // x86's float -> int32 conversion (cvtps2dq / cvtss2si, round to nearest even): NaN and values
 // outside the int32 range give INT32_MIN; then the signed saturation of packs_epi32/epi16.
