@@ -281,11 +281,11 @@ TEST(CodecBaseline, RandomRoundTripEqualsReference) {
         for (const int64_t d : {32, 64, 128}) {
             for (int rep = 0; rep < 40; ++rep) {
                 const auto c = make(name, d);
-                // a prompt of 3 tokens sets fp8's scale; then tokens of all sizes, some beyond it
+                // a prompt of 16 tokens sets fp8's scale; then tokens of all sizes, some beyond it
                 const float s0 = std::pow(10.0f, mag(rng));
-                std::vector<float> prompt(size_t(3 * d));
+                std::vector<float> prompt(size_t(16 * d));
                 for (auto& v : prompt) v = nd(rng) * s0;
-                c->observe_first_batch(prompt.data(), 3, d);
+                c->observe_first_batch(prompt.data(), 16, d);
                 float amax = 0.0f;
                 for (const float v : prompt) amax = std::max(amax, std::fabs(v));
                 const float scale = amax / 448.0f;
@@ -431,10 +431,10 @@ TEST(CodecBaseline, Q4_0SpecialCases) {
 
 TEST(CodecBaseline, Fp8ValuesSaturationTiesSubnormals) {
     const auto c = make("fp8", 32);
-    // scale = 1: a prompt whose amax is 448
-    std::vector<float> prompt(32, 1.0f);
+    // scale = 1: a 16-token prompt whose amax is 448
+    std::vector<float> prompt(16 * 32, 1.0f);
     prompt[5] = -448.0f;
-    c->observe_first_batch(prompt.data(), 1, 32);
+    c->observe_first_batch(prompt.data(), 16, 32);
 
     // every code decodes to its definition
     std::vector<float> y(32);
@@ -475,10 +475,10 @@ TEST(CodecBaseline, Fp8ValuesSaturationTiesSubnormals) {
 TEST(CodecBaseline, Fp8ScaleComesFromTheFirstBatch) {
     {
         const auto c = make("fp8", 64);
-        std::vector<float> prompt(128, 0.25f);
-        prompt[77] = -896.0f;  // amax 896 -> scale 2
-        prompt[3] = INFINITY;  // non-finite values are ignored
-        c->observe_first_batch(prompt.data(), 2, 64);
+        std::vector<float> prompt(16 * 64, 0.25f);
+        prompt[777] = -896.0f;  // amax 896 -> scale 2
+        prompt[3] = INFINITY;   // non-finite values are ignored
+        c->observe_first_batch(prompt.data(), 16, 64);
         std::vector<float> x(64, 0.0f);
         x[0] = 896.0f;
         x[1] = 2000.0f;         // beyond the prompt: saturates to 448 * 2
@@ -501,10 +501,36 @@ TEST(CodecBaseline, Fp8ScaleComesFromTheFirstBatch) {
     }
     {
         const auto c = make("fp8", 64);  // all-zero prompt: scale 1
-        std::vector<float> prompt(64, 0.0f);
-        c->observe_first_batch(prompt.data(), 1, 64);
+        std::vector<float> prompt(16 * 64, 0.0f);
+        c->observe_first_batch(prompt.data(), 16, 64);
         std::vector<float> x(64, 300.0f);
         check_token("fp8", *c, x, 1.0f, "zero prompt");
+    }
+    {
+        // 15 tokens are too few to calibrate on (a BOS fed alone in stream mode would clip every
+        // larger later value): scale stays 1. This test fails if any first batch sets the scale.
+        const auto c = make("fp8", 64);
+        std::vector<float> prompt(15 * 64, 0.25f);
+        prompt[100] = 896.0f;
+        c->observe_first_batch(prompt.data(), 15, 64);
+        std::vector<float> x(64, 300.0f);
+        x[1] = 0.25f;
+        check_token("fp8", *c, x, 1.0f, "short prompt");
+    }
+    {
+        // A fixed scale ignores the prompt.
+        const auto c = make_codec(CodecSpec::parse("fp8:scale=0.5"), KvRole::Key, 64);
+        EXPECT_EQ(c->spec(), "fp8:scale=0.5");
+        std::vector<float> prompt(16 * 64, 1000.0f);
+        c->observe_first_batch(prompt.data(), 16, 64);
+        std::vector<float> x(64, 3.0f);
+        x[2] = 1000.0f;  // saturates to 448 * 0.5
+        check_token("fp8", *c, x, 0.5f, "fixed scale");
+        EXPECT_EQ(make_codec(CodecSpec::parse("fp8:scale=prompt"), KvRole::Key, 64)->spec(), "fp8");
+    }
+    for (const char* bad : {"fp8:scale=0", "fp8:scale=-1", "fp8:scale=x", "fp8:scale=inf", "fp8:scale=1e99",
+                            "fp8:bits=4", "q8_0:scale=1"}) {
+        EXPECT_THROW(make_codec(CodecSpec::parse(bad), KvRole::Key, 64), Error) << bad;
     }
 }
 

@@ -64,6 +64,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -105,6 +106,7 @@ void qdot_scores_q4_0(const uint8_t* qb, const float* qd, int64_t n_q, const uin
 
 namespace {
 
+constexpr int64_t kFp8MinPromptTokens = 16;  // shorter prompts do not set fp8's scale
 constexpr int64_t kChunk = 32;  // values of one token a scalar reader dequantizes at a time
 
 // ---- formats: bytes per token, encode, decode of values [c0, c0 + len) -------------------------
@@ -511,11 +513,19 @@ public:
     Baseline(const Baseline&) = delete;  // the readers point at scale_
     Baseline& operator=(const Baseline&) = delete;
 
-    std::string spec() const override { return F::kName; }
+    std::string spec() const override {
+        if (fixed_scale_) return fmt::format("{}:scale={}", F::kName, scale_);
+        return F::kName;
+    }
     size_t block_bytes(int64_t head_dim) const override { return F::bytes(head_dim); }
 
+    // fp8: scale = amax / 448 of the prompt (METHODS.md), when the prompt is a sample worth
+    // calibrating on (>= kFp8MinPromptTokens tokens); a shorter one (a lone BOS when text is fed
+    // token by token) keeps scale 1, the uncalibrated default vLLM also uses, since one token's
+    // amax would clip every larger later value. A fixed `scale=` option skips calibration.
     void observe_first_batch(const float* x, int64_t n, int64_t head_dim) override {
         if constexpr (std::is_same_v<F, FP8>) {
+            if (fixed_scale_ || n < kFp8MinPromptTokens) return;
             float amax = 0.0f;
             for (int64_t i = 0; i < n * head_dim; ++i) {
                 if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
@@ -523,6 +533,10 @@ public:
             const float sc = amax / 448.0f;
             scale_ = sc > 0.0f ? sc : 1.0f;
         }
+    }
+    void set_fixed_scale(float s) {
+        scale_ = s;
+        fixed_scale_ = true;
     }
 
     void encode(const float* x, int64_t head_dim, uint8_t* block) const override {
@@ -542,19 +556,36 @@ public:
 
 private:
     float scale_ = 1.0f;  // fp8 only
+    bool fixed_scale_ = false;
     ScalarReader<F> scalar_{&scale_};
     Avx2Reader<F> avx2_{&scale_, &scalar_};
 };
 
 template <class F>
 std::unique_ptr<Codec> make(const CodecSpec& spec, int64_t head_dim) {
-    check_known_options(spec, {});
+    if constexpr (std::is_same_v<F, FP8>) {
+        check_known_options(spec, {"scale"});
+    } else {
+        check_known_options(spec, {});
+    }
     if (head_dim <= 0) fail("KV method '{}': head_dim must be positive (got {})", spec.name, head_dim);
     if (F::kBlocks32 && head_dim % 32 != 0) {
         fail("KV method '{}' needs head_dim divisible by 32 (blocks of 32 values), got head_dim {}", spec.name,
              head_dim);
     }
-    return std::make_unique<Baseline<F>>();
+    auto codec = std::make_unique<Baseline<F>>();
+    if constexpr (std::is_same_v<F, FP8>) {
+        const auto it = spec.options.find("scale");
+        if (it != spec.options.end() && it->second != "prompt") {
+            char* end = nullptr;
+            const float s = std::strtof(it->second.c_str(), &end);
+            if (it->second.empty() || *end != '\0' || !std::isfinite(s) || s <= 0.0f) {
+                fail("KV method 'fp8': scale must be 'prompt' or a positive number, got '{}'", it->second);
+            }
+            codec->set_fixed_scale(s);
+        }
+    }
+    return codec;
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ const std::vector<Entry>& entries() {
         {{"f32", "", "single precision"}, codecs::make_f32},
         {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim"}, codecs::make_q8_0},
         {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim"}, codecs::make_q4_0},
-        {{"fp8", "", "e4m3fn with one fp32 scale per (layer, KV head) from the prompt's amax"}, codecs::make_fp8},
+        {{"fp8", "scale=prompt|S (prompt)", "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1"}, codecs::make_fp8},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
           "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R"},
          codecs::make_kivi},
