@@ -72,6 +72,12 @@ const BadInput kBadInputs[] = {
     {"PerplexityMissingText", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", "/nonexistent.txt"}; }, "/nonexistent.txt"},
     {"PerplexityTextTooShort", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", tmp_file("short.txt", "Just a few words."), "-c", "128"}; }, "needs at least"},
     {"PerplexityZeroChunks", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--chunks", "0"}; }, "chunks"},
+    {"EvalNoMethods", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "-c", "64", "--chunks", "1"}; }, "--kv"},
+    {"EvalUnknownMethod", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "-c", "64", "--kv", "q3_z"}; }, "q3_z"},
+    {"EvalBadMode", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--mode", "fast"}; }, "fast"},
+    {"EvalBadKvPair", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "-c", "64", "--kv", "q8_0/"}; }, "q8_0/"},
+    {"EvalGateNotJson", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", tmp_file("gate.json", "{limits")}; }, "gate.json"},
+    {"EvalGateOtherModel", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/stories260K.json"}; }, "is for model"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
 };
 

@@ -63,7 +63,7 @@ TEST_P(FusedAttention, EqualsDequantizeThenAttend) {
     }
     ASSERT_EQ(cache->size(), c.len);
     std::vector<std::vector<float>> dk(static_cast<size_t>(H)), dv(static_cast<size_t>(H));
-    for (int64_t g = 0; g < H; ++g) cache->dequantize(0, g, dk[size_t(g)], dv[size_t(g)]);
+    for (int64_t g = 0; g < H; ++g) cache->dequantize(0, g, cache->size(), dk[size_t(g)], dv[size_t(g)]);
 
     ThreadPool pool(2);
     for (int64_t n_q : {int64_t(1), std::min<int64_t>(c.len, 5)}) {
@@ -140,12 +140,12 @@ TEST(PagedCache, TruncateFreesPagesAndKeepsPrefix) {
     cache->write(0, 0, k.data(), v.data(), 2000);
     cache->commit(2000);
     std::vector<float> k0, v0, k1, v1;
-    cache->dequantize(0, 0, k0, v0);
+    cache->dequantize(0, 0, cache->size(), k0, v0);
     const size_t full = cache->resident_bytes();
     cache->truncate(100);
     EXPECT_EQ(cache->size(), 100);
     EXPECT_LT(cache->resident_bytes(), full / 4);
-    cache->dequantize(0, 0, k1, v1);
+    cache->dequantize(0, 0, cache->size(), k1, v1);
     ASSERT_EQ(k1.size(), size_t(100 * 64));
     EXPECT_TRUE(std::equal(k1.begin(), k1.end(), k0.begin()));
 }

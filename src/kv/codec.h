@@ -72,5 +72,8 @@ struct CodecInfo {
 using CodecFactory = std::unique_ptr<Codec> (*)(const CodecSpec&, KvRole, int64_t head_dim);
 std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim);
 std::vector<CodecInfo> list_codecs();
+// Adds a codec at run time (a plug-in outside the built-in list; tests register deliberately
+// broken ones). Not thread-safe: register before building caches. vxq::Error on a taken name.
+void register_codec(const CodecInfo& info, CodecFactory make);
 
 }  // namespace vxq

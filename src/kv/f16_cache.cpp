@@ -78,13 +78,14 @@ public:
 
     std::string format() const override { return "f16"; }
 
-    void dequantize(int64_t layer, int64_t head, std::vector<float>& k, std::vector<float>& v) const override {
+    void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k, std::vector<float>& v) const override {
+        VXQ_ASSERT(n >= 0 && n <= shape_.n_ctx);
         const int64_t d = shape_.head_dim;
-        k.resize(size_t(size_ * d));
-        v.resize(size_t(size_ * d));
+        k.resize(size_t(n * d));
+        v.resize(size_t(n * d));
         const f16_t* ks = k_[size_t(layer)].data() + head * shape_.n_ctx * d;
         const f16_t* vs = v_[size_t(layer)].data() + head * shape_.n_ctx * d;
-        for (int64_t i = 0; i < size_ * d; ++i) {
+        for (int64_t i = 0; i < n * d; ++i) {
             k[size_t(i)] = fp16_to_fp32(ks[i]);
             v[size_t(i)] = fp16_to_fp32(vs[i]);
         }

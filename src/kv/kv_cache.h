@@ -49,9 +49,12 @@ public:
     // Name of the storage format, e.g. "f16" or "K q8_0 / V q4_0".
     virtual std::string format() const = 0;
 
-    // K and V of one layer and KV head as the cache would give them back (dequantized), for
-    // tests and fidelity measurements.   k, v: [size(), head_dim]
-    virtual void dequantize(int64_t layer, int64_t head, std::vector<float>& k, std::vector<float>& v) const = 0;
+    // K and V of positions [0, n) of one layer and KV head as the cache gives them back
+    // (dequantized), for tests and fidelity measurements. n may include the tokens a layer has
+    // written but not yet committed (between write and commit: what its attend reads).
+    //   k, v: [n, head_dim]
+    virtual void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k,
+                            std::vector<float>& v) const = 0;
 };
 
 // The llama.cpp-parity cache: K and V as IEEE fp16 for the full context, attention in llama.cpp's

@@ -257,9 +257,14 @@ public:
     }
 
     std::string format() const override { return k_spec_ == v_spec_ ? k_spec_ : "K " + k_spec_ + " / V " + v_spec_; }
-    void dequantize(int64_t layer, int64_t head, std::vector<float>& k, std::vector<float>& v) const override {
-        k_[size_t(layer * shape_.n_head_kv + head)].decode_all(k);
-        v_[size_t(layer * shape_.n_head_kv + head)].decode_all(v);
+    void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k, std::vector<float>& v) const override {
+        const Stream& ks = k_[size_t(layer * shape_.n_head_kv + head)];
+        const Stream& vs = v_[size_t(layer * shape_.n_head_kv + head)];
+        VXQ_ASSERT(n >= 0 && n <= ks.size() && n <= vs.size());
+        ks.decode_all(k);
+        vs.decode_all(v);
+        k.resize(size_t(n * shape_.head_dim));
+        v.resize(size_t(n * shape_.head_dim));
     }
 
 private:

@@ -73,8 +73,15 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
                       const std::function<void(int, int)>& progress) {
     if (configs_in.empty()) fail("bench: no configuration to run");
     if (p.reps < 1) fail("bench: repetitions must be >= 1, got {}", p.reps);
-    if (p.n_prompt < 0 || p.n_gen < 0 || p.depth < 0) fail("bench: -p, -n and -d must be >= 0");
+    if (p.n_prompt < 0 || p.n_gen < 0) fail("bench: -p and -n must be >= 0");
     if (p.n_prompt == 0 && p.n_gen == 0) fail("bench: nothing to measure (-p 0 and -n 0)");
+    if (p.depths.empty()) fail("bench: no depth to measure (-d needs at least one value)");
+    for (size_t i = 0; i < p.depths.size(); ++i) {
+        if (p.depths[i] < 0) fail("bench: depth must be >= 0, got {}", p.depths[i]);
+        for (size_t j = 0; j < i; ++j) {
+            if (p.depths[j] == p.depths[i]) fail("bench: depth {} is given twice", p.depths[i]);
+        }
+    }
     if (p.pool < 1) fail("bench: the prompt pool needs at least one prompt");
 
     std::vector<BenchConfig> configs = configs_in;
@@ -91,19 +98,24 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         std::string name;
         bool prefill;
         int64_t n;
+        int64_t depth;
     };
     std::vector<Test> tests;
-    const std::string at = p.depth > 0 ? fmt::format("@d{}", p.depth) : "";
-    if (p.n_prompt > 0) tests.push_back({fmt::format("pp{}{}", p.n_prompt, at), true, p.n_prompt});
-    if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen});
+    for (const int64_t d : p.depths) {
+        const std::string at = d > 0 ? fmt::format("@d{}", d) : "";
+        if (p.n_prompt > 0) tests.push_back({fmt::format("pp{}{}", p.n_prompt, at), true, p.n_prompt, d});
+        if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen, d});
+    }
 
     auto backend = make_cpu_backend(p.threads);
-    const int64_t n_ctx = p.depth + std::max(p.n_prompt, p.n_gen) + 1;
+    const int64_t max_depth = *std::max_element(p.depths.begin(), p.depths.end());
+    const int64_t n_ctx = max_depth + std::max(p.n_prompt, p.n_gen) + 1;
     std::vector<std::unique_ptr<KvCache>> caches;
     for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx));
 
     // One prompt pool per model (configs of the same model share it, so each repetition hands
-    // every arm the same input): depth prefix + test tokens.
+    // every arm the same input): depth prefix + test tokens. A test at depth d reads the first d
+    // tokens as its cached context and the tokens after them as its timed input.
     std::mt19937_64 rng(p.seed);
     std::vector<std::vector<std::vector<TokenId>>> pools(configs.size());
     for (size_t ci = 0; ci < configs.size(); ++ci) {
@@ -116,14 +128,14 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     }
 
     std::vector<float> logits;
-    // Runs one test on one config; returns tokens/s of the timed part.
-    auto run_one = [&](size_t ci, const Test& t, const std::vector<TokenId>& prompt) {
+    // Runs test t of config ci on `cache` (depth prefix untimed); returns tokens/s of the timed part.
+    auto run_on = [&](size_t ci, KvCache& cache, const Test& t, const std::vector<TokenId>& prompt) {
         const Model& m = *configs[ci].model;
-        KvCache& cache = *caches[ci];
         logits.resize(size_t(m.config().n_vocab));
         cache.truncate(0);
-        if (p.depth > 0) m.forward(*backend, cache, std::span(prompt).first(size_t(p.depth)), false, logits.data());
-        const auto body = std::span(prompt).subspan(size_t(p.depth));
+        const auto depth = static_cast<size_t>(t.depth);
+        if (depth > 0) m.forward(*backend, cache, std::span(prompt).first(depth), false, logits.data());
+        const auto body = std::span(prompt).subspan(depth);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.prefill) {
             m.forward(*backend, cache, body.first(size_t(t.n)), false, logits.data());
@@ -133,26 +145,54 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return double(t.n) / s;
     };
+    auto run_one = [&](size_t ci, const Test& t, const std::vector<TokenId>& prompt) {
+        return run_on(ci, *caches[ci], t, prompt);
+    };
 
     // Warm-up: every config once on every test, untimed (first-touch faults, caches, pool spin-up).
     for (size_t ci = 0; ci < configs.size(); ++ci)
         for (const auto& t : tests) run_one(ci, t, pools[ci][0]);
 
+    // The (test, config) pairs of one repetition round, configurations alternating within each
+    // test (A B C A B C ...), every depth in the same round. Round r starts r pairs further along
+    // the cycle, so the pair that opens a round, and the one that closes it, changes every round.
+    struct Pair {
+        size_t ti, ci;
+    };
+    std::vector<Pair> cycle;
+    for (size_t ti = 0; ti < tests.size(); ++ti)
+        for (size_t ci = 0; ci < configs.size(); ++ci) cycle.push_back({ti, ci});
+
     std::vector<std::vector<std::vector<double>>> samples(configs.size(), std::vector<std::vector<double>>(tests.size()));
-    const int total = p.reps * int(configs.size() * tests.size());
+    const int total = p.reps * int(cycle.size());
     int done = 0;
     for (int r = 0; r < p.reps; ++r) {
         const int prompt_idx = (r + 1) % p.pool;  // index 0 was the warm-up's
-        for (size_t ti = 0; ti < tests.size(); ++ti) {
-            for (size_t ci = 0; ci < configs.size(); ++ci) {
-                const double tps = run_one(ci, tests[ti], pools[ci][size_t(prompt_idx)]);
-                samples[ci][ti].push_back(tps);
-                if (trace) {
-                    trace(fmt::format("run {:>3}: rep {} {:<10} {:<40} prompt #{} -> {:.1f} t/s", done + 1, r + 1,
-                                      tests[ti].name, configs[ci].label, prompt_idx, tps));
-                }
-                if (progress) progress(++done, total);
+        for (size_t k = 0; k < cycle.size(); ++k) {
+            const auto [ti, ci] = cycle[(size_t(r) + k) % cycle.size()];
+            const double tps = run_one(ci, tests[ti], pools[ci][size_t(prompt_idx)]);
+            samples[ci][ti].push_back(tps);
+            if (trace) {
+                trace(fmt::format("run {:>3}: rep {} {:<12} {:<40} prompt #{} -> {:.1f} t/s", done + 1, r + 1,
+                                  tests[ti].name, configs[ci].label, prompt_idx, tps));
             }
+            if (progress) progress(++done, total);
+        }
+    }
+
+    // Resident KV per (config, test), measured on a fresh cache after one untimed run of the test:
+    // the shared cache keeps the pages of every depth it has held, so a depth-0 row read from it
+    // would report the largest depth's memory.
+    struct KvFigure {
+        size_t bytes = 0;
+        double bits_per_element = 0;
+    };
+    std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+        for (size_t ti = 0; ti < tests.size(); ++ti) {
+            auto fresh = make_cache(configs[ci], n_ctx);
+            run_on(ci, *fresh, tests[ti], pools[ci][0]);
+            kv_of[ci][ti] = {fresh->resident_bytes(), resident_bits_per_element(*fresh, fresh->size())};
         }
     }
 
@@ -161,10 +201,13 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             BenchRow row;
             row.label = configs[ci].label;
             row.test = tests[ti].name;
+            row.depth = tests[ti].depth;
+            row.n_prompt = tests[ti].prefill ? tests[ti].n : 0;
+            row.n_gen = tests[ti].prefill ? 0 : tests[ti].n;
             row.code_path = backend->describe();
             row.kv_format = caches[ci]->format();
-            row.kv_bytes = caches[ci]->resident_bytes();
-            row.kv_bits_per_element = resident_bits_per_element(*caches[ci], caches[ci]->size());
+            row.kv_bytes = kv_of[ci][ti].bytes;
+            row.kv_bits_per_element = kv_of[ci][ti].bits_per_element;
             row.is_aa = p.add_aa && ci == 1;
             row.tps = summarize(samples[ci][ti]);
             rep.rows.push_back(std::move(row));

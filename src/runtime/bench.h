@@ -1,7 +1,8 @@
-// Throughput benchmark with the protocol of ../shared/docs/MEASURE.md: configurations run
-// interleaved round-robin in one process, each repetition on a different prompt from a rotating
-// pool, warm-up outside timing, an A/A copy of the baseline as the noise floor, and median /
-// min / max / mean +- sd per configuration.
+// Throughput benchmark with the protocol of ../shared/docs/MEASURE.md: every (configuration, test)
+// pair runs once per repetition round, interleaved in one process in an order that rotates from
+// round to round, each round on a different prompt from a rotating pool; warm-up outside timing,
+// an A/A copy of the baseline as the noise floor, and median / min / max / mean +- sd per pair.
+// A test is pp or tg at one depth, so several depths are measured side by side in one run.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +24,7 @@ struct BenchConfig {
 struct BenchParams {
     int64_t n_prompt = 512;     // pp test: tokens in one batch (0: skip)
     int64_t n_gen = 128;        // tg test: decode steps (0: skip)
-    int64_t depth = 0;          // tokens already in the cache before each test (untimed)
+    std::vector<int64_t> depths{0};  // tokens already in the cache before a test (untimed); one test per depth
     int reps = 5;
     int threads = 2;
     int pool = 8;               // distinct prompts in the rotation
@@ -39,6 +40,9 @@ struct BenchStats {
 struct BenchRow {
     std::string label;
     std::string test;           // "pp512", "tg128", "pp512@d1024", ...
+    int64_t depth = 0;          // tokens in the cache before the timed part
+    int64_t n_prompt = 0;       // prompt tokens timed in one batch (pp tests; 0 for tg)
+    int64_t n_gen = 0;          // decode steps timed (tg tests; 0 for pp)
     std::string code_path;      // backend and kernels that ran
     std::string kv_format;
     size_t kv_bytes = 0;

@@ -2,6 +2,7 @@
 // (interleaved configurations, rotating prompts, A/A noise floor, median/min/max).
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -23,6 +24,7 @@ namespace {
 struct BenchOptions {
     std::vector<std::string> models;
     std::vector<std::string> kv{"f16"};
+    std::vector<std::string> depths;  // -d values as given: "0,1024,2048", possibly repeated
     BenchParams p;
     bool csv = false;
     bool json = false;
@@ -37,20 +39,26 @@ BenchStats paired_ratio(const BenchRow& row, const BenchRow& base) {
     return summarize(r);
 }
 
-// "f16,kivi:bits=2,group=32,q4_0" -> f16 | kivi:bits=2,group=32 | q4_0: an item with '=' but no
-// ':' is an option of the method before it.
-std::vector<std::string> split_methods(const std::vector<std::string>& args) {
-    std::vector<std::string> out;
+// "0,1024,2048" (and further -d values) -> {0, 1024, 2048}, as llama-bench's -d; every item a
+// whole number of tokens in [0, 2^20].
+std::vector<int64_t> parse_depths(const std::vector<std::string>& args) {
+    constexpr int64_t kMaxDepth = int64_t(1) << 20;
+    std::vector<int64_t> out;
     for (const auto& a : args) {
         size_t pos = 0;
         while (pos <= a.size()) {
             const size_t comma = std::min(a.find(',', pos), a.size());
             const std::string item = a.substr(pos, comma - pos);
-            if (!out.empty() && item.find('=') != std::string::npos && item.find(':') == std::string::npos) {
-                out.back() += "," + item;
-            } else if (!item.empty()) {
-                out.push_back(item);
+            if (item.empty()) fail("bench: -d/--depth '{}': empty depth (expected a comma-separated list such as 0,1024,2048)", a);
+            int64_t d = 0;
+            const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), d);
+            const bool whole = end == item.data() + item.size();
+            if (!whole || (ec != std::errc{} && ec != std::errc::result_out_of_range)) {
+                fail("bench: -d/--depth '{}': '{}' is not a number of tokens (expected a comma-separated list such as 0,1024,2048)", a, item);
             }
+            if (d < 0 || (ec == std::errc::result_out_of_range && item[0] == '-')) fail("bench: -d/--depth: depth must be >= 0, got {}", item);
+            if (ec == std::errc::result_out_of_range || d > kMaxDepth) fail("bench: -d/--depth: depth {} is larger than {}", item, kMaxDepth);
+            out.push_back(d);
             pos = comma + 1;
         }
     }
@@ -59,6 +67,7 @@ std::vector<std::string> split_methods(const std::vector<std::string>& args) {
 
 void run_bench_cmd(BenchOptions o) {
     o.kv = split_methods(o.kv);
+    if (!o.depths.empty()) o.p.depths = parse_depths(o.depths);
     std::vector<std::unique_ptr<Model>> models;
     std::vector<BenchConfig> configs;
     for (const auto& path : o.models) {
@@ -76,10 +85,9 @@ void run_bench_cmd(BenchOptions o) {
     if (tty && !o.verbose) fmt::print(stderr, "\n");
 
     // The baseline of each test is its first row; the A/A row gives the noise floor.
-    std::map<std::string, const BenchRow*> base, aa;
+    std::map<std::string, const BenchRow*> base;
     for (const auto& r : rep.rows) {
         if (!base.count(r.test)) base[r.test] = &r;
-        if (r.is_aa) aa[r.test] = &r;
     }
     if (o.json) {
         nlohmann::json j;
@@ -90,7 +98,8 @@ void run_bench_cmd(BenchOptions o) {
         j["prompt_pool"] = o.p.pool;
         for (const auto& r : rep.rows) {
             const BenchStats ratio = paired_ratio(r, *base[r.test]);
-            j["rows"].push_back({{"config", r.label}, {"test", r.test}, {"code_path", r.code_path}, {"kv_format", r.kv_format},
+            j["rows"].push_back({{"config", r.label}, {"test", r.test}, {"depth", r.depth}, {"n_prompt", r.n_prompt},
+                                 {"n_gen", r.n_gen}, {"code_path", r.code_path}, {"kv_format", r.kv_format},
                                  {"kv_bytes", r.kv_bytes}, {"kv_bits_per_element", r.kv_bits_per_element}, {"aa", r.is_aa},
                                  {"tps_median", r.tps.median}, {"tps_min", r.tps.min}, {"tps_max", r.tps.max},
                                  {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"tps_samples", r.tps.samples},
@@ -119,9 +128,10 @@ void run_bench_cmd(BenchOptions o) {
                    r.test, r.code_path, r.kv_bytes, r.kv_bits_per_element, r.tps.median, r.tps.min, r.tps.max, r.tps.mean,
                    r.tps.sd, ratio.median, ratio.min, ratio.max);
     }
-    for (const auto& [test, row] : aa) {
-        const BenchStats ratio = paired_ratio(*row, *base[test]);
-        fmt::print("\nnoise floor ({}): A/A ratio {:.3f} ({:.3f}–{:.3f}); differences inside ±{:.1f}% are not measurable\n", test,
+    for (const auto& r : rep.rows) {
+        if (!r.is_aa) continue;
+        const BenchStats ratio = paired_ratio(r, *base[r.test]);
+        fmt::print("\nnoise floor ({}): A/A ratio {:.3f} ({:.3f}–{:.3f}); differences inside ±{:.1f}% are not measurable\n", r.test,
                    ratio.median, ratio.min, ratio.max, 100.0 * std::max(std::abs(ratio.max - 1.0), std::abs(1.0 - ratio.min)));
     }
 }
@@ -134,7 +144,8 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("-m,--model", o->models, "GGUF model file(s)")->required();
     sub->add_option("-p,--n-prompt", o->p.n_prompt, "prompt tokens per prefill test (0: skip)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
     sub->add_option("-n,--n-gen", o->p.n_gen, "generated tokens per decode test (0: skip)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
-    sub->add_option("-d,--depth", o->p.depth, "tokens in the cache before each test")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    sub->add_option("-d,--depth", o->depths, "tokens in the cache before each test, comma-separated: one test per depth (0,1024,2048)")
+        ->type_name("N[,N...]");
     sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
     sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
     sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");

@@ -13,6 +13,7 @@ void add_perplexity(CLI::App& app, int& rc);
 void add_bench(CLI::App& app, int& rc);
 void add_methods(CLI::App& app, int& rc);
 void add_plot(CLI::App& app, int& rc);
+void add_eval(CLI::App& app, int& rc);
 
 inline void add_commands(CLI::App& app, int& rc) {
     add_inspect(app, rc);
@@ -21,6 +22,7 @@ inline void add_commands(CLI::App& app, int& rc) {
     add_perplexity(app, rc);
     add_bench(app, rc);
     add_methods(app, rc);
+    add_eval(app, rc);
     add_plot(app, rc);
 }
 

@@ -48,6 +48,24 @@ Engine make_engine(const RuntimeOptions& o) {
     return e;
 }
 
+std::vector<std::string> split_methods(const std::vector<std::string>& args) {
+    std::vector<std::string> out;
+    for (const auto& a : args) {
+        size_t pos = 0;
+        while (pos <= a.size()) {
+            const size_t comma = std::min(a.find(',', pos), a.size());
+            const std::string item = a.substr(pos, comma - pos);
+            if (!out.empty() && item.find('=') != std::string::npos && item.find(':') == std::string::npos) {
+                out.back() += "," + item;
+            } else if (!item.empty()) {
+                out.push_back(item);
+            }
+            pos = comma + 1;
+        }
+    }
+    return out;
+}
+
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot open '{}': {}", path, std::strerror(errno));

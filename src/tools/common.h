@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -25,6 +26,10 @@ struct RuntimeOptions {
     std::string k_spec() const { return !kv_k.empty() ? kv_k : !kv.empty() ? kv : "f16"; }
     std::string v_spec() const { return !kv_v.empty() ? kv_v : !kv.empty() ? kv : "f16"; }
 };
+
+// "--kv" lists: comma-separated methods, where an option keeps its comma with its method
+// ("f16,kivi:bits=2,group=32,q4_0" -> f16 | kivi:bits=2,group=32 | q4_0). Repeated flags add up.
+std::vector<std::string> split_methods(const std::vector<std::string>& args);
 
 // Resident KV bytes, bits per element and the f16 figure for the same tokens, one line.
 std::string kv_summary(const KvCache& c, int64_t tokens);

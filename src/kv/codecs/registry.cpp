@@ -13,8 +13,8 @@ struct Entry {
     CodecFactory make;
 };
 
-const std::vector<Entry>& entries() {
-    static const std::vector<Entry> e = {
+std::vector<Entry>& entries() {
+    static std::vector<Entry> e = {
         {{"f16", "", "IEEE half precision (llama.cpp's default cache)"}, codecs::make_f16},
         {{"bf16", "", "bfloat16"}, codecs::make_bf16},
         {{"f32", "", "single precision"}, codecs::make_f32},
@@ -70,6 +70,16 @@ std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t he
     std::string names;
     for (const auto& e : entries()) names += (names.empty() ? "" : ", ") + e.info.name;
     fail("unknown KV cache method '{}' (available: {})", spec.name, names);
+}
+
+void register_codec(const CodecInfo& info, CodecFactory make) {
+    if (info.name.empty() || info.name.find_first_of(":,/=") != std::string::npos) {
+        fail("cannot register KV method '{}': a name is non-empty and has none of ':,/='", info.name);
+    }
+    for (const auto& e : entries()) {
+        if (e.info.name == info.name) fail("KV method '{}' is already registered", info.name);
+    }
+    entries().push_back({info, make});
 }
 
 std::vector<CodecInfo> list_codecs() {

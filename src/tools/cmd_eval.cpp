@@ -1,0 +1,180 @@
+// vxq eval: quality of a list of KV methods against the f16 cache on one model and text —
+// perplexity (prefill and stream), KL divergence and top-1 agreement of the next-token
+// distribution, attention fidelity, bits/element — as markdown, JSON and a KL-vs-bits SVG; with
+// --gate, the limits of a quality-gate file are checked (exit 1 on a violation).
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "runtime/eval.h"
+#include "runtime/quality_gate.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+#include "tools/svg_plot.h"
+
+namespace vxq::tools {
+
+namespace {
+
+struct EvalOptions {
+    std::string model, file, ref = "f16", json_out, plot_out, gate;
+    std::vector<std::string> kv;
+    std::vector<std::string> modes{"prefill", "stream"};
+    int threads = 0;
+    int64_t n_ctx = 0, chunks = -1, attn_every = 64;
+    bool prefill_exact = false;
+};
+
+nlohmann::json dist_json(const Distribution& d) {
+    return {{"n", d.n}, {"mean", d.mean}, {"median", d.median}, {"p99", d.p99}, {"max", d.max}, {"min", d.min}};
+}
+
+nlohmann::json to_json(const EvalResult& r, const EvalOptions& o) {
+    nlohmann::json j;
+    j["model"] = o.model;
+    j["text"] = o.file;
+    j["reference"] = r.reference_format;
+    j["ctx"] = r.n_ctx;
+    j["chunks"] = r.n_chunks;
+    j["attn_every"] = o.attn_every;
+    j["seconds"] = r.seconds;
+    j["methods"] = nlohmann::json::array();
+    for (const MethodEval& m : r.methods) {
+        nlohmann::json jm{{"method", m.method.label}, {"k", m.method.k}, {"v", m.method.v}, {"format", m.format}};
+        for (const ModeEval& e : m.modes) {
+            jm["modes"][mode_name(e.mode)] = {
+                {"ppl", e.ppl}, {"ppl_err", e.ppl_err}, {"ppl_ref", e.ppl_ref}, {"ppl_delta", e.ppl / e.ppl_ref - 1.0},
+                {"kl", dist_json(e.kl)}, {"top1", e.top1}, {"n_scored", e.n_scored}, {"kv_bytes", e.kv_bytes},
+                {"kv_tokens", e.kv_tokens}, {"bits_per_element", e.bits_per_element},
+                {"attn_score_corr", dist_json(e.score_corr)}, {"attn_out_rel_err", dist_json(e.out_rel_err)}};
+        }
+        j["methods"].push_back(jm);
+    }
+    return j;
+}
+
+std::string to_markdown(const EvalResult& r) {
+    std::string s = fmt::format(
+        "reference: {} | ctx {} | {} chunks | KL(reference || method) in nats over every scored token\n\n", r.reference_format,
+        r.n_ctx, r.n_chunks);
+    s += "| method | mode | bits/el | KV bytes | PPL | ΔPPL | KL mean | KL median | KL p99 | KL max | top-1 | attn score corr (mean / min) | attn out rel err (mean / p99) |\n";
+    s += "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n";
+    for (const MethodEval& m : r.methods) {
+        for (const ModeEval& e : m.modes) {
+            const std::string attn = e.score_corr.n > 0 ? fmt::format("{:.5f} / {:.4f}", e.score_corr.mean, e.score_corr.min) : "—";
+            const std::string err = e.out_rel_err.n > 0 ? fmt::format("{:.2e} / {:.2e}", e.out_rel_err.mean, e.out_rel_err.p99) : "—";
+            s += fmt::format("| {} | {} | {:.3f} | {} | {:.4f} | {:+.3f} % | {:.3e} | {:.3e} | {:.3e} | {:.3e} | {:.2f} % | {} | {} |\n",
+                             m.method.label, mode_name(e.mode), e.bits_per_element, e.kv_bytes, e.ppl,
+                             100.0 * (e.ppl / e.ppl_ref - 1.0), e.kl.mean, e.kl.median, e.kl.p99, e.kl.max, 100.0 * e.top1,
+                             attn, err);
+        }
+    }
+    return s;
+}
+
+void write_atomically(const std::string& path, const std::string& data) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        out << data;
+        if (!out) fail("cannot write '{}'", tmp);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write '{}'", path);
+}
+
+// Pareto view: resident bits/element on x, mean KL on y (log), one point per method and mode.
+std::string kl_plot(const EvalResult& r, const std::string& model) {
+    PlotSpec spec;
+    spec.title = fmt::format("{}: KL divergence vs KV bits (ctx {}, {} chunks)", model, r.n_ctx, r.n_chunks);
+    spec.x_label = "resident bits/element";
+    spec.y_label = "mean KL vs f16 cache (nats, log)";
+    spec.log_y = true;
+    std::vector<PlotPoint> pts;
+    for (const MethodEval& m : r.methods) {
+        for (const ModeEval& e : m.modes) {
+            if (e.kl.mean <= 0) continue;  // the reference itself: KL 0 has no place on a log axis
+            pts.push_back({e.bits_per_element, e.kl.mean, m.method.label, mode_name(e.mode)});
+        }
+    }
+    return render_svg(spec, pts);
+}
+
+void run_eval_cmd(EvalOptions o) {
+    std::optional<QualityGate> gate;
+    if (!o.gate.empty()) {
+        gate = QualityGate::parse(read_file(o.gate), o.gate);
+        const std::string base = std::filesystem::path(o.model).filename().string();
+        if (base != gate->model) fail("the gate '{}' is for model '{}', not '{}'", o.gate, gate->model, base);
+    }
+    const std::string text = read_file(o.file);
+    const auto model = Model::load(o.model);
+    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    const auto be = make_cpu_backend(threads);
+    EvalParams p;
+    if (gate) {
+        p = gate->eval_params();
+    } else {
+        for (const std::string& m : split_methods(o.kv)) p.methods.push_back(EvalMethod::parse(m));
+        if (p.methods.empty()) fail("eval: give the KV methods with --kv (e.g. --kv q8_0,q4_0,kivi:bits=2)");
+        p.modes.clear();
+        for (const std::string& m : o.modes) p.modes.push_back(m == "stream" ? PplMode::Stream : PplMode::Prefill);
+        p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
+        p.n_chunks = o.chunks;
+        p.attn_every = o.attn_every;
+    }
+    p.reference = EvalMethod::parse(o.ref);
+    p.prefill_exact = o.prefill_exact;
+    const bool tty = stderr_is_tty();
+    fmt::print(stderr, "eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, be->describe());
+    const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
+        if (tty) fmt::print(stderr, "\r[{}/{}] runs   ", done, total);
+    });
+    if (tty) fmt::print(stderr, "\n");
+    fmt::print("{}", to_markdown(r));
+    fmt::print("\n{:.1f} s\n", r.seconds);
+    if (!o.json_out.empty()) write_atomically(o.json_out, to_json(r, o).dump(1) + "\n");
+    if (!o.plot_out.empty()) write_atomically(o.plot_out, kl_plot(r, std::filesystem::path(o.model).stem().string()));
+    if (gate) {
+        const auto violations = check_gate(*gate, r);
+        for (const auto& v : violations) fmt::print("gate: FAIL {}\n", v);
+        if (!violations.empty()) fail("quality gate '{}': {} limit(s) violated", o.gate, violations.size());
+        fmt::print("gate: PASS ({} methods within the limits of {})\n", gate->limits.size(), o.gate);
+    }
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app, int& rc) {
+    auto* sub = app.add_subcommand("eval", "Quality of KV methods vs the f16 cache: PPL, KL divergence, top-1, attention fidelity");
+    auto o = std::make_shared<EvalOptions>();
+    sub->add_option("-m,--model", o->model, "GGUF model file")->required();
+    sub->add_option("-f,--file", o->file, "text file")->required();
+    sub->add_option("--kv", o->kv, "KV methods, comma-separated; K/V pairs as KSPEC/VSPEC (q4_0/f16)");
+    sub->add_option("--ref", o->ref, "reference method (default f16, the llama.cpp-parity cache)");
+    sub->add_option("-c,--ctx-size", o->n_ctx, "context (chunk) size in tokens (default 512)")
+        ->check(CLI::Range(int64_t(4), int64_t(1) << 20));
+    sub->add_option("--chunks", o->chunks, "number of chunks (default: all)");
+    sub->add_option("--mode", o->modes, "prefill and/or stream (default both)")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"prefill", "stream"}));
+    sub->add_option("--attn-every", o->attn_every, "stream mode: probe attention fidelity every N scored steps (0: off)")
+        ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    sub->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
+    sub->add_flag("--prefill-exact", o->prefill_exact, "a batch at position 0 attends to its exact K/V (KIVI's recipe)");
+    sub->add_option("--json", o->json_out, "write the results as JSON to this file");
+    sub->add_option("--plot", o->plot_out, "write the KL-vs-bits SVG to this file");
+    sub->add_option("--gate", o->gate, "check a quality-gate file (tests/data/gate/*.json); exit 1 on a violation");
+    sub->callback([o, &rc] {
+        run_eval_cmd(*o);
+        rc = 0;
+    });
+}
+
+}  // namespace vxq::tools
