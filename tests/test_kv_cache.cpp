@@ -3,6 +3,7 @@
 // precision) within 1e-5 relative error (q8_0 / q4_0 keys: 5e-2, see below); resident bytes
 // equal the format's formula; truncate.
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -105,6 +106,38 @@ INSTANTIATE_TEST_SUITE_P(AllCodecs, FusedAttention, ::testing::ValuesIn(cases())
 });
 
 // Resident bytes equal the format's formula (within 1 %): pages hold packed blocks only.
+// The split over KV chunks depends on the shape only: the same output bit for bit whatever the
+// thread count (fails if the split is sized from the pool).
+TEST(FusedAttentionSplit, SameBitsWithAnyThreadCount) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const KvShape shape{1, 8, 2, 64, 3000};
+    const int64_t n = 2345, kv = shape.n_head_kv * shape.head_dim;
+    for (const char* spec : {"q4_0", "kivi:bits=2", "f32"}) {
+        auto cache = make_kv_cache(shape, spec, spec);
+        std::vector<float> k(size_t(n * kv)), v(size_t(n * kv)), q(size_t(3 * shape.n_head * shape.head_dim));
+        for (auto& x : k) x = nd(rng);
+        for (auto& x : v) x = nd(rng);
+        for (auto& x : q) x = nd(rng);
+        cache->write(0, 0, k.data(), v.data(), n);
+        cache->commit(n);
+        for (const int64_t n_q : {1, 3}) {
+            std::vector<float> ref(size_t(n_q * shape.n_head * shape.head_dim));
+            ThreadPool one(1);
+            cache->attend(0, q.data(), n_q, n - n_q, ref.data(), one);
+            for (const int threads : {2, 3, 7}) {
+                ThreadPool pool(threads);
+                std::vector<float> out(ref.size());
+                cache->attend(0, q.data(), n_q, n - n_q, out.data(), pool);
+                EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)))
+                    << spec << " n_q=" << n_q << " threads=" << threads;
+            }
+        }
+    }
+}
+
 TEST(PagedCache, ResidentBytesMatchFormula) {
     const KvShape shape{2, 4, 2, 64, 4096};
     for (const char* m : {"q8_0", "q4_0", "fp8", "bf16"}) {
