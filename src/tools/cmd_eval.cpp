@@ -17,6 +17,7 @@
 #include "runtime/quality_gate.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/eval_plot.h"
 #include "tools/svg_plot.h"
 
 namespace vxq::tools {
@@ -79,33 +80,6 @@ std::string to_markdown(const EvalResult& r) {
     return s;
 }
 
-void write_atomically(const std::string& path, const std::string& data) {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary);
-        out << data;
-        if (!out) fail("cannot write '{}'", tmp);
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot write '{}'", path);
-}
-
-// Pareto view: resident bits/element on x, mean KL on y (log), one point per method and mode.
-std::string kl_plot(const EvalResult& r, const std::string& model) {
-    PlotSpec spec;
-    spec.title = fmt::format("{}: KL divergence vs KV bits (ctx {}, {} chunks)", model, r.n_ctx, r.n_chunks);
-    spec.x_label = "resident bits/element";
-    spec.y_label = "mean KL vs f16 cache (nats, log)";
-    spec.log_y = true;
-    std::vector<PlotPoint> pts;
-    for (const MethodEval& m : r.methods) {
-        for (const ModeEval& e : m.modes) {
-            if (e.kl.mean <= 0) continue;  // the reference itself: KL 0 has no place on a log axis
-            pts.push_back({e.bits_per_element, e.kl.mean, m.method.label, mode_name(e.mode)});
-        }
-    }
-    return render_svg(spec, pts);
-}
-
 void run_eval_cmd(EvalOptions o) {
     std::optional<QualityGate> gate;
     if (!o.gate.empty()) {
@@ -139,8 +113,11 @@ void run_eval_cmd(EvalOptions o) {
     if (tty) fmt::print(stderr, "\n");
     fmt::print("{}", to_markdown(r));
     fmt::print("\n{:.1f} s\n", r.seconds);
-    if (!o.json_out.empty()) write_atomically(o.json_out, to_json(r, o).dump(1) + "\n");
-    if (!o.plot_out.empty()) write_atomically(o.plot_out, kl_plot(r, std::filesystem::path(o.model).stem().string()));
+    if (!o.json_out.empty()) write_file_atomically(o.json_out, to_json(r, o).dump(1) + "\n");
+    if (!o.plot_out.empty()) {
+        write_file_atomically(o.plot_out, render_svg(kl_vs_bits_spec(std::filesystem::path(o.model).stem().string()),
+                                                kl_vs_bits_points(to_json(r, o))));
+    }
     if (gate) {
         const auto violations = check_gate(*gate, r);
         for (const auto& v : violations) fmt::print("gate: FAIL {}\n", v);

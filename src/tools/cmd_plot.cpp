@@ -1,7 +1,9 @@
-// vxq plot: an SVG chart from a tab-separated table (e.g. scripts/quality_table.sh's output), or
-// decode speed vs context depth from `vxq bench --json` files.
+// vxq plot: an SVG chart from a tab-separated table (e.g. scripts/quality_table.sh's output),
+// decode speed vs context depth from `vxq bench --json` files, or KL divergence vs bits/element
+// from `vxq eval --json` files.
 #include <charconv>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -14,6 +16,7 @@
 #include "core/error.h"
 #include "tools/commands.h"
 #include "tools/common.h"
+#include "tools/eval_plot.h"
 #include "tools/svg_plot.h"
 
 namespace vxq::tools {
@@ -118,11 +121,48 @@ void read_bench_json(const std::string& path, std::vector<PlotPoint>& pts, Bench
     if (n_decode == 0) fail("{}: no decode rows (tests named tg...) to plot", path);
 }
 
+// `vxq eval --json` files: the Pareto view, bits/element vs mean KL (log), one point per method
+// and mode (tools/eval_plot.h).
+std::vector<PlotPoint> read_eval_jsons(PlotOptions& o) {
+    std::vector<PlotPoint> pts;
+    std::string model;
+    for (const auto& path : o.inputs) {
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(read_file(path));
+        } catch (const nlohmann::json::exception& e) {
+            fail("{}: not valid JSON: {}", path, json_message(e));
+        }
+        try {
+            for (PlotPoint& p : kl_vs_bits_points(j)) pts.push_back(std::move(p));
+            model = std::filesystem::path(j.at("model").get<std::string>()).stem().string();
+        } catch (const nlohmann::json::exception& e) {
+            fail("{}: {}", path, json_message(e));
+        }
+    }
+    const PlotSpec spec = kl_vs_bits_spec(model);
+    if (!o.title_given) o.spec.title = spec.title;
+    if (!o.xlabel_given) o.spec.x_label = spec.x_label;
+    if (!o.ylabel_given) o.spec.y_label = spec.y_label;
+    o.spec.log_y = true;
+    return pts;
+}
+
+bool is_eval_json(const std::string& path) {
+    try {
+        const auto j = nlohmann::json::parse(read_file(path));
+        return j.is_object() && j.contains("methods");
+    } catch (const nlohmann::json::exception&) {
+        return false;  // reported by the bench reader
+    }
+}
+
 std::vector<PlotPoint> read_bench_jsons(PlotOptions& o) {
     if (!o.table_flags_given.empty()) {
-        fail("{}: column options are for a TSV table; a vxq bench JSON is always plotted as decode speed vs depth",
+        fail("{}: column options are for a TSV table; a vxq bench or eval JSON has its own chart",
              fmt::join(o.table_flags_given, ", "));
     }
+    if (is_eval_json(o.inputs.front())) return read_eval_jsons(o);
     std::vector<PlotPoint> pts;
     BenchRunInfo info;
     for (const auto& path : o.inputs) read_bench_json(path, pts, info);
@@ -168,22 +208,15 @@ void run_plot(PlotOptions o) {
     } else {
         fail("several inputs must all be vxq bench --json files (*.json); a TSV table is plotted on its own");
     }
-    const std::string svg = render_svg(o.spec, pts);
-    const std::string tmp = o.output + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary);
-        out << svg;
-        if (!out) fail("cannot write '{}'", tmp);
-    }
-    if (std::rename(tmp.c_str(), o.output.c_str()) != 0) fail("cannot write '{}'", o.output);
+    write_file_atomically(o.output, render_svg(o.spec, pts));
     fmt::print("wrote {} ({} points)\n", o.output, pts.size());
 }
 }  // namespace
 
 void add_plot(CLI::App& app, int& rc) {
-    auto* sub = app.add_subcommand("plot", "Draw an SVG chart from a tab-separated table, or decode speed vs depth from vxq bench --json files");
+    auto* sub = app.add_subcommand("plot", "Draw an SVG chart from a tab-separated table, decode speed vs depth from vxq bench --json files, or KL vs bits from vxq eval --json files");
     auto o = std::make_shared<PlotOptions>();
-    sub->add_option("input", o->inputs, "TSV file, or one or more vxq bench --json files (*.json, merged)")->required();
+    sub->add_option("input", o->inputs, "TSV file, or one or more vxq bench or vxq eval --json files (*.json, merged)")->required();
     sub->add_option("-o,--output", o->output, "SVG file to write")->required();
     sub->add_option("--x", o->x_col, "x column (0-based)")->check(CLI::Range(0, 64));
     sub->add_option("--y", o->y_col, "y column (0-based)")->check(CLI::Range(0, 64));

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -73,6 +74,22 @@ std::string read_file(const std::string& path) {
     ss << in.rdbuf();
     if (in.bad()) fail("cannot read '{}'", path);
     return ss.str();
+}
+
+void write_file_atomically(const std::string& path, const std::string& data) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        out << data;
+        if (!out) {
+            std::remove(tmp.c_str());
+            fail("cannot write '{}'", tmp);
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(tmp.c_str());
+        fail("cannot write '{}': {}", path, std::strerror(errno));
+    }
 }
 
 std::string kv_summary(const KvCache& c, int64_t tokens) {

@@ -46,6 +46,9 @@ Engine make_engine(const RuntimeOptions& o);
 // Reads a whole file; vxq::Error naming it if it cannot be read.
 std::string read_file(const std::string& path);
 
+// Writes a whole file through a temporary and a rename: never half-written. vxq::Error naming it.
+void write_file_atomically(const std::string& path, const std::string& data);
+
 // True when standard error is a terminal (progress is shown only then).
 bool stderr_is_tty();
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/softmax_state.h"
 
 namespace vxq::cpu {
@@ -89,8 +90,10 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
                     float mx = st[size_t(h)].m;
                     for (int64_t t = 0; t < n; ++t) mx = std::max(mx, sh[t]);
                     const float r = SoftmaxState::rescale(st[size_t(h)].m, mx);
+                    for (int64_t t = 0; t < n; ++t) sh[t] -= mx;
+                    vec_expf(sh, sh, n);  // ggml's 8-lane exp (what llama.cpp's softmax uses)
                     float sum = 0.0f;
-                    for (int64_t t = 0; t < n; ++t) sum += sh[t] = std::exp(sh[t] - mx);
+                    for (int64_t t = 0; t < n; ++t) sum += sh[t];
                     std::fill(sh + n, sh + ld, 0.0f);  // tokens past the visible end weigh nothing
                     st[size_t(h)].l = st[size_t(h)].l * r + sum;
                     st[size_t(h)].m = mx;
