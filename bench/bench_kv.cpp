@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/thread_pool.h"
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
@@ -340,13 +341,8 @@ void BM_KvDecodeAttention(benchmark::State& state, const std::string& spec, int6
 
 // ---- registration ----------------------------------------------------------------------------
 
-double stat_min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
-double stat_max(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-
-void common(benchmark::internal::Benchmark* b) {
-    b->Unit(benchmark::kMicrosecond)->UseRealTime();  // real time: the decode step's workers too
-    b->ComputeStatistics("min", stat_min)->ComputeStatistics("max", stat_max);
-}
+// Real time (the decode step's workers too), with min and max.
+void common(benchmark::internal::Benchmark* b) { vxq::bench::with_min_max(b); }
 
 const bool kRegistered = [] {
     for (const std::string spec : kCodecs) {
@@ -370,21 +366,13 @@ const bool kRegistered = [] {
     return true;
 }();
 
-// The machine state the KV results depend on, in the benchmark context. The keys are distinct from
-// bench_matmul.cpp's (AddCustomContext rejects a key twice); the load is read at start-up as there.
+// The machine state the KV results depend on, in the benchmark context (bench_matmul.cpp adds
+// the load average at start; AddCustomContext rejects a key twice).
 const bool kContext = [] {
     benchmark::AddCustomContext("kv_isa", kv_isa());
     benchmark::AddCustomContext("kv_threads", std::to_string(bench_threads()) + " (VXQ_BENCH_THREADS)");
-    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-        char line[128] = {};
-        if (std::fgets(line, sizeof line, f)) {
-            std::string s(line);
-            while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-            benchmark::AddCustomContext("kv_loadavg_at_start", s);
-        }
-        std::fclose(f);
-    }
     return true;
 }();
+
 
 }  // namespace

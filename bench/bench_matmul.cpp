@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "formats/ggml_types.h"
@@ -170,9 +171,6 @@ void BM_ReadBandwidth(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-double stat_min(const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); }
-double stat_max(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
-
 void args(benchmark::internal::Benchmark* b) {
     b->ArgNames({"type", "rows", "cols", "n", "thr"});
     const GgmlType types[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::F32,
@@ -182,8 +180,7 @@ void args(benchmark::internal::Benchmark* b) {
         for (const auto& sh : shapes)
             for (int64_t n : {1, 512})
                 for (int thr : {1, 2}) b->Args({int64_t(t), sh[0], sh[1], n, thr});
-    b->Unit(benchmark::kMicrosecond)->UseRealTime();
-    b->ComputeStatistics("min", stat_min)->ComputeStatistics("max", stat_max);
+    vxq::bench::with_min_max(b);
 }
 
 BENCHMARK(BM_Matmul)->Apply(args);
@@ -191,15 +188,7 @@ BENCHMARK(BM_Matmul)->Apply(args);
 // The machine state every result depends on, printed in the benchmark context.
 const bool kContext = [] {
     benchmark::AddCustomContext("matmul_isa", vxq::cpu::matmul_isa());
-    if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-        char line[128] = {};
-        if (std::fgets(line, sizeof line, f)) {
-            std::string s(line);
-            while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-            benchmark::AddCustomContext("loadavg_at_start", s);
-        }
-        std::fclose(f);
-    }
+    benchmark::AddCustomContext("loadavg_at_start", vxq::bench::loadavg());
     return true;
 }();
 

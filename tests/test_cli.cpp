@@ -78,6 +78,7 @@ const BadInput kBadInputs[] = {
     {"EvalBadKvPair", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "-c", "64", "--kv", "q8_0/"}; }, "q8_0/"},
     {"EvalGateNotJson", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", tmp_file("gate.json", "{limits")}; }, "gate.json"},
     {"EvalGateOtherModel", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/stories260K.json"}; }, "is for model"},
+    {"EvalBenchJsonMissing", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--bench", "/nonexistent_bench.json", "--speed-plot", "/tmp/vxq_s.svg"}; }, "/nonexistent_bench.json"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
 };
 

@@ -17,7 +17,7 @@
 #include "runtime/quality_gate.h"
 #include "tools/commands.h"
 #include "tools/common.h"
-#include "tools/eval_plot.h"
+#include "tools/json_charts.h"
 #include "tools/svg_plot.h"
 
 namespace vxq::tools {
@@ -25,8 +25,8 @@ namespace vxq::tools {
 namespace {
 
 struct EvalOptions {
-    std::string model, file, ref = "f16", json_out, plot_out, gate;
-    std::vector<std::string> kv;
+    std::string model, file, ref = "f16", json_out, plot_out, speed_plot_out, gate;
+    std::vector<std::string> kv, bench_json;
     std::vector<std::string> modes{"prefill", "stream"};
     int threads = 0;
     int64_t n_ctx = 0, chunks = -1, attn_every = 64;
@@ -81,6 +81,8 @@ std::string to_markdown(const EvalResult& r) {
 }
 
 void run_eval_cmd(EvalOptions o) {
+    if (!o.bench_json.empty() && o.speed_plot_out.empty()) fail("--bench is read only for --speed-plot");
+    for (const auto& path : o.bench_json) read_file(path);  // a missing file fails before the long run
     std::optional<QualityGate> gate;
     if (!o.gate.empty()) {
         gate = QualityGate::parse(read_file(o.gate), o.gate);
@@ -115,8 +117,12 @@ void run_eval_cmd(EvalOptions o) {
     fmt::print("\n{:.1f} s\n", r.seconds);
     if (!o.json_out.empty()) write_file_atomically(o.json_out, to_json(r, o).dump(1) + "\n");
     if (!o.plot_out.empty()) {
-        write_file_atomically(o.plot_out, render_svg(kl_vs_bits_spec(std::filesystem::path(o.model).stem().string()),
-                                                kl_vs_bits_points(to_json(r, o))));
+        const Chart c = kl_vs_bits_chart(to_json(r, o));
+        write_file_atomically(o.plot_out, render_svg(c.spec, c.points));
+    }
+    if (!o.speed_plot_out.empty()) {
+        const Chart c = speed_vs_depth_chart(o.bench_json);
+        write_file_atomically(o.speed_plot_out, render_svg(c.spec, c.points));
     }
     if (gate) {
         const auto violations = check_gate(*gate, r);
@@ -147,6 +153,9 @@ void add_eval(CLI::App& app, int& rc) {
     sub->add_flag("--prefill-exact", o->prefill_exact, "a batch at position 0 attends to its exact K/V (KIVI's recipe)");
     sub->add_option("--json", o->json_out, "write the results as JSON to this file");
     sub->add_option("--plot", o->plot_out, "write the KL-vs-bits SVG to this file");
+    sub->add_option("--bench", o->bench_json, "vxq bench --json file(s) for --speed-plot");
+    sub->add_option("--speed-plot", o->speed_plot_out, "write decode tokens/s vs context depth (from --bench) to this SVG")
+        ->needs("--bench");
     sub->add_option("--gate", o->gate, "check a quality-gate file (tests/data/gate/*.json); exit 1 on a violation");
     sub->callback([o, &rc] {
         run_eval_cmd(*o);
