@@ -79,6 +79,7 @@ const BadInput kBadInputs[] = {
     {"EvalGateNotJson", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", tmp_file("gate.json", "{limits")}; }, "gate.json"},
     {"EvalGateOtherModel", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/stories260K.json"}; }, "is for model"},
     {"EvalBenchJsonMissing", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--bench", "/nonexistent_bench.json", "--speed-plot", "/tmp/vxq_s.svg"}; }, "/nonexistent_bench.json"},
+    {"EvalGateWithMethods", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/vxq-llama-h64.json"}; }, "drop --kv"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
 };
 

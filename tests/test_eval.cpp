@@ -288,6 +288,29 @@ TEST(QualityGate, FailsOnAnInjectedBias) {
     }
 }
 
+// A codec whose values are NaN: KL must come out infinite (never a silent 0 or a dropped
+// sample) and the gate must fail on it.
+TEST(QualityGate, NanLogitsFailTheGate) {
+    VXQ_REQUIRE_ASSET(kStories);
+    VXQ_REQUIRE_ASSET(kStoriesText);
+    static const bool registered = [] {
+        register_codec({"nan_f32", "", "f32 with NaN added to every value (a test's broken codec)"},
+                       [](const CodecSpec&, KvRole role, int64_t d) -> std::unique_ptr<Codec> {
+                           return std::make_unique<Biased>(make_codec(CodecSpec::parse("f32"), role, d), NAN);
+                       });
+        return true;
+    }();
+    ASSERT_TRUE(registered);
+    const auto model = Model::load(test::shared_path(kStories));
+    const auto be = make_cpu_backend(2);
+    QualityGate g = QualityGate::parse(
+        R"({"model":"stories260K.gguf","text":"t","ctx":64,"chunks":1,"mode":"stream","limits":{"nan_f32":{"kl_mean":1e9}}})", "nan.json");
+    const EvalResult r = run_eval(*model, *be, slurp(test::shared_path(kStoriesText)), g.eval_params());
+    EXPECT_TRUE(std::isinf(r.methods[0].modes[0].kl.mean));
+    EXPECT_EQ(r.methods[0].modes[0].kl.n, 64 - 1 - 32);
+    EXPECT_FALSE(check_gate(g, r).empty());
+}
+
 // KL(q8_0) < KL(q4_0) < KL(kivi-2) on vxq-llama-h64 where every key is read through its codes
 // (prefill mode). In stream mode KIVI-2 comes out below q4_0, for the reason this test pins down
 // too: q4_0's cost is in its keys (K q4_0 alone is above KIVI-2 K+V), which KIVI quantizes per

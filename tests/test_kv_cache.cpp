@@ -138,6 +138,27 @@ TEST(FusedAttentionSplit, SameBitsWithAnyThreadCount) {
     }
 }
 
+// NaN in the cache propagates to the attention output (all-NaN keys and values included): a
+// broken codec must not read as a zero output.
+TEST(FusedAttentionSplit, NanInTheCacheGivesNanOutput) {
+    const KvShape shape{1, 2, 1, 32, 200};
+    for (const bool all : {false, true}) {
+        auto cache = make_kv_cache(shape, "f32", "f32");
+        std::vector<float> k(size_t(150 * 32), 0.5f), v(k.size(), 1.0f), q(64, 0.1f), out(64);
+        if (all) {
+            std::fill(k.begin(), k.end(), NAN);
+            std::fill(v.begin(), v.end(), NAN);
+        } else {
+            k[size_t(70 * 32 + 3)] = NAN;
+        }
+        cache->write(0, 0, k.data(), v.data(), 150);
+        cache->commit(150);
+        ThreadPool pool(2);
+        cache->attend(0, q.data(), 1, 149, out.data(), pool);
+        for (const float x : out) EXPECT_TRUE(std::isnan(x)) << (all ? "all NaN" : "one NaN key");
+    }
+}
+
 TEST(PagedCache, ResidentBytesMatchFormula) {
     const KvShape shape{2, 4, 2, 64, 4096};
     for (const char* m : {"q8_0", "q4_0", "fp8", "bf16"}) {

@@ -142,7 +142,8 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
                         for (int64_t t = 0; t < n_vocab; ++t) {
                             kl += std::exp(lp_ref[size_t(t)]) * (lp_ref[size_t(t)] - lp_m[size_t(t)]);
                         }
-                        a.kl.push_back(std::max(0.0, kl));
+                        // NaN logits diverge infinitely: never a silent 0 (or a dropped sample)
+                        a.kl.push_back(std::isnan(kl) ? INFINITY : std::max(0.0, kl));
                         a.same_top1 += argmax(rr, n_vocab) == argmax(row, n_vocab);
                     },
                     [&](int64_t j) { cache.arm(probe && j >= plan.first && (j - plan.first) % p.attn_every == 0); });

@@ -31,6 +31,7 @@ struct EvalOptions {
     int threads = 0;
     int64_t n_ctx = 0, chunks = -1, attn_every = 64;
     bool prefill_exact = false;
+    bool modes_given = false;
 };
 
 nlohmann::json dist_json(const Distribution& d) {
@@ -95,6 +96,9 @@ void run_eval_cmd(EvalOptions o) {
     const auto be = make_cpu_backend(threads);
     EvalParams p;
     if (gate) {
+        if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {
+            fail("--gate '{}' sets the methods, context, chunks and mode: drop --kv, -c, --chunks and --mode", o.gate);
+        }
         p = gate->eval_params();
     } else {
         for (const std::string& m : split_methods(o.kv)) p.methods.push_back(EvalMethod::parse(m));
@@ -157,7 +161,8 @@ void add_eval(CLI::App& app, int& rc) {
     sub->add_option("--speed-plot", o->speed_plot_out, "write decode tokens/s vs context depth (from --bench) to this SVG")
         ->needs("--bench");
     sub->add_option("--gate", o->gate, "check a quality-gate file (tests/data/gate/*.json); exit 1 on a violation");
-    sub->callback([o, &rc] {
+    sub->callback([o, sub, &rc] {
+        o->modes_given = sub->count("--mode") > 0;
         run_eval_cmd(*o);
         rc = 0;
     });

@@ -94,6 +94,7 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
                     vec_expf(sh, sh, n);  // ggml's 8-lane exp (what llama.cpp's softmax uses)
                     float sum = 0.0f;
                     for (int64_t t = 0; t < n; ++t) sum += sh[t];
+                    if (std::isnan(sum)) mx = NAN;  // NaN scores poison the state, never vanish
                     std::fill(sh + n, sh + ld, 0.0f);  // tokens past the visible end weigh nothing
                     st[size_t(h)].l = st[size_t(h)].l * r + sum;
                     st[size_t(h)].m = mx;
@@ -126,7 +127,9 @@ void attention_fused(const FusedAttentionArgs& a, ThreadPool& pool) {
                 merge_softmax(st, acc.data(), SoftmaxState{part[0], part[1]}, part + 2, d);
             }
             float* o = a.out + (i * a.n_head + g * n_gqa + h) * d;
-            const float inv = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+            // Only a state that saw no token is empty (l = 0, output 0); a NaN sum stays NaN, so
+            // NaN in the cache reaches the logits as it does in llama.cpp, never a silent 0.
+            const float inv = st.l == 0.0f ? 0.0f : 1.0f / st.l;
             for (int64_t c = 0; c < d; ++c) o[c] = acc[size_t(c)] * inv;
         }
     }
