@@ -38,6 +38,15 @@ Params parse_params(const CodecSpec& spec) {
     return p;
 }
 
+// rint(t) for 0 <= t < 2^22 without a libm call (x86-64's baseline has no rounding
+// instruction): adding 1.5 * 2^23 leaves no fraction bits, so the FPU's default
+// round-to-nearest-even does the rounding; subtracting it back is exact. Same bits as
+// std::nearbyint in the default rounding mode (tests/test_kivi.cpp checks ties).
+inline float rint_small(float t) {
+    constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+    return (t + kMagic) - kMagic;  // not foldable: IEEE arithmetic (no -ffast-math anywhere)
+}
+
 void quantize_group(const float* x, int64_t n, int bits, f16_t* z16, f16_t* s16, uint8_t* codes) {
     float mn = x[0], mx = x[0];
     for (int64_t i = 1; i < n; ++i) {
@@ -54,7 +63,7 @@ void quantize_group(const float* x, int64_t n, int bits, f16_t* z16, f16_t* s16,
     }
     for (int64_t i = 0; i < n; ++i) {
         const float t = std::clamp((x[i] - z) / s, 0.0f, qmax);
-        codes[i] = uint8_t(std::nearbyint(t));  // round half to even (parity rule 1)
+        codes[i] = uint8_t(rint_small(t));  // round half to even (parity rule 1)
     }
 }
 
