@@ -1,10 +1,11 @@
-// Pieces every microbenchmark file shares: the min/max statistics next to Google Benchmark's
+// Pieces every microbenchmark file shares: the input generator, the min/max statistics next to Google Benchmark's
 // median (MEASURE.md reports median, min and max) and the machine load recorded at start-up.
 #pragma once
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -19,6 +20,15 @@ inline void with_min_max(benchmark::internal::Benchmark* b) {
     b->Unit(benchmark::kMicrosecond)->UseRealTime();
     b->ComputeStatistics("min", stat_min)->ComputeStatistics("max", stat_max);
 }
+
+// A fast deterministic generator for input pools (xorshift64*) and a uniform float in [-1, 1).
+inline uint64_t next(uint64_t& s) {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ull;
+}
+inline float unit(uint64_t& s) { return float(int64_t(next(s) >> 40) - (1 << 23)) / float(1 << 23); }
 
 // /proc/loadavg as one line ("" where it cannot be read).
 inline std::string loadavg() {

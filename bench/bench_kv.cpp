@@ -79,14 +79,8 @@ constexpr int kQueries = 8;     // distinct decode queries, rotated with the cac
 const char* const kCodecs[] = {"f16",         "bf16",        "q8_0",        "q4_0",
                                "fp8",         "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
 
-uint64_t next(uint64_t& s) {  // xorshift64*
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    return s * 2685821657736338717ull;
-}
-
-float unit(uint64_t& s) { return float(int64_t(next(s) >> 40) - (1 << 23)) / float(1 << 23); }
+using vxq::bench::next;
+using vxq::bench::unit;
 
 void fill_random(std::vector<float>& x, uint64_t& s) {
     for (auto& v : x) v = 2.0f * unit(s);

@@ -33,14 +33,8 @@ using vxq::GgmlType;
 
 constexpr size_t kPoolBytes = size_t(64) << 20;
 
-uint64_t next(uint64_t& s) {  // xorshift64*
-    s ^= s >> 12;
-    s ^= s << 25;
-    s ^= s >> 27;
-    return s * 2685821657736338717ull;
-}
-
-float unit(uint64_t& s) { return float(int64_t(next(s) >> 40) - (1 << 23)) / float(1 << 23); }
+using vxq::bench::next;
+using vxq::bench::unit;
 
 void fill_weights(GgmlType type, uint8_t* p, int64_t rows, int64_t cols, uint64_t seed) {
     const size_t rb = vxq::ggml_row_bytes(type, cols);
