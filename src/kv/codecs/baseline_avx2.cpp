@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace vxq::codecs::baseline_avx2 {
 
@@ -168,44 +169,34 @@ void accumulate_group(const L& ld, const float* p, const uint8_t* blk, int64_t n
     }
 }
 
-template <class L>
-void scores_all(const L& ld, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
-                float* s) {
+// Runs the query heads in groups of up to 8, the group size as a template argument (the
+// accumulators of a group live in registers): fn(first_head, std::integral_constant<int, G>).
+template <class Fn>
+void for_head_groups(int64_t n_q, Fn&& fn) {
     for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
-        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
-        const float* qh = q + h0 * d;
-        float* sh = s + h0 * n;
-        switch (g) {
-            case 1: scores_group<L, 1>(ld, qh, blk, n, d, bb, sh); break;
-            case 2: scores_group<L, 2>(ld, qh, blk, n, d, bb, sh); break;
-            case 3: scores_group<L, 3>(ld, qh, blk, n, d, bb, sh); break;
-            case 4: scores_group<L, 4>(ld, qh, blk, n, d, bb, sh); break;
-            case 5: scores_group<L, 5>(ld, qh, blk, n, d, bb, sh); break;
-            case 6: scores_group<L, 6>(ld, qh, blk, n, d, bb, sh); break;
-            case 7: scores_group<L, 7>(ld, qh, blk, n, d, bb, sh); break;
-            default: scores_group<L, 8>(ld, qh, blk, n, d, bb, sh); break;
+        switch (n_q - h0 < 8 ? n_q - h0 : 8) {
+            case 1: fn(h0, std::integral_constant<int, 1>{}); break;
+            case 2: fn(h0, std::integral_constant<int, 2>{}); break;
+            case 3: fn(h0, std::integral_constant<int, 3>{}); break;
+            case 4: fn(h0, std::integral_constant<int, 4>{}); break;
+            case 5: fn(h0, std::integral_constant<int, 5>{}); break;
+            case 6: fn(h0, std::integral_constant<int, 6>{}); break;
+            case 7: fn(h0, std::integral_constant<int, 7>{}); break;
+            default: fn(h0, std::integral_constant<int, 8>{}); break;
         }
     }
 }
 
 template <class L>
+void scores_all(const L& ld, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
+                float* s) {
+    for_head_groups(n_q, [&](int64_t h0, auto g) { scores_group<L, decltype(g)::value>(ld, q + h0 * d, blk, n, d, bb, s + h0 * n); });
+}
+
+template <class L>
 void accumulate_all(const L& ld, const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, size_t bb,
                     float* acc) {
-    for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
-        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
-        const float* ph = p + h0 * n;
-        float* ah = acc + h0 * d;
-        switch (g) {
-            case 1: accumulate_group<L, 1>(ld, ph, blk, n, d, bb, ah); break;
-            case 2: accumulate_group<L, 2>(ld, ph, blk, n, d, bb, ah); break;
-            case 3: accumulate_group<L, 3>(ld, ph, blk, n, d, bb, ah); break;
-            case 4: accumulate_group<L, 4>(ld, ph, blk, n, d, bb, ah); break;
-            case 5: accumulate_group<L, 5>(ld, ph, blk, n, d, bb, ah); break;
-            case 6: accumulate_group<L, 6>(ld, ph, blk, n, d, bb, ah); break;
-            case 7: accumulate_group<L, 7>(ld, ph, blk, n, d, bb, ah); break;
-            default: accumulate_group<L, 8>(ld, ph, blk, n, d, bb, ah); break;
-        }
-    }
+    for_head_groups(n_q, [&](int64_t h0, auto g) { accumulate_group<L, decltype(g)::value>(ld, p + h0 * n, blk, n, d, bb, acc + h0 * d); });
 }
 
 // ---- q8_0-query dots for q8_0 / q4_0 keys ---------------------------------------------------------
@@ -259,22 +250,9 @@ void qdot_group(const uint8_t* qb, const float* qd, const uint8_t* blk, int64_t 
 template <class C>
 void qdot_all(const uint8_t* qb, const float* qd, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) {
     const int64_t nb = d / 32;
-    for (int64_t h0 = 0; h0 < n_q; h0 += 8) {
-        const int64_t g = n_q - h0 < 8 ? n_q - h0 : 8;
-        const uint8_t* qh = qb + size_t(h0 * nb) * kQ8BlockBytes;
-        const float* dh = qd + h0 * nb;
-        float* sh = s + h0 * n;
-        switch (g) {
-            case 1: qdot_group<C, 1>(qh, dh, blk, n, nb, sh); break;
-            case 2: qdot_group<C, 2>(qh, dh, blk, n, nb, sh); break;
-            case 3: qdot_group<C, 3>(qh, dh, blk, n, nb, sh); break;
-            case 4: qdot_group<C, 4>(qh, dh, blk, n, nb, sh); break;
-            case 5: qdot_group<C, 5>(qh, dh, blk, n, nb, sh); break;
-            case 6: qdot_group<C, 6>(qh, dh, blk, n, nb, sh); break;
-            case 7: qdot_group<C, 7>(qh, dh, blk, n, nb, sh); break;
-            default: qdot_group<C, 8>(qh, dh, blk, n, nb, sh); break;
-        }
-    }
+    for_head_groups(n_q, [&](int64_t h0, auto g) {
+        qdot_group<C, decltype(g)::value>(qb + size_t(h0 * nb) * kQ8BlockBytes, qd + h0 * nb, blk, n, nb, s + h0 * n);
+    });
 }
 
 }  // namespace

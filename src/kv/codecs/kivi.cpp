@@ -187,6 +187,17 @@ std::string spec_string(const kivi::Params& p) {
     return fmt::format("kivi:bits={},group={},residual={}", p.bits, p.group, p.residual);
 }
 
+// Quantizes one row of a block (a key channel over G tokens, or a value group of G channels)
+// and stores its zero, scale and packed codes at row r.   vals: [G]
+void encode_row(const Layout& l, int64_t r, const float* vals, uint8_t* block) {
+    uint8_t codes[256];
+    f16_t z16, s16;
+    kivi::quantize_group(vals, l.group, l.bits, &z16, &s16, codes);
+    std::memcpy(block + l.zero_offset() + 2 * size_t(r), &z16, 2);
+    std::memcpy(block + l.scale_offset() + 2 * size_t(r), &s16, 2);
+    kivi::pack_row(codes, l.group, l.bits, block + l.codes_offset() + r * l.row_code_bytes());
+}
+
 // Keys: a block is G tokens x d channels; row c is channel c over the G tokens.
 class KiviKeys final : public Codec {
 public:
@@ -201,14 +212,9 @@ public:
         VXQ_ASSERT(d == l_.rows);
         const int64_t G = p_.group;
         float col[256];
-        uint8_t codes[256];
         for (int64_t c = 0; c < d; ++c) {
             for (int64_t t = 0; t < G; ++t) col[t] = x[t * d + c];
-            f16_t z16, s16;
-            kivi::quantize_group(col, G, p_.bits, &z16, &s16, codes);
-            std::memcpy(block + l_.zero_offset() + 2 * size_t(c), &z16, 2);
-            std::memcpy(block + l_.scale_offset() + 2 * size_t(c), &s16, 2);
-            kivi::pack_row(codes, G, p_.bits, block + l_.codes_offset() + c * l_.row_code_bytes());
+            encode_row(l_, c, col, block);
         }
     }
     void decode(const uint8_t* block, int64_t d, float* x) const override {
@@ -245,16 +251,11 @@ public:
         VXQ_ASSERT(kivi::value_layout(p_.bits, p_.group, d).rows == l_.rows);
         const int64_t G = p_.group;
         float grp[256];
-        uint8_t codes[256];
         for (int64_t g = 0; g < l_.rows; ++g) {
             const int64_t c0 = g * G, real = std::min(G, d - c0);
             std::copy(x + c0, x + c0 + real, grp);
             std::fill(grp + real, grp + G, x[c0 + real - 1]);
-            f16_t z16, s16;
-            kivi::quantize_group(grp, G, p_.bits, &z16, &s16, codes);
-            std::memcpy(block + l_.zero_offset() + 2 * size_t(g), &z16, 2);
-            std::memcpy(block + l_.scale_offset() + 2 * size_t(g), &s16, 2);
-            kivi::pack_row(codes, G, p_.bits, block + l_.codes_offset() + g * l_.row_code_bytes());
+            encode_row(l_, g, grp, block);
         }
     }
     void decode(const uint8_t* block, int64_t d, float* x) const override {
