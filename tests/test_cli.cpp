@@ -80,11 +80,23 @@ const BadInput kBadInputs[] = {
     {"EvalGateOtherModel", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/stories260K.json"}; }, "is for model"},
     {"EvalBenchJsonMissing", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--bench", "/nonexistent_bench.json", "--speed-plot", "/tmp/vxq_s.svg"}; }, "/nonexistent_bench.json"},
     {"EvalGateWithMethods", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/vxq-llama-h64.json"}; }, "drop --kv"},
+    {"WeightTypeNotComputed", [] { return std::vector<std::string>{"generate", "-m", test::shared_path("assets/models/vxq-ternary-h64-tq2_0.gguf"), "-p", "x"}; },
+     "tensor 'token_embd.weight' is Q6_K, which veloxquant cannot compute yet"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, CliBadInput, ::testing::ValuesIn(kBadInputs),
                          [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Cli, InspectNamesEveryTensorTypeOfATernaryFile) {
+    const std::string rel = "assets/models/vxq-ternary-h64-tq2_0.gguf";
+    VXQ_REQUIRE_ASSET(rel);
+    const auto r = test::run_cli({"inspect", test::shared_path(rel)});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("token_embd.weight                q6_K"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("blk.7.ffn_up.weight              tq2_0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("general.architecture"), std::string::npos);
+}
 
 TEST(Cli, TokenizePrintsJsonIds) {
     VXQ_REQUIRE_ASSET(kModelRel);

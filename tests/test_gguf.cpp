@@ -10,8 +10,11 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -477,6 +480,62 @@ TEST(GgufRealModel, AllSharedModelsOpen) {
     EXPECT_GE(n, 1);
 }
 
+// Every type id ggml b4748 defines, with its block layout from ggml-common.h (written out here
+// independently of the table in formats/ggml_types.cpp, so a wrong row there fails).
+TEST(GgufTypes, OneTensorOfEveryGgmlTypeParsesWithItsByteSize) {
+    struct Expect { uint32_t id; const char* name; int64_t block; size_t bytes; };
+    const std::vector<Expect> types = {
+        {0, "f32", 1, 4}, {1, "f16", 1, 2}, {2, "q4_0", 32, 18}, {3, "q4_1", 32, 20},
+        {6, "q5_0", 32, 22}, {7, "q5_1", 32, 24}, {8, "q8_0", 32, 34}, {9, "q8_1", 32, 36},
+        {10, "q2_K", 256, 84}, {11, "q3_K", 256, 110}, {12, "q4_K", 256, 144}, {13, "q5_K", 256, 176},
+        {14, "q6_K", 256, 210}, {15, "q8_K", 256, 292}, {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74},
+        {18, "iq3_xxs", 256, 98}, {19, "iq1_s", 256, 50}, {20, "iq4_nl", 32, 18}, {21, "iq3_s", 256, 110},
+        {22, "iq2_s", 256, 82}, {23, "iq4_xs", 256, 136}, {24, "i8", 1, 1}, {25, "i16", 1, 2},
+        {26, "i32", 1, 4}, {27, "i64", 1, 8}, {28, "f64", 1, 8}, {29, "iq1_m", 256, 56},
+        {30, "bf16", 1, 2}, {34, "tq1_0", 256, 54}, {35, "tq2_0", 256, 66},
+    };
+    GgufWriter w;
+    w.add_string("general.architecture", "llama");
+    for (const Expect& e : types) {
+        // Two rows of two blocks each: 4 blocks.
+        const uint64_t cols = uint64_t(2 * e.block);
+        w.add_tensor_raw({std::string("t.") + e.name, {cols, 2}, e.id, std::vector<uint8_t>(4 * e.bytes, 0x5a),
+                          std::nullopt});
+    }
+    const std::vector<uint8_t> b = w.bytes();
+    const GgufFile g = GgufFile::parse(b, "every_type.gguf");
+    ASSERT_EQ(g.tensors().size(), types.size());
+    std::set<uint32_t> defined;
+    for (const Expect& e : types) {
+        SCOPED_TRACE(e.name);
+        defined.insert(e.id);
+        const GgufTensorInfo* t = g.find_tensor(std::string("t.") + e.name);
+        ASSERT_NE(t, nullptr);
+        EXPECT_EQ(uint32_t(t->type), e.id);
+        EXPECT_EQ(ggml_type_name(t->type), e.name);
+        EXPECT_EQ(t->n_bytes, 4 * e.bytes);
+        EXPECT_EQ(t->n_elements, 4 * e.block);
+        EXPECT_EQ(ggml_row_bytes(t->type, 2 * e.block), 2 * e.bytes);
+        for (size_t k = 0; k < t->n_bytes; ++k) ASSERT_EQ(g.tensor_data(*t)[k], 0x5a);
+    }
+    EXPECT_EQ(ggml_type_display_name(GgmlType::Q6_K), "Q6_K");
+    // Every other id below 64 is undefined, and a file naming it fails with the tensor's name.
+    for (uint32_t id = 0; id < 64; ++id) {
+        EXPECT_EQ(ggml_type_traits(id).has_value(), defined.count(id) == 1) << id;
+        if (defined.count(id)) continue;
+        GgufWriter bad;
+        bad.add_tensor_raw({"undefined", {32}, id, std::vector<uint8_t>(64), std::nullopt});
+        const std::vector<uint8_t> bb = bad.bytes();
+        try {
+            (void)GgufFile::parse(bb, "bad.gguf");
+            ADD_FAILURE() << "type id " << id << " parsed";
+        } catch (const Error& err) {
+            EXPECT_NE(std::string(err.what()).find(fmt::format("tensor 'undefined' has type id {}, which ggml does not define", id)),
+                      std::string::npos) << err.what();
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Malformed inputs
 
@@ -616,9 +675,15 @@ std::vector<BadCase> bad_cases() {
         {"F16NearInt64Max", [=] { return with_tensor({"h", {(1ull << 63) - 1}, 1, {}, std::nullopt}); },
          "tensor 'h' (18446744073709551614 bytes at data offset 96) lies past the end of the file"},
         {"UnknownTensorType99", [=] { return with_tensor({"t99", {4}, 99, f32_data(4), std::nullopt}); },
-         "tensor 't99' has unsupported type id 99"},
-        {"UnsupportedTensorTypeQ4_1", [=] { return with_tensor({"q41", {32}, 3, std::vector<uint8_t>(20), std::nullopt}); },
-         "tensor 'q41' has unsupported type id 3"},
+         "tensor 't99' has type id 99, which ggml does not define"},
+        {"RetiredTensorTypeQ4_2", [=] { return with_tensor({"q42", {32}, 4, std::vector<uint8_t>(20), std::nullopt}); },
+         "tensor 'q42' has type id 4, which ggml does not define"},
+        {"RetiredTensorTypeQ4_0_4_4", [=] { return with_tensor({"r31", {32}, 31, std::vector<uint8_t>(18), std::nullopt}); },
+         "tensor 'r31' has type id 31, which ggml does not define"},
+        {"TensorTypeCount39", [=] { return with_tensor({"t39", {32}, 39, std::vector<uint8_t>(18), std::nullopt}); },
+         "tensor 't39' has type id 39, which ggml does not define"},
+        {"Q6_KRowNotMultipleOfBlock", [=] { return with_tensor({"q6", {128}, 14, std::vector<uint8_t>(210), std::nullopt}); },
+         "tensor 'q6' row of 128 elements is not a multiple of the q6_K block size 256"},
         {"Q8_0RowNotMultipleOfBlock", [=] { return with_tensor({"q8", {48, 2}, 8, std::vector<uint8_t>(34 * 3), std::nullopt}); },
          "tensor 'q8' row of 48 elements is not a multiple of the q8_0 block size 32"},
         {"Q4_0RowNotMultipleOfBlock", [=] { return with_tensor({"q4", {16}, 2, std::vector<uint8_t>(18), std::nullopt}); },

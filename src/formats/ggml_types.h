@@ -5,19 +5,23 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "core/fp16.h"
 
 namespace vxq {
 
+// Every type id ggml (llama.cpp b4748, ggml.h) defines. Ids 4, 5 and 31..33, 36..38 were
+// retired; a file carrying one of them (or any id >= 39) is malformed.
 enum class GgmlType : uint32_t {
-    F32 = 0,
-    F16 = 1,
-    Q4_0 = 2,
-    Q8_0 = 8,
-    BF16 = 30,
+    F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
+    Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
+    IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
+    IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
+    TQ1_0 = 34, TQ2_0 = 35,
 };
+constexpr uint32_t kGgmlTypeIdEnd = 39;  // one past the largest id ggml b4748 knows
 
 constexpr int kQK8_0 = 32;  // values per q8_0 block
 constexpr int kQK4_0 = 32;  // values per q4_0 block
@@ -36,15 +40,19 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 2 + 16 bytes");
 
+// The storage layout of a type: enough to size and skip a tensor of it. Whether a backend can
+// compute with the type is a separate question, answered when a model is loaded.
 struct GgmlTypeTraits {
-    std::string_view name;
-    int64_t block_size;   // elements per block
-    size_t block_bytes;   // bytes per block
+    std::string_view name;  // ggml's spelling ("q6_K", "tq2_0", ...)
+    int64_t block_size;     // elements per block
+    size_t block_bytes;     // bytes per block
 };
 
-// Traits of a supported type; nullopt for a type id this engine cannot read.
+// Traits of a type ggml defines; nullopt for an id it never defined or has retired.
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type_id);
 std::string_view ggml_type_name(GgmlType t);
+// The name in upper case, as people write it in prose and error messages ("Q6_K").
+std::string ggml_type_display_name(GgmlType t);
 
 // Bytes of a row of n elements; n must be a multiple of the block size.
 size_t ggml_row_bytes(GgmlType t, int64_t n);

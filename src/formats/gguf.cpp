@@ -301,7 +301,7 @@ void GgufFile::parse_all() {
         }
         const uint32_t type_id = c.read<uint32_t>("tensor type");
         const auto traits = ggml_type_traits(type_id);
-        if (!traits) c.bad(fmt::format("tensor '{}' has unsupported type id {}", t.name, type_id));
+        if (!traits) c.bad(fmt::format("tensor '{}' has type id {}, which ggml does not define", t.name, type_id));
         t.type = GgmlType(type_id);
         if (t.ne[0] % traits->block_size != 0) {
             c.bad(fmt::format("tensor '{}' row of {} elements is not a multiple of the {} block size {}",

@@ -24,9 +24,24 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name, s
 
 bool has(const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; }
 
-// A matrix used by matmul: ne = [cols, rows], any supported type.
+// Weight types the forward pass computes with (matmul and embedding kernels exist for them).
+// The GGUF reader accepts every ggml type; this is where a model using another one is refused,
+// before anything large is allocated.
+bool computable(GgmlType t) {
+    switch (t) {
+        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
+            return true;
+        default: return false;
+    }
+}
+
+// A matrix used by matmul: ne = [cols, rows], any computable type.
 WeightView matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
     const GgufTensorInfo& t = find_checked(f, name, {cols, rows});
+    if (!computable(t.type)) {
+        fail("{}: tensor '{}' is {}, which veloxquant cannot compute yet", f.path(), name,
+             ggml_type_display_name(t.type));
+    }
     return WeightView{t.type, f.tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
 }
 

@@ -407,6 +407,7 @@ DotOrder dot_order(const WeightView& w, int64_t n_tokens) {
         }
         case GgmlType::Q8_0: return DotOrder::Q0Lanes;
         case GgmlType::Q4_0: return m % 8 == 0 ? DotOrder::Q4Repack : DotOrder::Q0Lanes;
+        default: break;
     }
     fail("matmul: unsupported weight type {}", uint32_t(w.type));
 }
@@ -487,6 +488,7 @@ void dequantize_row(const WeightView& w, int64_t r, float* out) {
             }
             return;
         }
+        default: break;
     }
     fail("dequantize_row: unsupported weight type {}", uint32_t(w.type));
 }
