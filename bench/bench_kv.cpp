@@ -58,7 +58,9 @@
 #include "bench_common.h"
 #include "core/thread_pool.h"
 #include "kv/codec.h"
+#include "kernels/cpu/attention.h"
 #include "kv/kv_cache.h"
+#include "model/backend.h"
 
 namespace {
 
@@ -72,12 +74,18 @@ constexpr int64_t kRow = kHeadsKv * kHeadDim;  // floats of one token's K (or V)
 constexpr int64_t kFillBatch = 512;            // tokens per write() when filling a cache
 constexpr int64_t kEncodeTokens = 256;         // per BM_KvEncode iteration: whole KIVI key blocks (G <= 256)
 constexpr int64_t kAppendCtx = 8192;
-constexpr int kMinCaches = 8;   // MEASURE.md: >= 8 distinct inputs
+constexpr int kMinCaches = 8;   // MEASURE.md: >= 8 distinct inputs, while they fit kMaxPoolBytes
+constexpr size_t kMaxPoolBytes = size_t(1) << 30;  // 128K-token f16 caches are 512 MiB each: 2 of them
 constexpr int kMaxCaches = 64;  // bounds setup time should a cache ever be tiny
 constexpr int kQueries = 8;     // distinct decode queries, rotated with the caches
 
 const char* const kCodecs[] = {"f16",         "bf16",        "q8_0",        "q4_0",
                                "fp8",         "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
+
+// Decode adds the f16 cache read by the fused kernel (--flash-attn), the fastest f16 path of the
+// kernel family every compressed codec uses.
+const char* const kDecodeCodecs[] = {"f16",  "f16+fa",      "bf16",        "q8_0",        "q4_0",
+                                     "fp8",  "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
 
 using vxq::bench::next;
 using vxq::bench::unit;
@@ -100,15 +108,19 @@ const std::vector<float>& input_pool() {
 
 bool is_kivi(const std::string& spec) { return spec.rfind("kivi", 0) == 0; }
 
-// make_kv_cache's rule: both specs plain "f16" -> the parity cache, else the paged cache.
-bool is_parity_f16(const std::string& spec) { return spec == "f16"; }
+// A decode configuration: a KV spec, "+fa" for --flash-attn (an f16 cache through the fused kernel).
+struct DecodeConfig {
+    std::string spec;
+    bool flash_attn;
+    static DecodeConfig parse(const std::string& s) {
+        const size_t fa = s.find("+fa");
+        return {s.substr(0, fa), fa != std::string::npos};
+    }
+};
 
-std::string cache_kind(const std::string& spec) {
-    return is_parity_f16(spec) ? "llama.cpp-parity f16 cache" : "paged cache";
-}
-
-std::string attention_kernel(const std::string& spec) {
-    return is_parity_f16(spec) ? "attention_f16_row" : "attention_fused";
+// What the CPU backend runs for a layer: llama.cpp's non-flash f16 attention, or the fused kernel.
+std::string attention_kernel(const KvCache& c) {
+    return vxq::cpu::attention_f16_applies(c.view(0)) ? "attention_f16 (llama.cpp non-FA order)" : "attention_fused";
 }
 
 // The check behind the KV read paths (baseline and KIVI readers, the parity f16 attention): their
@@ -128,11 +140,6 @@ int bench_threads() {
         return int(std::clamp(v, 1L, 256L));
     }();
     return n;
-}
-
-vxq::ThreadPool& thread_pool() {
-    static vxq::ThreadPool pool(bench_threads());
-    return pool;
 }
 
 std::string mib(double bytes) {
@@ -244,7 +251,7 @@ void BM_KvAppend(benchmark::State& state, const std::string& spec) {
     state.counters["GB/s"] =
         benchmark::Counter(in_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["tokens/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
-    state.SetLabel(c.format() + ", " + cache_kind(spec) + ", 1 token per write");
+    state.SetLabel(c.format() + ", paged cache, 1 token per write");
 }
 
 // ---- decode attention ------------------------------------------------------------------------
@@ -260,6 +267,12 @@ struct DecodePool {
 };
 
 constexpr int64_t kDecodeHeads = 32;
+
+// One decode step over layer 0 through the CPU backend (parity f16 or fused, as it dispatches).
+void attend(const KvCache& c, const float* q, int64_t ctx, float* out) {
+    static const auto backend = vxq::make_cpu_backend(bench_threads());
+    backend->attention(c.view(0), q, 1, ctx - 1, out);
+}
 
 // N tokens of fresh random K/V, written in batches as a prompt would be.
 void fill_cache(KvCache& c, int64_t n, uint64_t& s) {
@@ -282,10 +295,12 @@ void build_decode_pool(DecodePool& p, const std::string& spec, int64_t ctx) {
     uint64_t s = 0xC0FFEE ^ uint64_t(ctx);
     const auto need_more = [&p] {
         const int n = int(p.caches.size());
-        return n < kMaxCaches && (n < kMinCaches || p.total_bytes < kPoolBytes);
+        return n == 0 || (n < kMaxCaches && p.total_bytes < kPoolBytes) ||
+               (n < kMinCaches && p.total_bytes < kMaxPoolBytes);
     };
     while (need_more()) {
-        auto c = vxq::make_kv_cache(shape, spec, spec);
+        const DecodeConfig cfg = DecodeConfig::parse(spec);
+        auto c = vxq::make_kv_cache(shape, vxq::KvSpec::parse(cfg.spec), vxq::KvCacheOptions{false, cfg.flash_attn});
         fill_cache(*c, ctx, s);
         p.bytes.push_back(c->resident_bytes());
         p.total_bytes += p.bytes.back();
@@ -294,7 +309,7 @@ void build_decode_pool(DecodePool& p, const std::string& spec, int64_t ctx) {
     p.q.resize(size_t(kQueries * kDecodeHeads * kHeadDim));
     fill_random(p.q, s);
     std::vector<float> out(size_t(kDecodeHeads * kHeadDim));
-    for (const auto& c : p.caches) c->attend(0, p.q.data(), 1, ctx - 1, out.data(), thread_pool());
+    for (const auto& c : p.caches) attend(*c, p.q.data(), ctx, out.data());
     p.spec = spec;
     p.ctx = ctx;
 }
@@ -310,7 +325,6 @@ void BM_KvDecodeAttention(benchmark::State& state, const std::string& spec, int6
             return;
         }
     }
-    vxq::ThreadPool& tp = thread_pool();
     std::vector<float> out(size_t(kDecodeHeads * kHeadDim));  // [n_q 1, n_head, head_dim]
     const int n = int(pool.caches.size());
     const size_t q_floats = size_t(kDecodeHeads * kHeadDim);
@@ -318,7 +332,7 @@ void BM_KvDecodeAttention(benchmark::State& state, const std::string& spec, int6
     size_t bytes = 0;
     for (auto _ : state) {
         const float* q = pool.q.data() + size_t(i % kQueries) * q_floats;
-        pool.caches[size_t(i)]->attend(0, q, 1, ctx - 1, out.data(), tp);
+        attend(*pool.caches[size_t(i)], q, ctx, out.data());
         benchmark::DoNotOptimize(out.data());
         benchmark::ClobberMemory();
         bytes += pool.bytes[size_t(i)];
@@ -329,7 +343,7 @@ void BM_KvDecodeAttention(benchmark::State& state, const std::string& spec, int6
     state.counters["GB/s"] = benchmark::Counter(double(bytes) * 1e-9, benchmark::Counter::kIsRate);
     state.counters["steps/s"] = benchmark::Counter(1.0, benchmark::Counter::kIsIterationInvariantRate);
     state.counters["bits/elem"] = vxq::resident_bits_per_element(*pool.caches[0], ctx);
-    state.SetLabel(pool.caches[0]->format() + ", " + cache_kind(spec) + ", " + attention_kernel(spec) + ", " +
+    state.SetLabel(pool.caches[0]->format() + ", " + attention_kernel(*pool.caches[0]) + ", " +
                    std::to_string(n) + " caches x " + mib(double(pool.total_bytes) / n));
 }
 
@@ -352,8 +366,8 @@ const bool kRegistered = [] {
     }
     for (const std::string spec : kCodecs)
         common(benchmark::RegisterBenchmark(("BM_KvAppend/" + spec).c_str(), BM_KvAppend, spec));
-    for (const int64_t ctx : {1024, 4096, 16384})
-        for (const std::string spec : kCodecs)
+    for (const int64_t ctx : {1024, 4096, 16384, 131072})
+        for (const std::string spec : kDecodeCodecs)
             common(benchmark::RegisterBenchmark(
                 ("BM_KvDecodeAttention/" + spec + "/ctx:" + std::to_string(ctx)).c_str(),
                 BM_KvDecodeAttention, spec, ctx));

@@ -207,7 +207,7 @@ const std::vector<TokenId> kTokens = {1, 17, 250, 42, 42, 299, 3, 123, 7, 256, 8
 
 std::unique_ptr<KvCache> new_cache(const Model& model, int64_t n_ctx = 64) {
     const ModelConfig& c = model.config();
-    return make_f16_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx});
+    return make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx}, KvSpec{});
 }
 
 // Logits of every position, [tokens.size(), n_vocab], fed in chunks of the given sizes (one

@@ -113,8 +113,24 @@ struct Problem {
     int64_t d, n_head_kv, gqa, n_q, pos0, cap;
     std::vector<float> q, out;
     std::vector<f16_t> k, v;
+    // Each head's contiguous keys seen as a page table of 64-token pages, as the cache stores them.
+    static constexpr int64_t kPageShift = 6;
+    std::vector<const f16_t*> kp, vp;
+    std::vector<KvHeadView> heads;
+    int64_t stride_head() const { return cap * d; }
     AttentionF16Args args() {
-        return AttentionF16Args{q.data(), k.data(), v.data(), cap * d, out.data(), n_q, pos0,
+        const int64_t pages = (cap + 63) >> kPageShift;
+        kp.clear();
+        vp.clear();
+        heads.assign(size_t(n_head_kv), KvHeadView{});
+        for (int64_t g = 0; g < n_head_kv; ++g) {
+            heads[size_t(g)].n_tokens = pos0 + n_q;
+            for (int64_t pg = 0; pg < pages; ++pg) {
+                kp.push_back(k.data() + g * stride_head() + (pg << kPageShift) * d);
+                vp.push_back(v.data() + g * stride_head() + (pg << kPageShift) * d);
+            }
+        }
+        return AttentionF16Args{q.data(), heads.data(), kp.data(), vp.data(), pages, kPageShift, out.data(), n_q, pos0,
                                 n_head_kv * gqa, n_head_kv, d, 1.0f / std::sqrt(float(d))};
     }
 };
@@ -189,8 +205,8 @@ TEST(AttentionRow, CloseToDoubleSoftmaxAttention) {
                         attention_f16_row(a, i, h, scratch.data());
                         const int64_t g = h / gqa, n = p.pos0 + i + 1;
                         const float* q = p.q.data() + (i * a.n_head + h) * d;
-                        const f16_t* k = p.k.data() + g * a.stride_head;
-                        const f16_t* v = p.v.data() + g * a.stride_head;
+                        const f16_t* k = p.k.data() + g * p.stride_head();
+                        const f16_t* v = p.v.data() + g * p.stride_head();
                         std::vector<double> s(static_cast<size_t>(n));
                         double mx = -INFINITY, big = 0.0;
                         for (int64_t t = 0; t < n; ++t) {
@@ -270,8 +286,8 @@ TEST(AttentionRow, FollowsLlamaCppGraphOnPaddedCells) {
                 };
                 std::vector<float> q16(static_cast<size_t>(d));
                 for (int64_t c = 0; c < d; ++c) q16[size_t(c)] = round_fp16(p.q[size_t((i * a.n_head + h) * d + c)]);
-                const f16_t* k = p.k.data() + (h / p.gqa) * a.stride_head;
-                const f16_t* v = p.v.data() + (h / p.gqa) * a.stride_head;
+                const f16_t* k = p.k.data() + (h / p.gqa) * p.stride_head();
+                const f16_t* v = p.v.data() + (h / p.gqa) * p.stride_head();
                 std::vector<float> kq(static_cast<size_t>(n_kv), 0.0f);  // cells past kv_len hold zeros
                 for (int64_t t = 0; t < n; ++t) {
                     std::vector<float> kt(static_cast<size_t>(d));

@@ -27,6 +27,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,12 +35,30 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/ggml_types.h"
+#include "kernels/cpu/kv_reader.h"
 #include "kv/codec.h"
 
-// Test hooks defined in kv/codecs/baseline.cpp.
 namespace vxq::codecs::detail {
-const CodecReader& baseline_scalar_reader(const Codec& c);
-const CodecReader* baseline_avx2_reader(const Codec& c);  // nullptr without AVX2 + FMA + F16C
+
+// A CPU reader of a codec's format, with the codec's parameters (fp8's scale) bound.
+struct BoundReader {
+    const cpu::KvReader* r;
+    const Codec* c;
+    void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) const {
+        r->scores_of(c->params(d), q, n_q, blk, n, d, s);
+    }
+    void accumulate(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* acc) const {
+        r->accumulate(c->params(d), p, n_q, blk, n, d, acc);
+    }
+};
+BoundReader baseline_scalar_reader(const Codec& c) { return {cpu::kv_reader(c.params(64).kind, cpu::KvIsa::Scalar), &c}; }
+// nullopt without AVX2 + FMA + F16C
+std::optional<BoundReader> baseline_avx2_reader(const Codec& c) {
+    const cpu::KvReader* r = cpu::kv_reader(c.params(64).kind, cpu::KvIsa::Avx2);
+    if (!r) return std::nullopt;
+    return BoundReader{r, &c};
+}
+
 }  // namespace vxq::codecs::detail
 
 namespace vxq {
@@ -593,7 +612,7 @@ PackedRun make_run(const std::string& name, int64_t d, int64_t n, std::mt19937& 
     return r;
 }
 
-void check_reader(const CodecReader& rd, const std::string& label, const PackedRun& r, int64_t n, int64_t n_q,
+void check_reader(const codecs::detail::BoundReader& rd, const std::string& label, const PackedRun& r, int64_t n, int64_t n_q,
                   int64_t d, std::mt19937& rng) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_real_distribution<float> ud(0.0f, 1.0f);
@@ -668,7 +687,7 @@ TEST(CodecBaseline, ReadersMatchDecodeThenDot) {
         for (const int64_t d : dims) {
             for (const int64_t n : {1, 7, 31, 64}) {
                 const PackedRun r = make_run(name, d, n, rng);
-                const auto* avx2 = codecs::detail::baseline_avx2_reader(*r.codec);
+                const auto avx2 = codecs::detail::baseline_avx2_reader(*r.codec);
                 for (const int64_t n_q : {1, 2, 3, 4, 5, 8, 9, 12}) {
                     const std::string label =
                         std::string(name) + " d=" + std::to_string(d) + " n=" + std::to_string(n) + " n_q=" + std::to_string(n_q);
@@ -693,7 +712,7 @@ TEST(CodecBaseline, QdotReadersAgreeOnAnyBytes) {
     for (const char* name : {"q8_0", "q4_0"}) {
         const int64_t d = 128, n = 50;
         const auto c = make(name, d);
-        const auto* avx2 = codecs::detail::baseline_avx2_reader(*c);
+        const auto avx2 = codecs::detail::baseline_avx2_reader(*c);
         if (!avx2) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
         const size_t bb = c->block_bytes(d), kbb = bb / size_t(d / 32);
         std::vector<uint8_t> bytes(bb * size_t(n));
@@ -720,9 +739,9 @@ TEST(CodecBaseline, QdotReadersAgreeOnAnyBytes) {
 TEST(CodecBaseline, ReaderDispatchesToAvx2WhenAvailable) {
     for (const char* name : kNames) {
         const auto c = make(name, 64);
-        const auto* avx2 = codecs::detail::baseline_avx2_reader(*c);
-        const CodecReader* want = avx2 ? avx2 : &codecs::detail::baseline_scalar_reader(*c);
-        EXPECT_EQ(&c->reader(), want) << name;
+        const auto avx2 = codecs::detail::baseline_avx2_reader(*c);
+        const cpu::KvReader* want = avx2 ? avx2->r : codecs::detail::baseline_scalar_reader(*c).r;
+        EXPECT_EQ(&cpu::kv_reader(c->params(64).kind), want) << name;
     }
 }
 
@@ -732,13 +751,13 @@ TEST(CodecBaseline, Fp8ReadersPropagateNaN) {
     std::vector<uint8_t> blk(16, 0x38);  // 1.0
     blk[5] = 0xff;
     std::vector<float> q(16, 1.0f), s(1);
-    std::vector<const CodecReader*> readers = {&codecs::detail::baseline_scalar_reader(*c)};
-    if (const auto* a = codecs::detail::baseline_avx2_reader(*c)) readers.push_back(a);
-    for (const CodecReader* rd : readers) {
-        rd->scores(q.data(), 1, blk.data(), 1, 16, s.data());
+    std::vector<codecs::detail::BoundReader> readers = {codecs::detail::baseline_scalar_reader(*c)};
+    if (const auto a = codecs::detail::baseline_avx2_reader(*c)) readers.push_back(*a);
+    for (const auto& rd : readers) {
+        rd.scores(q.data(), 1, blk.data(), 1, 16, s.data());
         EXPECT_TRUE(std::isnan(s[0]));
         blk[5] = 0x38;
-        rd->scores(q.data(), 1, blk.data(), 1, 16, s.data());
+        rd.scores(q.data(), 1, blk.data(), 1, 16, s.data());
         EXPECT_EQ(s[0], 16.0f);
         blk[5] = 0x7f;
     }

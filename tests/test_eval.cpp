@@ -16,6 +16,7 @@
 #include "model/backend.h"
 #include "model/model.h"
 #include "runtime/attention_probe.h"
+#include "support/attend.h"
 #include "runtime/eval.h"
 #include "runtime/quality_gate.h"
 #include "support/assets.h"
@@ -85,13 +86,18 @@ TEST(Eval, AttentionProbeOnRandomCaches) {
     for (auto& x : q) x = nd(rng);
     for (const char* spec : {"f32", "q4_0"}) {
         AttentionProbe probe(make_kv_cache(shape, spec, spec));
-        for (int64_t l = 0; l < shape.n_layer; ++l) probe.write(l, 0, k.data(), v.data(), n - 1);
-        probe.commit(n - 1);
-        for (int64_t l = 0; l < shape.n_layer; ++l) probe.write(l, n - 1, k.data() + (n - 1) * kv, v.data() + (n - 1) * kv, 1);
-        probe.attend(0, q.data(), 1, n - 1, out.data(), pool);
+        KvCache& cache = probe.cache();
+        for (int64_t l = 0; l < shape.n_layer; ++l) cache.write(l, 0, k.data(), v.data(), n - 1);
+        cache.commit(n - 1);
+        for (int64_t l = 0; l < shape.n_layer; ++l) cache.write(l, n - 1, k.data() + (n - 1) * kv, v.data() + (n - 1) * kv, 1);
+        auto attend_observed = [&](int64_t layer) {
+            test::attend(cache, layer, q.data(), 1, n - 1, out.data(), pool);
+            cache.observe_attention(layer, q.data(), 1, n - 1, out.data());
+        };
+        attend_observed(0);
         EXPECT_TRUE(probe.samples().empty());
         probe.arm(true);
-        probe.attend(1, q.data(), 1, n - 1, out.data(), pool);
+        attend_observed(1);
         ASSERT_EQ(probe.samples().size(), size_t(shape.n_head)) << spec;
         for (const AttentionSample& s : probe.samples()) {
             EXPECT_EQ(s.layer, 1);
@@ -106,7 +112,6 @@ TEST(Eval, AttentionProbeOnRandomCaches) {
                 EXPECT_LT(s.out_rel_err, 0.3);
             }
         }
-        EXPECT_EQ(probe.resident_bytes(), probe.inner().resident_bytes());
     }
 }
 
@@ -249,7 +254,7 @@ public:
         inner_->encode(y.data(), d, block);
     }
     void decode(const uint8_t* block, int64_t d, float* x) const override { inner_->decode(block, d, x); }
-    const CodecReader& reader() const override { return inner_->reader(); }
+    KvFormatParams params(int64_t d) const override { return inner_->params(d); }
 
 private:
     std::unique_ptr<Codec> inner_;
@@ -263,7 +268,7 @@ TEST(QualityGate, FailsOnAnInjectedBias) {
     VXQ_REQUIRE_ASSET("assets/text/" + g.text);
     static const bool registered = [] {
         register_codec({"biased_q8_0", "", "q8_0 with +0.05 added to every value (a test's broken codec)"},
-                       [](const CodecSpec&, KvRole role, int64_t d) -> std::unique_ptr<Codec> {
+                       [](const CodecSpec&, KvRole role, int64_t d, const KvLayerState*) -> std::unique_ptr<Codec> {
                            return std::make_unique<Biased>(make_codec(CodecSpec::parse("q8_0"), role, d), 0.05f);
                        });
         return true;
@@ -295,7 +300,7 @@ TEST(QualityGate, NanLogitsFailTheGate) {
     VXQ_REQUIRE_ASSET(kStoriesText);
     static const bool registered = [] {
         register_codec({"nan_f32", "", "f32 with NaN added to every value (a test's broken codec)"},
-                       [](const CodecSpec&, KvRole role, int64_t d) -> std::unique_ptr<Codec> {
+                       [](const CodecSpec&, KvRole role, int64_t d, const KvLayerState*) -> std::unique_ptr<Codec> {
                            return std::make_unique<Biased>(make_codec(CodecSpec::parse("f32"), role, d), NAN);
                        });
         return true;

@@ -42,7 +42,7 @@ TEST_P(GoldenParity, TokenizationAndGreedyTextMatchLlamaCpp) {
 
     const ModelConfig& c = model->config();
     auto backend = make_cpu_backend(2);
-    auto cache = make_f16_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512});
+    auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512}, KvSpec{});
     ASSERT_EQ(avx2.size(), golden["greedy"].size());
     for (size_t i = 0; i < avx2.size(); ++i) {
         const auto& g = golden["greedy"][i];

@@ -22,7 +22,9 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kv/codec.h"
-#include "kv/codecs/kivi.h"
+#include "kernels/cpu/kv_read_kivi.h"
+#include "kernels/cpu/kv_reader.h"
+#include "kv/formats/kivi.h"
 
 #pragma GCC optimize("fp-contract=off")  // the reference below rounds every operation on its own
 
@@ -467,8 +469,8 @@ struct ReaderImpl {
 };
 bool always() { return true; }
 const ReaderImpl kImpls[] = {
-    {"scalar", always, codecs::kivi::key_scores_scalar, codecs::kivi::value_accumulate_scalar},
-    {"avx2", codecs::kivi::avx2_available, codecs::kivi::key_scores_avx2, codecs::kivi::value_accumulate_avx2},
+    {"scalar", always, cpu::kivi::key_scores_scalar, cpu::kivi::value_accumulate_scalar},
+    {"avx2", cpu::kv_avx2_available, cpu::kivi::key_scores_avx2, cpu::kivi::value_accumulate_avx2},
 };
 
 TEST(KiviReader, KeyScoresMatchDecodeThenDot) {
@@ -521,7 +523,7 @@ TEST(KiviReader, KeyScoresMatchDecodeThenDot) {
                         }
                     };
                     std::vector<float> s(size_t(n_q * n), std::nanf(""));
-                    codec->reader().scores(q.data(), n_q, blocks.data(), n, d, s.data());
+                    cpu::kv_reader(codec->params(d).kind).scores_of(codec->params(d), q.data(), n_q, blocks.data(), n, d, s.data());
                     check("codec reader", s);
                     const codecs::kivi::Layout l = codecs::kivi::key_layout(bits, G, d);
                     for (const auto& impl : kImpls) {
@@ -580,7 +582,7 @@ TEST(KiviReader, ValueAccumulateMatchesDecodeThenSum) {
                                 }
                             };
                             std::vector<float> acc = acc0;
-                            codec->reader().accumulate(p.data(), n_q, blocks.data(), n, d, acc.data());
+                            cpu::kv_reader(codec->params(d).kind).accumulate(codec->params(d), p.data(), n_q, blocks.data(), n, d, acc.data());
                             check("codec reader", acc);
                             const codecs::kivi::Layout l = codecs::kivi::value_layout(bits, G, d);
                             for (const auto& impl : kImpls) {
@@ -597,7 +599,7 @@ TEST(KiviReader, ValueAccumulateMatchesDecodeThenSum) {
 // The AVX2 value dequant (one FMA) reproduces the decoder bit for bit: with p = one-hot rows the
 // accumulated output is exactly x^ (p * x^ + 0 with p = 1 is exact).
 TEST(KiviReader, Avx2ValueDequantIsBitExact) {
-    if (!codecs::kivi::avx2_available()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    if (!cpu::kv_avx2_available()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (const int bits : {2, 4, 8})
@@ -616,7 +618,7 @@ TEST(KiviReader, Avx2ValueDequantIsBitExact) {
             for (int64_t t = 0; t < n; ++t) {
                 std::vector<float> p(size_t(n), 0.0f), acc(size_t(d), 0.0f);
                 p[size_t(t)] = 1.0f;
-                codecs::kivi::value_accumulate_avx2(codecs::kivi::value_layout(bits, G, d), p.data(), 1, blocks.data(), n, d, acc.data());
+                cpu::kivi::value_accumulate_avx2(codecs::kivi::value_layout(bits, G, d), p.data(), 1, blocks.data(), n, d, acc.data());
                 const std::vector<float> want(xhat.begin() + t * d, xhat.begin() + (t + 1) * d);
                 ASSERT_EQ(bit_mismatches(acc, want), 0) << "bits " << bits << " d " << d << " t " << t;
             }

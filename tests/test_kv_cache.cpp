@@ -13,6 +13,7 @@
 #include "kernels/cpu/attention_fused.h"
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
+#include "support/attend.h"
 
 namespace vxq {
 namespace {
@@ -71,7 +72,7 @@ TEST_P(FusedAttention, EqualsDequantizeThenAttend) {
         const int64_t pos0 = c.len - n_q;
         std::vector<float> q(size_t(n_q * c.n_head * d)), out(q.size()), ref(q.size());
         for (auto& x : q) x = nd(rng);
-        cache->attend(0, q.data(), n_q, pos0, out.data(), pool);
+        test::attend(*cache, 0, q.data(), n_q, pos0, out.data(), pool);
         cpu::attention_dequant_ref(q.data(), ref.data(), n_q, pos0, c.n_head, H, d, 1.0f / std::sqrt(float(d)),
                                    [&](int64_t g, bool key) { return key ? dk[size_t(g)].data() : dv[size_t(g)].data(); });
         double max_ref = 0, max_err = 0;
@@ -126,11 +127,11 @@ TEST(FusedAttentionSplit, SameBitsWithAnyThreadCount) {
         for (const int64_t n_q : {1, 3}) {
             std::vector<float> ref(size_t(n_q * shape.n_head * shape.head_dim));
             ThreadPool one(1);
-            cache->attend(0, q.data(), n_q, n - n_q, ref.data(), one);
+            test::attend(*cache, 0, q.data(), n_q, n - n_q, ref.data(), one);
             for (const int threads : {2, 3, 7}) {
                 ThreadPool pool(threads);
                 std::vector<float> out(ref.size());
-                cache->attend(0, q.data(), n_q, n - n_q, out.data(), pool);
+                test::attend(*cache, 0, q.data(), n_q, n - n_q, out.data(), pool);
                 EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), ref.size() * sizeof(float)))
                     << spec << " n_q=" << n_q << " threads=" << threads;
             }
@@ -154,7 +155,7 @@ TEST(FusedAttentionSplit, NanInTheCacheGivesNanOutput) {
         cache->write(0, 0, k.data(), v.data(), 150);
         cache->commit(150);
         ThreadPool pool(2);
-        cache->attend(0, q.data(), 1, 149, out.data(), pool);
+        test::attend(*cache, 0, q.data(), 1, 149, out.data(), pool);
         for (const float x : out) EXPECT_TRUE(std::isnan(x)) << (all ? "all NaN" : "one NaN key");
     }
 }
@@ -232,19 +233,18 @@ TEST(PagedCache, PrefillExactUsesExactKvForTheFirstBatchOnly) {
     for (auto& x : q) x = nd(rng);
     ThreadPool pool(2);
     auto exact = make_kv_cache(shape, "f32", "f32");
-    auto kivi = make_kv_cache(shape, "kivi:bits=2", "kivi:bits=2", /*prefill_exact=*/true);
+    auto kivi = make_kv_cache(shape, "kivi:bits=2", "kivi:bits=2", KvCacheOptions{/*prefill_exact=*/true});
     std::vector<float> want(q.size()), got(q.size());
-    for (auto* c : {exact.get(), kivi.get()}) {
-        c->write(0, 0, k.data(), v.data(), n);
-        c->commit(n);
-    }
-    exact->attend(0, q.data(), n, 0, want.data(), pool);
-    kivi->attend(0, q.data(), n, 0, got.data(), pool);
+    // As the forward pass does: write the layer, attend, commit the batch.
+    for (auto* c : {exact.get(), kivi.get()}) c->write(0, 0, k.data(), v.data(), n);
+    test::attend(*exact, 0, q.data(), n, 0, want.data(), pool);
+    test::attend(*kivi, 0, q.data(), n, 0, got.data(), pool);
     EXPECT_EQ(want, got);  // same f32 reader, same order: identical
-    // The exact copy is gone after the layer's attend: a decode step now reads KIVI codes.
+    for (auto* c : {exact.get(), kivi.get()}) c->commit(n);
+    // The exact copy is gone once the batch is committed: a decode step now reads KIVI codes.
     std::vector<float> q1(size_t(4 * d), 0.5f), o_exact(q1.size()), o_kivi(q1.size());
-    exact->attend(0, q1.data(), 1, n - 1, o_exact.data(), pool);
-    kivi->attend(0, q1.data(), 1, n - 1, o_kivi.data(), pool);
+    test::attend(*exact, 0, q1.data(), 1, n - 1, o_exact.data(), pool);
+    test::attend(*kivi, 0, q1.data(), 1, n - 1, o_kivi.data(), pool);
     EXPECT_NE(o_exact, o_kivi);
 }
 

@@ -1,9 +1,10 @@
-// A KV codec: how one KV head's keys or values are stored and read back. A codec is a plug-in:
-// it defines its packed block format, a scalar reference encoder/decoder, and a *reader* that
-// the fused attention kernel (kernels/cpu/attention_fused.h) calls to score keys or accumulate
-// values directly from the packed bytes. Adding a codec never touches the attention kernel.
+// A KV codec: the storage format of one (layer, KV head) stream of keys or values. A codec is
+// data plus its scalar reference: its block layout (`params()`, plain data any backend reads),
+// encode and decode. It knows nothing of attention: each backend has a reader per format kind
+// (kernels/cpu/kv_reader.h) that scores keys or accumulates values from the packed bytes, so
+// adding a codec never touches the attention kernel.
 //
-// Storage model (kv/paged_cache.cpp): per (layer, KV head, K or V), tokens arrive one by one and
+// Storage model (kv/kv_cache.cpp): per (layer, KV head, K or V), tokens arrive one by one and
 // wait in an fp16 residual window; once `flush_at()` are pending, the oldest `flush_count()` are
 // encoded together as whole blocks of `block_tokens()` tokens. Token-wise formats (q8_0, fp8, ...)
 // have block_tokens = 1, flush_at = 1: every token is encoded on arrival. KIVI keys use groups of
@@ -13,25 +14,24 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_reader.h"
+#include "kv/format.h"
+#include "kv/spec.h"
 
 namespace vxq {
 
-// A parsed "--kv" spec: "kivi:bits=2,group=32,residual=128" -> name "kivi" + options.
-struct CodecSpec {
-    std::string name;
-    std::map<std::string, std::string> options;
-
-    static CodecSpec parse(const std::string& text);  // vxq::Error on malformed text
-    std::string str() const;
-};
-
 enum class KvRole { Key, Value };
+
+// State a codec keeps per layer, shared by the layer's KV heads (a rotation, a codebook, a
+// calibration). Created once per (layer, role) by the cache; its bytes count as resident.
+class KvLayerState {
+public:
+    virtual ~KvLayerState() = default;
+    virtual size_t bytes() const = 0;
+};
 
 class Codec {
 public:
@@ -52,28 +52,38 @@ public:
     // One packed block -> x: [block_tokens, head_dim].
     virtual void decode(const uint8_t* block, int64_t head_dim, float* x) const = 0;
 
+    // The block layout as plain data for the backends' readers.
+    virtual KvFormatParams params(int64_t head_dim) const = 0;
+
     // Bits per element of the encoded part (codes + scales/zeros/norms), excluding the window.
     double bits_per_element(int64_t head_dim) const {
         return 8.0 * double(block_bytes(head_dim)) / double(block_tokens() * head_dim);
     }
-
-    virtual const CodecReader& reader() const = 0;
 };
+
+// One row of the registry (kv/codecs/registry.cpp): the method's name, options, the bits per
+// element it stores (a formula), what it is, which backends read it in place, and its factories.
+using CodecFactory = std::unique_ptr<Codec> (*)(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState* state);
+using LayerStateFactory = std::unique_ptr<KvLayerState> (*)(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 
 struct CodecInfo {
     std::string name;
     std::string options;       // human-readable option list with defaults
     std::string description;
+    std::string bits;          // bits/element formula, e.g. "8.5" or "16/G + b + 16/G (keys)"
+    std::string backends = "cpu";  // backends with a reader, comma-separated
 };
 
-// Registry (kv/codecs/registry.cpp lists every codec's factory): `make_codec` validates the
-// options (vxq::Error naming an unknown codec or option, or a bad value) and builds the codec
-// for a role and head dimension.
-using CodecFactory = std::unique_ptr<Codec> (*)(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim);
+// `make_codec` validates the options (vxq::Error naming an unknown codec or option, or a bad
+// value) and builds the codec for a role and head dimension; `state` is the layer's state from
+// `make_layer_state` (nullptr for codecs without one).
+std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim,
+                                  const KvLayerState* state = nullptr);
+// The layer state of a method, or nullptr when it keeps none.
+std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole role, int64_t head_dim, int64_t layer);
 std::vector<CodecInfo> list_codecs();
 // Adds a codec at run time (a plug-in outside the built-in list; tests register deliberately
 // broken ones). Not thread-safe: register before building caches. vxq::Error on a taken name.
-void register_codec(const CodecInfo& info, CodecFactory make);
+void register_codec(const CodecInfo& info, CodecFactory make, LayerStateFactory make_state = nullptr);
 
 }  // namespace vxq

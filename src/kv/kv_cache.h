@@ -1,79 +1,111 @@
-// The KV cache interface the forward pass talks to. A cache stores each layer's post-RoPE keys
-// and values and computes attention over what it stores, so a compressed cache can read its own
-// packed format in place (later issues add codecs and eviction behind this interface).
+// The KV cache owns storage only: per (layer, KV head) a page table of packed codec blocks
+// (pages allocated from an arena as tokens arrive and freed as they go) and the position of
+// every stored token, plus per-layer codec state. Attention belongs to the backend: it reads a
+// layer through `view()` (kv/kv_view.h). Every method, f16 included, stores this way; K and V may
+// use different codecs.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
-namespace vxq {
+#include "kv/spec.h"
+#include "kv/kv_view.h"
 
-class ThreadPool;
+namespace vxq {
 
 struct KvShape {
     int64_t n_layer = 0;
     int64_t n_head = 0;     // query heads
     int64_t n_head_kv = 0;  // KV heads (GQA: n_head / n_head_kv query heads share one)
     int64_t head_dim = 0;
-    int64_t n_ctx = 0;      // capacity in tokens
+    int64_t n_ctx = 0;      // capacity in positions
+};
+
+struct KvCacheOptions {
+    // A batch written at position 0 (a prompt, a perplexity chunk) attends to its own exact K/V
+    // (KIVI's recipe); only later queries read the packed codes. The exact copy lives only
+    // between the layer's write and the next write or commit.
+    bool prefill_exact = false;
+    // llama.cpp's -fa: an f16 cache is read by the fused kernel like every other codec. Without
+    // it an f16/f16 cache keeps llama.cpp's non-flash-attention numerics (bit parity).
+    bool flash_attn = false;
+};
+
+// Sees what the model writes and what attention returns, e.g. to measure fidelity
+// (runtime/attention_probe.h). Never changes either.
+class KvObserver {
+public:
+    virtual ~KvObserver() = default;
+    //   k, v: [n, n_head_kv, head_dim]
+    virtual void on_write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) = 0;
+    //   q, out: [n_q, n_head, head_dim]
+    virtual void on_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) = 0;
 };
 
 class KvCache {
 public:
-    virtual ~KvCache() = default;
+    KvCache(const KvShape& shape, const KvSpec& spec, const KvCacheOptions& opts = {});
+    ~KvCache();
+    KvCache(const KvCache&) = delete;
+    KvCache& operator=(const KvCache&) = delete;
 
-    virtual const KvShape& shape() const = 0;
-    // Tokens held (positions [0, size())).
-    virtual int64_t size() const = 0;
+    const KvShape& shape() const { return shape_; }
+    const KvCacheOptions& options() const { return opts_; }
+    // Positions processed so far: the next token goes to position size().
+    int64_t size() const { return size_; }
 
-    // Stores K and V of n tokens at positions [pos0, pos0 + n) of one layer. pos0 <= size().
-    //   k, v: [n, n_head_kv, head_dim] f32, k after RoPE
-    virtual void write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) = 0;
+    // Stores K and V of n tokens at positions [pos0, pos0 + n) in every head of one layer,
+    // after dropping the head's tokens at positions >= pos0.   k, v: [n, n_head_kv, head_dim], k after RoPE
+    void write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n);
     // Makes positions [0, n) the cache's content once every layer has been written.
-    virtual void commit(int64_t n) = 0;
+    void commit(int64_t n);
+    // The layer as the backends read it; valid until the next write, retain or truncate.
+    KvLayerView view(int64_t layer) const;
 
-    // Causal attention of n_q query tokens at positions [pos0, pos0 + n_q) of one layer: query i
-    // attends to cached positions [0, pos0 + i]. Scores are scaled by 1/sqrt(head_dim).
-    //   q: [n_q, n_head, head_dim] f32 after RoPE; out: [n_q, n_head, head_dim] f32
-    virtual void attend(int64_t layer, const float* q, int64_t n_q, int64_t pos0, float* out,
-                        ThreadPool& pool) const = 0;
+    // Rollback: drops every token at a position >= n, in every head.
+    void truncate(int64_t n);
+    // Eviction: keeps the stored tokens t of one head with keep[t] != 0 (keep: [head_tokens]) at
+    // their positions, compacts the head's pages and frees the ones left empty.
+    void retain(int64_t layer, int64_t head, std::span<const uint8_t> keep);
+    int64_t head_tokens(int64_t layer, int64_t head) const;
+    std::vector<int32_t> head_positions(int64_t layer, int64_t head) const;
 
-    // Drops positions >= n (rollback).
-    virtual void truncate(int64_t n) = 0;
-
-    // Bytes this cache holds in memory for K and V (allocator-side, not a formula).
-    virtual size_t resident_bytes() const = 0;
+    // Bytes held for K and V: live pages, windows, position tables and layer states.
+    size_t resident_bytes() const;
+    // What `n` tokens in every head would hold (the memory check before a run).
+    size_t bytes_for_tokens(int64_t n) const;
     // Name of the storage format, e.g. "f16" or "K q8_0 / V q4_0".
-    virtual std::string format() const = 0;
+    std::string format() const;
+    const KvSpec& spec() const { return spec_; }
 
-    // K and V of positions [0, n) of one layer and KV head as the cache gives them back
-    // (dequantized), for tests and fidelity measurements. n may include the tokens a layer has
-    // written but not yet committed (between write and commit: what its attend reads).
-    //   k, v: [n, head_dim]
-    virtual void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k,
-                            std::vector<float>& v) const = 0;
+    // K and V of the first n stored tokens of one layer and KV head as the cache gives them back
+    // (dequantized), for tests and fidelity measurements. n may include tokens a layer has
+    // written but not yet committed.   k, v: [n, head_dim]
+    void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k, std::vector<float>& v) const;
+
+    void set_observer(KvObserver* o) { observer_ = o; }
+    // Called by the forward pass after each attention (forwards to the observer, if any).
+    void observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const;
+
+private:
+    struct Impl;
+    KvShape shape_;
+    KvSpec spec_;
+    KvCacheOptions opts_;
+    std::unique_ptr<Impl> impl_;
+    int64_t size_ = 0;
+    KvObserver* observer_ = nullptr;
 };
 
-// The llama.cpp-parity cache: K and V as IEEE fp16 for the full context, attention in llama.cpp's
-// (non flash-attention) numerics. What `--kv f16` gives.
-std::unique_ptr<KvCache> make_f16_cache(const KvShape& shape);
-
-struct CodecSpec;
-// The compressed cache: packed codec blocks in pages allocated as tokens arrive, read in place by
-// the fused attention kernel. K and V may use different codecs.
-// prefill_exact: a batch written at position 0 (a prompt, a perplexity chunk) attends to its own
-// exact K/V (KIVI's recipe); only later queries read the packed codes. The exact copy lives only
-// between the layer's write and attend.
-std::unique_ptr<KvCache> make_paged_cache(const KvShape& shape, const CodecSpec& k, const CodecSpec& v,
-                                          bool prefill_exact = false);
-
-// From CLI specs ("f16", "q4_0", "kivi:bits=2,group=32"): the parity cache when both are plain
-// f16, else the paged cache. vxq::Error for an unknown method or option.
+// A cache for a K/V spec; vxq::Error for an unknown method, option or unsupported head size.
+std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const KvSpec& spec, const KvCacheOptions& opts = {});
+// Same from method strings ("q4_0", "kivi:bits=2,group=32").
 std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const std::string& k_spec, const std::string& v_spec,
-                                       bool prefill_exact = false);
+                                       const KvCacheOptions& opts = {});
 
 // Bits per cached K/V element actually resident: 8 * resident_bytes / (2 * layers * kv_dim * tokens).
 double resident_bits_per_element(const KvCache& c, int64_t tokens);

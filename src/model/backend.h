@@ -12,7 +12,7 @@
 
 namespace vxq {
 
-class KvCache;
+struct KvLayerView;
 class ThreadPool;
 using cpu::RopeParams;
 using cpu::WeightView;
@@ -33,9 +33,11 @@ public:
     virtual void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) = 0;
     virtual void add(float* x, const float* y, int64_t n) = 0;
     virtual void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) = 0;
-    // Stores the layer's new K/V in the cache and attends over it (see KvCache::attend).
-    virtual void attention(KvCache& cache, int64_t layer, const float* q, const float* k, const float* v,
-                           int64_t n, int64_t pos0, float* out) = 0;
+    // Causal attention of n_q query tokens at positions [pos0, pos0 + n_q) over one layer of the KV
+    // cache: query i sees the stored tokens of its KV head at positions <= pos0 + i; scores are
+    // scaled by 1/sqrt(head_dim). The backend reads every codec in place through its readers.
+    //   q, out: [n_q, n_head, head_dim], q after RoPE
+    virtual void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);

@@ -60,7 +60,9 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         }
         be.rope(q.data(), n, c.n_head, c.head_dim, pos0, rope);
         be.rope(k.data(), n, c.n_head_kv, c.head_dim, pos0, rope);
-        be.attention(cache, il, q.data(), k.data(), v.data(), n, pos0, attn.data());
+        cache.write(il, pos0, k.data(), v.data(), n);
+        be.attention(cache.view(il), q.data(), n, pos0, attn.data());
+        cache.observe_attention(il, q.data(), n, pos0, attn.data());
         be.matmul(L.wo, attn.data(), n, cur.data());
         be.add(x.data(), cur.data(), n * c.n_embd);
 

@@ -14,10 +14,10 @@ AttentionProbe::AttentionProbe(std::unique_ptr<KvCache> inner) : inner_(std::mov
     const size_t per_layer = size_t(s.n_ctx * s.n_head_kv * s.head_dim);
     exact_k_.assign(size_t(s.n_layer), std::vector<float>(per_layer));
     exact_v_.assign(size_t(s.n_layer), std::vector<float>(per_layer));
+    inner_->set_observer(this);
 }
 
-void AttentionProbe::write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) {
-    inner_->write(layer, pos0, k, v, n);
+void AttentionProbe::on_write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) {
     const KvShape& s = inner_->shape();
     const size_t row = size_t(s.n_head_kv * s.head_dim);
     std::memcpy(exact_k_[size_t(layer)].data() + size_t(pos0) * row, k, size_t(n) * row * sizeof(float));
@@ -45,9 +45,7 @@ double pearson(const std::vector<double>& a, const std::vector<double>& b) {
 
 }  // namespace
 
-void AttentionProbe::attend(int64_t layer, const float* q, int64_t n_q, int64_t pos0, float* out,
-                            ThreadPool& pool) const {
-    inner_->attend(layer, q, n_q, pos0, out, pool);
+void AttentionProbe::on_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) {
     if (!armed_) return;
     const KvShape& s = inner_->shape();
     const int64_t d = s.head_dim, H = s.n_head_kv, n_gqa = s.n_head / s.n_head_kv;

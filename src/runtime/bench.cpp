@@ -36,7 +36,8 @@ std::string cpu_model() {
 
 std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx) {
     const ModelConfig& m = c.model->config();
-    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, c.kv, c.kv);
+    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, KvSpec::parse(c.kv),
+                         KvCacheOptions{false, c.flash_attn});
 }
 
 // Random token ids, avoiding control tokens, as llama-bench's prompts.

@@ -18,7 +18,8 @@ class Model;
 struct BenchConfig {
     std::string label;          // e.g. "vxq-llama-h64-f16 kv=f16"
     const Model* model = nullptr;
-    std::string kv = "f16";
+    std::string kv = "f16";     // a KV spec: "q4_0" or "q4_0/f16" (K/V)
+    bool flash_attn = false;
 };
 
 struct BenchParams {

@@ -13,12 +13,11 @@
 namespace vxq {
 
 EvalMethod EvalMethod::parse(const std::string& text) {
-    const size_t slash = text.find('/');
     EvalMethod m;
     m.label = text;
-    m.k = text.substr(0, slash);
-    m.v = slash == std::string::npos ? m.k : text.substr(slash + 1);
-    if (m.k.empty() || m.v.empty()) fail("bad KV method '{}' (expected SPEC or KSPEC/VSPEC)", text);
+    m.spec = KvSpec::parse(text);
+    m.k = m.spec.k.str();
+    m.v = m.spec.v.str();
     return m;
 }
 
@@ -91,10 +90,10 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
     // Fresh caches per mode, as a perplexity run has: a codec may calibrate on the first batch
     // it sees (fp8's scale), which differs between the modes.
     auto make_caches = [&](std::unique_ptr<KvCache>& ref, std::vector<std::unique_ptr<AttentionProbe>>& caches) {
-        ref = make_kv_cache(shape, p.reference.k, p.reference.v, p.prefill_exact);
+        ref = make_kv_cache(shape, p.reference.spec, KvCacheOptions{p.prefill_exact, p.flash_attn});
         caches.clear();
         for (const EvalMethod& m : p.methods) {
-            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.k, m.v, p.prefill_exact)));
+            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.spec, KvCacheOptions{p.prefill_exact, p.flash_attn})));
         }
     };
     std::unique_ptr<KvCache> ref;
@@ -105,7 +104,7 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
     r.n_ctx = p.n_ctx;
     r.n_chunks = plan.n_chunks;
     r.n_text_tokens = int64_t(plan.tokens.size());
-    for (size_t mi = 0; mi < p.methods.size(); ++mi) r.methods.push_back({p.methods[mi], caches[mi]->format(), {}});
+    for (size_t mi = 0; mi < p.methods.size(); ++mi) r.methods.push_back({p.methods[mi], caches[mi]->inner().format(), {}});
 
     const int64_t n_rows = p.n_ctx - 1 - plan.first;
     std::vector<float> ref_logits(size_t(n_rows * n_vocab));
@@ -128,7 +127,8 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
             });
             tick();
             for (size_t mi = 0; mi < p.methods.size(); ++mi) {
-                AttentionProbe& cache = *caches[mi];
+                AttentionProbe& probe_m = *caches[mi];
+                KvCache& cache = probe_m.cache();
                 Accum& a = acc[mi];
                 const bool probe = mode == PplMode::Stream && p.attn_every > 0;
                 run_chunk(
@@ -146,8 +146,8 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
                         a.kl.push_back(std::isnan(kl) ? INFINITY : std::max(0.0, kl));
                         a.same_top1 += argmax(rr, n_vocab) == argmax(row, n_vocab);
                     },
-                    [&](int64_t j) { cache.arm(probe && j >= plan.first && (j - plan.first) % p.attn_every == 0); });
-                cache.arm(false);
+                    [&](int64_t j) { probe_m.arm(probe && j >= plan.first && (j - plan.first) % p.attn_every == 0); });
+                probe_m.arm(false);
                 a.kv_bytes = std::max(a.kv_bytes, cache.resident_bytes());
                 a.kv_tokens = std::max(a.kv_tokens, cache.size());
                 tick();

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kv/spec.h"
 #include "runtime/perplexity.h"
 
 namespace vxq {
@@ -21,8 +22,9 @@ class Backend;
 
 // A KV method as eval names it: "q4_0" (K and V) or "q4_0/f16" (K q4_0, V f16).
 struct EvalMethod {
-    std::string label, k, v;
-    static EvalMethod parse(const std::string& text);  // vxq::Error on an empty half
+    std::string label, k, v;  // as given; canonical K and V methods
+    KvSpec spec;
+    static EvalMethod parse(const std::string& text);  // vxq::Error on an empty half or a bad method
 };
 
 struct Distribution {
@@ -57,9 +59,10 @@ struct EvalParams {
     int64_t n_chunks = -1;
     std::vector<PplMode> modes{PplMode::Prefill, PplMode::Stream};
     std::vector<EvalMethod> methods;
-    EvalMethod reference{"f16", "f16", "f16"};
+    EvalMethod reference = EvalMethod::parse("f16");
     int64_t attn_every = 64;    // stream mode: probe attention every this many scored steps (0: off)
     bool prefill_exact = false;
+    bool flash_attn = false;
 };
 
 struct EvalResult {

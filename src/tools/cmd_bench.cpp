@@ -24,6 +24,8 @@ namespace {
 struct BenchOptions {
     std::vector<std::string> models;
     std::vector<std::string> kv{"f16"};
+    std::string ctk, ctv;  // override the K / V half of every --kv entry
+    bool flash_attn = false;
     std::vector<std::string> depths;  // -d values as given: "0,1024,2048", possibly repeated
     BenchParams p;
     bool csv = false;
@@ -73,7 +75,11 @@ void run_bench_cmd(BenchOptions o) {
     for (const auto& path : o.models) {
         models.push_back(Model::load(path));
         const std::string stem = std::filesystem::path(path).stem().string();
-        for (const auto& kv : o.kv) configs.push_back({fmt::format("{} kv={}", stem, kv), models.back().get(), kv});
+        for (const auto& kv : o.kv) {
+            const std::string spec = KvSpec::from_flags(kv, o.ctk, o.ctv).str();  // validated before any run
+            configs.push_back({fmt::format("{} kv={}{}", stem, spec, o.flash_attn ? " fa" : ""), models.back().get(), spec,
+                               o.flash_attn});
+        }
     }
     o.p.add_aa = !o.no_aa;
     const bool tty = stderr_is_tty();
@@ -149,6 +155,9 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
     sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
     sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");
+    sub->add_option("--cache-type-k", o->ctk, "KV method for keys of every configuration (-ctk)");
+    sub->add_option("--cache-type-v", o->ctv, "KV method for values of every configuration (-ctv)");
+    sub->add_flag("--flash-attn", o->flash_attn, "-fa: f16 caches through the fused kernel");
     sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
     sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
     sub->add_flag("--csv", o->csv, "CSV output");

@@ -31,6 +31,7 @@ struct EvalOptions {
     int threads = 0;
     int64_t n_ctx = 0, chunks = -1, attn_every = 64;
     bool prefill_exact = false;
+    bool flash_attn = false;
     bool modes_given = false;
 };
 
@@ -111,6 +112,7 @@ void run_eval_cmd(EvalOptions o) {
     }
     p.reference = EvalMethod::parse(o.ref);
     p.prefill_exact = o.prefill_exact;
+    p.flash_attn = o.flash_attn;
     const bool tty = stderr_is_tty();
     fmt::print(stderr, "eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, be->describe());
     const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
@@ -155,6 +157,7 @@ void add_eval(CLI::App& app, int& rc) {
         ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
     sub->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
     sub->add_flag("--prefill-exact", o->prefill_exact, "a batch at position 0 attends to its exact K/V (KIVI's recipe)");
+    sub->add_flag("--flash-attn", o->flash_attn, "-fa: f16 caches (the reference too) through the fused kernel");
     sub->add_option("--json", o->json_out, "write the results as JSON to this file");
     sub->add_option("--plot", o->plot_out, "write the KL-vs-bits SVG to this file");
     sub->add_option("--bench", o->bench_json, "vxq bench --json file(s) for --speed-plot");

@@ -9,8 +9,8 @@ namespace vxq::tools {
 void add_methods(CLI::App& app, int& rc) {
     auto* sub = app.add_subcommand("methods", "List the KV cache methods with their options and bits/element");
     sub->callback([&rc] {
-        fmt::print("| method | options (default) | bits/element d=64 | bits/element d=128 | window | description |\n");
-        fmt::print("| --- | --- | ---: | ---: | --- | --- |\n");
+        fmt::print("| method | options (default) | bits/element | d=64 | d=128 | window | backends | description |\n");
+        fmt::print("| --- | --- | --- | ---: | ---: | --- | --- | --- |\n");
         for (const CodecInfo& info : list_codecs()) {
             std::string bits[2];
             std::string window = "none";
@@ -28,8 +28,8 @@ void add_methods(CLI::App& app, int& rc) {
                 }
                 ++i;
             }
-            fmt::print("| {} | {} | {} | {} | {} | {} |\n", info.name, info.options.empty() ? "-" : info.options, bits[0],
-                       bits[1], window, info.description);
+            fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", info.name, info.options.empty() ? "-" : info.options,
+                       info.bits, bits[0], bits[1], window, info.backends, info.description);
         }
         fmt::print("\nbits/element counts codes + scales/zeros (packed part); the fp16 window adds "
                    "16 * window / tokens on top (reported as measured by generate/perplexity).\n");

@@ -23,7 +23,7 @@ struct PerplexityOptions {
 
 void run_perplexity(PerplexityOptions o) {
     const std::string text = read_file(o.file);
-    if (o.rt.n_ctx == 0) o.rt.n_ctx = 512;  // llama-perplexity's default
+    if (o.rt.n_ctx < 0) o.rt.n_ctx = 512;  // llama-perplexity's default (-c 0: the model's)
     Engine e = make_engine(o.rt);
     const bool tty = stderr_is_tty();
     fmt::print(stderr, "perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),

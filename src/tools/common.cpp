@@ -18,34 +18,50 @@ namespace vxq::tools {
 void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
     sub->add_option("-m,--model", model, "GGUF model file")->required();
     sub->add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
-    sub->add_option("--kv", kv, "KV cache method for K and V, e.g. f16, q8_0, q4_0, fp8, kivi:bits=2,group=32,residual=128 "
-                                "(vxq methods lists them)");
+    kv_opt = sub->add_option("--kv", kv, "KV cache method for K and V, or a K/V pair: f16, q8_0, q4_0, fp8, "
+                                         "kivi:bits=2,group=32,residual=128, q4_0/f16 (vxq methods lists them)");
     sub->add_option("--cache-type-k", kv_k, "KV method for keys (-ctk)");
     sub->add_option("--cache-type-v", kv_v, "KV method for values (-ctv)");
     sub->add_flag("--prefill-exact", prefill_exact,
                   "a batch starting at position 0 attends to its own exact K/V (KIVI's recipe); later queries read the codes");
+    sub->add_flag("--flash-attn", flash_attn,
+                  "-fa: read an f16 cache with the fused kernel, like every compressed one (default: llama.cpp's "
+                  "non-flash-attention numerics for f16)");
     if (with_ctx) {
-        sub->add_option("-c,--ctx-size", n_ctx, "context size in tokens (default: the model's)")
+        sub->add_option("-c,--ctx-size", n_ctx,
+                        fmt::format("context size in tokens (default {}, or the model's if smaller; 0: the model's)",
+                                    kDefaultCtx))
             ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
     }
 }
 
+KvSpec RuntimeOptions::kv_spec() const {
+    if (kv_opt && kv_opt->count() > 0 && kv.empty()) KvSpec::parse(kv);  // --kv "" is an error, not f16
+    return KvSpec::from_flags(kv, kv_k, kv_v);
+}
+
+int64_t RuntimeOptions::context(int64_t n_ctx_train) const {
+    if (n_ctx == 0) return n_ctx_train;
+    if (n_ctx < 0) return std::min(kDefaultCtx, n_ctx_train);
+    return n_ctx;
+}
+
 Engine make_engine(const RuntimeOptions& o) {
     Engine e;
+    const KvSpec spec = o.kv_spec();  // a bad method fails before the model loads
     e.model = Model::load(o.model);
     const ModelConfig& c = e.model->config();
-    e.n_ctx = o.n_ctx > 0 ? o.n_ctx : c.n_ctx_train;
+    e.n_ctx = o.context(c.n_ctx_train);
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     e.backend = make_cpu_backend(threads);
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
-    const double kv_bytes = 2.0 * double(c.n_layer * c.n_head_kv * c.head_dim) * double(e.n_ctx) * 2.0;
+    e.cache = make_kv_cache(shape, spec, o.cache_options());  // allocates nothing until tokens arrive
+    const double kv_bytes = double(e.cache->bytes_for_tokens(e.n_ctx));
     const double mem_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
     if (kv_bytes > 0.8 * mem_bytes) {
-        fail("a KV cache for a context of {} tokens needs {:.1f} GiB, more than this machine's memory allows "
-             "({:.1f} GiB): lower -c", e.n_ctx, kv_bytes / (1 << 30), mem_bytes / (1 << 30));
+        fail("a {} KV cache for a context of {} tokens needs {:.1f} GiB, more than this machine's memory allows "
+             "({:.1f} GiB): lower -c", e.cache->format(), e.n_ctx, kv_bytes / (1 << 30), mem_bytes / (1 << 30));
     }
-    e.cache = make_kv_cache(shape, o.k_spec(), o.v_spec(), o.prefill_exact);
-
     return e;
 }
 

@@ -16,15 +16,22 @@ namespace vxq::tools {
 struct RuntimeOptions {
     std::string model;
     int threads = 0;      // 0: all hardware threads
-    int64_t n_ctx = 0;    // 0: the model's training context
-    std::string kv;       // --kv: K and V method
+    int64_t n_ctx = -1;   // -c: 0 means the model's training context; -1: not given
+    std::string kv;       // --kv: "M" (K and V) or "MK/MV"
     std::string kv_k;     // -ctk / --cache-type-k
     std::string kv_v;     // -ctv / --cache-type-v
     bool prefill_exact = false;
+    bool flash_attn = false;  // -fa
+    CLI::Option* kv_opt = nullptr;
+
+    static constexpr int64_t kDefaultCtx = 4096;  // as llama.cpp; capped at the model's
 
     void add_to(CLI::App* sub, bool with_ctx = true);
-    std::string k_spec() const { return !kv_k.empty() ? kv_k : !kv.empty() ? kv : "f16"; }
-    std::string v_spec() const { return !kv_v.empty() ? kv_v : !kv.empty() ? kv : "f16"; }
+    // The K/V pair from --kv, -ctk, -ctv (vxq::Error on a bad or empty method).
+    KvSpec kv_spec() const;
+    KvCacheOptions cache_options() const { return KvCacheOptions{prefill_exact, flash_attn}; }
+    // The context size: -c, or the default capped at the model's; -c 0 is the model's.
+    int64_t context(int64_t n_ctx_train) const;
 };
 
 // "--kv" lists: comma-separated methods, where an option keeps its comma with its method

@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     for (auto& a : args) {
         if (a == "-ctk") a = "--cache-type-k";
         if (a == "-ctv") a = "--cache-type-v";
+        if (a == "-fa") a = "--flash-attn";
     }
     std::vector<char*> av;
     for (auto& a : args) av.push_back(a.data());

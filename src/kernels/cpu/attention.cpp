@@ -1,9 +1,12 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <vector>
 
+#include "core/error.h"
+#include "core/thread_pool.h"
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops_impl.h"
 
@@ -25,6 +28,8 @@
 namespace vxq::cpu {
 
 namespace {
+
+using detail::F16Pages;
 
 // tinyBLAS's hsum of an 8-lane accumulator: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
 float hsum8(const float* l) {
@@ -65,11 +70,11 @@ void scores_vecdot_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d
     }
 }
 
-void weighted_sum_tinyblas_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+void weighted_sum_tinyblas_ref(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
     std::vector<float> acc(size_t(8 * d), 0.0f);
     for (int64_t t = 0; t < n_kv; ++t) {
         float* a = acc.data() + (t % 8) * d;
-        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(p16[t], fp16_to_fp32(v[t * d + c]), a[c]);
+        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(p16[t], fp16_to_fp32(v.row(t, d)[c]), a[c]);
     }
     for (int64_t c = 0; c < d; ++c) {
         float l[8];
@@ -78,11 +83,11 @@ void weighted_sum_tinyblas_ref(const float* p16, const f16_t* v, int64_t n_kv, i
     }
 }
 
-void weighted_sum_vecdot_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
+void weighted_sum_vecdot_ref(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
     std::vector<float> acc(size_t(32 * d), 0.0f);  // slot t % 32 = accumulator (t / 8) % 4, lane t % 8
     for (int64_t t = 0; t < n_kv; ++t) {
         float* a = acc.data() + (t % 32) * d;
-        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(fp16_to_fp32(v[t * d + c]), p16[t], a[c]);
+        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(fp16_to_fp32(v.row(t, d)[c]), p16[t], a[c]);
     }
     for (int64_t c = 0; c < d; ++c) {
         float a[4][8];
@@ -95,24 +100,34 @@ struct Kernels {
     void (*scores_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
     void (*scores_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
     void (*softmax)(float*, int64_t, float);
-    void (*wsum_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
-    void (*wsum_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
+    void (*wsum_tinyblas)(const float*, F16Pages, int64_t, int64_t, float*);
+    void (*wsum_vecdot)(const float*, F16Pages, int64_t, int64_t, float*);
 };
 
 void row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch, const Kernels& kern) {
     const int64_t d = a.head_dim;
     const int64_t g = h / (a.n_head / a.n_head_kv);
-    const int64_t n_kv = a.pos0 + i + 1;
+    const int64_t n_kv = kv_visible(a.heads[g], a.pos0 + i);
+    float* out = a.out + (i * a.n_head + h) * d;
+    if (n_kv == 0) {  // every token of this head was evicted: nothing to attend to
+        std::fill(out, out + d, 0.0f);
+        return;
+    }
     const float* q = a.q + (i * a.n_head + h) * d;
     float q16[1024];
     for (int64_t c = 0; c < d; ++c) q16[c] = round_fp16(q[c]);
     // tinyBLAS needs n >= 2 and k % 8 == 0 (KQ: k = d, m = n_kv padded to 32; KQV: k = n_kv padded,
     // m = d must be a multiple of 4).
     const bool batch = a.n_q >= 2;
-    (batch && d % 8 == 0 ? kern.scores_tinyblas : kern.scores_vecdot)(q16, a.k + g * a.stride_head, n_kv, d, scratch);
+    const auto scores = batch && d % 8 == 0 ? kern.scores_tinyblas : kern.scores_vecdot;
+    const int64_t page = int64_t(1) << a.page_shift;
+    const f16_t* const* kp = a.k_pages + g * a.pages_per_head;
+    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // each score is its own dot: page by page is the same
+        scores(q16, kp[t0 >> a.page_shift], std::min(page, n_kv - t0), d, scratch + t0);
+    }
     kern.softmax(scratch, n_kv, a.scale);
-    float* out = a.out + (i * a.n_head + h) * d;
-    (batch && d % 4 == 0 ? kern.wsum_tinyblas : kern.wsum_vecdot)(scratch, a.v + g * a.stride_head, n_kv, d, out);
+    const F16Pages v{a.v_pages + g * a.pages_per_head, a.page_shift};
+    (batch && d % 4 == 0 ? kern.wsum_tinyblas : kern.wsum_vecdot)(scratch, v, n_kv, d, out);
 }
 
 constexpr Kernels kRef{scores_tinyblas_ref, scores_vecdot_ref, detail::attn_softmax_f16_ref,
@@ -164,6 +179,44 @@ void attention_f16_row_ref(const AttentionF16Args& a, int64_t i, int64_t h, floa
 void attention_f16_row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch) {
     static const bool avx2 = detail::cpu_has_avx2();
     row(a, i, h, scratch, avx2 ? kAvx2 : kRef);
+}
+
+bool attention_f16_applies(const KvLayerView& view) {
+    if (view.flash_attn || view.chunk <= 0 || (view.chunk & (view.chunk - 1)) != 0) return false;
+    for (int64_t g = 0; g < view.n_head_kv; ++g) {
+        const KvHeadView& h = view.heads[g];
+        if (h.k.fmt.kind != KvFormatKind::F16 || h.v.fmt.kind != KvFormatKind::F16) return false;
+        for (const KvStreamView* s : {&h.k, &h.v})
+            for (int64_t i = 0; i < s->n_segs; ++i)
+                if (s->segs[i].window) return false;
+    }
+    return true;
+}
+
+void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
+                   ThreadPool& pool) {
+    VXQ_ASSERT(attention_f16_applies(view));
+    const int64_t H = view.n_head_kv;
+    int64_t pages = 0, max_tokens = 0;
+    for (int64_t g = 0; g < H; ++g) {
+        pages = std::max(pages, view.heads[g].k.n_segs);
+        max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
+    }
+    // Page tables as pointer arrays: segment p of an f16 stream is page p (chunk tokens each).
+    std::vector<const f16_t*> kp(size_t(H * pages)), vp(size_t(H * pages));
+    for (int64_t g = 0; g < H; ++g) {
+        const KvHeadView& h = view.heads[g];
+        for (int64_t p = 0; p < h.k.n_segs; ++p) kp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.k.segs[p].data);
+        for (int64_t p = 0; p < h.v.n_segs; ++p) vp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.v.segs[p].data);
+    }
+    const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, int64_t(std::countr_zero(uint64_t(view.chunk))),
+                             out, n_q, pos0, view.n_head, H, view.head_dim, scale};
+    const int64_t units = n_q * view.n_head;
+    pool.run([&](int ith, int nth) {
+        std::vector<float> scratch(static_cast<size_t>(max_tokens));
+        // Interleaved split: causal rows grow with i, so contiguous chunks would be unbalanced.
+        for (int64_t u = ith; u < units; u += nth) attention_f16_row(a, u / view.n_head, u % view.n_head, scratch.data());
+    });
 }
 
 }  // namespace vxq::cpu

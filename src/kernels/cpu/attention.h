@@ -8,25 +8,39 @@
 #include <cstdint>
 
 #include "core/fp16.h"
+#include "kv/kv_view.h"
+
+namespace vxq {
+class ThreadPool;
+}
 
 namespace vxq::cpu {
 
 struct AttentionF16Args {
-    const float* q;       // [n_q, n_head, head_dim]
-    const f16_t* k;       // [n_head_kv, k_stride_head] — key t of head g at k + g*stride + t*head_dim
-    const f16_t* v;       // same layout as k
-    int64_t stride_head;  // elements between KV heads (capacity * head_dim)
-    float* out;           // [n_q, n_head, head_dim]
+    const float* q;               // [n_q, n_head, head_dim]
+    const KvHeadView* heads;      // [n_head_kv]: stored tokens and their positions
+    const f16_t* const* k_pages;  // [n_head_kv, pages_per_head]: key t of head g in page t >> page_shift
+    const f16_t* const* v_pages;  // same layout as k_pages
+    int64_t pages_per_head;
+    int64_t page_shift;           // log2(tokens per page)
+    float* out;                   // [n_q, n_head, head_dim]
     int64_t n_q;
-    int64_t pos0;         // query i sees keys [0, pos0 + i]
+    int64_t pos0;                 // query i sees the stored tokens at positions <= pos0 + i
     int64_t n_head;
     int64_t n_head_kv;
     int64_t head_dim;
     float scale;
 };
 
-// One (query token, head) pair; scratch holds >= pos0 + n_q floats.
+// One (query token, head) pair; scratch holds >= the head's stored tokens floats.
 void attention_f16_row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch);
 void attention_f16_row_ref(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch);
+
+// Whether a layer is an f16/f16 cache read without --flash-attn (the llama.cpp-parity path).
+bool attention_f16_applies(const KvLayerView& view);
+// Causal attention over such a layer, every (query token, head) row on the pool.
+//   q, out: [n_q, n_head, head_dim]
+void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
+                   ThreadPool& pool);
 
 }  // namespace vxq::cpu

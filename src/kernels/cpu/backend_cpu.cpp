@@ -1,9 +1,13 @@
 // The CPU implementation of the Backend ops: matmuls and attention spread over a thread pool,
 // the cheap element-wise ops run on the calling thread.
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "core/thread_pool.h"
-#include "kv/kv_cache.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_fused.h"
+#include "kv/kv_view.h"
 #include "model/backend.h"
 
 namespace vxq {
@@ -42,10 +46,13 @@ public:
     }
     void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
     void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override { cpu::add_bias(x, b, n_rows, dim); }
-    void attention(KvCache& cache, int64_t layer, const float* q, const float* k, const float* v, int64_t n,
-                   int64_t pos0, float* out) override {
-        cache.write(layer, pos0, k, v, n);
-        cache.attend(layer, q, n, pos0, out, pool_);
+    void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out) override {
+        const float scale = 1.0f / std::sqrt(float(view.head_dim));
+        if (cpu::attention_f16_applies(view)) {
+            cpu::attention_f16(view, q, n_q, pos0, scale, out, pool_);
+        } else {
+            cpu::attention_fused(view, q, n_q, pos0, scale, out, pool_);
+        }
     }
 
 private:

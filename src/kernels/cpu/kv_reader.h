@@ -1,37 +1,62 @@
-// How the fused attention kernel reads a KV stream: a codec's reader scores keys or accumulates
-// values straight from packed bytes, one virtual call per run of whole blocks (up to a chunk of
-// >= 64 tokens), for all query heads that share the KV head (GQA: the bytes are read once).
+// How the fused CPU attention reads a KV stream: a reader per format kind (kv/format.h) scores
+// keys or accumulates values straight from the packed bytes, one virtual call per run of whole
+// blocks (up to a chunk of >= 64 tokens), for all query heads that share the KV head (GQA: the
+// bytes are read once). Readers are stateless; what varies per stream (fp8's scale, KIVI's bits)
+// comes in the KvFormatParams. A key reader may prepare the query once per (query token, KV head
+// group) and step (q8_0 / q4_0 keys quantize it to q8_0), never per cached token.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-namespace vxq {
+#include "kv/format.h"
 
-class CodecReader {
+namespace vxq::cpu {
+
+// A query as a key reader wants it.   q: [n_q, head_dim]; data: the reader's own form of it
+struct PreparedQuery {
+    const float* q = nullptr;
+    const void* data = nullptr;
+    std::vector<uint8_t> buf;  // backing store of `data`, reused across calls
+};
+
+class KvReader {
 public:
-    virtual ~CodecReader() = default;
+    virtual ~KvReader() = default;
+    virtual void prepare_query(const KvFormatParams& f, const float* q, int64_t n_q, int64_t d, PreparedQuery& pq) const {
+        pq.q = q;
+        pq.data = nullptr;
+    }
     // s[h * n + t] = <q_h, k_t> for heads h < n_q and the n tokens of n / block_tokens
-    // consecutive blocks starting at blk.   q: [n_q, head_dim]; s: [n_q, n]
-    virtual void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t head_dim,
-                        float* s) const = 0;
+    // consecutive blocks starting at blk.   s: [n_q, n]
+    virtual void scores(const KvFormatParams& f, const PreparedQuery& q, int64_t n_q, const uint8_t* blk, int64_t n,
+                        int64_t d, float* s) const = 0;
     // acc[h * head_dim + c] += sum_t p[h * n + t] * v_t[c].   p: [n_q, n]; acc: [n_q, head_dim]
-    virtual void accumulate(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t head_dim,
-                            float* acc) const = 0;
+    virtual void accumulate(const KvFormatParams& f, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
+                            int64_t d, float* acc) const = 0;
+
+    // prepare_query + scores, for tests and one-off calls.
+    void scores_of(const KvFormatParams& f, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                   float* s) const {
+        PreparedQuery pq;
+        prepare_query(f, q, n_q, d, pq);
+        scores(f, pq, n_q, blk, n, d, s);
+    }
 };
 
-// A run of whole blocks of one codec covering tokens [first, first + n_tokens) of a stream.
-struct KvSegment {
-    const CodecReader* reader = nullptr;
-    const uint8_t* data = nullptr;
-    int64_t first = 0;
-    int64_t n_tokens = 0;      // a multiple of block_tokens
-    int64_t block_tokens = 1;
-    size_t block_bytes = 0;
-};
+enum class KvIsa { Scalar, Avx2 };
 
-// One (layer, KV head) stream of keys or values: segments in token order, covering [0, size).
-using KvStreamView = std::vector<KvSegment>;
+// The reader of a format kind for an instruction set; nullptr when there is none (an AVX2
+// reader on a CPU without AVX2 + FMA + F16C, or a kind with no CPU reader).
+const KvReader* kv_reader(KvFormatKind kind, KvIsa isa);
+// The fastest reader this CPU runs; vxq::Error naming the kind if none.
+const KvReader& kv_reader(KvFormatKind kind);
+// AVX2 + FMA + F16C present (every AVX2 reader and the parity attention check this).
+bool kv_avx2_available();
 
-}  // namespace vxq
+// Per-kind reader tables, one per reader file (kv_read_baseline.cpp, kv_read_kivi.cpp).
+const KvReader* baseline_reader(KvFormatKind kind, KvIsa isa);
+const KvReader* kivi_reader(KvFormatKind kind, KvIsa isa);
+
+}  // namespace vxq::cpu

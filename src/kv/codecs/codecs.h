@@ -6,14 +6,14 @@
 namespace vxq::codecs {
 
 // baseline.cpp: plain and llama.cpp-compatible formats.
-std::unique_ptr<Codec> make_f32(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_f16(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_bf16(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_q8_0(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_q4_0(const CodecSpec&, KvRole, int64_t head_dim);
-std::unique_ptr<Codec> make_fp8(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_f32(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_f16(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_bf16(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_q8_0(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_q4_0(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_fp8(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
 
 // kivi.cpp: KIVI (per-channel keys, per-token values, fp16 residual window).
-std::unique_ptr<Codec> make_kivi(const CodecSpec&, KvRole, int64_t head_dim);
+std::unique_ptr<Codec> make_kivi(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
 
 }  // namespace vxq::codecs

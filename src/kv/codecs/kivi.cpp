@@ -1,13 +1,11 @@
-// KIVI codec: the scalar reference of the format (METHODS.md "KIVI"), the two codecs (keys per
-// channel, values per token) and their readers. Layout and precision rules: kivi.h.
-#include "kv/codecs/kivi.h"
+// KIVI codec: the scalar reference of the format (METHODS.md "KIVI") and the two codecs (keys per
+// channel, values per token). Layout and precision rules: kv/formats/kivi.h; readers: kernels/cpu.
+#include "kv/formats/kivi.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
-
-#include <cpuid.h>
 
 #include "core/error.h"
 #include "kv/codecs/codecs.h"
@@ -80,111 +78,25 @@ void pack_row(const uint8_t* codes, int64_t n, int bits, uint8_t* row) {
     }
 }
 
-namespace {
-inline float load_f16(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, sizeof h);
-    return fp16_to_fp32(h);
-}
-}  // namespace
-
-void key_scores_scalar(const Layout& l, const float* q, int64_t n_q, const uint8_t* blk, int64_t n,
-                       int64_t d, float* s) {
-    const int64_t G = l.group, nb = n / G, rb = l.row_code_bytes();
-    const size_t bytes = l.block_bytes();
-    float acc[256];
-    for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* B = blk + size_t(b) * bytes;
-        const uint8_t* codes = B + l.codes_offset();
-        for (int64_t h = 0; h < n_q; ++h) {
-            const float* qh = q + h * d;
-            double cst = 0.0;  // sum_c q[c] * z[c]
-            std::fill(acc, acc + G, 0.0f);
-            for (int64_t c = 0; c < d; ++c) {
-                cst += double(qh[c]) * double(load_f16(B + l.zero_offset() + 2 * size_t(c)));
-                const float qs = qh[c] * load_f16(B + l.scale_offset() + 2 * size_t(c));
-                const uint8_t* row = codes + c * rb;
-                for (int64_t t = 0; t < G; ++t) acc[t] += qs * float(code_at(row, t, l.bits));
-            }
-            float* out = s + h * n + b * G;
-            for (int64_t t = 0; t < G; ++t) out[t] = float(double(acc[t]) + cst);
-        }
-    }
-}
-
-void value_accumulate_scalar(const Layout& l, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
-                             int64_t d, float* acc) {
-    const int64_t G = l.group, rb = l.row_code_bytes();
-    const size_t bytes = l.block_bytes();
-    for (int64_t t = 0; t < n; ++t) {
-        const uint8_t* B = blk + size_t(t) * bytes;
-        for (int64_t g = 0; g < l.rows; ++g) {
-            f16_t z16, s16;
-            std::memcpy(&z16, B + l.zero_offset() + 2 * size_t(g), 2);
-            std::memcpy(&s16, B + l.scale_offset() + 2 * size_t(g), 2);
-            const uint8_t* row = B + l.codes_offset() + g * rb;
-            const int64_t c0 = g * G, c1 = std::min(d, c0 + G);
-            for (int64_t c = c0; c < c1; ++c) {
-                const float x = dequantize(code_at(row, c - c0, l.bits), s16, z16);
-                for (int64_t h = 0; h < n_q; ++h) acc[h * d + c] += p[h * n + t] * x;
-            }
-        }
-    }
-}
-
-bool avx2_available() {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
-    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-
 }  // namespace kivi
 
 namespace {
 
 using kivi::Layout;
 
-class KeyReader final : public CodecReader {
-public:
-    explicit KeyReader(Layout l) : l_(l), avx2_(kivi::avx2_available()) {}
-    void scores(const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* s) const override {
-        VXQ_ASSERT(n % l_.group == 0 && d == l_.rows);
-        if (avx2_) {
-            kivi::key_scores_avx2(l_, q, n_q, blk, n, d, s);
-        } else {
-            kivi::key_scores_scalar(l_, q, n_q, blk, n, d, s);
-        }
-    }
-    void accumulate(const float*, int64_t, const uint8_t*, int64_t, int64_t, float*) const override {
-        fail("KIVI keys codec cannot accumulate values");
-    }
-
-private:
-    Layout l_;
-    bool avx2_;
-};
-
-class ValueReader final : public CodecReader {
-public:
-    explicit ValueReader(Layout l) : l_(l), avx2_(kivi::avx2_available()) {}
-    void scores(const float*, int64_t, const uint8_t*, int64_t, int64_t, float*) const override {
-        fail("KIVI values codec cannot score keys");
-    }
-    void accumulate(const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d, float* acc) const override {
-        if (avx2_) {
-            kivi::value_accumulate_avx2(l_, p, n_q, blk, n, d, acc);
-        } else {
-            kivi::value_accumulate_scalar(l_, p, n_q, blk, n, d, acc);
-        }
-    }
-
-private:
-    Layout l_;
-    bool avx2_;
-};
-
 std::string spec_string(const kivi::Params& p) {
     return fmt::format("kivi:bits={},group={},residual={}", p.bits, p.group, p.residual);
+}
+
+KvFormatParams kivi_params(KvFormatKind kind, const kivi::Params& p, const Layout& l, int64_t d) {
+    KvFormatParams f;
+    f.kind = kind;
+    f.block_tokens = kind == KvFormatKind::KiviKey ? p.group : 1;
+    f.block_bytes = l.block_bytes();
+    f.bits = p.bits;
+    f.group = p.group;
+    f.rows = l.rows;
+    return f;
 }
 
 // Quantizes one row of a block (a key channel over G tokens, or a value group of G channels)
@@ -201,7 +113,7 @@ void encode_row(const Layout& l, int64_t r, const float* vals, uint8_t* block) {
 // Keys: a block is G tokens x d channels; row c is channel c over the G tokens.
 class KiviKeys final : public Codec {
 public:
-    KiviKeys(kivi::Params p, int64_t d) : p_(p), l_(kivi::key_layout(p.bits, p.group, d)), reader_(l_) {}
+    KiviKeys(kivi::Params p, int64_t d) : p_(p), l_(kivi::key_layout(p.bits, p.group, d)) {}
     std::string spec() const override { return spec_string(p_); }
     int64_t block_tokens() const override { return p_.group; }
     size_t block_bytes(int64_t d) const override { return kivi::key_layout(p_.bits, p_.group, d).block_bytes(); }
@@ -228,19 +140,18 @@ public:
             for (int64_t t = 0; t < G; ++t) x[t * d + c] = kivi::dequantize(kivi::code_at(row, t, p_.bits), s16, z16);
         }
     }
-    const CodecReader& reader() const override { return reader_; }
+    KvFormatParams params(int64_t d) const override { return kivi_params(KvFormatKind::KiviKey, p_, l_, d); }
 
 private:
     kivi::Params p_;
     Layout l_;
-    KeyReader reader_;
 };
 
 // Values: a block is one token; row g is channels [gG, gG + G), a ragged last row padded by
 // repeating its last real element (parity rule 3).
 class KiviValues final : public Codec {
 public:
-    KiviValues(kivi::Params p, int64_t d) : p_(p), l_(kivi::value_layout(p.bits, p.group, d)), reader_(l_) {}
+    KiviValues(kivi::Params p, int64_t d) : p_(p), l_(kivi::value_layout(p.bits, p.group, d)) {}
     std::string spec() const override { return spec_string(p_); }
     int64_t block_tokens() const override { return 1; }
     size_t block_bytes(int64_t d) const override { return kivi::value_layout(p_.bits, p_.group, d).block_bytes(); }
@@ -269,17 +180,16 @@ public:
             for (int64_t c = c0; c < c1; ++c) x[c] = kivi::dequantize(kivi::code_at(row, c - c0, p_.bits), s16, z16);
         }
     }
-    const CodecReader& reader() const override { return reader_; }
+    KvFormatParams params(int64_t d) const override { return kivi_params(KvFormatKind::KiviValue, p_, l_, d); }
 
 private:
     kivi::Params p_;
     Layout l_;
-    ValueReader reader_;
 };
 
 }  // namespace
 
-std::unique_ptr<Codec> make_kivi(const CodecSpec& spec, KvRole role, int64_t head_dim) {
+std::unique_ptr<Codec> make_kivi(const CodecSpec& spec, KvRole role, int64_t head_dim, const KvLayerState*) {
     const kivi::Params p = kivi::parse_params(spec);
     if (head_dim < 1) fail("KV method '{}': bad head_dim {}", spec.name, head_dim);
     if (role == KvRole::Key) return std::make_unique<KiviKeys>(p, head_dim);

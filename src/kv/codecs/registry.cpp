@@ -1,5 +1,6 @@
+// The one table of KV methods. A new codec is a row here plus its format file in kv/codecs/ and
+// a reader per backend (kernels/cpu/kv_read_*.cpp); nothing else lists codecs.
 #include <algorithm>
-#include <cctype>
 
 #include "core/error.h"
 #include "kv/codecs/codecs.h"
@@ -11,81 +12,76 @@ namespace {
 struct Entry {
     CodecInfo info;
     CodecFactory make;
+    LayerStateFactory make_state;
 };
 
 std::vector<Entry>& entries() {
     static std::vector<Entry> e = {
-        {{"f16", "", "IEEE half precision (llama.cpp's default cache)"}, codecs::make_f16},
-        {{"bf16", "", "bfloat16"}, codecs::make_bf16},
-        {{"f32", "", "single precision"}, codecs::make_f32},
-        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim"}, codecs::make_q8_0},
-        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim"}, codecs::make_q4_0},
-        {{"fp8", "scale=prompt|S (prompt)", "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1"}, codecs::make_fp8},
+        {{"f16", "", "IEEE half precision (llama.cpp's default cache)", "16"}, codecs::make_f16, nullptr},
+        {{"bf16", "", "bfloat16", "16"}, codecs::make_bf16, nullptr},
+        {{"f32", "", "single precision", "32"}, codecs::make_f32, nullptr},
+        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim", "8.5"}, codecs::make_q8_0, nullptr},
+        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5"}, codecs::make_q4_0,
+         nullptr},
+        {{"fp8", "scale=prompt|S (prompt)",
+          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8"},
+         codecs::make_fp8, nullptr},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
-          "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R"},
-         codecs::make_kivi},
+          "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R",
+          "b + 32/G (+ the fp16 window of R tokens)"},
+         codecs::make_kivi, nullptr},
     };
     return e;
 }
 
-}  // namespace
-
-CodecSpec CodecSpec::parse(const std::string& text) {
-    CodecSpec s;
-    const size_t colon = text.find(':');
-    s.name = text.substr(0, colon);
-    if (s.name.empty()) fail("empty KV cache method in '{}'", text);
-    if (colon == std::string::npos) return s;
-    std::string rest = text.substr(colon + 1);
-    size_t pos = 0;
-    while (pos <= rest.size()) {
-        const size_t comma = std::min(rest.find(',', pos), rest.size());
-        const std::string kv = rest.substr(pos, comma - pos);
-        const size_t eq = kv.find('=');
-        if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size()) {
-            fail("bad option '{}' in KV cache method '{}' (expected key=value)", kv, text);
-        }
-        if (!s.options.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second) {
-            fail("option '{}' given twice in '{}'", kv.substr(0, eq), text);
-        }
-        pos = comma + 1;
-    }
-    return s;
-}
-
-std::string CodecSpec::str() const {
-    std::string out = name;
-    char sep = ':';
-    for (const auto& [k, v] : options) {
-        out += sep + k + "=" + v;
-        sep = ',';
-    }
-    return out;
-}
-
-std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim) {
+const Entry& find(const CodecSpec& spec) {
     for (const auto& e : entries()) {
-        if (e.info.name == spec.name) return e.make(spec, role, head_dim);
+        if (e.info.name == spec.name) return e;
     }
     std::string names;
     for (const auto& e : entries()) names += (names.empty() ? "" : ", ") + e.info.name;
     fail("unknown KV cache method '{}' (available: {})", spec.name, names);
 }
 
-void register_codec(const CodecInfo& info, CodecFactory make) {
+}  // namespace
+
+std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim, const KvLayerState* state) {
+    return find(spec).make(spec, role, head_dim, state);
+}
+
+std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole role, int64_t head_dim, int64_t layer) {
+    const Entry& e = find(spec);
+    return e.make_state ? e.make_state(spec, role, head_dim, layer) : nullptr;
+}
+
+void register_codec(const CodecInfo& info, CodecFactory make, LayerStateFactory make_state) {
     if (info.name.empty() || info.name.find_first_of(":,/=") != std::string::npos) {
         fail("cannot register KV method '{}': a name is non-empty and has none of ':,/='", info.name);
     }
     for (const auto& e : entries()) {
         if (e.info.name == info.name) fail("KV method '{}' is already registered", info.name);
     }
-    entries().push_back({info, make});
+    entries().push_back({info, make, make_state});
 }
 
 std::vector<CodecInfo> list_codecs() {
     std::vector<CodecInfo> out;
     for (const auto& e : entries()) out.push_back(e.info);
     return out;
+}
+
+const char* kv_format_kind_name(KvFormatKind k) {
+    switch (k) {
+        case KvFormatKind::F32: return "f32";
+        case KvFormatKind::F16: return "f16";
+        case KvFormatKind::BF16: return "bf16";
+        case KvFormatKind::Q8_0: return "q8_0";
+        case KvFormatKind::Q4_0: return "q4_0";
+        case KvFormatKind::FP8: return "fp8";
+        case KvFormatKind::KiviKey: return "kivi-key";
+        case KvFormatKind::KiviValue: return "kivi-value";
+    }
+    return "?";
 }
 
 }  // namespace vxq

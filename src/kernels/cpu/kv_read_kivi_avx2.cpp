@@ -1,18 +1,20 @@
-// AVX2 + FMA + F16C readers of the KIVI codec (kivi.h); called only after kivi::avx2_available().
+// AVX2 + FMA + F16C readers of the KIVI codec (kv/formats/kivi.h); called only after kv_avx2_available().
 // Codes are unpacked 8 at a time into f32 lanes straight from the packed rows; nothing is written
 // back but scores / accumulators.
 //   keys:   s[h][t] = sum_c (q_h[c] * s16[c]) * code[c][t] + sum_c q_h[c] * z16[c]
 //   values: acc[h][c] += p[h][t] * x^[t][c], x^ = fma(code, s16, z16), which equals the decoder's
-//           fl32(fl32(q * s16) + z16) bit for bit because q * s16 is exact in f32 (kivi.h).
+//           fl32(fl32(q * s16) + z16) bit for bit because q * s16 is exact in f32 (kv/formats/kivi.h).
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
-#include "kv/codecs/kivi.h"
+#include "kernels/cpu/kv_read_kivi.h"
 
-namespace vxq::codecs::kivi {
+namespace vxq::cpu::kivi {
+
+using codecs::kivi::code_at;
 
 namespace {
 
@@ -243,4 +245,4 @@ void value_accumulate_avx2(const Layout& l, const float* p, int64_t n_q, const u
     }
 }
 
-}  // namespace vxq::codecs::kivi
+}  // namespace vxq::cpu::kivi

@@ -1,5 +1,5 @@
-// AVX2 + FMA + F16C readers of the baseline KV codecs (formats: baseline.cpp). Compiled with
-// -mavx2 -mfma -mf16c; called only after baseline.cpp's runtime CPU check. To keep AVX2 code out
+// AVX2 + FMA + F16C readers of the baseline KV codecs (formats: kv/formats/baseline.h). Compiled with
+// -mavx2 -mfma -mf16c; called only after kv_avx2_available(). To keep AVX2 code out
 // of functions shared with other translation units (the linker keeps one copy of each inline
 // function or template instantiation), this file includes no project header, instantiates no std
 // template, and keeps everything but the entry points in an anonymous namespace.
@@ -10,7 +10,7 @@
 // Only the summation order differs from the scalar reader (FMA, 8 lanes, 1-2 accumulators).
 //
 // q8_0 / q4_0 scores are llama.cpp's ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 (AVX2 branch) against
-// the query quantized to q8_0, in exactly its operations (baseline.cpp describes them), so they
+// the query quantized to q8_0, in exactly its operations (kv_read_baseline.cpp describes them), so they
 // equal the scalar reader bit for bit. Each key block's codes are loaded once and applied to up
 // to 8 heads.
 #include <immintrin.h>
@@ -20,7 +20,7 @@
 #include <cstring>
 #include <type_traits>
 
-namespace vxq::codecs::baseline_avx2 {
+namespace vxq::cpu::baseline_avx2 {
 
 namespace {
 
@@ -293,4 +293,4 @@ void qdot_scores_q4_0(const uint8_t* qb, const float* qd, int64_t n_q, const uin
     qdot_all<CodesQ4_0>(qb, qd, n_q, blk, n, d, s);
 }
 
-}  // namespace vxq::codecs::baseline_avx2
+}  // namespace vxq::cpu::baseline_avx2

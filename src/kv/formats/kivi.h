@@ -1,8 +1,8 @@
 // KIVI (Liu et al., ICML 2024): asymmetric min/max integer quantization, keys per channel over
 // groups of G consecutive tokens, values per token over groups of G consecutive channels, with an
 // fp16 residual window of R tokens kept by the paged cache. The contract is
-// /work/shared/docs/METHODS.md, section "KIVI"; this header exposes the block layout, the scalar
-// reference of one group, and the reader kernels (scalar and AVX2) so the tests can reach each one.
+// /work/shared/docs/METHODS.md, section "KIVI"; this header is the block layout and the scalar
+// reference of one group; the codec is kv/codecs/kivi.cpp, the CPU readers kernels/cpu/kv_read_kivi*.
 //
 // Precision (bit for bit): z = min, s = (max - min) / (2^b - 1) in f32, both rounded to fp16 and
 // stored; codes from the stored values in f32: q = rint(clamp((x - z16) / s16, 0, 2^b - 1));
@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "core/fp16.h"
-#include "kv/codec.h"
+#include "kv/spec.h"
 
 namespace vxq::codecs::kivi {
 
@@ -77,18 +77,5 @@ inline int code_at(const uint8_t* row, int64_t j, int bits) {
     const int64_t bit = j * bits;
     return (row[bit >> 3] >> (bit & 7)) & ((1 << bits) - 1);
 }
-
-// ---- readers (see CodecReader): blocks consecutive, `n` a multiple of block tokens ----
-
-void key_scores_scalar(const Layout& l, const float* q, int64_t n_q, const uint8_t* blk, int64_t n,
-                       int64_t head_dim, float* s);
-void value_accumulate_scalar(const Layout& l, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
-                             int64_t head_dim, float* acc);
-// AVX2 + FMA + F16C versions (kivi_avx2.cpp); call only when avx2_available().
-bool avx2_available();
-void key_scores_avx2(const Layout& l, const float* q, int64_t n_q, const uint8_t* blk, int64_t n,
-                     int64_t head_dim, float* s);
-void value_accumulate_avx2(const Layout& l, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
-                           int64_t head_dim, float* acc);
 
 }  // namespace vxq::codecs::kivi

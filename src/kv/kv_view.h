@@ -1,0 +1,51 @@
+// What an attention kernel reads of one layer of the KV cache: plain data (pointers, counts and
+// format parameters), no virtual calls, so every backend reads the same view. The storage behind
+// it (kv/kv_cache.h) is per (layer, KV head) a page table: the head's tokens, in the order they
+// arrived, are packed blocks in fixed-size pages plus a small fp16 window of the newest ones; each
+// stored token keeps the position it was written at, so heads may hold different tokens
+// (eviction) while every kept key keeps its RoPE phase and its causal visibility.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kv/format.h"
+
+namespace vxq {
+
+// A run of whole blocks covering stored tokens [first, first + n_tokens) of a stream.
+struct KvSegment {
+    const uint8_t* data = nullptr;
+    int64_t first = 0;
+    int64_t n_tokens = 0;  // a multiple of the format's block_tokens
+    bool window = false;   // read with the stream's window format instead of its main one
+};
+
+// The keys or the values of one KV head: segments in stored order, covering [0, n_tokens).
+struct KvStreamView {
+    KvFormatParams fmt;         // the packed pages
+    KvFormatParams window_fmt;  // the fp16 window (or the exact f32 batch of --prefill-exact)
+    const KvSegment* segs = nullptr;
+    int64_t n_segs = 0;
+};
+
+struct KvHeadView {
+    KvStreamView k, v;
+    int64_t n_tokens = 0;
+    const int32_t* pos = nullptr;  // [n_tokens] ascending positions; nullptr: token t is at position t
+};
+
+struct KvLayerView {
+    int64_t n_head = 0, n_head_kv = 0, head_dim = 0;
+    int64_t chunk = 64;              // tokens per page: a multiple of every block_tokens
+    const KvHeadView* heads = nullptr;  // [n_head_kv]
+    bool flash_attn = false;         // false: an f16/f16 cache runs llama.cpp's non-flash numerics
+};
+
+// Stored tokens of a head that a query at position p sees (positions <= p).
+inline int64_t kv_visible(const KvHeadView& h, int64_t p) {
+    if (h.pos == nullptr) return std::clamp<int64_t>(p + 1, 0, h.n_tokens);
+    return std::upper_bound(h.pos, h.pos + h.n_tokens, int32_t(std::min<int64_t>(p, INT32_MAX))) - h.pos;
+}
+
+}  // namespace vxq
