@@ -25,9 +25,9 @@ struct Case {
 
 std::vector<Case> cases() {
     std::vector<Case> out;
-    const char* methods[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "fp8", "kivi:bits=2", "kivi:bits=4",
-                             "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"};
-    for (const char* m : methods) {
+    std::vector<std::string> methods;  // every registered method with its variants
+    for (const CodecInfo& info : list_codecs()) methods.insert(methods.end(), info.variants.begin(), info.variants.end());
+    for (const std::string& m : methods) {
         for (int64_t gqa : {1, 3, 4}) {
             for (int64_t len : {1, 31, 97, 1000, 4099}) {
                 if (len == 4099 && gqa != 3) continue;  // one long case per method keeps the suite fast
@@ -246,6 +246,127 @@ TEST(PagedCache, PrefillExactUsesExactKvForTheFirstBatchOnly) {
     test::attend(*exact, 0, q1.data(), 1, n - 1, o_exact.data(), pool);
     test::attend(*kivi, 0, q1.data(), 1, n - 1, o_kivi.data(), pool);
     EXPECT_NE(o_exact, o_kivi);
+}
+
+}  // namespace
+}  // namespace vxq
+
+namespace vxq {
+namespace {
+
+// Ragged heads: the two KV heads of a layer keep different tokens (retain). Attention through the
+// backend's kernels equals attention in double over each head's kept tokens at their original
+// positions (decode step and a causal batch), resident bytes fall, and the next write appends
+// after the kept tokens. For f32 the kept rows are exactly the original K/V at those positions.
+TEST(PagedCache, RaggedHeadsAttendToTheirKeptTokens) {
+    const uint32_t seed = std::random_device{}();
+    SCOPED_TRACE("seed=" + std::to_string(seed));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int64_t d = 64, H = 2, n = 1500;
+    const KvShape shape{1, 6, H, d, 2048};
+    std::vector<std::string> methods;
+    for (const CodecInfo& info : list_codecs()) methods.insert(methods.end(), info.variants.begin(), info.variants.end());
+    ThreadPool pool(2);
+    for (const std::string& m : methods) {
+        SCOPED_TRACE(m);
+        auto cache = make_kv_cache(shape, m, m);
+        std::vector<float> k(size_t((n + 1) * H * d)), v(k.size());
+        for (auto& x : k) x = nd(rng) + 0.5f;
+        for (auto& x : v) x = nd(rng);
+        for (int64_t pos = 0; pos < n;) {
+            const int64_t b = std::min<int64_t>(n - pos, 1 + int64_t(rng() % 300));
+            cache->write(0, pos, k.data() + pos * H * d, v.data() + pos * H * d, b);
+            pos += b;
+            cache->commit(pos);
+        }
+        const size_t full = cache->resident_bytes();
+        // Head 0 keeps every third token and the newest 100; head 1 drops its oldest 700.
+        std::vector<std::vector<int32_t>> kept(H);
+        for (int64_t g = 0; g < H; ++g) {
+            std::vector<uint8_t> keep(static_cast<size_t>(n));
+            for (int64_t t = 0; t < n; ++t) keep[size_t(t)] = g == 0 ? (t % 3 == 0 || t >= n - 100) : t >= 700;
+            for (int64_t t = 0; t < n; ++t) if (keep[size_t(t)]) kept[size_t(g)].push_back(int32_t(t));
+            cache->retain(0, g, keep);
+            ASSERT_EQ(cache->head_positions(0, g), kept[size_t(g)]);
+        }
+        EXPECT_LT(cache->resident_bytes(), full * 3 / 4) << "evicted pages were not freed";
+        auto check = [&](int64_t n_q, int64_t pos0, const char* what) {
+            SCOPED_TRACE(what);
+            std::vector<std::vector<float>> dk(H), dv(H);
+            for (int64_t g = 0; g < H; ++g) cache->dequantize(0, g, cache->head_tokens(0, g), dk[size_t(g)], dv[size_t(g)]);
+            std::vector<std::vector<int32_t>> pos(H);
+            for (int64_t g = 0; g < H; ++g) pos[size_t(g)] = cache->head_positions(0, g);
+            std::vector<float> q(size_t(n_q * shape.n_head * d)), out(q.size()), ref(q.size());
+            for (auto& x : q) x = nd(rng);
+            test::attend(*cache, 0, q.data(), n_q, pos0, out.data(), pool);
+            cpu::attention_dequant_ref(
+                q.data(), ref.data(), n_q, pos0, shape.n_head, H, d, 1.0f / std::sqrt(float(d)),
+                [&](int64_t g, bool key) { return key ? dk[size_t(g)].data() : dv[size_t(g)].data(); },
+                [&](int64_t g) { return int64_t(pos[size_t(g)].size()); }, [&](int64_t g) { return pos[size_t(g)].data(); });
+            double max_ref = 0, max_err = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+                max_ref = std::max(max_ref, std::abs(double(ref[i])));
+                max_err = std::max(max_err, std::abs(double(out[i]) - double(ref[i])));
+            }
+            // Tolerances as in FusedAttention: fp16 q/p rounding on the f16 parity path, the q8_0
+            // query of q8_0/q4_0 keys, f32 accumulation order otherwise.
+            const double tol = m == "f16" ? 2e-3 : (m == "q8_0" || m == "q4_0") ? 5e-2 : 1e-5;
+            EXPECT_LT(max_err / max_ref, tol);
+            if (m == "f32") {  // the kept rows are the original ones, at their positions
+                for (int64_t g = 0; g < H; ++g)
+                    for (size_t j = 0; j < pos[size_t(g)].size(); ++j)
+                        for (int64_t c = 0; c < d; ++c)
+                            ASSERT_EQ(dk[size_t(g)][j * d + size_t(c)], k[size_t((pos[size_t(g)][j] * H + g) * d + c)]);
+            }
+        };
+        check(5, n - 5, "causal batch over the last 5 positions");
+        cache->write(0, n, k.data() + n * H * d, v.data() + n * H * d, 1);
+        cache->commit(n + 1);
+        for (int64_t g = 0; g < H; ++g) EXPECT_EQ(cache->head_positions(0, g).back(), n);
+        check(1, n, "decode step after eviction");
+        // Rollback works per position across ragged heads.
+        cache->truncate(1000);
+        EXPECT_EQ(cache->head_positions(0, 0).back(), 999);
+        EXPECT_EQ(cache->head_tokens(0, 1), 300);
+        check(1, 999, "after truncate");
+    }
+}
+
+// Per-layer codec state: created once per (layer, role), shared by the layer's heads, counted
+// once in resident bytes; an empty cache holds nothing else (pages come with tokens).
+class FixedState final : public KvLayerState {
+public:
+    size_t bytes() const override { return 1000; }
+};
+
+TEST(PagedCache, LayerStateIsSharedAndCountedOnce) {
+    static std::vector<const KvLayerState*> seen;
+    static const bool registered = [] {
+        register_codec({"stateful_f32", "", "f32 with a 1000-byte per-layer state (a test's codec)", "32"},
+                       [](const CodecSpec&, KvRole role, int64_t d, const KvLayerState* st) {
+                           seen.push_back(st);
+                           return make_codec(CodecSpec::parse("f32"), role, d);
+                       },
+                       [](const CodecSpec&, KvRole, int64_t, int64_t) -> std::unique_ptr<KvLayerState> {
+                           return std::make_unique<FixedState>();
+                       });
+        return true;
+    }();
+    ASSERT_TRUE(registered);
+    seen.clear();
+    const KvShape shape{3, 8, 4, 32, 256};
+    auto cache = make_kv_cache(shape, "stateful_f32", "stateful_f32");
+    EXPECT_EQ(cache->resident_bytes(), size_t(3 * 2 * 1000));  // 3 layers x (K, V), no pages yet
+    // The cache's codecs, after the two probes: layer-major, 4 heads x (K, V) per layer.
+    ASSERT_EQ(seen.size(), size_t(2 + 3 * 4 * 2));
+    for (int64_t l = 0; l < 3; ++l) {
+        const KvLayerState* k0 = seen[size_t(2 + l * 8)];
+        ASSERT_NE(k0, nullptr);
+        for (int64_t g = 0; g < 4; ++g) EXPECT_EQ(seen[size_t(2 + l * 8 + 2 * g)], k0);
+        if (l > 0) EXPECT_NE(k0, seen[size_t(2 + (l - 1) * 8)]);
+    }
+    EXPECT_EQ(make_kv_cache(shape, KvSpec{})->resident_bytes(), 0u) << "an f16 cache allocates as tokens arrive";
 }
 
 }  // namespace

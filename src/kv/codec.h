@@ -72,6 +72,9 @@ struct CodecInfo {
     std::string description;
     std::string bits;          // bits/element formula, e.g. "8.5" or "16/G + b + 16/G (keys)"
     std::string backends = "cpu";  // backends with a reader, comma-separated
+    // Specs that exercise the method (its default first, then notable options): what the tests
+    // iterate, so a new row is tested without touching them.
+    std::vector<std::string> variants = {};
 };
 
 // `make_codec` validates the options (vxq::Error naming an unknown codec or option, or a bad
@@ -84,6 +87,6 @@ std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole rol
 std::vector<CodecInfo> list_codecs();
 // Adds a codec at run time (a plug-in outside the built-in list; tests register deliberately
 // broken ones). Not thread-safe: register before building caches. vxq::Error on a taken name.
-void register_codec(const CodecInfo& info, CodecFactory make, LayerStateFactory make_state = nullptr);
+void register_codec(CodecInfo info, CodecFactory make, LayerStateFactory make_state = nullptr);
 
 }  // namespace vxq

@@ -17,18 +17,21 @@ struct Entry {
 
 std::vector<Entry>& entries() {
     static std::vector<Entry> e = {
-        {{"f16", "", "IEEE half precision (llama.cpp's default cache)", "16"}, codecs::make_f16, nullptr},
-        {{"bf16", "", "bfloat16", "16"}, codecs::make_bf16, nullptr},
-        {{"f32", "", "single precision", "32"}, codecs::make_f32, nullptr},
-        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim", "8.5"}, codecs::make_q8_0, nullptr},
-        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5"}, codecs::make_q4_0,
-         nullptr},
+        {{"f16", "", "IEEE half precision (llama.cpp's default cache)", "16", "cpu", {"f16"}}, codecs::make_f16, nullptr},
+        {{"bf16", "", "bfloat16", "16", "cpu", {"bf16"}}, codecs::make_bf16, nullptr},
+        {{"f32", "", "single precision", "32", "cpu", {"f32"}}, codecs::make_f32, nullptr},
+        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim", "8.5", "cpu", {"q8_0"}},
+         codecs::make_q8_0, nullptr},
+        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5", "cpu", {"q4_0"}},
+         codecs::make_q4_0, nullptr},
         {{"fp8", "scale=prompt|S (prompt)",
-          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8"},
+          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8", "cpu",
+          {"fp8", "fp8:scale=0.01"}},
          codecs::make_fp8, nullptr},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
           "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R",
-          "b + 32/G (+ the fp16 window of R tokens)"},
+          "b + 32/G (+ the fp16 window of R tokens)", "cpu",
+          {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"}},
          codecs::make_kivi, nullptr},
     };
     return e;
@@ -54,7 +57,8 @@ std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole rol
     return e.make_state ? e.make_state(spec, role, head_dim, layer) : nullptr;
 }
 
-void register_codec(const CodecInfo& info, CodecFactory make, LayerStateFactory make_state) {
+void register_codec(CodecInfo info, CodecFactory make, LayerStateFactory make_state) {
+    if (info.variants.empty()) info.variants = {info.name};
     if (info.name.empty() || info.name.find_first_of(":,/=") != std::string::npos) {
         fail("cannot register KV method '{}': a name is non-empty and has none of ':,/='", info.name);
     }
