@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "formats/gguf.h"
 #include "formats/tokenizer.h"
-#include "model/backend.h"
 #include "model/config.h"
 #include "model/weights.h"
 

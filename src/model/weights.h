@@ -4,14 +4,12 @@
 #include <optional>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/types.h"
 #include "model/config.h"
 
 namespace vxq {
 
 class GgufFile;
-
-using cpu::WeightView;
 
 struct LayerWeights {
     const float* attn_norm;            // [n_embd]

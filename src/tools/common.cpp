@@ -36,7 +36,7 @@ Engine make_engine(const RuntimeOptions& o) {
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.n_ctx > 0 ? o.n_ctx : c.n_ctx_train;
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    e.backend = make_cpu_backend(threads);
+    e.backend = make_backend("cpu", threads);
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
     const double kv_bytes = 2.0 * double(c.n_layer * c.n_head_kv * c.head_dim) * double(e.n_ctx) * 2.0;
     const double mem_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));

@@ -1,12 +1,15 @@
 // The CPU implementation of the Backend ops: matmuls and attention spread over a thread pool,
 // the cheap element-wise ops run on the calling thread.
+#include "kernels/cpu/backend_cpu.h"
+
 #include <fmt/format.h>
 
 #include "core/thread_pool.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kv/kv_cache.h"
-#include "model/backend.h"
 
-namespace vxq {
+namespace vxq::cpu {
 
 namespace {
 
@@ -35,7 +38,7 @@ public:
     }
     void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) override {
         // ggml applies SiLU row by row: groups of 8 from each row start through its vector exp,
-        // the n_ff % 8 last ones through libm expf (see cpu::swiglu_rows).
+        // the n_ff % 8 last ones through libm expf (see swiglu_rows).
         pool_.parallel_for(n_rows, [&](int64_t b, int64_t e) {
             cpu::swiglu_rows(gate + b * n_ff, up + b * n_ff, e - b, n_ff);
         });
@@ -54,6 +57,6 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
-}  // namespace vxq
+}  // namespace vxq::cpu

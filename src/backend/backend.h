@@ -1,21 +1,20 @@
-// The ops a forward pass needs. The forward pass (model/llama.cpp) is written once against this
+// The ops a forward pass needs. The forward pass (model/model.cpp) is written once against this
 // interface; the CPU backend implements it with kernels/cpu, a CUDA backend will implement it
 // with kernels/cuda. Buffers are the backend's own memory (host memory for the CPU backend).
+// This header and backend/types.h are all the model, runtime and tools layers see of a backend.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/ops.h"
+#include "backend/types.h"
 
 namespace vxq {
 
 class KvCache;
-class ThreadPool;
-using cpu::RopeParams;
-using cpu::WeightView;
 
 class Backend {
 public:
@@ -38,6 +37,11 @@ public:
                            int64_t n, int64_t pos0, float* out) = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// The backends this build has, by name ("cpu"): the names make_backend accepts.
+std::vector<std::string> backend_names();
+
+// The backend called `name`, using n_threads host threads; vxq::Error listing the available
+// backends for an unknown name. Defined beside the kernels (kernels/backends.cpp).
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads);
 
 }  // namespace vxq
