@@ -7,10 +7,10 @@
 
 namespace vxq {
 
-std::unique_ptr<Model> Model::load(const std::string& path) {
+std::unique_ptr<Model> Model::load(const std::string& path, std::string_view backend) {
     std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
     m->cfg_ = ModelConfig::from_gguf(m->file_);
-    m->w_ = ModelWeights::from_gguf(m->file_, m->cfg_);
+    m->w_ = ModelWeights::from_gguf(m->file_, m->cfg_, backend);
     m->tok_ = Tokenizer::create(Vocab::from_gguf(m->file_));
     if (m->tok_->n_vocab() != m->cfg_.n_vocab) {
         fail("{}: tokenizer has {} tokens but token_embd.weight has {} rows", path, m->tok_->n_vocab(), m->cfg_.n_vocab);

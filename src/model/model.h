@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
@@ -19,8 +20,9 @@ class KvCache;
 
 class Model {
 public:
-    // Opens, validates and maps a GGUF model; vxq::Error naming what is wrong.
-    static std::unique_ptr<Model> load(const std::string& path);
+    // Opens, validates and maps a GGUF model whose weights `backend` (a make_backend name) can
+    // compute; vxq::Error naming what is wrong.
+    static std::unique_ptr<Model> load(const std::string& path, std::string_view backend = "cpu");
 
     const ModelConfig& config() const { return cfg_; }
     const ModelWeights& weights() const { return w_; }

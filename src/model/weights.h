@@ -2,6 +2,7 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "backend/types.h"
@@ -30,9 +31,9 @@ struct ModelWeights {
     bool tied_output = false;
     std::vector<LayerWeights> layers;
 
-    // Finds and checks every tensor (presence, shape, type); vxq::Error names the tensor.
-    // Fills cfg.n_vocab from token_embd.
-    static ModelWeights from_gguf(const GgufFile& f, ModelConfig& cfg);
+    // Finds and checks every tensor (presence, shape, and a type `backend` computes);
+    // vxq::Error names the tensor. Fills cfg.n_vocab from token_embd.
+    static ModelWeights from_gguf(const GgufFile& f, ModelConfig& cfg, std::string_view backend);
 };
 
 }  // namespace vxq
