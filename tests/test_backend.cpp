@@ -1,15 +1,19 @@
 // The backend interface seen from the model layer: the backend registry (make_backend), the
-// weight-format table that decides which models a backend can run.
+// weight-format table that decides which models a backend can run, and the activation buffers
+// a backend keeps between forward passes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/weight_formats.h"
 #include "core/error.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "support/tiny_model.h"
 
@@ -85,6 +89,50 @@ TEST(WeightFormats, ModelLoadChecksTheChosenBackend) {
     const std::string msg = error_of([&] { Model::load(tm.path, "gpu"); });
     EXPECT_NE(msg.find("tensor 'token_embd.weight' is F32, which the gpu backend cannot compute yet"), std::string::npos)
         << msg;
+}
+
+// The backend keeps the forward pass's activations: once the largest batch has run, further
+// passes allocate nothing, and what earlier passes left in the buffers changes no result.
+TEST(ActivationBuffers, ReusedAcrossForwardPassesWithUnchangedResults) {
+    test::TinyModelSpec spec;
+    spec.arch = "qwen2";
+    const test::TinyModel tm = test::build_tiny_model(spec);
+    const auto model = Model::load(tm.path);
+    const ModelConfig& c = model->config();
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 64};
+    const int64_t V = c.n_vocab;
+
+    const std::vector<TokenId> tokens = {1, 17, 250, 3, 99, 42, 7, 8, 260, 11, 5, 2};
+    // A decode step first, then batches that grow and shrink, then decode steps again.
+    const std::vector<size_t> chunks = {1, 5, 2, 1, 3};
+
+    const auto kept = make_backend("cpu", 1);
+    auto kept_cache = make_f16_cache(shape);
+    auto fresh_cache = make_f16_cache(shape);
+    size_t at = 0;
+    size_t bytes_after_largest = 0;
+    float* first_buffer = nullptr;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+        const std::span<const TokenId> part(tokens.data() + at, chunks[i]);
+        std::vector<float> a(chunks[i] * size_t(V)), b(chunks[i] * size_t(V));
+        model->forward(*kept, *kept_cache, part, /*all_logits=*/true, a.data());
+        const auto fresh = make_backend("cpu", 1);
+        model->forward(*fresh, *fresh_cache, part, /*all_logits=*/true, b.data());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "chunk " << i;
+        at += chunks[i];
+
+        if (i == 1) {  // the largest batch has run
+            bytes_after_largest = kept->activation_bytes();
+            first_buffer = kept->activation_buffer(0, 1);
+        } else if (i > 1) {
+            EXPECT_EQ(kept->activation_bytes(), bytes_after_largest) << "chunk " << i;
+            EXPECT_EQ(kept->activation_buffer(0, 1), first_buffer) << "chunk " << i;
+        }
+    }
+    // Eight buffers of 5 rows: x and cur of n_embd, q and attn of q_dim, k and v of kv_dim,
+    // gate and up of n_ff floats.
+    const size_t expected = 5 * size_t(2 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) * sizeof(float);
+    EXPECT_EQ(bytes_after_largest, expected);
 }
 
 }  // namespace

@@ -22,6 +22,15 @@ public:
     // Names what actually runs, e.g. "cpu/avx2 x2 threads".
     virtual std::string describe() const = 0;
 
+    // Activation scratch of the forward pass, in this backend's memory. Buffer `id` (the caller's
+    // numbering: 0, 1, ...) holds at least n floats. It grows to the largest n ever asked for and
+    // is reused after that, so a context's forward passes allocate nothing once its largest batch
+    // has run. The contents are unspecified; asking for an id again may move that buffer (the
+    // pointers of the other ids stay valid).
+    virtual float* activation_buffer(int id, size_t n) = 0;
+    // Bytes held by the activation buffers.
+    virtual size_t activation_bytes() const = 0;
+
     // y = x W^T.  x: [n, w.cols]; y: [n, w.rows]
     virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;
     // out[i] = row ids[i] of table.  out: [n, table.cols]

@@ -31,7 +31,8 @@ public:
 
     // Runs n tokens at positions [cache.size(), cache.size() + n) through the model, appends
     // their K/V to the cache and commits them. Writes logits for the last token only
-    // (all_logits = false) or for every token.
+    // (all_logits = false) or for every token. The activations live in be's buffers
+    // (Backend::activation_buffer), so one forward pass at a time runs on a backend.
     //   tokens: [n]; logits: [all_logits ? n : 1, n_vocab]
     void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, bool all_logits,
                  float* logits) const {

@@ -2,8 +2,11 @@
 // the cheap element-wise ops run on the calling thread.
 #include "kernels/cpu/backend_cpu.h"
 
+#include <vector>
+
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -19,6 +22,21 @@ public:
 
     std::string describe() const override {
         return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
+    }
+    float* activation_buffer(int id, size_t n) override {
+        VXQ_ASSERT(id >= 0);
+        if (size_t(id) >= activations_.size()) activations_.resize(size_t(id) + 1);
+        Buffer& b = activations_[size_t(id)];
+        if (b.size < n) {
+            b.data = std::make_unique<float[]>(n);  // no copy of the old contents: they are scratch
+            b.size = n;
+        }
+        return b.data.get();
+    }
+    size_t activation_bytes() const override {
+        size_t bytes = 0;
+        for (const Buffer& b : activations_) bytes += b.size * sizeof(float);
+        return bytes;
     }
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
         cpu::matmul(w, x, n, y, pool_);
@@ -52,7 +70,12 @@ public:
     }
 
 private:
+    struct Buffer {
+        std::unique_ptr<float[]> data;
+        size_t size = 0;  // floats
+    };
     ThreadPool pool_;
+    std::vector<Buffer> activations_;  // by id
 };
 
 }  // namespace
