@@ -60,7 +60,7 @@
 #include "kv/codec.h"
 #include "kernels/cpu/attention.h"
 #include "kv/kv_cache.h"
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace {
 
@@ -270,7 +270,7 @@ constexpr int64_t kDecodeHeads = 32;
 
 // One decode step over layer 0 through the CPU backend (parity f16 or fused, as it dispatches).
 void attend(const KvCache& c, const float* q, int64_t ctx, float* out) {
-    static const auto backend = vxq::make_cpu_backend(bench_threads());
+    static const auto backend = vxq::make_backend("cpu", bench_threads());
     backend->attention(c.view(0), q, 1, ctx - 1, out);
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,6 +74,8 @@ void fill_weights(GgmlType type, uint8_t* p, int64_t rows, int64_t cols, uint64_
                 }
                 break;
             }
+            default:
+                throw std::invalid_argument("no benchmark input for this weight type");
         }
     }
 }
@@ -123,7 +126,7 @@ void BM_Matmul(benchmark::State& state) {
     const size_t rb = vxq::ggml_row_bytes(type, cols);
     int i = 0;
     for (auto _ : state) {
-        const vxq::cpu::WeightView w{type, wp.data.data() + size_t(i) * wp.matrix_bytes, rows, cols,
+        const vxq::WeightView w{type, wp.data.data() + size_t(i) * wp.matrix_bytes, rows, cols,
                                      rb};
         vxq::cpu::matmul(w, x.data(), n, y.data(), tp);
         benchmark::DoNotOptimize(y.data());
@@ -139,7 +142,7 @@ void BM_Matmul(benchmark::State& state) {
         benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
     state.SetLabel(std::string(vxq::ggml_type_name(type)) + " " +
                    vxq::cpu::dot_order_name(vxq::cpu::dot_order(
-                       vxq::cpu::WeightView{type, nullptr, rows, cols, rb}, n)));
+                       vxq::WeightView{type, nullptr, rows, cols, rb}, n)));
 }
 
 // Sum of a buffer larger than the L3, 1 or 2 threads: the DRAM read bandwidth a GEMV can reach.

@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
         const auto ids = model->tokenizer().encode(argv[2], /*add_special=*/true);
         std::printf("prompt: %zu tokens\n", ids.size());
 
-        auto backend = vxq::make_cpu_backend(/*n_threads=*/2);
+        auto backend = vxq::make_backend("cpu", /*n_threads=*/2);
         auto cache = vxq::make_kv_cache(vxq::KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, /*n_ctx=*/512}, vxq::KvSpec{});
         vxq::GenerateParams p;
         p.n_predict = 32;

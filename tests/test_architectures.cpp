@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
-#include "model/backend.h"
 #include "model/model.h"
 #include "support/tiny_model.h"
 
@@ -354,8 +354,8 @@ TEST_P(ArchForwardTest, MatchesScalarReference) {
 
     // Decode and chunked runs on one thread (a pool of one runs inline: the many tiny jobs of a
     // decode step cost nothing to hand out on a loaded machine); prefill on 1 and 2 threads.
-    auto be2 = make_cpu_backend(2);
-    auto be = make_cpu_backend(1);
+    auto be2 = make_backend("cpu", 2);
+    auto be = make_backend("cpu", 1);
     const std::vector<float> prefill = engine_forward(*model, *be2, kTokens, {kTokens.size()});
     const std::vector<float> prefill_1thread = engine_forward(*model, *be, kTokens, {kTokens.size()});
     const std::vector<float> decode = engine_forward(*model, *be, kTokens, std::vector<size_t>(kTokens.size(), 1));
@@ -423,7 +423,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Engine logits (prefill) of a model file vs a reference, as the max abs difference.
 double engine_vs_reference(const TinyModel& tm, const RefArch& ra) {
     const auto model = Model::load(tm.path);
-    auto be = make_cpu_backend(1);
+    auto be = make_backend("cpu", 1);
     const std::vector<float> eng = engine_forward(*model, *be, kTokens, {kTokens.size()});
     const double d = max_diff(eng, reference_forward(tm, ra, kTokens, false), tm.spec.n_vocab).max_abs;
     std::printf("[control %s as %s vs reference neox=%d bias=%d qk_norm=%d] max diff %.3g\n", tm.spec.arch.c_str(),

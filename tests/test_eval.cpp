@@ -10,10 +10,10 @@
 #include <random>
 #include <sstream>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/codec.h"
-#include "model/backend.h"
 #include "model/model.h"
 #include "runtime/attention_probe.h"
 #include "support/attend.h"
@@ -121,7 +121,7 @@ TEST(Eval, KnownAnswersOnStories260K) {
     VXQ_REQUIRE_ASSET(kStories);
     VXQ_REQUIRE_ASSET(kStoriesText);
     const auto model = Model::load(test::shared_path(kStories));
-    const auto be = make_cpu_backend(2);
+    const auto be = make_backend("cpu", 2);
     const std::string text = slurp(test::shared_path(kStoriesText));
     EvalParams p;
     p.n_ctx = 64;
@@ -167,7 +167,7 @@ TEST(Eval, KnownAnswersOnStories260K) {
 TEST(Eval, BadParameters) {
     VXQ_REQUIRE_ASSET(kStories);
     const auto model = Model::load(test::shared_path(kStories));
-    const auto be = make_cpu_backend(1);
+    const auto be = make_backend("cpu", 1);
     EvalParams p;
     p.n_ctx = 64;
     EXPECT_THROW(run_eval(*model, *be, "short text", p), Error);  // no methods
@@ -284,7 +284,7 @@ TEST(QualityGate, FailsOnAnInjectedBias) {
     broken.method = "biased_q8_0";
     g.limits = {q8, broken};
     const auto model = Model::load(test::shared_path("assets/models/" + g.model));
-    const auto be = make_cpu_backend(2);
+    const auto be = make_backend("cpu", 2);
     const EvalResult r = run_eval(*model, *be, slurp(test::shared_path("assets/text/" + g.text)), g.eval_params());
     const auto violations = check_gate(g, r);
     ASSERT_FALSE(violations.empty()) << "the gate let a biased codec through";
@@ -307,7 +307,7 @@ TEST(QualityGate, NanLogitsFailTheGate) {
     }();
     ASSERT_TRUE(registered);
     const auto model = Model::load(test::shared_path(kStories));
-    const auto be = make_cpu_backend(2);
+    const auto be = make_backend("cpu", 2);
     QualityGate g = QualityGate::parse(
         R"({"model":"stories260K.gguf","text":"t","ctx":64,"chunks":1,"mode":"stream","limits":{"nan_f32":{"kl_mean":1e9}}})", "nan.json");
     const EvalResult r = run_eval(*model, *be, slurp(test::shared_path(kStoriesText)), g.eval_params());
@@ -324,7 +324,7 @@ TEST(Eval, KlOrderOnH64) {
     VXQ_REQUIRE_ASSET(kH64);
     VXQ_REQUIRE_ASSET(kWiki);
     const auto model = Model::load(test::shared_path(kH64));
-    const auto be = make_cpu_backend(2);
+    const auto be = make_backend("cpu", 2);
     EvalParams p;
     p.n_ctx = 256;
     p.n_chunks = 2;

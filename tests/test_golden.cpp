@@ -41,7 +41,7 @@ TEST_P(GoldenParity, TokenizationAndGreedyTextMatchLlamaCpp) {
     const auto avx2 = nlohmann::json::parse(in2)["greedy"][gc.model];
 
     const ModelConfig& c = model->config();
-    auto backend = make_cpu_backend(2);
+    auto backend = make_backend("cpu", 2);
     auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512}, KvSpec{});
     ASSERT_EQ(avx2.size(), golden["greedy"].size());
     for (size_t i = 0; i < avx2.size(); ++i) {

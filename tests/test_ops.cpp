@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/ops_impl.h"
-#include "model/backend.h"
 
 #pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
 
@@ -175,7 +175,7 @@ TEST(OpsSwiglu, BackendAppliesRowsOfNff) {
     std::vector<float> w(size_t(n_ff * n_in)), x(size_t(n_tok * n_in)), up(size_t(n_tok * n_ff));
     for (auto& v : w) v = nd(rng);
     for (auto& v : x) v = nd(rng);
-    auto be = make_cpu_backend(2);
+    auto be = make_backend("cpu", 2);
     be->matmul(WeightView{GgmlType::F32, w.data(), n_ff, n_in, size_t(n_in) * sizeof(float)}, x.data(), n_tok,
                up.data());
     std::vector<float> g(up.size());

@@ -21,7 +21,7 @@ std::string read_text(const std::string& path) {
 PerplexityResult run_ppl(const std::string& model_rel, const std::string& text_rel, int64_t n_ctx, int64_t chunks) {
     const auto model = Model::load(test::shared_path(model_rel));
     const ModelConfig& c = model->config();
-    auto backend = make_cpu_backend(2);
+    auto backend = make_backend("cpu", 2);
     auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx}, KvSpec{});
     return perplexity(*model, *backend, *cache, read_text(test::shared_path(text_rel)),
                       PerplexityParams{n_ctx, chunks});

@@ -5,11 +5,12 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "backend/backend.h"
 #include "formats/gguf.h"
 #include "formats/tokenizer.h"
-#include "model/backend.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -19,8 +20,9 @@ class KvCache;
 
 class Model {
 public:
-    // Opens, validates and maps a GGUF model; vxq::Error naming what is wrong.
-    static std::unique_ptr<Model> load(const std::string& path);
+    // Opens, validates and maps a GGUF model whose weights `backend` (a make_backend name) can
+    // compute; vxq::Error naming what is wrong.
+    static std::unique_ptr<Model> load(const std::string& path, std::string_view backend = "cpu");
 
     const ModelConfig& config() const { return cfg_; }
     const ModelWeights& weights() const { return w_; }
@@ -29,7 +31,8 @@ public:
 
     // Runs n tokens at positions [cache.size(), cache.size() + n) through the model, appends
     // their K/V to the cache and commits them. Writes logits for the last token only
-    // (all_logits = false) or for every token.
+    // (all_logits = false) or for every token. The activations live in be's buffers
+    // (Backend::activation_buffer), so one forward pass at a time runs on a backend.
     //   tokens: [n]; logits: [all_logits ? n : 1, n_vocab]
     void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, bool all_logits,
                  float* logits) const {

@@ -1,5 +1,6 @@
 #include "model/weights.h"
 
+#include "backend/weight_formats.h"
 #include "core/error.h"
 #include "formats/gguf.h"
 
@@ -24,24 +25,12 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name, s
 
 bool has(const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; }
 
-// Weight types the forward pass computes with (matmul and embedding kernels exist for them).
-// The GGUF reader accepts every ggml type; this is where a model using another one is refused,
-// before anything large is allocated.
-bool computable(GgmlType t) {
-    switch (t) {
-        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-            return true;
-        default: return false;
-    }
-}
-
-// A matrix used by matmul: ne = [cols, rows], any computable type.
-WeightView matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
+// A matrix used by matmul: ne = [cols, rows], of a type the backend has kernels for
+// (backend/weight_formats.h). The GGUF reader accepts every ggml type; this is where a model
+// using another one is refused, before anything large is allocated.
+WeightView matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols, std::string_view backend) {
     const GgufTensorInfo& t = find_checked(f, name, {cols, rows});
-    if (!computable(t.type)) {
-        fail("{}: tensor '{}' is {}, which veloxquant cannot compute yet", f.path(), name,
-             ggml_type_display_name(t.type));
-    }
+    check_weight_computable(t.type, backend, fmt::format("{}: tensor '{}'", f.path(), name));
     return WeightView{t.type, f.tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
 }
 
@@ -56,7 +45,7 @@ const float* vec_f32(const GgufFile& f, const std::string& name, int64_t n) {
 
 }  // namespace
 
-ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg) {
+ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg, std::string_view backend) {
     ModelWeights w;
     const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
     if (!emb) fail("{}: missing tensor 'token_embd.weight'", f.path());
@@ -64,19 +53,19 @@ ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg) {
         fail("{}: tensor 'token_embd.weight' has shape {}, expected [{}, n_vocab]", f.path(), dims_str(emb->ne), cfg.n_embd);
     }
     cfg.n_vocab = emb->ne[1];
-    w.token_embd = matrix(f, "token_embd.weight", cfg.n_vocab, cfg.n_embd);
+    w.token_embd = matrix(f, "token_embd.weight", cfg.n_vocab, cfg.n_embd, backend);
     w.output_norm = vec_f32(f, "output_norm.weight", cfg.n_embd);
     w.tied_output = !has(f, "output.weight");
-    w.output = w.tied_output ? w.token_embd : matrix(f, "output.weight", cfg.n_vocab, cfg.n_embd);
+    w.output = w.tied_output ? w.token_embd : matrix(f, "output.weight", cfg.n_vocab, cfg.n_embd, backend);
 
     for (int64_t il = 0; il < cfg.n_layer; ++il) {
         const std::string p = fmt::format("blk.{}.", il);
         LayerWeights L;
         L.attn_norm = vec_f32(f, p + "attn_norm.weight", cfg.n_embd);
-        L.wq = matrix(f, p + "attn_q.weight", cfg.q_dim(), cfg.n_embd);
-        L.wk = matrix(f, p + "attn_k.weight", cfg.kv_dim(), cfg.n_embd);
-        L.wv = matrix(f, p + "attn_v.weight", cfg.kv_dim(), cfg.n_embd);
-        L.wo = matrix(f, p + "attn_output.weight", cfg.n_embd, cfg.q_dim());
+        L.wq = matrix(f, p + "attn_q.weight", cfg.q_dim(), cfg.n_embd, backend);
+        L.wk = matrix(f, p + "attn_k.weight", cfg.kv_dim(), cfg.n_embd, backend);
+        L.wv = matrix(f, p + "attn_v.weight", cfg.kv_dim(), cfg.n_embd, backend);
+        L.wo = matrix(f, p + "attn_output.weight", cfg.n_embd, cfg.q_dim(), backend);
         if (cfg.attn_qkv_bias) {
             L.bq = vec_f32(f, p + "attn_q.bias", cfg.q_dim());
             L.bk = vec_f32(f, p + "attn_k.bias", cfg.kv_dim());
@@ -87,9 +76,9 @@ ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg) {
             L.k_norm = vec_f32(f, p + "attn_k_norm.weight", cfg.head_dim);
         }
         L.ffn_norm = vec_f32(f, p + "ffn_norm.weight", cfg.n_embd);
-        L.w_gate = matrix(f, p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd);
-        L.w_up = matrix(f, p + "ffn_up.weight", cfg.n_ff, cfg.n_embd);
-        L.w_down = matrix(f, p + "ffn_down.weight", cfg.n_embd, cfg.n_ff);
+        L.w_gate = matrix(f, p + "ffn_gate.weight", cfg.n_ff, cfg.n_embd, backend);
+        L.w_up = matrix(f, p + "ffn_up.weight", cfg.n_ff, cfg.n_embd, backend);
+        L.w_down = matrix(f, p + "ffn_down.weight", cfg.n_embd, cfg.n_ff, backend);
         w.layers.push_back(L);
     }
     return w;

@@ -2,16 +2,15 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
 #include <vector>
 
-#include "kernels/cpu/matmul.h"
+#include "backend/types.h"
 #include "model/config.h"
 
 namespace vxq {
 
 class GgufFile;
-
-using cpu::WeightView;
 
 struct LayerWeights {
     const float* attn_norm;            // [n_embd]
@@ -32,9 +31,9 @@ struct ModelWeights {
     bool tied_output = false;
     std::vector<LayerWeights> layers;
 
-    // Finds and checks every tensor (presence, shape, type); vxq::Error names the tensor.
-    // Fills cfg.n_vocab from token_embd.
-    static ModelWeights from_gguf(const GgufFile& f, ModelConfig& cfg);
+    // Finds and checks every tensor (presence, shape, and a type `backend` computes);
+    // vxq::Error names the tensor. Fills cfg.n_vocab from token_embd.
+    static ModelWeights from_gguf(const GgufFile& f, ModelConfig& cfg, std::string_view backend);
 };
 
 }  // namespace vxq

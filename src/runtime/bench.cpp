@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
-#include "model/backend.h"
 #include "model/model.h"
 
 namespace vxq {
@@ -108,7 +108,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen, d});
     }
 
-    auto backend = make_cpu_backend(p.threads);
+    auto backend = make_backend("cpu", p.threads);
     const int64_t max_depth = *std::max_element(p.depths.begin(), p.depths.end());
     const int64_t n_ctx = max_depth + std::max(p.n_prompt, p.n_gen) + 1;
     std::vector<std::unique_ptr<KvCache>> caches;

@@ -94,7 +94,7 @@ void run_eval_cmd(EvalOptions o) {
     const std::string text = read_file(o.file);
     const auto model = Model::load(o.model);
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    const auto be = make_cpu_backend(threads);
+    const auto be = make_backend("cpu", threads);
     EvalParams p;
     if (gate) {
         if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {

@@ -53,7 +53,7 @@ Engine make_engine(const RuntimeOptions& o) {
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.context(c.n_ctx_train);
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    e.backend = make_cpu_backend(threads);
+    e.backend = make_backend("cpu", threads);
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
     e.cache = make_kv_cache(shape, spec, o.cache_options());  // allocates nothing until tokens arrive
     const double kv_bytes = double(e.cache->bytes_for_tokens(e.n_ctx));

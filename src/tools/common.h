@@ -7,8 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/backend.h"
 #include "kv/kv_cache.h"
-#include "model/backend.h"
 #include "model/model.h"
 
 namespace vxq::tools {

@@ -1,16 +1,21 @@
 // The CPU implementation of the Backend ops: matmuls and attention spread over a thread pool,
 // the cheap element-wise ops run on the calling thread.
+#include "kernels/cpu/backend_cpu.h"
+
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_fused.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
 #include "kv/kv_view.h"
-#include "model/backend.h"
 
-namespace vxq {
+namespace vxq::cpu {
 
 namespace {
 
@@ -20,6 +25,21 @@ public:
 
     std::string describe() const override {
         return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
+    }
+    float* activation_buffer(int id, size_t n) override {
+        VXQ_ASSERT(id >= 0);
+        if (size_t(id) >= activations_.size()) activations_.resize(size_t(id) + 1);
+        Buffer& b = activations_[size_t(id)];
+        if (b.size < n) {
+            b.data = std::make_unique<float[]>(n);  // no copy of the old contents: they are scratch
+            b.size = n;
+        }
+        return b.data.get();
+    }
+    size_t activation_bytes() const override {
+        size_t bytes = 0;
+        for (const Buffer& b : activations_) bytes += b.size * sizeof(float);
+        return bytes;
     }
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
         cpu::matmul(w, x, n, y, pool_);
@@ -39,7 +59,7 @@ public:
     }
     void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) override {
         // ggml applies SiLU row by row: groups of 8 from each row start through its vector exp,
-        // the n_ff % 8 last ones through libm expf (see cpu::swiglu_rows).
+        // the n_ff % 8 last ones through libm expf (see swiglu_rows).
         pool_.parallel_for(n_rows, [&](int64_t b, int64_t e) {
             cpu::swiglu_rows(gate + b * n_ff, up + b * n_ff, e - b, n_ff);
         });
@@ -56,11 +76,16 @@ public:
     }
 
 private:
+    struct Buffer {
+        std::unique_ptr<float[]> data;
+        size_t size = 0;  // floats
+    };
     ThreadPool pool_;
+    std::vector<Buffer> activations_;  // by id
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
-}  // namespace vxq
+}  // namespace vxq::cpu

@@ -75,6 +75,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/weight_formats.h"
 #include "core/error.h"
 #include "core/fp16.h"
 #include "core/thread_pool.h"
@@ -246,6 +247,13 @@ void check_view(const WeightView& w) {
     VXQ_ASSERT(w.row_bytes >= ggml_row_bytes(w.type, w.cols));
 }
 
+// What the activations become before the dot product with w (backend/weight_formats.h).
+GgmlType dot_type_of(const WeightView& w) {
+    const WeightFormat* f = find_weight_format(w.type);
+    if (!f) fail("matmul: no kernel for weight type {}", ggml_type_name(w.type));
+    return f->dot_type;
+}
+
 // ---------------------------------------------------------------------------------------------
 // AVX2 dispatch
 
@@ -285,6 +293,7 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
     const int64_t m = w.rows, k = w.cols;
     const DotOrder order = dot_order(w, n);
     const auto* wbase = static_cast<const uint8_t*>(w.data);
+    const GgmlType dot = dot_type_of(w);
     Scratch& s = t_scratch;
     const int nth_pool = pool.size();
 
@@ -296,23 +305,23 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
     float* xf_buf = nullptr;
     BlockQ8_0* xq_buf = nullptr;
     float* xd_buf = nullptr;
-    if (w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
+    if (dot == GgmlType::F16 || dot == GgmlType::BF16) {
         xf_buf = grow(s.xf, size_t(n * k));
         xa = xf_buf;
-    } else if (w.type == GgmlType::Q8_0 || w.type == GgmlType::Q4_0) {
+    } else if (dot == GgmlType::Q8_0) {
         xq_buf = grow(s.xq, size_t(n * nb));
         xd_buf = grow(s.xd, size_t(n * nb));
         xq = xq_buf;
         xd = xd_buf;
     }
-    if (w.type != GgmlType::F32) {
+    if (dot != GgmlType::F32) {
         auto convert = [&](int64_t t0, int64_t t1) {
             if (t0 >= t1) return;
             const float* xs = x + t0 * k;
             const int64_t cnt = (t1 - t0) * k;
-            if (w.type == GgmlType::F16)
+            if (dot == GgmlType::F16)
                 avx2::round_f16(xs, xf_buf + t0 * k, cnt);
-            else if (w.type == GgmlType::BF16)
+            else if (dot == GgmlType::BF16)
                 avx2::round_bf16(xs, xf_buf + t0 * k, cnt);
             else
                 avx2::quantize_q8_0(xs, xq_buf + t0 * nb, xd_buf + t0 * nb, cnt);
@@ -498,14 +507,15 @@ void matmul_ref(const WeightView& w, const float* x, int64_t n_tokens, float* y)
     const int64_t m = w.rows, k = w.cols;
     if (m == 0 || n_tokens <= 0) return;
     const DotOrder order = dot_order(w, n_tokens);
+    const GgmlType dot = dot_type_of(w);
 
-    if (w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16) {
+    if (dot != GgmlType::Q8_0) {
         // activations in the dot type, weights widened to f32 (exact conversions after rounding)
         std::vector<float> xa(static_cast<size_t>(n_tokens * k)), wr(static_cast<size_t>(k));
         for (int64_t i = 0; i < n_tokens * k; ++i) {
-            if (w.type == GgmlType::F16)
+            if (dot == GgmlType::F16)
                 xa[size_t(i)] = round_fp16(x[i]);
-            else if (w.type == GgmlType::BF16)
+            else if (dot == GgmlType::BF16)
                 xa[size_t(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
             else
                 xa[size_t(i)] = x[i];

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/types.h"
 #include "formats/ggml_types.h"
 
 namespace vxq {
@@ -19,16 +20,6 @@ class ThreadPool;
 }
 
 namespace vxq::cpu {
-
-// A weight matrix as stored in GGUF: `rows` output rows of `cols` input elements; row r starts
-// at data + r * row_bytes.
-struct WeightView {
-    GgmlType type = GgmlType::F32;
-    const void* data = nullptr;
-    int64_t rows = 0;
-    int64_t cols = 0;
-    size_t row_bytes = 0;
-};
 
 // y[t, r] = sum_c W[r, c] * x[t, c] for t < n_tokens.
 //   x: [n_tokens, cols] f32, row-major, contiguous

@@ -9,17 +9,13 @@
 
 #include <cstdint>
 
+#include "backend/types.h"
+
 namespace vxq::cpu {
 
 // y[r] = (x[r] * s) * weight with s = 1.0f / sqrtf(float(sum(x^2) in double / dim) + eps).
 //   x, y: [n_rows, dim] (may alias); weight: [dim]
 void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y);
-
-struct RopeParams {
-    int64_t n_rot;       // rotated dimensions (the rest pass through)
-    float freq_base;
-    bool neox;           // rotate (i, i + n_rot/2) instead of (2i, 2i+1)
-};
 
 // Rotates each head of n_tokens tokens at positions pos0, pos0+1, ... in place:
 //   x0' = fma(x0, cos, -(x1 * sin)),  x1' = fma(x0, sin, x1 * cos).

@@ -1,27 +1,35 @@
-// The ops a forward pass needs. The forward pass (model/llama.cpp) is written once against this
+// The ops a forward pass needs. The forward pass (model/model.cpp) is written once against this
 // interface; the CPU backend implements it with kernels/cpu, a CUDA backend will implement it
 // with kernels/cuda. Buffers are the backend's own memory (host memory for the CPU backend).
+// This header and backend/types.h are all the model, runtime and tools layers see of a backend.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/ops.h"
+#include "backend/types.h"
 
 namespace vxq {
 
 struct KvLayerView;
-class ThreadPool;
-using cpu::RopeParams;
-using cpu::WeightView;
 
 class Backend {
 public:
     virtual ~Backend() = default;
     // Names what actually runs, e.g. "cpu/avx2 x2 threads".
     virtual std::string describe() const = 0;
+
+    // Activation scratch of the forward pass, in this backend's memory. Buffer `id` (the caller's
+    // numbering: 0, 1, ...) holds at least n floats. It grows to the largest n ever asked for and
+    // is reused after that, so a context's forward passes allocate nothing once its largest batch
+    // has run. The contents are unspecified; asking for an id again may move that buffer (the
+    // pointers of the other ids stay valid).
+    virtual float* activation_buffer(int id, size_t n) = 0;
+    // Bytes held by the activation buffers.
+    virtual size_t activation_bytes() const = 0;
 
     // y = x W^T.  x: [n, w.cols]; y: [n, w.rows]
     virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;
@@ -40,6 +48,11 @@ public:
     virtual void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out) = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// The backends this build has, by name ("cpu"): the names make_backend accepts.
+std::vector<std::string> backend_names();
+
+// The backend called `name`, using n_threads host threads; vxq::Error listing the available
+// backends for an unknown name. Defined beside the kernels (kernels/backends.cpp).
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads);
 
 }  // namespace vxq

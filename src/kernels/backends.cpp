@@ -1,0 +1,38 @@
+// make_backend's registry: the backends this build has. A new backend is one row here plus its
+// folder beside kernels/cpu.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kernels/cpu/backend_cpu.h"
+
+namespace vxq {
+
+namespace {
+
+struct BackendEntry {
+    const char* name;
+    std::unique_ptr<Backend> (*make)(int n_threads);
+};
+
+constexpr BackendEntry kBackends[] = {
+    {"cpu", cpu::make_backend},
+};
+
+}  // namespace
+
+std::vector<std::string> backend_names() {
+    std::vector<std::string> names;
+    for (const BackendEntry& e : kBackends) names.emplace_back(e.name);
+    return names;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
+    for (const BackendEntry& e : kBackends) {
+        if (name == e.name) return e.make(n_threads);
+    }
+    fail("unknown backend '{}' (available: {})", name, fmt::join(backend_names(), ", "));
+}
+
+}  // namespace vxq
