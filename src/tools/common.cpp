@@ -111,9 +111,9 @@ void write_file_atomically(const std::string& path, const std::string& data) {
 std::string kv_summary(const KvCache& c, int64_t tokens) {
     const KvShape& s = c.shape();
     const double f16_bytes = 2.0 * double(s.n_layer * s.n_head_kv * s.head_dim) * double(tokens) * 2.0;
-    return fmt::format("kv cache: {} | resident {} bytes for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} bytes "
-                       "(16 bits/element)",
-                       c.format(), c.resident_bytes(), tokens, resident_bits_per_element(c, tokens), f16_bytes);
+    return fmt::format("kv cache: {}, ctx {} | resident {} bytes for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} "
+                       "bytes (16 bits/element)",
+                       c.format(), s.n_ctx, c.resident_bytes(), tokens, resident_bits_per_element(c, tokens), f16_bytes);
 }
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
