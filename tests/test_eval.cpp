@@ -267,7 +267,7 @@ TEST(QualityGate, FailsOnAnInjectedBias) {
     VXQ_REQUIRE_ASSET("assets/models/" + g.model);
     VXQ_REQUIRE_ASSET("assets/text/" + g.text);
     static const bool registered = [] {
-        register_codec({"biased_q8_0", "", "q8_0 with +0.05 added to every value (a test's broken codec)"},
+        register_codec({"biased_q8_0", "", "q8_0 with +0.05 added to every value (a test's broken codec)", "8.5"},
                        [](const CodecSpec&, KvRole role, int64_t d, const KvLayerState*) -> std::unique_ptr<Codec> {
                            return std::make_unique<Biased>(make_codec(CodecSpec::parse("q8_0"), role, d), 0.05f);
                        });
@@ -299,7 +299,7 @@ TEST(QualityGate, NanLogitsFailTheGate) {
     VXQ_REQUIRE_ASSET(kStories);
     VXQ_REQUIRE_ASSET(kStoriesText);
     static const bool registered = [] {
-        register_codec({"nan_f32", "", "f32 with NaN added to every value (a test's broken codec)"},
+        register_codec({"nan_f32", "", "f32 with NaN added to every value (a test's broken codec)", "32"},
                        [](const CodecSpec&, KvRole role, int64_t d, const KvLayerState*) -> std::unique_ptr<Codec> {
                            return std::make_unique<Biased>(make_codec(CodecSpec::parse("f32"), role, d), NAN);
                        });

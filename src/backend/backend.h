@@ -45,7 +45,11 @@ public:
     // cache: query i sees the stored tokens of its KV head at positions <= pos0 + i; scores are
     // scaled by 1/sqrt(head_dim). The backend reads every codec in place through its readers.
     //   q, out: [n_q, n_head, head_dim], q after RoPE
-    virtual void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out) = 0;
+    // token_mass: nullptr, or per KV head g an array [view.heads[g].n_tokens] to which the
+    // attention probability each stored token receives is added, summed over the query tokens and
+    // the group's query heads (what H2O accumulates and SnapKV votes with).
+    virtual void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
+                           float* const* token_mass = nullptr) = 0;
 };
 
 // The backends this build has, by name ("cpu"): the names make_backend accepts.

@@ -44,6 +44,11 @@ public:
     virtual void on_write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) = 0;
     //   q, out: [n_q, n_head, head_dim]
     virtual void on_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) = 0;
+    // The score observer: when this is true for a layer, the forward pass asks the backend for the
+    // attention probability each stored token received in that step (summed over the query tokens
+    // and the group's query heads) and hands it over per KV head.   mass: [n_tokens of the head]
+    virtual bool wants_attention_mass(int64_t layer) const { return false; }
+    virtual void on_attention_mass(int64_t layer, int64_t head, const float* mass, int64_t n_tokens) {}
 };
 
 class KvCache {
@@ -88,6 +93,7 @@ public:
     void dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k, std::vector<float>& v) const;
 
     void set_observer(KvObserver* o) { observer_ = o; }
+    KvObserver* observer() const { return observer_; }
     // Called by the forward pass after each attention (forwards to the observer, if any).
     void observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const;
 

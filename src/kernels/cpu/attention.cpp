@@ -194,7 +194,7 @@ bool attention_f16_applies(const KvLayerView& view) {
 }
 
 void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
-                   ThreadPool& pool) {
+                   ThreadPool& pool, float* const* token_mass) {
     VXQ_ASSERT(attention_f16_applies(view));
     const int64_t H = view.n_head_kv;
     int64_t pages = 0, max_tokens = 0;
@@ -212,11 +212,26 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
     const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, int64_t(std::countr_zero(uint64_t(view.chunk))),
                              out, n_q, pos0, view.n_head, H, view.head_dim, scale};
     const int64_t units = n_q * view.n_head;
+    const int64_t n_gqa = view.n_head / H;
+    // Attention mass: each thread adds the rows' probabilities (scratch after the row) into its own
+    // [H, max_tokens] buffer; the buffers are summed in thread order afterwards.
+    std::vector<std::vector<float>> mass(token_mass ? size_t(pool.size()) : 0);
     pool.run([&](int ith, int nth) {
         std::vector<float> scratch(static_cast<size_t>(max_tokens));
+        if (token_mass) mass[size_t(ith)].assign(size_t(H * max_tokens), 0.0f);
         // Interleaved split: causal rows grow with i, so contiguous chunks would be unbalanced.
-        for (int64_t u = ith; u < units; u += nth) attention_f16_row(a, u / view.n_head, u % view.n_head, scratch.data());
+        for (int64_t u = ith; u < units; u += nth) {
+            const int64_t i = u / view.n_head, h = u % view.n_head, g = h / n_gqa;
+            attention_f16_row(a, i, h, scratch.data());
+            if (!token_mass) continue;
+            const int64_t n_kv = kv_visible(view.heads[g], pos0 + i);
+            float* m = mass[size_t(ith)].data() + g * max_tokens;
+            for (int64_t t = 0; t < n_kv; ++t) m[t] += scratch[size_t(t)];
+        }
     });
+    for (const auto& m : mass)
+        for (int64_t g = 0; g < H; ++g)
+            for (int64_t t = 0; t < view.heads[g].n_tokens; ++t) token_mass[g][t] += m[size_t(g * max_tokens + t)];
 }
 
 }  // namespace vxq::cpu

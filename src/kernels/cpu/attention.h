@@ -40,7 +40,8 @@ void attention_f16_row_ref(const AttentionF16Args& a, int64_t i, int64_t h, floa
 bool attention_f16_applies(const KvLayerView& view);
 // Causal attention over such a layer, every (query token, head) row on the pool.
 //   q, out: [n_q, n_head, head_dim]
+// token_mass: as Backend::attention (nullptr: not wanted).
 void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
-                   ThreadPool& pool);
+                   ThreadPool& pool, float* const* token_mass = nullptr);
 
 }  // namespace vxq::cpu

@@ -49,10 +49,55 @@ void for_pieces(const StreamRead& st, int64_t a, int64_t b, Fn&& fn) {
     }
 }
 
+// The probability each stored token receives, p = exp(s - m) / l with the final (m, l) of each
+// (query, head), summed over queries and the group's heads into token_mass[g][t]. A second pass
+// over the keys (scores again): only for callers that observe attention (H2O, SnapKV, tests).
+void attention_mass(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale,
+                    const std::vector<StreamRead>& keys, const std::vector<SoftmaxState>& final_state, ThreadPool& pool,
+                    float* const* token_mass) {
+    const int64_t d = view.head_dim, H = view.n_head_kv, n_gqa = view.n_head / H, C = view.chunk;
+    int64_t max_tokens = 0;
+    for (int64_t g = 0; g < H; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
+    std::vector<std::vector<float>> mass(size_t(pool.size()));
+    pool.run([&](int ith, int nth) {
+        std::vector<float>& m = mass[size_t(ith)];
+        m.assign(size_t(H * max_tokens), 0.0f);
+        const int64_t ld = C + 256;
+        std::vector<float> s(size_t(n_gqa * ld)), tmp(size_t(n_gqa * ld));
+        PreparedQuery pq_main, pq_window;
+        for (int64_t unit = ith; unit < n_q * H; unit += nth) {
+            const int64_t i = unit / H, g = unit % H;
+            const int64_t len = kv_visible(view.heads[g], pos0 + i);
+            if (len == 0) continue;
+            const float* qg = q + (i * view.n_head + g * n_gqa) * d;
+            const StreamRead& ks = keys[size_t(g)];
+            ks.main->prepare_query(ks.view->fmt, qg, n_gqa, d, pq_main);
+            ks.window->prepare_query(ks.view->window_fmt, qg, n_gqa, d, pq_window);
+            for (int64_t ta = 0; ta < len; ta += C) {
+                const int64_t tb = std::min(len, ta + C);
+                for_pieces(ks, ta, tb, [&](const KvSegment& seg, const KvFormatParams& f, int64_t off, const uint8_t* data, int64_t n) {
+                    ks.reader(seg).scores(f, seg.window ? pq_window : pq_main, n_gqa, data, n, d, tmp.data());
+                    for (int64_t h = 0; h < n_gqa; ++h)
+                        for (int64_t t = 0; t < n; ++t) s[size_t(h * ld + off + t)] = tmp[size_t(h * n + t)] * scale;
+                });
+                float* mg = m.data() + g * max_tokens + ta;
+                for (int64_t h = 0; h < n_gqa; ++h) {
+                    const SoftmaxState& st = final_state[size_t(unit * n_gqa + h)];
+                    const float inv = st.l == 0.0f ? 0.0f : 1.0f / st.l;
+                    for (int64_t t = 0; t < tb - ta; ++t) mg[t] += std::exp(s[size_t(h * ld + t)] - st.m) * inv;
+                }
+            }
+        }
+    });
+    for (const auto& m : mass)
+        for (int64_t g = 0; g < H; ++g)
+            for (int64_t t = 0; t < view.heads[g].n_tokens; ++t) token_mass[g][t] += m[size_t(g * max_tokens + t)];
+}
+
 }  // namespace
 
 void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
-                     ThreadPool& pool) {
+                     ThreadPool& pool, float* const* token_mass) {
     const int64_t d = view.head_dim;
     const int64_t H = view.n_head_kv;
     const int64_t n_gqa = view.n_head / H;
@@ -146,10 +191,11 @@ void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64
 
     // Merge the splits of each unit and normalize.
     std::vector<float> acc(static_cast<size_t>(d));
+    std::vector<SoftmaxState> final_state(size_t(units * n_gqa));  // per (unit, head): the softmax's m and l
     for (int64_t unit = 0; unit < units; ++unit) {
         const int64_t i = unit / H, g = unit % H;
         for (int64_t h = 0; h < n_gqa; ++h) {
-            SoftmaxState st;
+            SoftmaxState& st = final_state[size_t(unit * n_gqa + h)];
             std::fill(acc.begin(), acc.end(), 0.0f);
             for (int64_t sp = 0; sp < n_split; ++sp) {
                 const float* part = partial.data() + size_t(unit * n_split + sp) * size_t(state_floats) + h * (d + 2);
@@ -162,6 +208,7 @@ void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64
             for (int64_t c = 0; c < d; ++c) o[c] = acc[size_t(c)] * inv;
         }
     }
+    if (token_mass) attention_mass(view, q, n_q, pos0, scale, keys, final_state, pool, token_mass);
 }
 
 void attention_dequant_ref(const float* q, float* out, int64_t n_q, int64_t pos0, int64_t n_head, int64_t n_head_kv,

@@ -18,8 +18,9 @@ namespace vxq::cpu {
 // Causal attention of n_q query tokens at positions [pos0, pos0 + n_q): query i sees the stored
 // tokens of its KV head at positions <= pos0 + i. Scores are scaled by `scale`.
 //   q, out: [n_q, n_head, head_dim], q after RoPE
+// token_mass: as Backend::attention (nullptr: not wanted); a second pass over the keys computes it.
 void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float scale, float* out,
-                     ThreadPool& pool);
+                     ThreadPool& pool, float* const* token_mass = nullptr);
 
 // Reference: decoded(g, key) gives [n_tokens(g), head_dim] f32 K or V of head g, positions(g)
 // their positions (nullptr: token t at position t); plain attention in double precision.

@@ -66,12 +66,13 @@ public:
     }
     void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
     void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override { cpu::add_bias(x, b, n_rows, dim); }
-    void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out) override {
+    void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
+                   float* const* token_mass) override {
         const float scale = 1.0f / std::sqrt(float(view.head_dim));
         if (cpu::attention_f16_applies(view)) {
-            cpu::attention_f16(view, q, n_q, pos0, scale, out, pool_);
+            cpu::attention_f16(view, q, n_q, pos0, scale, out, pool_, token_mass);
         } else {
-            cpu::attention_fused(view, q, n_q, pos0, scale, out, pool_);
+            cpu::attention_fused(view, q, n_q, pos0, scale, out, pool_, token_mass);
         }
     }
 
