@@ -50,6 +50,9 @@ public:
     // the group's query heads (what H2O accumulates and SnapKV votes with).
     virtual void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
                            float* const* token_mass = nullptr) = 0;
+    // Which attention kernel and readers run for such a layer, e.g. "fused, K q4_0 / V f16 readers
+    // avx2" (benchmarks print it with every line).
+    virtual std::string attention_path(const KvLayerView& view) const = 0;
 };
 
 // The backends this build has, by name ("cpu"): the names make_backend accepts.

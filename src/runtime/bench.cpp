@@ -205,7 +205,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             row.depth = tests[ti].depth;
             row.n_prompt = tests[ti].prefill ? tests[ti].n : 0;
             row.n_gen = tests[ti].prefill ? 0 : tests[ti].n;
-            row.code_path = backend->describe();
+            row.code_path = backend->describe() + ", attention " + backend->attention_path(caches[ci]->view(0));
             row.kv_format = caches[ci]->format();
             row.kv_bytes = kv_of[ci][ti].bytes;
             row.kv_bits_per_element = kv_of[ci][ti].bits_per_element;

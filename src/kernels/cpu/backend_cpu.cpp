@@ -11,6 +11,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_fused.h"
+#include "kernels/cpu/kv_reader.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 #include "kv/kv_view.h"
@@ -66,6 +67,13 @@ public:
     }
     void add(float* x, const float* y, int64_t n) override { cpu::add(x, y, n); }
     void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override { cpu::add_bias(x, b, n_rows, dim); }
+    std::string attention_path(const KvLayerView& view) const override {
+        if (cpu::attention_f16_applies(view)) return "f16 llama.cpp non-flash order";
+        if (view.n_head_kv == 0) return "fused";
+        const KvHeadView& h = view.heads[0];
+        return fmt::format("fused, K {} / V {} readers {}", kv_format_kind_name(h.k.fmt.kind), kv_format_kind_name(h.v.fmt.kind),
+                           cpu::kv_avx2_available() ? "avx2" : "scalar");
+    }
     void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
                    float* const* token_mass) override {
         const float scale = 1.0f / std::sqrt(float(view.head_dim));
