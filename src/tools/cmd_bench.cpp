@@ -66,6 +66,7 @@ std::vector<int64_t> parse_depths(const std::vector<std::string>& args) {
 }
 
 void run_bench_cmd(BenchOptions o) {
+    o.p.threads = resolve_threads(o.p.threads);
     o.kv = split_methods(o.kv);
     if (!o.depths.empty()) o.p.depths = parse_depths(o.depths);
     std::vector<std::unique_ptr<Model>> models;
@@ -105,7 +106,7 @@ void run_bench_cmd(BenchOptions o) {
                                  {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"tps_samples", r.tps.samples},
                                  {"ratio_median", ratio.median}, {"ratio_min", ratio.min}, {"ratio_max", ratio.max}});
         }
-        fmt::print("{}\n", j.dump(1));
+        fmt::print("{}\n", dump_json(std::move(j), 1));
         return;
     }
     if (o.csv) {
@@ -151,8 +152,8 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");
     sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
     sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
-    sub->add_flag("--csv", o->csv, "CSV output");
-    sub->add_flag("--json", o->json, "JSON output");
+    auto* csv = sub->add_flag("--csv", o->csv, "CSV output");
+    sub->add_flag("--json", o->json, "JSON output")->excludes(csv);
     sub->add_flag("-v,--verbose", o->verbose, "trace every timed run: order, configuration, prompt");
     sub->callback([o, &rc] {
         run_bench_cmd(*o);

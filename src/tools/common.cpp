@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -30,13 +34,53 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
     }
 }
 
+CLI::Validator finite_in(double lo, double hi) {
+    const bool bounded = hi < std::numeric_limits<double>::infinity();
+    const std::string range = bounded ? fmt::format("in [{}, {}]", lo, hi) : fmt::format(">= {}", lo);
+    return CLI::Validator(
+        [lo, hi, range](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a number", s);
+            if (!std::isfinite(v) || v < lo || v > hi) return fmt::format("must be a finite number {}, got {}", range, s);
+            return "";
+        },
+        "NUMBER " + range);
+}
+
+int resolve_threads(int requested) {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (requested <= 0) return cores;
+    if (requested > 4 * cores) {
+        fail("-t/--threads {} is more than 4x this machine's {} hardware threads (at most {})", requested, cores, 4 * cores);
+    }
+    if (requested > cores) {
+        fmt::print(stderr, "vxq: warning: -t/--threads {} is more than this machine's {} hardware threads: expect it to run slower\n",
+                   requested, cores);
+    }
+    return requested;
+}
+
+bool is_f16_parity_cache(const std::string& k_spec, const std::string& v_spec) {
+    // Asks the factory which cache the specs give instead of repeating its rule. The probe shape
+    // (head_dim 64, one token) may not hold every codec's options; such a spec is a codec anyway.
+    try {
+        return make_kv_cache(KvShape{1, 1, 1, 64, 1}, k_spec, v_spec)->format() == "f16";
+    } catch (const Error&) {
+        return false;
+    }
+}
+
 Engine make_engine(const RuntimeOptions& o) {
+    if (o.prefill_exact && is_f16_parity_cache(o.k_spec(), o.v_spec())) {
+        fail("--prefill-exact changes nothing with the f16 cache (it holds every K/V exactly): drop it, or choose a "
+             "compressed cache with --kv");
+    }
     Engine e;
     e.model = Model::load(o.model);
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.n_ctx > 0 ? o.n_ctx : c.n_ctx_train;
-    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    e.backend = make_cpu_backend(threads);
+    e.backend = make_cpu_backend(resolve_threads(o.threads));
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
     const double kv_bytes = 2.0 * double(c.n_layer * c.n_head_kv * c.head_dim) * double(e.n_ctx) * 2.0;
     const double mem_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
@@ -68,6 +112,9 @@ std::vector<std::string> split_methods(const std::vector<std::string>& args) {
 }
 
 std::string read_file(const std::string& path) {
+    // A directory opens as a stream that reads nothing: an empty prompt or text, not an error.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("'{}' is a directory, not a file", path);
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot open '{}': {}", path, std::strerror(errno));
     std::ostringstream ss;
@@ -89,6 +136,24 @@ void write_file_atomically(const std::string& path, const std::string& data) {
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         std::remove(tmp.c_str());
         fail("cannot write '{}': {}", path, std::strerror(errno));
+    }
+}
+
+void check_writable(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("cannot write '{}': it is a directory", path);
+    const std::string tmp = path + ".tmp";
+    const bool existed = std::filesystem::exists(tmp, ec);
+    if (!std::ofstream(tmp, std::ios::binary | std::ios::app)) fail("cannot write '{}': {}", path, std::strerror(errno));
+    if (!existed) std::remove(tmp.c_str());
+}
+
+std::string dump_json(nlohmann::json j, int indent) {
+    try {
+        return j.dump(indent);
+    } catch (const nlohmann::json::type_error&) {  // 316: a string is not valid UTF-8
+        if (j.is_object()) j["invalid_utf8_replaced"] = true;
+        return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
     }
 }
 

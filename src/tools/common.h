@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "kv/kv_cache.h"
 #include "model/backend.h"
@@ -43,11 +44,32 @@ struct Engine {
 };
 Engine make_engine(const RuntimeOptions& o);
 
-// Reads a whole file; vxq::Error naming it if it cannot be read.
+// Flag check for a real-valued option: a finite number in [lo, hi] ("nan", "inf" and values
+// outside are refused with the range); hi = infinity means no upper bound.
+CLI::Validator finite_in(double lo, double hi);
+
+// The thread count to run with, from -t: 0 means every hardware thread. More than 4x the
+// hardware threads is refused (it only slows a run down); more than 1x runs, with a warning.
+int resolve_threads(int requested);
+
+// True when these K/V specs give the llama.cpp-parity f16 cache, which holds every K/V exactly
+// (so --prefill-exact would change nothing).
+bool is_f16_parity_cache(const std::string& k_spec, const std::string& v_spec);
+
+// Reads a whole file; vxq::Error naming it if it cannot be read or is a directory.
 std::string read_file(const std::string& path);
 
 // Writes a whole file through a temporary and a rename: never half-written. vxq::Error naming it.
 void write_file_atomically(const std::string& path, const std::string& data);
+
+// vxq::Error unless write_file_atomically(path, ...) can create its file: checked before a long
+// run, so a typo in an output path does not cost the run.
+void check_writable(const std::string& path);
+
+// JSON text of j that never throws: a string that is not valid UTF-8 (sampled bytes, a file
+// name) has each invalid sequence replaced by U+FFFD, and then j carries
+// "invalid_utf8_replaced": true so a reader knows those strings are not the original bytes.
+std::string dump_json(nlohmann::json j, int indent = -1);
 
 // True when standard error is a terminal (progress is shown only then).
 bool stderr_is_tty();
