@@ -65,6 +65,13 @@ std::vector<int64_t> parse_depths(const std::vector<std::string>& args) {
     return out;
 }
 
+// A quoted CSV field (RFC 4180): a label holds the model's file name, which may hold quotes.
+std::string csv_field(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
 void run_bench_cmd(BenchOptions o) {
     o.p.threads = resolve_threads(o.p.threads);
     o.kv = split_methods(o.kv);
@@ -113,7 +120,7 @@ void run_bench_cmd(BenchOptions o) {
         fmt::print("config,test,code_path,kv_format,kv_bytes,kv_bits_per_element,reps,tps_median,tps_min,tps_max,tps_mean,tps_sd,ratio_median,ratio_min,ratio_max\n");
         for (const auto& r : rep.rows) {
             const BenchStats ratio = paired_ratio(r, *base[r.test]);
-            fmt::print("\"{}\",{},\"{}\",{},{},{:.3f},{},{:.2f},{:.2f},{:.2f},{:.2f},{:.2f},{:.4f},{:.4f},{:.4f}\n", r.label, r.test, r.code_path,
+            fmt::print("{},{},{},{},{},{:.3f},{},{:.2f},{:.2f},{:.2f},{:.2f},{:.2f},{:.4f},{:.4f},{:.4f}\n", csv_field(r.label), r.test, csv_field(r.code_path),
                        r.kv_format, r.kv_bytes, r.kv_bits_per_element, r.tps.samples.size(), r.tps.median, r.tps.min, r.tps.max,
                        r.tps.mean, r.tps.sd, ratio.median, ratio.min, ratio.max);
         }

@@ -9,8 +9,8 @@
 //
 // Weights are seeded random values (splitmix64, no std:: distributions, so the same on every
 // platform) scaled so activations stay O(1) through the layers and logits are O(a few).
-// The spec also has knobs that deliberately break the file (drop or reshape a tensor, write
-// another architecture name) for the loader's negative tests.
+// The spec also has knobs that deliberately break the file (drop, reshape or add a tensor, write
+// another architecture name or a lower block_count) for the loader's negative tests.
 #pragma once
 
 #include <cstdint>
