@@ -34,39 +34,32 @@ nlohmann::json llamacpp_run(const std::string& model) {
     return {};
 }
 
-PerplexityResult run_ppl(const nlohmann::json& ref) {
-    const auto model = Model::load(test::shared_path("assets/models/" + ref["model"].get<std::string>()));
-    const ModelConfig& c = model->config();
+// vxq's perplexity of llama.cpp's run of `model` (same text, context and chunks, f16 cache)
+// equals llama.cpp's within `tolerance`, over the same number of chunks.
+void expect_matches_llamacpp(const std::string& model, double tolerance) {
+    const nlohmann::json ref = llamacpp_run(model);
+    ASSERT_FALSE(ref.is_null());
+    const std::string text = ref["text"];
+    VXQ_REQUIRE_ASSET("assets/models/" + model);
+    VXQ_REQUIRE_ASSET("assets/text/" + text);
+    const auto m = Model::load(test::shared_path("assets/models/" + model));
+    const ModelConfig& c = m->config();
     const int64_t n_ctx = ref["ctx"];
     auto backend = make_cpu_backend(2);
     auto cache = make_f16_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx});
-    return perplexity(*model, *backend, *cache, read_text(test::shared_path("assets/text/" + ref["text"].get<std::string>())),
-                      PerplexityParams{n_ctx, ref["chunks"].get<int64_t>()});
+    const PerplexityResult r = perplexity(*m, *backend, *cache, read_text(test::shared_path("assets/text/" + text)),
+                                          PerplexityParams{n_ctx, ref["chunks"].get<int64_t>()});
+    EXPECT_EQ(r.n_chunks, ref["n_chunks"].get<int64_t>());
+    EXPECT_NEAR(r.ppl, ref["ppl"].get<double>(), tolerance);
 }
 
 // stories260K, -c 512, every chunk (llama.cpp: 4.9744 over 767 chunks).
 // Tolerance 0.002 (the issue's): covers float-order differences in exp/softmax approximations.
-TEST(Perplexity, Stories260KMatchesLlamaCpp) {
-    VXQ_REQUIRE_ASSET("assets/models/stories260K.gguf");
-    VXQ_REQUIRE_ASSET("assets/text/tinystories_valid_head.txt");
-    const nlohmann::json ref = llamacpp_run("stories260K.gguf");
-    ASSERT_FALSE(ref.is_null());
-    const auto r = run_ppl(ref);
-    EXPECT_EQ(r.n_chunks, ref["n_chunks"].get<int64_t>());
-    EXPECT_NEAR(r.ppl, ref["ppl"].get<double>(), 0.002);
-}
+TEST(Perplexity, Stories260KMatchesLlamaCpp) { expect_matches_llamacpp("stories260K.gguf", 0.002); }
 
 // vxq-llama-h64-f16 on WikiText-2 raw, -c 1024 --chunks 24 (llama.cpp: 98.9379). Tolerance 0.1,
 // 0.1 % of a perplexity whose own error bar is +/- 3.3.
-TEST(Perplexity, VxqH64F16MatchesLlamaCpp) {
-    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
-    VXQ_REQUIRE_ASSET("assets/text/wikitext2_test.raw.crlf.txt");
-    const nlohmann::json ref = llamacpp_run("vxq-llama-h64-f16.gguf");
-    ASSERT_FALSE(ref.is_null());
-    const auto r = run_ppl(ref);
-    EXPECT_EQ(r.n_chunks, ref["n_chunks"].get<int64_t>());
-    EXPECT_NEAR(r.ppl, ref["ppl"].get<double>(), 0.1);
-}
+TEST(Perplexity, VxqH64F16MatchesLlamaCpp) { expect_matches_llamacpp("vxq-llama-h64-f16.gguf", 0.1); }
 
 }  // namespace
 }  // namespace vxq
