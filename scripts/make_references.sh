@@ -40,11 +40,15 @@ for exe in "$CLI" "$PPL"; do
 done
 command -v python3 >/dev/null || { echo "make_references.sh: needs python3" >&2; exit 1; }
 [[ -d $SHARED/golden ]] || { echo "make_references.sh: no $SHARED/golden (set VXQ_SHARED_DIR)" >&2; exit 1; }
+SHARED=$(cd "$SHARED" && pwd)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# llama.cpp b4748 scans its working directory for backend libraries and aborts on a file name that
+# is not UTF-8, so its programs run from the (clean) scratch directory.
+run_llama() { (cd "$work" && "$@"); }
 
-"$CLI" --version > "$work/version.txt" 2>&1 || true
+run_llama "$CLI" --version > "$work/version.txt" 2>&1 || true
 version=$(sed -n 's/^version: //p' "$work/version.txt")
 built_with=$(sed -n 's/^built with //p' "$work/version.txt")
 echo "llama.cpp: version $version, built with $built_with"
@@ -61,7 +65,7 @@ for i in "${!models[@]}"; do
         python3 -c 'import json,sys; g=json.load(open(sys.argv[1]))["greedy"][int(sys.argv[2])]; open(sys.argv[3],"w").write(g["prompt"]); print(g["n_predict"])' \
             "$golden" "$k" "$work/prompt" > "$work/n_predict"
         out="$work/greedy_${i}_${k}"
-        "$CLI" -m "$model" -p "$(cat "$work/prompt")" -n "$(cat "$work/n_predict")" --temp 0 -no-cnv --no-display-prompt \
+        run_llama "$CLI" -m "$model" -p "$(cat "$work/prompt")" -n "$(cat "$work/n_predict")" --temp 0 -no-cnv --no-display-prompt \
             --no-escape --no-warmup -t "$THREADS" < /dev/null > "$out.stdout" 2> "$out.stderr"
         echo "  greedy: ${models[$i]} prompt $k"
     done
@@ -74,10 +78,10 @@ if [[ $system_info != *"AVX2 = 1"* || $system_info == *"AVX512"*"= 1"* ]]; then
 fi
 
 # Perplexity, as ../shared/assets/README.md quotes it.
-"$PPL" -m "$SHARED/assets/models/stories260K.gguf" -f "$SHARED/assets/text/tinystories_valid_head.txt" -c 512 \
+run_llama "$PPL" -m "$SHARED/assets/models/stories260K.gguf" -f "$SHARED/assets/text/tinystories_valid_head.txt" -c 512 \
     -t "$THREADS" > "$work/ppl_0.log" 2>&1
 echo "  perplexity: stories260K"
-"$PPL" -m "$SHARED/assets/models/vxq-llama-h64-f16.gguf" -f "$SHARED/assets/text/wikitext2_test.raw.crlf.txt" -c 1024 \
+run_llama "$PPL" -m "$SHARED/assets/models/vxq-llama-h64-f16.gguf" -f "$SHARED/assets/text/wikitext2_test.raw.crlf.txt" -c 1024 \
     --chunks 24 -t "$THREADS" > "$work/ppl_1.log" 2>&1
 echo "  perplexity: vxq-llama-h64-f16"
 

@@ -113,17 +113,12 @@ void run_eval_cmd(EvalOptions o) {
     }
     p.reference = EvalMethod::parse(o.ref);
     p.prefill_exact = o.prefill_exact;
-    const bool has_stream = std::count(p.modes.begin(), p.modes.end(), PplMode::Stream) > 0;
-    if (o.attn_every_given && !has_stream) fail("--attn-every probes stream mode only: add --mode stream or drop it");
+    const auto has_mode = [&](PplMode m) { return std::count(p.modes.begin(), p.modes.end(), m) > 0; };
+    if (o.attn_every_given && !has_mode(PplMode::Stream)) fail("--attn-every probes stream mode only: add --mode stream or drop it");
     if (p.prefill_exact) {
-        if (std::count(p.modes.begin(), p.modes.end(), PplMode::Prefill) == 0) {
-            fail("--prefill-exact changes nothing in stream mode (every token is written and attended alone): drop it, "
-                 "or add --mode prefill");
-        }
-        if (std::all_of(p.methods.begin(), p.methods.end(), [](const EvalMethod& m) { return is_f16_parity_cache(m.k, m.v); })) {
-            fail("--prefill-exact changes nothing with the f16 cache (it holds every K/V exactly): drop it, or add a "
-                 "compressed method to --kv");
-        }
+        check_prefill_exact(has_mode(PplMode::Prefill), std::any_of(p.methods.begin(), p.methods.end(), [](const EvalMethod& m) {
+                                return !is_f16_parity_cache(m.k, m.v);
+                            }));
     }
     const auto be = make_cpu_backend(resolve_threads(o.threads));
     const bool tty = stderr_is_tty();

@@ -22,6 +22,8 @@ struct GenerateOptions {
 };
 
 void run_generate(const GenerateOptions& o) {
+    // The prompt is one batch at position 0: --prefill-exact applies whenever the cache is compressed.
+    if (o.rt.prefill_exact) check_prefill_exact(true, !is_f16_parity_cache(o.rt.k_spec(), o.rt.v_spec()));
     const std::string prompt = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
     Engine e = make_engine(o.rt);
     // The prompt is echoed with the first generated text, not before: generate() refuses a bad

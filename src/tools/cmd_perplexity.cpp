@@ -7,7 +7,6 @@
 
 #include <fmt/format.h>
 
-#include "core/error.h"
 #include "runtime/perplexity.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -24,10 +23,7 @@ struct PerplexityOptions {
 
 void run_perplexity(PerplexityOptions o) {
     const PplMode mode = o.mode == "stream" ? PplMode::Stream : PplMode::Prefill;
-    if (o.rt.prefill_exact && mode == PplMode::Stream) {
-        fail("--prefill-exact changes nothing in stream mode (every token is written and attended alone): drop it, "
-             "or use --mode prefill");
-    }
+    if (o.rt.prefill_exact) check_prefill_exact(mode == PplMode::Prefill, !is_f16_parity_cache(o.rt.k_spec(), o.rt.v_spec()));
     const std::string text = read_file(o.file);
     if (o.rt.n_ctx == 0) o.rt.n_ctx = 512;  // llama-perplexity's default
     Engine e = make_engine(o.rt);

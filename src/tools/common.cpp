@@ -71,11 +71,18 @@ bool is_f16_parity_cache(const std::string& k_spec, const std::string& v_spec) {
     }
 }
 
-Engine make_engine(const RuntimeOptions& o) {
-    if (o.prefill_exact && is_f16_parity_cache(o.k_spec(), o.v_spec())) {
-        fail("--prefill-exact changes nothing with the f16 cache (it holds every K/V exactly): drop it, or choose a "
-             "compressed cache with --kv");
+void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache) {
+    if (!has_prefill_mode) {
+        fail("--prefill-exact changes nothing in stream mode (every token is written and attended alone): drop it, "
+             "or use --mode prefill");
     }
+    if (!has_compressed_cache) {
+        fail("--prefill-exact changes nothing with the f16 cache (it holds every K/V exactly): drop it, or choose a "
+             "compressed method with --kv");
+    }
+}
+
+Engine make_engine(const RuntimeOptions& o) {
     Engine e;
     e.model = Model::load(o.model);
     const ModelConfig& c = e.model->config();

@@ -52,9 +52,12 @@ CLI::Validator finite_in(double lo, double hi);
 // hardware threads is refused (it only slows a run down); more than 1x runs, with a warning.
 int resolve_threads(int requested);
 
-// True when these K/V specs give the llama.cpp-parity f16 cache, which holds every K/V exactly
-// (so --prefill-exact would change nothing).
+// True when these K/V specs give the llama.cpp-parity f16 cache, which holds every K/V exactly.
 bool is_f16_parity_cache(const std::string& k_spec, const std::string& v_spec);
+
+// vxq::Error when --prefill-exact would change nothing: without a prefill-mode run (stream mode
+// writes and attends one token at a time) or without a compressed cache (only the f16 cache).
+void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache);
 
 // Reads a whole file; vxq::Error naming it if it cannot be read or is a directory.
 std::string read_file(const std::string& path);
