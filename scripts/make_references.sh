@@ -22,9 +22,10 @@
 # refuses a build whose system-info line shows AVX-512.
 #
 # Not made here: ../shared/golden/*.llamacpp.json (tokenization and greedy text, given with the
-# shared assets: llama.cpp b4748, CPU, 2 threads, --temp 0, on a machine with AVX-512; see
-# ../shared/assets/README.md) and tests/data/gate/*.json (vxq's own quality-gate limits, measured
-# with `vxq eval` on main; each file says how).
+# shared assets: llama.cpp b4748, CPU, 2 threads, --temp 0; see ../shared/assets/README.md; two
+# of its Q8_0/Q4_0 texts differ from the AVX2 build's, and an earlier -march=x86-64-v4 (AVX-512)
+# build of the same version reproduced them) and tests/data/gate/*.json (vxq's own quality-gate
+# limits, measured with `vxq eval` on main; each file says how).
 #
 # Needs python3 (Debian package) to write the JSON. Env: VXQ_SHARED_DIR (../shared), THREADS (2).
 set -euo pipefail
@@ -114,7 +115,8 @@ with open("tests/data/llamacpp_avx2_greedy.json", "w", encoding="utf-8") as f:
     json.dump({"reference": "llama-cli -n N --temp 0 -no-cnv --no-display-prompt on the shared golden prompts; " + build,
                "greedy": greedy,
                "provenance": "Made by scripts/make_references.sh (its header names the build flags and the machine). "
-                             "Where a text differs from ../shared/golden, the shared golden carries AVX-512 numerics. "
+                             "Where a text differs from ../shared/golden, an earlier -march=x86-64-v4 (AVX-512) build of the "
+                             "same version reproduced the shared golden's text. "
                              "Output text only; no llama.cpp code is stored."},
               f, indent=1, ensure_ascii=False)
     f.write("\n")
