@@ -58,8 +58,8 @@ void expect_matches_llamacpp(const std::string& model, double tolerance) {
 TEST(Perplexity, Stories260KMatchesLlamaCpp) { expect_matches_llamacpp("stories260K.gguf", 0.002); }
 
 // vxq-llama-h64-f16 on WikiText-2 raw, -c 1024 --chunks 24 (llama.cpp AVX2: 98.9381; the shared
-// README quotes 98.9379 from its own build). Tolerance 0.1,
-// 0.1 % of a perplexity whose own error bar is +/- 3.3.
+// README quotes 98.9379 from its own build). Tolerance 0.1, 0.1 % of a perplexity whose own error
+// bar is +/- 3.3.
 TEST(Perplexity, VxqH64F16MatchesLlamaCpp) { expect_matches_llamacpp("vxq-llama-h64-f16.gguf", 0.1); }
 
 }  // namespace
