@@ -12,7 +12,8 @@ PACKAGES=(
   libpcre2-dev                       # Unicode regexes of the BPE pre-tokenizers
   libgtest-dev libgmock-dev          # tests
   libbenchmark-dev                   # microbenchmarks
-  clang libclang-rt-14-dev           # libFuzzer target (scripts/fuzz.sh)
+  clang libclang-rt-14-dev           # libFuzzer targets (scripts/fuzz.sh)
+  python3                            # scripts/make_references.sh writes the reference JSON
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,13 +1,19 @@
-// The CLI end to end: a table of bad inputs, each a clear error and a non-zero exit, never a
-// crash; and the happy paths' output contracts (tokenize JSON, generate --json).
+// The CLI end to end: a table of bad inputs, each refused by the error contract (exactly one
+// line on stderr starting "vxq: error: ", nothing on stdout, a non-zero exit, no signal); and
+// the happy paths' output contracts (tokenize JSON, generate --json).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "support/assets.h"
 #include "support/run_cli.h"
+#include "support/tiny_model.h"
 
 namespace vxq {
 namespace {
@@ -27,6 +33,22 @@ std::string model_prefix(size_t n) {
     return s;
 }
 
+// A tiny model file broken by `edit`, written once per name and kept until the tests exit.
+std::string broken_model(const std::string& name, void (*edit)(test::TinyModelSpec&)) {
+    static std::map<std::string, test::TinyModel> models;
+    auto it = models.find(name);
+    if (it == models.end()) {
+        test::TinyModelSpec s;
+        edit(s);
+        it = models.emplace(name, test::build_tiny_model(s)).first;
+    }
+    return it->second.path;
+}
+
+// A thread count above 4x this machine's hardware threads (CLI11 caps -t at 1024 first on a
+// machine of more than 255 threads; that refusal names the flag too).
+std::string too_many_threads() { return std::to_string(4 * std::max(1u, std::thread::hardware_concurrency()) + 1); }
+
 struct BadInput {
     const char* name;
     std::function<std::vector<std::string>()> args;
@@ -35,18 +57,23 @@ struct BadInput {
 
 class CliBadInput : public ::testing::TestWithParam<BadInput> {};
 
-TEST_P(CliBadInput, ClearErrorAndNonZeroExit) {
+TEST_P(CliBadInput, OneErrorLineOnStderrNothingOnStdout) {
     VXQ_REQUIRE_ASSET(kModelRel);
     const BadInput& b = GetParam();
     const auto r = test::run_cli(b.args());
     EXPECT_EQ(r.signal, 0) << "crashed with signal " << r.signal << "\n" << r.err;
     EXPECT_GT(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "") << "stdout is not empty on failure";
+    EXPECT_EQ(r.err.rfind("vxq: error: ", 0), 0u) << "stderr does not start with the prefix:\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "stderr is not exactly one line:\n" << r.err;
+    EXPECT_FALSE(r.err.empty() || r.err.back() != '\n') << r.err;
     EXPECT_NE(r.err.find(b.expect_in_stderr), std::string::npos)
         << "stderr does not mention '" << b.expect_in_stderr << "':\n" << r.err;
 }
 
 std::string M() { return test::shared_path(kModelRel); }
 std::string T() { return test::shared_path("assets/text/tinystories_valid_head.txt"); }
+using Args = std::vector<std::string>;
 
 const BadInput kBadInputs[] = {
     {"UnknownFlag", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--bogus"}; }, "--bogus"},
@@ -83,6 +110,55 @@ const BadInput kBadInputs[] = {
     {"WeightTypeNotComputed", [] { return std::vector<std::string>{"generate", "-m", test::shared_path("assets/models/vxq-ternary-h64-tq2_0.gguf"), "-p", "x"}; },
      "tensor 'token_embd.weight' is Q6_K, which veloxquant cannot compute yet"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
+    // CLI11's own errors, reworded into one line.
+    {"MissingModelFlag", [] { return Args{"generate", "-p", "x"}; }, "--model is required"},
+    {"FlagWithoutValue", [] { return Args{"bench", "-m"}; }, "--model"},
+    {"UnexpectedPositional", [] { return Args{"generate", "-m", M(), "-p", "x", "stray"}; }, "stray"},
+    {"PromptAndFile", [] { return Args{"generate", "-m", M(), "-p", "x", "-f", T()}; }, "--prompt excludes --file"},
+    {"TopLevelUnknownFlag", [] { return Args{"--bogus"}; }, "subcommand"},
+    {"BenchCsvAndJson", [] { return Args{"bench", "-m", M(), "--csv", "--json"}; }, "--csv excludes --json"},
+    {"EvalSpeedPlotWithoutBench", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--speed-plot", "/tmp/vxq_s.svg"}; }, "requires --bench"},
+    // generate refuses a binary prompt file before echoing anything.
+    {"BinaryPromptFile", [] { return Args{"generate", "-m", M(), "-f", tmp_file("binary.txt", std::string("\x7f" "ELF\x02\x01\x01\0\xff\xfe", 10) + std::string(3000, '\x90'))}; }, "UTF-8"},
+    // perplexity and eval print nothing before a refusal.
+    {"EvalTextTooShort", [] { return Args{"eval", "-m", M(), "-f", tmp_file("short_eval.txt", "Just a few words."), "--kv", "q8_0", "-c", "64"}; }, "needs at least"},
+    // -f DIRECTORY is not an empty text.
+    {"GeneratePromptFileIsDirectory", [] { return Args{"generate", "-m", M(), "-f", "/tmp"}; }, "is a directory"},
+    {"PerplexityTextIsDirectory", [] { return Args{"perplexity", "-m", M(), "-f", "/tmp"}; }, "is a directory"},
+    {"EvalTextIsDirectory", [] { return Args{"eval", "-m", M(), "-f", "/tmp", "--kv", "q8_0"}; }, "is a directory"},
+    // Sampling settings: finite and in range.
+    {"TempNan", [] { return Args{"generate", "-m", M(), "-p", "x", "--temp", "nan"}; }, "--temp"},
+    {"TempInf", [] { return Args{"generate", "-m", M(), "-p", "x", "--temp", "inf"}; }, "--temp"},
+    {"TempNegative", [] { return Args{"generate", "-m", M(), "-p", "x", "--temp", "-0.5"}; }, "--temp"},
+    {"TempNotANumber", [] { return Args{"generate", "-m", M(), "-p", "x", "--temp", "hot"}; }, "--temp"},
+    {"TopKNegative", [] { return Args{"generate", "-m", M(), "-p", "x", "--top-k", "-1"}; }, "--top-k"},
+    {"TopPNan", [] { return Args{"generate", "-m", M(), "-p", "x", "--top-p", "nan"}; }, "--top-p"},
+    {"MinPOutOfRange", [] { return Args{"generate", "-m", M(), "-p", "x", "--min-p", "1.5"}; }, "--min-p"},
+    {"MinPNan", [] { return Args{"generate", "-m", M(), "-p", "x", "--min-p", "nan"}; }, "--min-p"},
+    // --prefill-exact where it means nothing.
+    {"GeneratePrefillExactF16", [] { return Args{"generate", "-m", M(), "-p", "x", "--prefill-exact"}; }, "--prefill-exact changes nothing"},
+    {"PerplexityPrefillExactF16", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--prefill-exact"}; }, "--prefill-exact changes nothing"},
+    {"PerplexityPrefillExactStream", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "stream", "--prefill-exact"}; }, "stream mode"},
+    {"EvalPrefillExactF16Only", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--prefill-exact"}; }, "--prefill-exact changes nothing"},
+    {"EvalPrefillExactStreamOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "stream", "--prefill-exact"}; }, "stream mode"},
+    {"EvalAttnEveryPrefillOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "prefill", "--attn-every", "8"}; }, "--attn-every"},
+    // Thread counts.
+    {"GenerateTooManyThreads", [] { return Args{"generate", "-m", M(), "-p", "x", "-t", too_many_threads()}; }, "threads"},
+    {"PerplexityTooManyThreads", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-t", too_many_threads()}; }, "threads"},
+    {"EvalTooManyThreads", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "-c", "64", "--chunks", "1", "-t", too_many_threads()}; }, "threads"},
+    {"BenchTooManyThreads", [] { return Args{"bench", "-m", M(), "-p", "0", "-n", "1", "-r", "1", "-t", too_many_threads()}; }, "threads"},
+    // Output paths are checked before the run.
+    {"EvalJsonUnwritable", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--json", "/nonexistent_dir/eval.json"}; }, "/nonexistent_dir/eval.json"},
+    {"EvalPlotIsDirectory", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--plot", "/tmp"}; }, "is a directory"},
+    // GGUF tensors that do not match the header, each named.
+    {"BlockCountLowered", [] { return Args{"generate", "-m", broken_model("block_count", [](test::TinyModelSpec& s) { s.meta_n_layer = 1; }), "-p", "x"}; },
+     "tensor 'blk.1.attn_norm.weight' is not used by a llama model with block_count 1"},
+    {"ExtraTensor", [] { return Args{"generate", "-m", broken_model("extra", [](test::TinyModelSpec& s) { s.extra_tensors = {"rope_freqs.weight"}; }), "-p", "x"}; },
+     "tensor 'rope_freqs.weight' is not used"},
+    {"MissingTensor", [] { return Args{"generate", "-m", broken_model("missing", [](test::TinyModelSpec& s) { s.drop_tensors = {"blk.1.ffn_down.weight"}; }), "-p", "x"}; },
+     "missing tensor 'blk.1.ffn_down.weight'"},
+    {"WrongTensorShape", [] { return Args{"generate", "-m", broken_model("shape", [](test::TinyModelSpec& s) { s.reshape["blk.0.attn_v.weight"] = {64, 48}; }), "-p", "x"}; },
+     "tensor 'blk.0.attn_v.weight' has shape [64, 48], expected [64, 32]"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, CliBadInput, ::testing::ValuesIn(kBadInputs),
@@ -114,6 +190,33 @@ TEST(Cli, GenerateJsonHasIdsTextAndTimings) {
     EXPECT_EQ(j["text"], " will not use the following commands:");  // llama.cpp's greedy text (golden)
     EXPECT_TRUE(j["timings"].contains("predicted_per_second"));
     EXPECT_GT(j["kv_cache"]["resident_bytes"].get<size_t>(), 0u);
+}
+
+// The reproduction: sampled byte tokens that are not UTF-8 aborted the JSON writer
+// (SIGABRT). Now the text carries U+FFFD and two fields say so.
+TEST(Cli, GenerateJsonReplacesInvalidUtf8AndSaysSo) {
+    const std::string rel = "assets/models/stories260K.gguf";
+    VXQ_REQUIRE_ASSET(rel);
+    const auto r = test::run_cli({"generate", "-m", test::shared_path(rel), "-p", "Once", "-n", "64", "--temp", "5", "--top-k", "0",
+                                  "--top-p", "1", "--min-p", "0", "--seed", "2", "--json", "-t", "1"});
+    ASSERT_EQ(r.signal, 0) << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["text_valid_utf8"], false);
+    EXPECT_EQ(j["invalid_utf8_replaced"], true);
+    EXPECT_NE(j["text"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos) << "no U+FFFD in the text";
+    EXPECT_EQ(j["ids"].size(), 64u);
+}
+
+// Between the core count and 4x it, -t runs, with one warning line.
+TEST(Cli, ThreadsAboveCoreCountWarnOnce) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const std::string t = std::to_string(std::max(1u, std::thread::hardware_concurrency()) + 1);
+    const auto r = test::run_cli({"generate", "-m", M(), "-p", "The kernel", "-n", "2", "--temp", "0", "--json", "-t", t});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err.rfind("vxq: warning: -t/--threads " + t + " is more than", 0), 0u) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "support/assets.h"
 #include "support/gguf_writer.h"
 
 namespace vxq {
@@ -442,16 +443,11 @@ TEST(GgufOpen, MissingEmptyAndDirectory) {
 // ---------------------------------------------------------------------------------------------
 // Real models from the shared assets
 
-std::string shared_model(const std::string& name) {
-    return std::string(VXQ_SHARED_DIR) + "/assets/models/" + name;
-}
+std::string shared_model(const std::string& name) { return test::shared_path("assets/models/" + name); }
 
 TEST(GgufRealModel, LlamaH64F16Opens) {
     const std::string path = shared_model("vxq-llama-h64-f16.gguf");
-    if (!fs::exists(path)) {
-        GTEST_SKIP() << "!!! SHARED ASSET MISSING: " << path
-                     << " (VXQ_SHARED_DIR=" << VXQ_SHARED_DIR << ") -- real-model GGUF test NOT RUN !!!";
-    }
+    VXQ_REQUIRE_PATH(path);
     const GgufFile g = GgufFile::open(path);
     EXPECT_EQ(g.tensors().size(), 56u);
     EXPECT_EQ(g.get_string("general.architecture"), "llama");
@@ -464,10 +460,8 @@ TEST(GgufRealModel, LlamaH64F16Opens) {
 }
 
 TEST(GgufRealModel, AllSharedModelsOpen) {
-    const std::string dir = std::string(VXQ_SHARED_DIR) + "/assets/models";
-    if (!fs::is_directory(dir)) {
-        GTEST_SKIP() << "!!! SHARED ASSET DIR MISSING: " << dir << " -- real-model GGUF test NOT RUN !!!";
-    }
+    const std::string dir = test::shared_path("assets/models");
+    VXQ_REQUIRE_PATH(dir);
     int n = 0;
     for (const auto& e : fs::directory_iterator(dir)) {
         if (e.path().extension() != ".gguf") continue;

@@ -2,8 +2,9 @@
 // ../shared/golden (llama.cpp b4748, CPU). Greedy text on Q8_0/Q4_0 weights depends on the SIMD
 // width llama.cpp was built for (activations are quantized to int8, so a last-bit difference can
 // flip a code): two shared goldens carry AVX-512 numerics. tests/data/llamacpp_avx2_greedy.json
-// holds the same build's output on an AVX2 machine like ours (provenance inside); the engine must
-// equal it everywhere, and equal the shared golden wherever the two builds agree.
+// holds the same llama.cpp version's output built for AVX2 without AVX-512 (scripts/
+// make_references.sh makes it and names the build); the engine must equal it everywhere, and
+// equal the shared golden wherever the two builds agree.
 #include <fstream>
 
 #include <gtest/gtest.h>

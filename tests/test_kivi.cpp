@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -453,6 +454,36 @@ TEST(KiviParity, Rule4ConstantGroupIsExactlyZ) {
             const uint8_t* row = got.bytes.data() + 4 * rows + r * (G * bits / 8);
             for (int j = 0; j < G; ++j) EXPECT_EQ(codecs::kivi::code_at(row, j, bits), 0);
         }
+    }
+}
+
+// A NaN in a group has no code: the group stores z16 = s16 = NaN and codes 0, so all of it
+// decodes to NaN (the NaN reaches attention, as with every cache) and no NaN meets the float ->
+// integer conversion (undefined behaviour). The same for a NaN first element (it once set min
+// and max) and for groups that overflow fp16, where (x - z) / s is inf / inf.
+TEST(KiviParity, NanGroupDecodesToNanAndOverflowGetsDefinedCodes) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (const int bits : {2, 4, 8}) {
+        for (const int64_t at : {int64_t(0), int64_t(13), int64_t(31)}) {
+            std::vector<float> x(32);
+            for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(float(i));
+            x[size_t(at)] = nan;
+            f16_t z16 = 0, s16 = 0;
+            std::vector<uint8_t> codes(32, 0xAA);
+            codecs::kivi::quantize_group(x.data(), 32, bits, &z16, &s16, codes.data());
+            EXPECT_TRUE(std::isnan(fp16_to_fp32(z16)) && std::isnan(fp16_to_fp32(s16))) << bits << " " << at;
+            for (size_t i = 0; i < codes.size(); ++i) {
+                ASSERT_EQ(codes[i], 0) << i;
+                ASSERT_TRUE(std::isnan(codecs::kivi::dequantize(codes[i], s16, z16))) << i;
+            }
+        }
+        // fp16 overflow: z16 = -inf and s16 = inf, so every t is NaN; the codes are still in range.
+        std::vector<float> x = {-1e5f, 0.0f, 1e5f, std::numeric_limits<float>::infinity()};
+        x.resize(32, 1.0f);
+        f16_t z16 = 0, s16 = 0;
+        std::vector<uint8_t> codes(32);
+        codecs::kivi::quantize_group(x.data(), 32, bits, &z16, &s16, codes.data());
+        for (uint8_t c : codes) ASSERT_LE(int(c), (1 << bits) - 1);
     }
 }
 

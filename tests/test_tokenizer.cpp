@@ -5,20 +5,16 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "formats/gguf.h"
 #include "formats/tokenizer.h"
+#include "support/assets.h"
 
 namespace vxq {
 namespace {
-
-namespace fs = std::filesystem;
-
-const fs::path kShared = VXQ_SHARED_DIR;
 
 std::string hex_byte_token(int b) {
     static const char* hex = "0123456789ABCDEF";
@@ -45,25 +41,19 @@ struct Shared {
     nlohmann::json golden;
 };
 
-// Empty tok when the shared assets are not there (the caller skips, loudly).
 Shared load_shared(const std::string& model, const std::string& golden) {
     Shared s;
-    const fs::path model_path = kShared / "assets" / "models" / model;
-    const fs::path golden_path = kShared / "golden" / golden;
-    if (!fs::exists(model_path) || !fs::exists(golden_path)) return s;
-    std::ifstream in(golden_path);
+    std::ifstream in(test::shared_path("golden/" + golden));
     s.golden = nlohmann::json::parse(in);
-    s.tok = Tokenizer::create(Vocab::from_gguf(GgufFile::open(model_path.string())));
+    s.tok = Tokenizer::create(Vocab::from_gguf(GgufFile::open(test::shared_path("assets/models/" + model))));
     return s;
 }
 
+// Skips loudly (fails under CI=true) when the shared assets are not there.
 #define LOAD_SHARED_OR_SKIP(var, model, golden)                                                 \
-    Shared var = load_shared(model, golden);                                                    \
-    if (!var.tok) {                                                                             \
-        GTEST_SKIP() << "\n*** SHARED ASSETS MISSING: " << (kShared / "assets/models" / model)  \
-                     << " or " << (kShared / "golden" / golden)                                 \
-                     << " -- llama.cpp tokenizer parity NOT CHECKED ***\n";                     \
-    }
+    VXQ_REQUIRE_ASSET(std::string("assets/models/") + (model));                                 \
+    VXQ_REQUIRE_ASSET(std::string("golden/") + (golden));                                       \
+    const Shared var = load_shared(model, golden)
 
 void expect_golden_tokenize(const Shared& s) {
     ASSERT_TRUE(s.golden.contains("tokenize"));

@@ -1,5 +1,7 @@
 #include "model/weights.h"
 
+#include <unordered_set>
+
 #include "backend/weight_formats.h"
 #include "core/error.h"
 #include "formats/gguf.h"
@@ -14,8 +16,37 @@ std::string dims_str(const std::vector<int64_t>& ne) {
     return s + "]";
 }
 
-const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name, std::vector<int64_t> ne) {
-    const GgufTensorInfo* t = f.find_tensor(name);
+// The file's tensors as the loader takes them: each lookup is recorded, so that a tensor nobody
+// took (an extra one, or a layer beyond block_count) is found at the end instead of ignored.
+class TensorTable {
+public:
+    explicit TensorTable(const GgufFile& f) : f_(f) {}
+    const GgufFile& file() const { return f_; }
+    const std::string& path() const { return f_.path(); }
+
+    const GgufTensorInfo* find(const std::string& name) {
+        const GgufTensorInfo* t = f_.find_tensor(name);
+        if (t) used_.insert(name);
+        return t;
+    }
+
+    // vxq::Error naming the first tensor of the file that no lookup took.
+    void check_all_used(const ModelConfig& cfg) const {
+        for (const GgufTensorInfo& t : f_.tensors()) {
+            if (!used_.count(t.name)) {
+                fail("{}: tensor '{}' is not used by a {} model with block_count {}: the file's tensors do not match "
+                     "its metadata", f_.path(), t.name, cfg.arch, cfg.n_layer);
+            }
+        }
+    }
+
+private:
+    const GgufFile& f_;
+    std::unordered_set<std::string> used_;
+};
+
+const GgufTensorInfo& find_checked(TensorTable& f, const std::string& name, std::vector<int64_t> ne) {
+    const GgufTensorInfo* t = f.find(name);
     if (!t) fail("{}: missing tensor '{}'", f.path(), name);
     if (t->ne != ne) {
         fail("{}: tensor '{}' has shape {}, expected {}", f.path(), name, dims_str(t->ne), dims_str(ne));
@@ -23,31 +54,30 @@ const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& name, s
     return *t;
 }
 
-bool has(const GgufFile& f, const std::string& name) { return f.find_tensor(name) != nullptr; }
-
 // A matrix used by matmul: ne = [cols, rows], of a type the backend has kernels for
 // (backend/weight_formats.h). The GGUF reader accepts every ggml type; this is where a model
 // using another one is refused, before anything large is allocated.
-WeightView matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols, std::string_view backend) {
+WeightView matrix(TensorTable& f, const std::string& name, int64_t rows, int64_t cols, std::string_view backend) {
     const GgufTensorInfo& t = find_checked(f, name, {cols, rows});
     check_weight_computable(t.type, backend, fmt::format("{}: tensor '{}'", f.path(), name));
-    return WeightView{t.type, f.tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
+    return WeightView{t.type, f.file().tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
 }
 
 // A vector used elementwise (norm weights, biases): must be f32, as llama.cpp writes them.
-const float* vec_f32(const GgufFile& f, const std::string& name, int64_t n) {
+const float* vec_f32(TensorTable& f, const std::string& name, int64_t n) {
     const GgufTensorInfo& t = find_checked(f, name, {n});
     if (t.type != GgmlType::F32) {
         fail("{}: tensor '{}' has type {}, expected f32", f.path(), name, ggml_type_name(t.type));
     }
-    return reinterpret_cast<const float*>(f.tensor_data(t));
+    return reinterpret_cast<const float*>(f.file().tensor_data(t));
 }
 
 }  // namespace
 
-ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg, std::string_view backend) {
+ModelWeights ModelWeights::from_gguf(const GgufFile& file, ModelConfig& cfg, std::string_view backend) {
     ModelWeights w;
-    const GgufTensorInfo* emb = f.find_tensor("token_embd.weight");
+    TensorTable f(file);
+    const GgufTensorInfo* emb = f.find("token_embd.weight");
     if (!emb) fail("{}: missing tensor 'token_embd.weight'", f.path());
     if (emb->ne.size() != 2 || emb->ne[0] != cfg.n_embd) {
         fail("{}: tensor 'token_embd.weight' has shape {}, expected [{}, n_vocab]", f.path(), dims_str(emb->ne), cfg.n_embd);
@@ -55,7 +85,7 @@ ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg, std::s
     cfg.n_vocab = emb->ne[1];
     w.token_embd = matrix(f, "token_embd.weight", cfg.n_vocab, cfg.n_embd, backend);
     w.output_norm = vec_f32(f, "output_norm.weight", cfg.n_embd);
-    w.tied_output = !has(f, "output.weight");
+    w.tied_output = file.find_tensor("output.weight") == nullptr;
     w.output = w.tied_output ? w.token_embd : matrix(f, "output.weight", cfg.n_vocab, cfg.n_embd, backend);
 
     for (int64_t il = 0; il < cfg.n_layer; ++il) {
@@ -81,6 +111,7 @@ ModelWeights ModelWeights::from_gguf(const GgufFile& f, ModelConfig& cfg, std::s
         L.w_down = matrix(f, p + "ffn_down.weight", cfg.n_embd, cfg.n_ff, backend);
         w.layers.push_back(L);
     }
+    f.check_all_used(cfg);
     return w;
 }
 

@@ -67,7 +67,15 @@ std::vector<int64_t> parse_depths(const std::vector<std::string>& args) {
     return out;
 }
 
+// A quoted CSV field (RFC 4180): a label holds the model's file name, which may hold quotes.
+std::string csv_field(const std::string& s) {
+    std::string out = "\"";
+    for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
 void run_bench_cmd(BenchOptions o) {
+    o.p.threads = resolve_threads(o.p.threads);
     o.kv = split_methods(o.kv);
     if (!o.depths.empty()) o.p.depths = parse_depths(o.depths);
     std::vector<std::unique_ptr<Model>> models;
@@ -111,14 +119,14 @@ void run_bench_cmd(BenchOptions o) {
                                  {"tps_mean", r.tps.mean}, {"tps_sd", r.tps.sd}, {"tps_samples", r.tps.samples},
                                  {"ratio_median", ratio.median}, {"ratio_min", ratio.min}, {"ratio_max", ratio.max}});
         }
-        fmt::print("{}\n", j.dump(1));
+        fmt::print("{}\n", dump_json(std::move(j), 1));
         return;
     }
     if (o.csv) {
         fmt::print("config,test,code_path,kv_format,kv_bytes,kv_bits_per_element,reps,tps_median,tps_min,tps_max,tps_mean,tps_sd,ratio_median,ratio_min,ratio_max\n");
         for (const auto& r : rep.rows) {
             const BenchStats ratio = paired_ratio(r, *base[r.test]);
-            fmt::print("\"{}\",{},\"{}\",{},{},{:.3f},{},{:.2f},{:.2f},{:.2f},{:.2f},{:.2f},{:.4f},{:.4f},{:.4f}\n", r.label, r.test, r.code_path,
+            fmt::print("{},{},{},{},{},{:.3f},{},{:.2f},{:.2f},{:.2f},{:.2f},{:.2f},{:.4f},{:.4f},{:.4f}\n", csv_field(r.label), r.test, csv_field(r.code_path),
                        r.kv_format, r.kv_bytes, r.kv_bits_per_element, r.tps.samples.size(), r.tps.median, r.tps.min, r.tps.max,
                        r.tps.mean, r.tps.sd, ratio.median, ratio.min, ratio.max);
         }
@@ -160,8 +168,8 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_flag("--flash-attn", o->flash_attn, "-fa: f16 caches through the fused kernel");
     sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
     sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
-    sub->add_flag("--csv", o->csv, "CSV output");
-    sub->add_flag("--json", o->json, "JSON output");
+    auto* csv = sub->add_flag("--csv", o->csv, "CSV output");
+    sub->add_flag("--json", o->json, "JSON output")->excludes(csv);
     sub->add_flag("-v,--verbose", o->verbose, "trace every timed run: order, configuration, prompt");
     sub->callback([o, &rc] {
         run_bench_cmd(*o);

@@ -2,10 +2,9 @@
 // perplexity (prefill and stream), KL divergence and top-1 agreement of the next-token
 // distribution, attention fidelity, bits/element — as markdown, JSON and a KL-vs-bits SVG; with
 // --gate, the limits of a quality-gate file are checked (exit 1 on a violation).
+#include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -33,6 +32,7 @@ struct EvalOptions {
     bool prefill_exact = false;
     bool flash_attn = false;
     bool modes_given = false;
+    bool attn_every_given = false;
 };
 
 nlohmann::json dist_json(const Distribution& d) {
@@ -84,7 +84,11 @@ std::string to_markdown(const EvalResult& r) {
 
 void run_eval_cmd(EvalOptions o) {
     if (!o.bench_json.empty() && o.speed_plot_out.empty()) fail("--bench is read only for --speed-plot");
-    for (const auto& path : o.bench_json) read_file(path);  // a missing file fails before the long run
+    // Every input is read and every output path checked before the long run, so a typo costs nothing.
+    for (const auto& path : o.bench_json) read_file(path);
+    for (const std::string* out : {&o.json_out, &o.plot_out, &o.speed_plot_out}) {
+        if (!out->empty()) check_writable(*out);
+    }
     std::optional<QualityGate> gate;
     if (!o.gate.empty()) {
         gate = QualityGate::parse(read_file(o.gate), o.gate);
@@ -93,8 +97,6 @@ void run_eval_cmd(EvalOptions o) {
     }
     const std::string text = read_file(o.file);
     const auto model = Model::load(o.model);
-    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    const auto be = make_backend("cpu", threads);
     EvalParams p;
     if (gate) {
         if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {
@@ -113,15 +115,21 @@ void run_eval_cmd(EvalOptions o) {
     p.reference = EvalMethod::parse(o.ref);
     p.prefill_exact = o.prefill_exact;
     p.flash_attn = o.flash_attn;
+    const auto has_mode = [&](PplMode m) { return std::count(p.modes.begin(), p.modes.end(), m) > 0; };
+    if (o.attn_every_given && !has_mode(PplMode::Stream)) fail("--attn-every probes stream mode only: add --mode stream or drop it");
+    if (p.prefill_exact) {
+        check_prefill_exact(has_mode(PplMode::Prefill), std::any_of(p.methods.begin(), p.methods.end(), [](const EvalMethod& m) {
+                                return !is_f16_cache(m.spec);
+                            }));
+    }
+    const auto be = make_backend("cpu", resolve_threads(o.threads));
     const bool tty = stderr_is_tty();
-    fmt::print(stderr, "eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, be->describe());
     const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
         if (tty) fmt::print(stderr, "\r[{}/{}] runs   ", done, total);
     });
     if (tty) fmt::print(stderr, "\n");
-    fmt::print("{}", to_markdown(r));
-    fmt::print("\n{:.1f} s\n", r.seconds);
-    if (!o.json_out.empty()) write_file_atomically(o.json_out, to_json(r, o).dump(1) + "\n");
+    // Files first: a failed write then leaves stdout empty, as every failure does.
+    if (!o.json_out.empty()) write_file_atomically(o.json_out, dump_json(to_json(r, o), 1) + "\n");
     if (!o.plot_out.empty()) {
         const Chart c = kl_vs_bits_chart(to_json(r, o));
         write_file_atomically(o.plot_out, render_svg(c.spec, c.points));
@@ -130,6 +138,9 @@ void run_eval_cmd(EvalOptions o) {
         const Chart c = speed_vs_depth_chart(o.bench_json);
         write_file_atomically(o.speed_plot_out, render_svg(c.spec, c.points));
     }
+    fmt::print("eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, be->describe());
+    fmt::print("{}", to_markdown(r));
+    fmt::print("\n{:.1f} s\n", r.seconds);
     if (gate) {
         const auto violations = check_gate(*gate, r);
         for (const auto& v : violations) fmt::print("gate: FAIL {}\n", v);
@@ -166,6 +177,7 @@ void add_eval(CLI::App& app, int& rc) {
     sub->add_option("--gate", o->gate, "check a quality-gate file (tests/data/gate/*.json); exit 1 on a violation");
     sub->callback([o, sub, &rc] {
         o->modes_given = sub->count("--mode") > 0;
+        o->attn_every_given = sub->count("--attn-every") > 0;
         run_eval_cmd(*o);
         rc = 0;
     });

@@ -1,5 +1,6 @@
 // vxq generate: prompt in, continuation streamed to stdout (or one JSON object with --json).
 #include <cstdio>
+#include <limits>
 #include <memory>
 
 #include <fmt/format.h>
@@ -21,13 +22,21 @@ struct GenerateOptions {
 };
 
 void run_generate(const GenerateOptions& o) {
+    // The prompt is one batch at position 0: --prefill-exact applies whenever the cache is compressed.
+    if (o.rt.prefill_exact) check_prefill_exact(true, !is_f16_cache(o.rt.kv_spec()));
     const std::string prompt = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
     Engine e = make_engine(o.rt);
+    // The prompt is echoed with the first generated text, not before: generate() refuses a bad
+    // prompt (invalid UTF-8, too long) before it streams anything, and a refusal prints nothing.
+    bool echoed = false;
+    const auto echo_prompt = [&] {
+        if (!echoed) fmt::print("{}", prompt);
+        echoed = true;
+    };
     std::function<void(std::string_view)> stream;
     if (!o.json) {
-        fmt::print("{}", prompt);
-        std::fflush(stdout);
-        stream = [](std::string_view s) {
+        stream = [&](std::string_view s) {
+            echo_prompt();
             fmt::print("{}", s);
             std::fflush(stdout);
         };
@@ -41,6 +50,8 @@ void run_generate(const GenerateOptions& o) {
         j["prompt_ids"] = r.prompt_ids;
         j["ids"] = r.ids;
         j["text"] = r.text;
+        // Sampling may pick byte tokens that are no UTF-8 text; dump_json then writes U+FFFD.
+        j["text_valid_utf8"] = find_invalid_utf8(r.text) < 0;
         j["stop_reason"] = r.stop_reason;
         j["timings"] = {{"prompt_n", r.prompt_ids.size()}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", pp_tps},
                         {"predicted_n", r.ids.size()},     {"predicted_ms", r.decode_ms}, {"predicted_per_second", tg_tps}};
@@ -50,8 +61,9 @@ void run_generate(const GenerateOptions& o) {
                          {"bits_per_element", resident_bits_per_element(*e.cache, tokens)},
                          {"f16_bytes", 4 * s.n_layer * s.n_head_kv * s.head_dim * tokens}};
         j["backend"] = e.backend->describe();
-        fmt::print("{}\n", j.dump());
+        fmt::print("{}\n", dump_json(std::move(j)));
     } else {
+        echo_prompt();
         fmt::print("\n");
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
                    "stop: {}\n{} | backend: {}\n",
@@ -69,10 +81,12 @@ void add_generate(CLI::App& app, int& rc) {
     auto* f = sub->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
     p->excludes(f);
     sub->add_option("-n,--n-predict", o->gen.n_predict, "tokens to generate (default 128)");
-    sub->add_option("--temp", o->gen.sampler.temperature, "temperature; 0 = greedy (default 0.8)");
-    sub->add_option("--top-k", o->gen.sampler.top_k, "top-k, 0 = off (default 40)");
-    sub->add_option("--top-p", o->gen.sampler.top_p, "top-p, 1 = off (default 0.95)")->check(CLI::Range(0.0f, 1.0f));
-    sub->add_option("--min-p", o->gen.sampler.min_p, "min-p, 0 = off (default 0.05)")->check(CLI::Range(0.0f, 1.0f));
+    sub->add_option("--temp", o->gen.sampler.temperature, "temperature; 0 = greedy (default 0.8)")
+        ->check(finite_in(0.0, std::numeric_limits<double>::infinity()));
+    sub->add_option("--top-k", o->gen.sampler.top_k, "top-k, 0 = off (default 40)")
+        ->check(finite_in(0.0, std::numeric_limits<int32_t>::max()));
+    sub->add_option("--top-p", o->gen.sampler.top_p, "top-p, 1 = off (default 0.95)")->check(finite_in(0.0, 1.0));
+    sub->add_option("--min-p", o->gen.sampler.min_p, "min-p, 0 = off (default 0.05)")->check(finite_in(0.0, 1.0));
     sub->add_option("-s,--seed", o->gen.sampler.seed, "RNG seed (default: random)");
     sub->add_flag("--json", o->json, "print one JSON object: prompt_ids, ids, text, timings");
     sub->callback([o, &rc, p, f] {

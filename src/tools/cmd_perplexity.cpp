@@ -22,18 +22,19 @@ struct PerplexityOptions {
 };
 
 void run_perplexity(PerplexityOptions o) {
+    const PplMode mode = o.mode == "stream" ? PplMode::Stream : PplMode::Prefill;
+    if (o.rt.prefill_exact) check_prefill_exact(mode == PplMode::Prefill, !is_f16_cache(o.rt.kv_spec()));
     const std::string text = read_file(o.file);
     if (o.rt.n_ctx < 0) o.rt.n_ctx = 512;  // llama-perplexity's default (-c 0: the model's)
     Engine e = make_engine(o.rt);
     const bool tty = stderr_is_tty();
-    fmt::print(stderr, "perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),
-               e.backend->describe());
-    const PplMode mode = o.mode == "stream" ? PplMode::Stream : PplMode::Prefill;
     const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks, mode},
                               [&](int64_t i, int64_t n, double ppl) {
                                   if (tty) fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
                               });
     if (tty) fmt::print(stderr, "\n");
+    // What ran is printed with the results, not before: a refused input prints only its error.
+    fmt::print("perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(), e.backend->describe());
     fmt::print("chunks: {} x {} tokens, {} scored, {:.1f} s ({:.0f} tokens/s)\n", r.n_chunks, e.n_ctx, r.n_scored,
                r.seconds, double(r.n_chunks * e.n_ctx) / r.seconds);
     fmt::print("mode: {} ({})\n", o.mode,

@@ -3,9 +3,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -46,14 +50,53 @@ int64_t RuntimeOptions::context(int64_t n_ctx_train) const {
     return n_ctx;
 }
 
+CLI::Validator finite_in(double lo, double hi) {
+    const bool bounded = hi < std::numeric_limits<double>::infinity();
+    const std::string range = bounded ? fmt::format("in [{}, {}]", lo, hi) : fmt::format(">= {}", lo);
+    return CLI::Validator(
+        [lo, hi, range](std::string& s) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (end == s.c_str() || *end != '\0') return fmt::format("'{}' is not a number", s);
+            if (!std::isfinite(v) || v < lo || v > hi) return fmt::format("must be a finite number {}, got {}", range, s);
+            return "";
+        },
+        "NUMBER " + range);
+}
+
+int resolve_threads(int requested) {
+    const int cores = int(std::max(1u, std::thread::hardware_concurrency()));
+    if (requested <= 0) return cores;
+    if (requested > 4 * cores) {
+        fail("-t/--threads {} is more than 4x this machine's {} hardware threads (at most {})", requested, cores, 4 * cores);
+    }
+    if (requested > cores) {
+        fmt::print(stderr, "vxq: warning: -t/--threads {} is more than this machine's {} hardware threads: expect it to run slower\n",
+                   requested, cores);
+    }
+    return requested;
+}
+
+bool is_f16_cache(const KvSpec& spec) { return spec.k.is_plain("f16") && spec.v.is_plain("f16"); }
+
+void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache) {
+    if (!has_prefill_mode) {
+        fail("--prefill-exact changes nothing in stream mode (every token is written and attended alone): drop it, "
+             "or use --mode prefill");
+    }
+    if (!has_compressed_cache) {
+        fail("--prefill-exact changes nothing with the f16 cache (it holds every K/V exactly): drop it, or choose a "
+             "compressed method with --kv");
+    }
+}
+
 Engine make_engine(const RuntimeOptions& o) {
     Engine e;
     const KvSpec spec = o.kv_spec();  // a bad method fails before the model loads
     e.model = Model::load(o.model);
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.context(c.n_ctx_train);
-    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-    e.backend = make_backend("cpu", threads);
+    e.backend = make_backend("cpu", resolve_threads(o.threads));
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
     e.cache = make_kv_cache(shape, spec, o.cache_options());  // allocates nothing until tokens arrive
     const double kv_bytes = double(e.cache->bytes_for_tokens(e.n_ctx));
@@ -84,6 +127,9 @@ std::vector<std::string> split_methods(const std::vector<std::string>& args) {
 }
 
 std::string read_file(const std::string& path) {
+    // A directory opens as a stream that reads nothing: an empty prompt or text, not an error.
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("'{}' is a directory, not a file", path);
     std::ifstream in(path, std::ios::binary);
     if (!in) fail("cannot open '{}': {}", path, std::strerror(errno));
     std::ostringstream ss;
@@ -105,6 +151,24 @@ void write_file_atomically(const std::string& path, const std::string& data) {
     if (std::rename(tmp.c_str(), path.c_str()) != 0) {
         std::remove(tmp.c_str());
         fail("cannot write '{}': {}", path, std::strerror(errno));
+    }
+}
+
+void check_writable(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) fail("cannot write '{}': it is a directory", path);
+    const std::string tmp = path + ".tmp";
+    const bool existed = std::filesystem::exists(tmp, ec);
+    if (!std::ofstream(tmp, std::ios::binary | std::ios::app)) fail("cannot write '{}': {}", path, std::strerror(errno));
+    if (!existed) std::remove(tmp.c_str());
+}
+
+std::string dump_json(nlohmann::json j, int indent) {
+    try {
+        return j.dump(indent);
+    } catch (const nlohmann::json::type_error&) {  // 316: a string is not valid UTF-8
+        if (j.is_object()) j["invalid_utf8_replaced"] = true;
+        return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
     }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
@@ -50,11 +51,35 @@ struct Engine {
 };
 Engine make_engine(const RuntimeOptions& o);
 
-// Reads a whole file; vxq::Error naming it if it cannot be read.
+// Flag check for a real-valued option: a finite number in [lo, hi] ("nan", "inf" and values
+// outside are refused with the range); hi = infinity means no upper bound.
+CLI::Validator finite_in(double lo, double hi);
+
+// The thread count to run with, from -t: 0 means every hardware thread. More than 4x the
+// hardware threads is refused (it only slows a run down); more than 1x runs, with a warning.
+int resolve_threads(int requested);
+
+// True when K and V are both plain f16: a cache that holds every K/V exactly (to fp16).
+bool is_f16_cache(const KvSpec& spec);
+
+// vxq::Error when --prefill-exact would change nothing: without a prefill-mode run (stream mode
+// writes and attends one token at a time) or without a compressed cache (only the f16 cache).
+void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache);
+
+// Reads a whole file; vxq::Error naming it if it cannot be read or is a directory.
 std::string read_file(const std::string& path);
 
 // Writes a whole file through a temporary and a rename: never half-written. vxq::Error naming it.
 void write_file_atomically(const std::string& path, const std::string& data);
+
+// vxq::Error unless write_file_atomically(path, ...) can create its file: checked before a long
+// run, so a typo in an output path does not cost the run.
+void check_writable(const std::string& path);
+
+// JSON text of j that never throws: a string that is not valid UTF-8 (sampled bytes, a file
+// name) has each invalid sequence replaced by U+FFFD, and then j carries
+// "invalid_utf8_replaced": true so a reader knows those strings are not the original bytes.
+std::string dump_json(nlohmann::json j, int indent = -1);
 
 // True when standard error is a terminal (progress is shown only then).
 bool stderr_is_tty();

@@ -1,6 +1,9 @@
-// Where the shared test assets are, and a loud skip when they are absent.
+// Where the shared test assets are, and what a test does when one is missing: a loud skip on a
+// developer's machine, a failure under CI=true (what CI systems set), so that a CI run without
+// ../shared cannot pass with the parity, golden, perplexity and CLI tests not run.
 #pragma once
 
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -10,13 +13,30 @@ namespace vxq::test {
 
 inline std::string shared_path(const std::string& rel) { return std::string(VXQ_SHARED_DIR) + "/" + rel; }
 
+// CI=true (any value but "", "0" and "false"): missing assets fail the test.
+inline bool assets_required() {
+    const char* ci = std::getenv("CI");
+    if (!ci) return false;
+    const std::string v = ci;
+    return !v.empty() && v != "0" && v != "false";
+}
+
 }  // namespace vxq::test
 
-// Skips the current test, loudly, when a shared asset is missing.
-#define VXQ_REQUIRE_ASSET(rel)                                                                   \
-    do {                                                                                         \
-        if (!std::filesystem::exists(::vxq::test::shared_path(rel))) {                           \
-            GTEST_SKIP() << "\n*** SKIPPED: shared asset missing: " << ::vxq::test::shared_path(rel) \
-                         << " (set VXQ_SHARED_DIR) ***";                                         \
-        }                                                                                        \
+// Skips the current test, loudly, when `path` (an absolute path to an asset) is missing; fails
+// it under CI=true.
+#define VXQ_REQUIRE_PATH(path)                                                                     \
+    do {                                                                                           \
+        const std::string vxq_asset_path_ = (path);                                                \
+        if (!std::filesystem::exists(vxq_asset_path_)) {                                           \
+            if (::vxq::test::assets_required()) {                                                  \
+                GTEST_FAIL() << "shared asset missing under CI=true: " << vxq_asset_path_          \
+                             << " (set VXQ_SHARED_DIR)";                                           \
+            }                                                                                      \
+            GTEST_SKIP() << "\n*** SKIPPED: shared asset missing: " << vxq_asset_path_             \
+                         << " (set VXQ_SHARED_DIR; under CI=true this fails) ***";                 \
+        }                                                                                          \
     } while (0)
+
+// The same for a path relative to VXQ_SHARED_DIR.
+#define VXQ_REQUIRE_ASSET(rel) VXQ_REQUIRE_PATH(::vxq::test::shared_path(rel))

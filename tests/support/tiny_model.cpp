@@ -224,7 +224,7 @@ TinyModel build_tiny_model(const TinyModelSpec& spec_in, const std::string& path
     w.add_string("general.name", "tiny-" + s.arch);
     w.add_u32(p + "context_length", uint32_t(s.n_ctx_train));
     w.add_u32(p + "embedding_length", uint32_t(s.n_embd));
-    w.add_u32(p + "block_count", uint32_t(s.n_layer));
+    w.add_u32(p + "block_count", uint32_t(s.meta_n_layer.value_or(s.n_layer)));
     w.add_u32(p + "feed_forward_length", uint32_t(s.n_ff));
     w.add_u32(p + "attention.head_count", uint32_t(s.n_head));
     w.add_u32(p + "attention.head_count_kv", uint32_t(s.n_head_kv));
@@ -311,6 +311,7 @@ TinyModel build_tiny_model(const TinyModelSpec& spec_in, const std::string& path
         L.w_down = mat(b + "ffn_down.weight", s.n_embd, s.n_ff, 0.7);
         m.layers.push_back(std::move(L));
     }
+    for (const std::string& name : s.extra_tensors) vec(name, s.n_embd, 1.0f, 0.2f);
 
     const std::string path = path_in.empty() ? temp_path() : path_in;
     w.write(path);

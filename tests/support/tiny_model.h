@@ -9,8 +9,8 @@
 //
 // Weights are seeded random values (splitmix64, no std:: distributions, so the same on every
 // platform) scaled so activations stay O(1) through the layers and logits are O(a few).
-// The spec also has knobs that deliberately break the file (drop or reshape a tensor, write
-// another architecture name) for the loader's negative tests.
+// The spec also has knobs that deliberately break the file (drop, reshape or add a tensor, write
+// another architecture name or a lower block_count) for the loader's negative tests.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +50,8 @@ struct TinyModelSpec {
     std::optional<bool> qk_norm;                           // write attn_{q,k}_norm; default: arch == qwen3
     std::set<std::string> drop_tensors;                    // tensors left out of the file
     std::map<std::string, std::vector<int64_t>> reshape;   // tensors written with these dims instead
+    std::optional<int64_t> meta_n_layer;                   // block_count written; default: n_layer
+    std::set<std::string> extra_tensors;                   // [n_embd] f32 tensors no architecture uses
 };
 
 // One block's weights, row-major as stored: a matrix of `rows` outputs x `cols` inputs holds

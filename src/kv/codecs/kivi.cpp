@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -47,21 +48,29 @@ inline float rint_small(float t) {
 
 void quantize_group(const float* x, int64_t n, int bits, f16_t* z16, f16_t* s16, uint8_t* codes) {
     float mn = x[0], mx = x[0];
-    for (int64_t i = 1; i < n; ++i) {
+    bool has_nan = false;
+    for (int64_t i = 0; i < n; ++i) {
         if (x[i] < mn) mn = x[i];
         if (x[i] > mx) mx = x[i];
+        has_nan |= x[i] != x[i];
     }
+    // A NaN has no code; the group stores zero and scale NaN and codes 0, so all of it decodes to
+    // NaN and the NaN reaches the attention output, as with every other cache (never a silent
+    // finite value).
+    if (has_nan) mn = mx = std::numeric_limits<float>::quiet_NaN();
     const float qmax = float((1 << bits) - 1);
     *z16 = fp32_to_fp16(mn);
     *s16 = fp32_to_fp16((mx - mn) / qmax);  // 0 for a constant group (parity rule 4)
     const float z = fp16_to_fp32(*z16), s = fp16_to_fp32(*s16);
-    if (s == 0.0f) {  // no 0/0: every code 0, x^ = z16
+    if (!(s > 0.0f)) {  // no 0/0: every code 0, x^ = z16 (also NaN, for a NaN group)
         std::memset(codes, 0, size_t(n));
         return;
     }
     for (int64_t i = 0; i < n; ++i) {
-        const float t = std::clamp((x[i] - z) / s, 0.0f, qmax);
-        codes[i] = uint8_t(rint_small(t));  // round half to even (parity rule 1)
+        // t is NaN when the group overflows fp16 (inf - inf, inf / inf); it clamps to 0 rather
+        // than reach the float -> integer conversion, where NaN is undefined behaviour.
+        const float t = (x[i] - z) / s;
+        codes[i] = uint8_t(rint_small(t >= 0.0f ? std::min(t, qmax) : 0.0f));  // round half to even (parity rule 1)
     }
 }
 
