@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <string>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "formats/gguf.h"
+#include "formats/gguf_writer.h"
 #include "support/assets.h"
 #include "support/gguf_writer.h"
 
@@ -377,6 +379,59 @@ TEST(GgufRoundTrip, WriterQuantizesLikeTheFormat) {
     }
     EXPECT_THROW(GgufWriter().add_tensor_f32("x", {4}, {1, 2, 3}), std::invalid_argument);
     EXPECT_THROW(GgufWriter().add_tensor("x", {4}, GgmlType::F16, std::vector<uint8_t>(7)), std::invalid_argument);
+}
+
+// The library's streaming writer (formats/gguf_writer.h, used by vxq synth) lays a file out byte
+// for byte as this test writer does with end padding: header, aligned tensors, zero padding after
+// each one; with ggml's default alignment and another one, and tensors of unaligned sizes.
+TEST(GgufRoundTrip, StreamWriterLaysOutLikeTheTestWriter) {
+    for (uint32_t alignment : {32u, 64u}) {
+        SCOPED_TRACE(alignment);
+        GgufWriter w;
+        GgufStreamWriter sw;
+        if (alignment != 32) {
+            w.set_alignment(alignment);
+            sw.set_alignment(alignment);
+        }
+        w.add_string("general.architecture", "llama").add_u32("a.n", 7).add_array("a.v", std::vector<float>{1, 2});
+        sw.add_string("general.architecture", "llama").add_u32("a.n", 7).add_array("a.v", std::vector<float>{1, 2});
+        struct T {
+            const char* name;
+            std::vector<int64_t> ne;
+            GgmlType type;
+        };
+        const T tensors[] = {{"a", {3}, GgmlType::F32},
+                             {"b", {64, 3}, GgmlType::Q8_0},
+                             {"c", {32, 5, 2}, GgmlType::Q4_0},
+                             {"d", {7, 3}, GgmlType::F16}};
+        std::vector<std::vector<float>> values;
+        for (const T& t : tensors) {
+            int64_t n = 1;
+            for (int64_t d : t.ne) n *= d;
+            values.push_back(ramp(size_t(n), 1.0f + float(values.size())));
+            w.add_tensor_from_f32(t.name, t.ne, t.type, values.back());
+            sw.add_tensor(t.name, t.ne, t.type);
+        }
+        w.set_pad_end(true);
+        const std::vector<uint8_t> want = w.bytes();
+
+        TempFile tmp("stream");
+        sw.write(tmp.path(), [&](size_t ti, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
+            const T& t = tensors[ti];
+            const int64_t n = t.ne[0];
+            for (int64_t r = 0; r < n_rows; ++r) {
+                const std::vector<float> row(values[ti].begin() + (row0 + r) * n, values[ti].begin() + (row0 + r + 1) * n);
+                const std::vector<uint8_t> enc = GgufWriter::encode(t.type, row);
+                std::memcpy(out.data() + size_t(r) * enc.size(), enc.data(), enc.size());
+            }
+        });
+        std::ifstream in(tmp.path(), std::ios::binary);
+        const std::vector<uint8_t> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        EXPECT_EQ(got.size(), sw.file_bytes());
+        EXPECT_TRUE(got == want);
+        const GgufFile g = GgufFile::open(tmp.path());
+        for (size_t i = 0; i < g.tensors().size(); ++i) EXPECT_EQ(g.tensors()[i].offset, sw.tensors()[i].offset);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

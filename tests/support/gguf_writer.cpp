@@ -6,7 +6,7 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "core/fp16.h"
+#include "formats/ggml_quants.h"
 
 namespace vxq::test {
 
@@ -41,37 +41,6 @@ uint64_t element_count(const std::string& name, const std::vector<int64_t>& ne) 
 
 }  // namespace
 
-// ---- values ----
-
-GgufWriterValue GgufWriterValue::string(const std::string& s) {
-    GgufWriterValue r;
-    r.type_ = GgufValueType::STRING;
-    r.type_id_ = uint32_t(GgufValueType::STRING);
-    put_string(r.payload_, s);
-    return r;
-}
-
-GgufWriterValue GgufWriterValue::array(GgufValueType elem, const std::vector<GgufWriterValue>& items) {
-    GgufWriterValue r;
-    r.type_ = GgufValueType::ARRAY;
-    r.type_id_ = uint32_t(GgufValueType::ARRAY);
-    put<uint32_t>(r.payload_, uint32_t(elem));
-    put<uint64_t>(r.payload_, items.size());
-    for (const auto& it : items) {
-        if (it.type_id_ != uint32_t(elem)) invalid("array element of another type than the array's");
-        r.payload_.insert(r.payload_.end(), it.payload_.begin(), it.payload_.end());
-    }
-    return r;
-}
-
-GgufWriterValue GgufWriterValue::raw(uint32_t type, std::vector<uint8_t> payload) {
-    GgufWriterValue r;
-    r.type_ = GgufValueType(type);
-    r.type_id_ = type;
-    r.payload_ = std::move(payload);
-    return r;
-}
-
 // ---- metadata ----
 
 GgufWriter& GgufWriter::add(const std::string& key, const GgufWriterValue& v) {
@@ -102,53 +71,11 @@ GgufWriter& GgufWriter::set_alignment(uint32_t alignment, bool write_key) {
 // ---- tensors ----
 
 std::vector<uint8_t> GgufWriter::encode(GgmlType type, const std::vector<float>& x) {
-    std::vector<uint8_t> out;
-    switch (type) {
-        case GgmlType::F32:
-            out.resize(x.size() * 4);
-            if (!x.empty()) std::memcpy(out.data(), x.data(), out.size());
-            break;
-        case GgmlType::F16:
-            for (float v : x) put<f16_t>(out, fp32_to_fp16(v));
-            break;
-        case GgmlType::BF16:
-            for (float v : x) put<bf16_t>(out, fp32_to_bf16(v));
-            break;
-        case GgmlType::Q8_0: {
-            if (x.size() % kQK8_0) invalid("q8_0 needs a multiple of 32 values");
-            for (size_t b = 0; b < x.size(); b += kQK8_0) {
-                float amax = 0.0f;
-                for (int j = 0; j < kQK8_0; ++j) amax = std::max(amax, std::fabs(x[b + j]));
-                const float d = amax / 127.0f;
-                const float id = d != 0.0f ? 1.0f / d : 0.0f;
-                BlockQ8_0 blk{};
-                blk.d = fp32_to_fp16(d);
-                for (int j = 0; j < kQK8_0; ++j) blk.qs[j] = int8_t(std::round(x[b + j] * id));
-                put(out, blk);
-            }
-            break;
-        }
-        case GgmlType::Q4_0: {
-            if (x.size() % kQK4_0) invalid("q4_0 needs a multiple of 32 values");
-            for (size_t b = 0; b < x.size(); b += kQK4_0) {
-                float amax = 0.0f, vmax = 0.0f;  // the value of largest magnitude, with its sign
-                for (int j = 0; j < kQK4_0; ++j) {
-                    if (std::fabs(x[b + j]) > amax) amax = std::fabs(x[b + j]), vmax = x[b + j];
-                }
-                const float d = vmax / -8.0f;
-                const float id = d != 0.0f ? 1.0f / d : 0.0f;
-                BlockQ4_0 blk{};
-                blk.d = fp32_to_fp16(d);
-                auto q = [&](int j) {
-                    return uint8_t(std::min(15, int(int8_t(x[b + j] * id + 8.5f))));
-                };
-                for (int j = 0; j < kQK4_0 / 2; ++j) blk.qs[j] = uint8_t(q(j) | (q(j + kQK4_0 / 2) << 4));
-                put(out, blk);
-            }
-            break;
-        }
-        default: invalid("unsupported tensor type");
-    }
+    if (!can_quantize_ref(type)) invalid("unsupported tensor type");
+    const auto tr = ggml_type_traits(uint32_t(type));
+    if (x.size() % size_t(tr->block_size)) invalid(std::string(tr->name) + " needs a multiple of 32 values");
+    std::vector<uint8_t> out(ggml_row_bytes(type, int64_t(x.size())));
+    if (!x.empty()) quantize_row_ref(type, x.data(), int64_t(x.size()), out.data());
     return out;
 }
 

@@ -1,7 +1,9 @@
-// A small GGUF v3 writer for tests: metadata of every value type, tensors of every supported
+// A small in-memory GGUF v3 writer for tests: metadata of every value type, tensors of every supported
 // type, correct alignment and offsets. It validates only what it needs to lay the file out, so
 // tests can also build deliberately broken files (raw key-value entries, raw tensor infos,
 // overridden counts / magic / version / offsets), or patch the byte vector using the Layout.
+// Valid files at real scale are written by the library's streaming vxq::GgufStreamWriter
+// (formats/gguf_writer.h); this one shares its metadata values and ggml's reference quantizers.
 //
 //   vxq::test::GgufWriter w;
 //   w.add_string("general.architecture", "llama").add_u32("llama.block_count", 2);
@@ -12,71 +14,17 @@
 #include <cstdint>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
+#include "formats/gguf_writer.h"
 
 namespace vxq::test {
 
-// One encoded metadata value (type tag kept apart from the payload), nestable into arrays.
-class GgufWriterValue {
-public:
-    GgufValueType type() const { return type_; }
-    const std::vector<uint8_t>& payload() const { return payload_; }
-
-    static GgufWriterValue u8(uint8_t v) { return scalar(GgufValueType::UINT8, v); }
-    static GgufWriterValue i8(int8_t v) { return scalar(GgufValueType::INT8, v); }
-    static GgufWriterValue u16(uint16_t v) { return scalar(GgufValueType::UINT16, v); }
-    static GgufWriterValue i16(int16_t v) { return scalar(GgufValueType::INT16, v); }
-    static GgufWriterValue u32(uint32_t v) { return scalar(GgufValueType::UINT32, v); }
-    static GgufWriterValue i32(int32_t v) { return scalar(GgufValueType::INT32, v); }
-    static GgufWriterValue u64(uint64_t v) { return scalar(GgufValueType::UINT64, v); }
-    static GgufWriterValue i64(int64_t v) { return scalar(GgufValueType::INT64, v); }
-    static GgufWriterValue f32(float v) { return scalar(GgufValueType::FLOAT32, v); }
-    static GgufWriterValue f64(double v) { return scalar(GgufValueType::FLOAT64, v); }
-    static GgufWriterValue boolean(bool v) { return scalar(GgufValueType::BOOL, uint8_t(v ? 1 : 0)); }
-    static GgufWriterValue string(const std::string& s);
-
-    // Array of values that all have type `elem` (throws std::invalid_argument otherwise).
-    // Arrays of arrays nest: array(ARRAY, {array(...), array(...)}).
-    static GgufWriterValue array(GgufValueType elem, const std::vector<GgufWriterValue>& items);
-    // Array of C++ scalars or strings; the element type follows from T
-    // (uint8_t..int64_t, float, double, bool, std::string).
-    template <typename T>
-    static GgufWriterValue array_of(const std::vector<T>& v);
-
-    // Anything at all, for broken files: `type` is written as the tag, `payload` verbatim.
-    static GgufWriterValue raw(uint32_t type, std::vector<uint8_t> payload);
-
-    uint32_t type_id() const { return type_id_; }
-
-private:
-    template <typename T>
-    static GgufWriterValue scalar(GgufValueType t, T v);
-
-    GgufValueType type_ = GgufValueType::UINT8;
-    uint32_t type_id_ = 0;  // as written; differs from type_ only for raw()
-    std::vector<uint8_t> payload_;
-};
-
-template <typename T>
-constexpr GgufValueType gguf_value_type_of() {
-    if constexpr (std::is_same_v<T, bool>) return GgufValueType::BOOL;
-    else if constexpr (std::is_same_v<T, uint8_t>) return GgufValueType::UINT8;
-    else if constexpr (std::is_same_v<T, int8_t>) return GgufValueType::INT8;
-    else if constexpr (std::is_same_v<T, uint16_t>) return GgufValueType::UINT16;
-    else if constexpr (std::is_same_v<T, int16_t>) return GgufValueType::INT16;
-    else if constexpr (std::is_same_v<T, uint32_t>) return GgufValueType::UINT32;
-    else if constexpr (std::is_same_v<T, int32_t>) return GgufValueType::INT32;
-    else if constexpr (std::is_same_v<T, uint64_t>) return GgufValueType::UINT64;
-    else if constexpr (std::is_same_v<T, int64_t>) return GgufValueType::INT64;
-    else if constexpr (std::is_same_v<T, float>) return GgufValueType::FLOAT32;
-    else if constexpr (std::is_same_v<T, double>) return GgufValueType::FLOAT64;
-    else if constexpr (std::is_same_v<T, std::string>) return GgufValueType::STRING;
-    else static_assert(sizeof(T) == 0, "no GGUF value type for this C++ type");
-}
+// Metadata values are the library's (formats/gguf_writer.h), raw tags included.
+using vxq::GgufWriterValue;
+using vxq::gguf_value_type_of;
 
 class GgufWriter {
 public:
@@ -190,29 +138,5 @@ private:
     std::vector<Kv> kvs_;
     std::vector<Tensor> tensors_;
 };
-
-template <typename T>
-GgufWriterValue GgufWriterValue::array_of(const std::vector<T>& v) {
-    constexpr GgufValueType t = gguf_value_type_of<T>();
-    std::vector<GgufWriterValue> items;
-    items.reserve(v.size());
-    for (const auto& x : v) {  // also fine for std::vector<bool>
-        if constexpr (t == GgufValueType::STRING) items.push_back(string(x));
-        else if constexpr (t == GgufValueType::BOOL) items.push_back(boolean(bool(x)));
-        else items.push_back(scalar(t, T(x)));
-    }
-    return array(t, items);
-}
-
-template <typename T>
-GgufWriterValue GgufWriterValue::scalar(GgufValueType t, T v) {
-    static_assert(std::is_arithmetic_v<T>);
-    GgufWriterValue r;
-    r.type_ = t;
-    r.type_id_ = uint32_t(t);
-    r.payload_.resize(sizeof(T));
-    __builtin_memcpy(r.payload_.data(), &v, sizeof(T));  // little-endian host assumed (x86-64)
-    return r;
-}
 
 }  // namespace vxq::test
