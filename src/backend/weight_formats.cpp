@@ -15,11 +15,11 @@ std::vector<WeightFormat> build_table() {
         std::vector<std::string_view> backends;
     };
     const Row rows[] = {
-        {GgmlType::F32, GgmlType::F32, {"cpu"}},
-        {GgmlType::F16, GgmlType::F16, {"cpu"}},
-        {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu"}},
-        {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu"}},
-        {GgmlType::BF16, GgmlType::BF16, {"cpu"}},
+        {GgmlType::F32, GgmlType::F32, {"cpu", "cuda"}},
+        {GgmlType::F16, GgmlType::F16, {"cpu", "cuda"}},
+        {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu", "cuda"}},
+        {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu", "cuda"}},
+        {GgmlType::BF16, GgmlType::BF16, {"cpu", "cuda"}},
     };
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {
