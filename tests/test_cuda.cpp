@@ -5,11 +5,13 @@
 // MakeBackend checks the one-line error instead.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -294,10 +296,11 @@ TEST(Cuda, AttentionF16MatchesCpu) {
             std::vector<float> ref(q.size()), got(q.size(), NAN);
             cpu->attention(cache->view(0), q.data(), c.n_q, pos0, ref.data());
             be->attention(cache->view(0), q.data(), c.n_q, pos0, got.data());
-            // CUDA: f32 q, scores, softmax and V sum. The CPU's fused kernel (flash) does the same
-            // in another order: 2e-5 on outputs of size ~1. Without flash the CPU rounds q and
-            // the probabilities to fp16 as llama.cpp does: relative 2^-11 each, 3e-3 absolute.
-            const float tol = flash ? 2e-5f : 3e-3f;
+            // flash: f32 q, scores, softmax and V sum on both, in other orders: 2e-5 on outputs
+            // of size ~1. Without flash both round q and the probabilities to fp16 (llama.cpp's
+            // numerics); a probability whose f32 value differs in its last bits (expf ulps,
+            // summation order) can round to the neighbouring fp16, 2^-11 of it: 1e-3.
+            const float tol = flash ? 2e-5f : 1e-3f;
             for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
         }
     }
@@ -320,6 +323,30 @@ TEST(Cuda, AttentionRefusesCompressedKvByName) {
 }
 
 // ---- whole forward passes ------------------------------------------------------------------------
+
+// How far CUDA logits may be from the CPU's, relative to max(1, max |logit|). The backends
+// multiply the same numbers in another summation order, so activations differ in their last
+// bits; what that becomes depends on the weights' dot type:
+//   F32: nothing rounds the activations again: ~1e-6 per op over a few layers; 1e-4.
+//   F16/BF16: activations are rounded to 16 bits before each matmul, and a last-bit difference
+//     can move one element to the neighbouring value (2^-11 relative) and compound: measured
+//     2.4e-4 (tiny llama, 2 layers) and 5.4e-4 (vxq-llama-h64) on the H200; 2e-3.
+//   Q8_0/Q4_0: activations become q8_0 blocks, where such a difference moves a quant by a whole
+//     step (1/127 of the block's max): measured 1.2e-3 (q8_0) and 1.1e-2 (q4_0) on
+//     vxq-llama-h64; 3e-2.
+double logit_tolerance(GgmlType weights) {
+    switch (weights) {
+        case GgmlType::F32: return 1e-4;
+        case GgmlType::F16:
+        case GgmlType::BF16: return 2e-3;
+        default: return 3e-2;
+    }
+}
+
+// Without -fa both backends round the attention probabilities to fp16 (llama.cpp's non-flash
+// numerics); one whose f32 value differs in its last bits can land on the neighbouring fp16
+// (2^-11 of it), so F32 weights get 1e-3 there instead of 1e-4.
+constexpr double kNonFlashTolerance = 1e-3;
 
 // Prefill of `prompt` (all logits) then `steps` decode steps fed with the CPU's argmax, on both
 // backends; the largest |logit difference| over everything, relative to max(1, max |logit|).
@@ -351,6 +378,37 @@ double forward_difference(const Model& m, const std::vector<TokenId>& prompt, in
     return worst;
 }
 
+// The CPU's greedy sequence `seq` (n_prompt prompt tokens, then its continuation) fed to both
+// backends token by token: at every step CUDA's argmax must be the CPU's, or a near-tie — a token
+// whose CPU logit is within `tol` (relative, as above) of the CPU's best. Returns the steps where
+// the picks differ.
+int greedy_disagreements(const Model& m, Backend& gpu, const std::vector<TokenId>& seq, size_t n_prompt, double tol) {
+    const ModelConfig& c = m.config();
+    auto cpu = make_backend("cpu", 2);
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(seq.size())};
+    auto cache_cpu = make_kv_cache(shape, KvSpec{});
+    auto cache_gpu = make_kv_cache(shape, KvSpec{});
+    std::vector<float> ref(size_t(c.n_vocab)), got(ref.size());
+    int differ = 0;
+    for (size_t done = 0; done < seq.size();) {
+        const size_t n = done == 0 ? n_prompt : 1;
+        const std::span<const TokenId> batch(seq.data() + done, n);
+        m.forward(*cpu, *cache_cpu, batch, false, ref.data());
+        m.forward(gpu, *cache_gpu, batch, false, got.data());
+        done += n;
+        const auto a = std::max_element(ref.begin(), ref.end()) - ref.begin();
+        const auto b = std::max_element(got.begin(), got.end()) - got.begin();
+        if (a != b) {
+            ++differ;
+            float peak = 1.0f;
+            for (float r : ref) peak = std::max(peak, std::fabs(r));
+            EXPECT_LE(ref[size_t(a)] - ref[size_t(b)], tol * peak)
+                << "step " << done << ": CUDA picks token " << b << ", the CPU " << a << " by a clear margin";
+        }
+    }
+    return differ;
+}
+
 struct TinyCase {
     const char* arch;
     GgmlType type;
@@ -372,12 +430,9 @@ TEST_P(CudaForwardTiny, LogitsCloseToCpu) {
     std::uniform_int_distribution<int> tok(0, int(spec.n_vocab) - 1);
     std::vector<TokenId> prompt(9);
     for (TokenId& t : prompt) t = tok(rng);
-    // With -fa both backends run attention in f32: the remaining differences are summation
-    // orders and expf/cosf ulps, ~1e-6 per op, grown through 2 layers: 1e-4 of the logit scale.
-    EXPECT_LT(forward_difference(*model, prompt, 5, true), 1e-4) << "seed " << spec.seed;
-    // Without -fa the CPU rounds q and the attention probabilities to fp16 (llama.cpp's
-    // numerics), the CUDA kernel does not: 1e-2 of the logit scale.
-    EXPECT_LT(forward_difference(*model, prompt, 5, false), 1e-2) << "seed " << spec.seed;
+    const double tol = logit_tolerance(spec.weight_type);
+    EXPECT_LT(forward_difference(*model, prompt, 5, true), tol) << "-fa, seed " << spec.seed;
+    EXPECT_LT(forward_difference(*model, prompt, 5, false), std::max(tol, kNonFlashTolerance)) << "seed " << spec.seed;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForwardTiny,
@@ -400,26 +455,40 @@ TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
     VXQ_REQUIRE_ASSET(std::string("assets/models/") + rc.model);
     VXQ_REQUIRE_ASSET(std::string("golden/") + rc.golden);
     auto model = Model::load(test::shared_path(std::string("assets/models/") + rc.model), "cuda");
+    const GgmlType weights = model->weights().layers[0].wq.type;
+    const double tol = logit_tolerance(weights);
     const auto prompt_ids = model->tokenizer().encode("The kernel", true);
-    // Tolerances as for the tiny models (flash: f32 attention on both sides).
-    EXPECT_LT(forward_difference(*model, std::vector<TokenId>(prompt_ids.begin(), prompt_ids.end()), 8, true), 1e-4);
-    EXPECT_LT(forward_difference(*model, std::vector<TokenId>(prompt_ids.begin(), prompt_ids.end()), 8, false), 1e-2);
+    const std::vector<TokenId> prompt(prompt_ids.begin(), prompt_ids.end());
+    EXPECT_LT(forward_difference(*model, prompt, 8, true), tol) << "-fa";
+    EXPECT_LT(forward_difference(*model, prompt, 8, false), std::max(tol, kNonFlashTolerance));
 
     std::ifstream in(test::shared_path(std::string("golden/") + rc.golden));
     const auto golden = nlohmann::json::parse(in);
     const ModelConfig& c = model->config();
     auto cpu = make_backend("cpu", 2);
-    for (const auto& g : golden["greedy"]) {
+    for (size_t gi = 0; gi < golden["greedy"].size(); ++gi) {
+        const auto& g = golden["greedy"][gi];
         GenerateParams p;
         p.n_predict = g["n_predict"];
         p.sampler.temperature = 0.0f;
         const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512};
         auto cache_cpu = make_kv_cache(shape, KvSpec{});
         auto cache_gpu = make_kv_cache(shape, KvSpec{});
-        const std::string prompt = g["prompt"];
-        const GenerateResult ref = generate(*model, *cpu, *cache_cpu, prompt, p);
-        const GenerateResult got = generate(*model, *cuda, *cache_gpu, prompt, p);
-        EXPECT_EQ(got.text, ref.text) << "prompt: " << prompt;
+        const std::string text = g["prompt"];
+        const GenerateResult ref = generate(*model, *cpu, *cache_cpu, text, p);
+        const GenerateResult got = generate(*model, *cuda, *cache_gpu, text, p);
+        // f16 weights: the greedy text is the CPU's (= llama.cpp's), the parity bar.
+        // q8_0/q4_0: activation quantization turns last-bit differences into whole quant steps
+        // (see logit_tolerance), so a near-tie can go the other way and the texts then part;
+        // what must hold is that CUDA picks the CPU's token at every step of the CPU's sequence
+        // but near-ties.
+        if (weights == GgmlType::F16) {
+            EXPECT_EQ(got.text, ref.text) << "prompt: " << text;
+        }
+        std::vector<TokenId> seq = ref.prompt_ids;
+        seq.insert(seq.end(), ref.ids.begin(), ref.ids.end());
+        const int differ = greedy_disagreements(*model, *cuda, seq, ref.prompt_ids.size(), tol);
+        RecordProperty("near_ties_prompt_" + std::to_string(gi), differ);
     }
 }
 

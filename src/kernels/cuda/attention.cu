@@ -38,7 +38,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
 
     for (int64_t t = warp; t < n_vis; t += kAttnWarps) {
         float dot = 0.0f;
-        for (int64_t d = lane; d < p.head_dim; d += 32) dot += q[d] * __half2float(k[t * p.head_dim + d]);
+        for (int64_t d = lane; d < p.head_dim; d += 32) {
+            const float qd = p.round_f16 ? __half2float(__float2half_rn(q[d])) : q[d];
+            dot += qd * __half2float(k[t * p.head_dim + d]);
+        }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
         if (lane == 0) sc[t] = dot * p.scale;
@@ -54,11 +57,20 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
         sum += e;
     }
     sum = block_reduce(sum, red, false);  // its barriers also publish the exponentials in sc
-    const float inv = n_vis > 0 ? 1.0f / sum : 0.0f;
+    if (n_vis == 0) {
+        for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) out[d] = 0.0f;
+        return;
+    }
+    // ggml_soft_max: p = e * float(1 / sum) with the reciprocal taken in double.
+    const float inv = float(1.0 / double(sum));
+    if (p.round_f16) {
+        for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) sc[t] = __half2float(__float2half_rn(sc[t] * inv));
+        __syncthreads();
+    }
     for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
         float acc = 0.0f;
         for (int64_t t = 0; t < n_vis; ++t) acc += sc[t] * __half2float(v[t * p.head_dim + d]);
-        out[d] = acc * inv;
+        out[d] = p.round_f16 ? acc : acc * inv;
     }
 }
 

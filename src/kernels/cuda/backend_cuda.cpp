@@ -207,6 +207,7 @@ public:
         p.head_dim = hd;
         p.max_tokens = max_tokens;
         p.scale = 1.0f / std::sqrt(float(hd));
+        p.round_f16 = !view.flash_attn;  // the CPU backend's (llama.cpp's) non-flash numerics
         attention_f16(p, stream_);
         finish(o, p.out, n_out);
         // The host staging vectors are reused by the next call: wait until the copies are done.

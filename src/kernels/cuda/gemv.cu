@@ -73,7 +73,26 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
 }
 
 // ---- GEMV kernels ------------------------------------------------------------------------------
-// Grid: x = row groups of kGemvWarps rows, y = token groups of kGemvTokens tokens.
+// Grid: x = row groups of kGemvWarps * kGemvRowsPerWarp rows, y = token groups of kGemvTokens.
+// A warp owns kGemvRowsPerWarp consecutive rows, so each activation load feeds that many rows;
+// the last group's missing rows re-read the last row and write nothing.
+
+__device__ __forceinline__ int64_t warp_first_row() {
+    return (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * kGemvRowsPerWarp;
+}
+
+__device__ __forceinline__ void store_rows(float (&acc)[kGemvRowsPerWarp][kGemvTokens], int64_t row0, int64_t rows,
+                                           int64_t t0, int nt, float* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+#pragma unroll
+        for (int t = 0; t < kGemvTokens; ++t) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == 0 && t < nt && row0 + r < rows) y[(t0 + t) * rows + row0 + r] = s;
+        }
+    }
+}
 
 template <class E>
 __global__ void __launch_bounds__(kGemvWarps * 32)
@@ -82,46 +101,53 @@ gemv_dense_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* 
     using Raw = typename E::Raw;
     constexpr int kPer16 = 16 / int(sizeof(Raw));  // elements per 16-byte load
     const int lane = threadIdx.x & 31;
-    const int64_t row = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-    if (row >= rows) return;
+    const int64_t row0 = warp_first_row();
+    if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
-    const Raw* wr = w + row * cols;
-    float acc[kGemvTokens] = {};
-    if (cols % kPer16 == 0) {  // rows start 16-byte aligned: vector path
-        const int4* w16 = reinterpret_cast<const int4*>(wr);
-        const int64_t n16 = cols / kPer16;
-#pragma unroll 4
-        for (int64_t c = lane; c < n16; c += 32) {
-            const int4 wv = __ldg(w16 + c);
-            const Raw* we = reinterpret_cast<const Raw*>(&wv);
-            float wf[kPer16];
+    const Raw* wr[kGemvRowsPerWarp];
 #pragma unroll
-            for (int e = 0; e < kPer16; ++e) wf[e] = E::load(we[e]);
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) wr[r] = w + (row0 + r < rows ? row0 + r : rows - 1) * cols;
+    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
+    if (cols % kPer16 == 0) {  // rows start 16-byte aligned: vector path
+        const int64_t n16 = cols / kPer16;
+#pragma unroll 2
+        for (int64_t c = lane; c < n16; c += 32) {
+            float wf[kGemvRowsPerWarp][kPer16];
+#pragma unroll
+            for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+                const int4 wv = __ldg(reinterpret_cast<const int4*>(wr[r]) + c);
+                const Raw* we = reinterpret_cast<const Raw*>(&wv);
+#pragma unroll
+                for (int e = 0; e < kPer16; ++e) wf[r][e] = E::load(we[e]);
+            }
 #pragma unroll
             for (int t = 0; t < kGemvTokens; ++t) {
                 if (t < nt) {
                     const int4 xv = *(reinterpret_cast<const int4*>(x + (t0 + t) * cols) + c);
                     const Raw* xe = reinterpret_cast<const Raw*>(&xv);
 #pragma unroll
-                    for (int e = 0; e < kPer16; ++e) acc[t] += wf[e] * E::load(xe[e]);
+                    for (int e = 0; e < kPer16; ++e) {
+                        const float xf = E::load(xe[e]);
+#pragma unroll
+                        for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r][t] += wf[r][e] * xf;
+                    }
                 }
             }
         }
     } else {
         for (int64_t c = lane; c < cols; c += 32) {
-            const float wf = E::load(wr[c]);
 #pragma unroll
             for (int t = 0; t < kGemvTokens; ++t) {
-                if (t < nt) acc[t] += wf * E::load(x[(t0 + t) * cols + c]);
+                if (t < nt) {
+                    const float xf = E::load(x[(t0 + t) * cols + c]);
+#pragma unroll
+                    for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r][t] += E::load(wr[r][c]) * xf;
+                }
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kGemvTokens; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) y[(t0 + t) * rows + row] = s;
-    }
+    store_rows(acc, row0, rows, t0, nt, y);
 }
 
 // Q8_0 weights x q8_0 activations: per block the integer dot (dp4a) times d_w * d_x.
@@ -129,36 +155,44 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 gemv_q8_0_kernel(const int8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
                  const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
-    const int64_t row = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-    if (row >= rows) return;
+    const int64_t row0 = warp_first_row();
+    if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
     const int64_t nb = cols / kQBlock;
-    float acc[kGemvTokens] = {};
-#pragma unroll 2
+    int64_t wrow[kGemvRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
+    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
     for (int64_t b = lane; b < nb; b += 32) {
-        const int4* wb = reinterpret_cast<const int4*>(wq + row * cols + b * kQBlock);
-        const int4 w0 = __ldg(wb), w1 = __ldg(wb + 1);
-        const int wi[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-        const float dw = __half2float(wd[row * nb + b]);
+        int wi[kGemvRowsPerWarp][8];
+        float dw[kGemvRowsPerWarp];
+#pragma unroll
+        for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+            const int4* wb = reinterpret_cast<const int4*>(wq + wrow[r] * cols + b * kQBlock);
+            const int4 w0 = __ldg(wb), w1 = __ldg(wb + 1);
+            wi[r][0] = w0.x; wi[r][1] = w0.y; wi[r][2] = w0.z; wi[r][3] = w0.w;
+            wi[r][4] = w1.x; wi[r][5] = w1.y; wi[r][6] = w1.z; wi[r][7] = w1.w;
+            dw[r] = __half2float(wd[wrow[r] * nb + b]);
+        }
 #pragma unroll
         for (int t = 0; t < kGemvTokens; ++t) {
             if (t < nt) {
                 const int4* xb = reinterpret_cast<const int4*>(xq + (t0 + t) * cols + b * kQBlock);
                 const int4 x0 = xb[0], x1 = xb[1];
                 const int xi[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                int sumi = 0;
+                const float dx = xd[(t0 + t) * nb + b];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) sumi = __dp4a(wi[j], xi[j], sumi);
-                acc[t] += float(sumi) * (dw * xd[(t0 + t) * nb + b]);
+                for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+                    int sumi = 0;
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) sumi = __dp4a(wi[r][j], xi[j], sumi);
+                    acc[r][t] += float(sumi) * (dw[r] * dx);
+                }
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kGemvTokens; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) y[(t0 + t) * rows + row] = s;
-    }
+    store_rows(acc, row0, rows, t0, nt, y);
 }
 
 // Q4_0 weights x q8_0 activations. A block's 16 quant bytes hold element j in the low nibble of
@@ -167,23 +201,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 gemv_q4_0_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
                  const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
     const int lane = threadIdx.x & 31;
-    const int64_t row = int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-    if (row >= rows) return;
+    const int64_t row0 = warp_first_row();
+    if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
     const int64_t nb = cols / kQBlock;
-    float acc[kGemvTokens] = {};
-#pragma unroll 4
-    for (int64_t b = lane; b < nb; b += 32) {
-        const int4 wv = __ldg(reinterpret_cast<const int4*>(wq + row * (cols / 2) + b * 16));
-        const int wraw[4] = {wv.x, wv.y, wv.z, wv.w};
-        int lo[4], hi[4];
+    int64_t wrow[kGemvRowsPerWarp];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            lo[j] = __vsubss4(wraw[j] & 0x0F0F0F0F, 0x08080808);
-            hi[j] = __vsubss4((wraw[j] >> 4) & 0x0F0F0F0F, 0x08080808);
+    for (int r = 0; r < kGemvRowsPerWarp; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
+    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
+#pragma unroll 2
+    for (int64_t b = lane; b < nb; b += 32) {
+        int lo[kGemvRowsPerWarp][4], hi[kGemvRowsPerWarp][4];
+        float dw[kGemvRowsPerWarp];
+#pragma unroll
+        for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+            const int4 wv = __ldg(reinterpret_cast<const int4*>(wq + wrow[r] * (cols / 2) + b * 16));
+            const int wraw[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                lo[r][j] = __vsubss4(wraw[j] & 0x0F0F0F0F, 0x08080808);
+                hi[r][j] = __vsubss4((wraw[j] >> 4) & 0x0F0F0F0F, 0x08080808);
+            }
+            dw[r] = __half2float(wd[wrow[r] * nb + b]);
         }
-        const float dw = __half2float(wd[row * nb + b]);
 #pragma unroll
         for (int t = 0; t < kGemvTokens; ++t) {
             if (t < nt) {
@@ -191,18 +232,18 @@ gemv_q4_0_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, 
                 const int4 x0 = xb[0], x1 = xb[1];
                 const int xlo[4] = {x0.x, x0.y, x0.z, x0.w};
                 const int xhi[4] = {x1.x, x1.y, x1.z, x1.w};
-                int sumi = 0;
+                const float dx = xd[(t0 + t) * nb + b];
 #pragma unroll
-                for (int j = 0; j < 4; ++j) sumi = __dp4a(hi[j], xhi[j], __dp4a(lo[j], xlo[j], sumi));
-                acc[t] += float(sumi) * (dw * xd[(t0 + t) * nb + b]);
+                for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+                    int sumi = 0;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) sumi = __dp4a(hi[r][j], xhi[j], __dp4a(lo[r][j], xlo[j], sumi));
+                    acc[r][t] += float(sumi) * (dw[r] * dx);
+                }
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < kGemvTokens; ++t) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0 && t < nt) y[(t0 + t) * rows + row] = s;
-    }
+    store_rows(acc, row0, rows, t0, nt, y);
 }
 
 // ---- embedding rows ----------------------------------------------------------------------------
@@ -233,6 +274,11 @@ __global__ void embed_kernel(DeviceWeight table, const int32_t* __restrict__ ids
     for (int64_t c = threadIdx.x; c < table.cols; c += blockDim.x) out[i * table.cols + c] = weight_at(table, r, c);
 }
 
+unsigned gemv_row_groups(int64_t rows) {
+    constexpr int64_t per_block = int64_t(kGemvWarps) * kGemvRowsPerWarp;
+    return unsigned((rows + per_block - 1) / per_block);
+}
+
 unsigned grid_for(int64_t n, int threads) { return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535)); }
 
 template <class E>
@@ -247,7 +293,7 @@ void gemv_dense(const DeviceWeight& w, const float* x, int64_t n, float* y, Gemv
         VXQ_CUDA_CHECK_LAUNCH();
         xt = conv;
     }
-    const dim3 grid(unsigned((w.rows + kGemvWarps - 1) / kGemvWarps), unsigned((n + kGemvTokens - 1) / kGemvTokens));
+    const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
     gemv_dense_kernel<E><<<grid, kGemvWarps * 32, 0, st>>>(static_cast<const Raw*>(w.data), xt, w.rows, w.cols, n, y);
     VXQ_CUDA_CHECK_LAUNCH();
 }
@@ -281,7 +327,7 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
             float* xd = reinterpret_cast<float*>(base + n * w.cols);
             quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xd, n * nb);
             VXQ_CUDA_CHECK_LAUNCH();
-            const dim3 grid(unsigned((w.rows + kGemvWarps - 1) / kGemvWarps), unsigned((n + kGemvTokens - 1) / kGemvTokens));
+            const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
             if (w.type == GgmlType::Q8_0) {
                 gemv_q8_0_kernel<<<grid, kGemvWarps * 32, 0, st>>>(static_cast<const int8_t*>(w.data), w.scales, xq, xd,
                                                                   w.rows, w.cols, n, y);
