@@ -8,6 +8,10 @@ namespace vxq {
 
 namespace {
 
+// Whether this build has the CUDA backend (VXQ_CUDA): without it the table leaves "cuda" out, so
+// every name in it is one make_backend accepts.
+constexpr bool kHaveCuda = VXQ_HAVE_CUDA;
+
 std::vector<WeightFormat> build_table() {
     struct Row {
         GgmlType type;
@@ -24,7 +28,9 @@ std::vector<WeightFormat> build_table() {
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {
         const GgmlTypeTraits layout = *ggml_type_traits(uint32_t(r.type));
-        table.push_back({r.type, layout.block_size, layout.block_bytes, r.dot_type, r.backends});
+        std::vector<std::string_view> backends = r.backends;
+        if (!kHaveCuda) std::erase(backends, std::string_view("cuda"));
+        table.push_back({r.type, layout.block_size, layout.block_bytes, r.dot_type, backends});
     }
     return table;
 }

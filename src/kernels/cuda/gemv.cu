@@ -73,49 +73,58 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
 }
 
 // ---- GEMV kernels ------------------------------------------------------------------------------
-// Grid: x = row groups of kGemvWarps * kGemvRowsPerWarp rows, y = token groups of kGemvTokens.
-// A warp owns kGemvRowsPerWarp consecutive rows, so each activation load feeds that many rows;
-// the last group's missing rows re-read the last row and write nothing.
+// Grid: x = groups of kGemvRowsPerBlock rows, y = groups of kGemvTokens tokens. The block's
+// warps split the columns of its rows (thread i takes chunks i, i + blockDim, ...), so even a
+// matrix of few long rows has many warps in flight; each warp sums its part, then the block adds
+// the warps' sums. Every activation load feeds kGemvRowsPerBlock rows; the last group's missing
+// rows re-read the last row and write nothing.
 
-__device__ __forceinline__ int64_t warp_first_row() {
-    return (int64_t(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * kGemvRowsPerWarp;
-}
+constexpr int kGemvThreads = kGemvWarps * 32;
 
-__device__ __forceinline__ void store_rows(float (&acc)[kGemvRowsPerWarp][kGemvTokens], int64_t row0, int64_t rows,
+__device__ __forceinline__ void store_rows(float (&acc)[kGemvRowsPerBlock][kGemvTokens], int64_t row0, int64_t rows,
                                            int64_t t0, int nt, float* __restrict__ y) {
-    const int lane = threadIdx.x & 31;
+    __shared__ float partial[kGemvWarps][kGemvRowsPerBlock * kGemvTokens];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+    for (int r = 0; r < kGemvRowsPerBlock; ++r) {
 #pragma unroll
         for (int t = 0; t < kGemvTokens; ++t) {
             const float s = warp_sum(acc[r][t]);
-            if (lane == 0 && t < nt && row0 + r < rows) y[(t0 + t) * rows + row0 + r] = s;
+            if (lane == 0) partial[warp][r * kGemvTokens + t] = s;
         }
+    }
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i < kGemvRowsPerBlock * kGemvTokens) {
+        const int r = i / kGemvTokens, t = i % kGemvTokens;
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kGemvWarps; ++w) s += partial[w][i];
+        if (t < nt && row0 + r < rows) y[(t0 + t) * rows + row0 + r] = s;
     }
 }
 
 template <class E>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvThreads)
 gemv_dense_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* __restrict__ x,
                   int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
     using Raw = typename E::Raw;
     constexpr int kPer16 = 16 / int(sizeof(Raw));  // elements per 16-byte load
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = warp_first_row();
+    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
     if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
-    const Raw* wr[kGemvRowsPerWarp];
+    const Raw* wr[kGemvRowsPerBlock];
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerWarp; ++r) wr[r] = w + (row0 + r < rows ? row0 + r : rows - 1) * cols;
-    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
+    for (int r = 0; r < kGemvRowsPerBlock; ++r) wr[r] = w + (row0 + r < rows ? row0 + r : rows - 1) * cols;
+    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
     if (cols % kPer16 == 0) {  // rows start 16-byte aligned: vector path
         const int64_t n16 = cols / kPer16;
 #pragma unroll 2
-        for (int64_t c = lane; c < n16; c += 32) {
-            float wf[kGemvRowsPerWarp][kPer16];
+        for (int64_t c = threadIdx.x; c < n16; c += kGemvThreads) {
+            float wf[kGemvRowsPerBlock][kPer16];
 #pragma unroll
-            for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+            for (int r = 0; r < kGemvRowsPerBlock; ++r) {
                 const int4 wv = __ldg(reinterpret_cast<const int4*>(wr[r]) + c);
                 const Raw* we = reinterpret_cast<const Raw*>(&wv);
 #pragma unroll
@@ -130,19 +139,19 @@ gemv_dense_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* 
                     for (int e = 0; e < kPer16; ++e) {
                         const float xf = E::load(xe[e]);
 #pragma unroll
-                        for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r][t] += wf[r][e] * xf;
+                        for (int r = 0; r < kGemvRowsPerBlock; ++r) acc[r][t] += wf[r][e] * xf;
                     }
                 }
             }
         }
     } else {
-        for (int64_t c = lane; c < cols; c += 32) {
+        for (int64_t c = threadIdx.x; c < cols; c += kGemvThreads) {
 #pragma unroll
             for (int t = 0; t < kGemvTokens; ++t) {
                 if (t < nt) {
                     const float xf = E::load(x[(t0 + t) * cols + c]);
 #pragma unroll
-                    for (int r = 0; r < kGemvRowsPerWarp; ++r) acc[r][t] += E::load(wr[r][c]) * xf;
+                    for (int r = 0; r < kGemvRowsPerBlock; ++r) acc[r][t] += E::load(wr[r][c]) * xf;
                 }
             }
         }
@@ -151,24 +160,23 @@ gemv_dense_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* 
 }
 
 // Q8_0 weights x q8_0 activations: per block the integer dot (dp4a) times d_w * d_x.
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvThreads)
 gemv_q8_0_kernel(const int8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
                  const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = warp_first_row();
+    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
     if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
     const int64_t nb = cols / kQBlock;
-    int64_t wrow[kGemvRowsPerWarp];
+    int64_t wrow[kGemvRowsPerBlock];
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerWarp; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
-    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
-    for (int64_t b = lane; b < nb; b += 32) {
-        int wi[kGemvRowsPerWarp][8];
-        float dw[kGemvRowsPerWarp];
+    for (int r = 0; r < kGemvRowsPerBlock; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
+    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
+    for (int64_t b = threadIdx.x; b < nb; b += kGemvThreads) {
+        int wi[kGemvRowsPerBlock][8];
+        float dw[kGemvRowsPerBlock];
 #pragma unroll
-        for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+        for (int r = 0; r < kGemvRowsPerBlock; ++r) {
             const int4* wb = reinterpret_cast<const int4*>(wq + wrow[r] * cols + b * kQBlock);
             const int4 w0 = __ldg(wb), w1 = __ldg(wb + 1);
             wi[r][0] = w0.x; wi[r][1] = w0.y; wi[r][2] = w0.z; wi[r][3] = w0.w;
@@ -183,7 +191,7 @@ gemv_q8_0_kernel(const int8_t* __restrict__ wq, const __half* __restrict__ wd, c
                 const int xi[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
                 const float dx = xd[(t0 + t) * nb + b];
 #pragma unroll
-                for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+                for (int r = 0; r < kGemvRowsPerBlock; ++r) {
                     int sumi = 0;
 #pragma unroll
                     for (int j = 0; j < 8; ++j) sumi = __dp4a(wi[r][j], xi[j], sumi);
@@ -197,25 +205,24 @@ gemv_q8_0_kernel(const int8_t* __restrict__ wq, const __half* __restrict__ wd, c
 
 // Q4_0 weights x q8_0 activations. A block's 16 quant bytes hold element j in the low nibble of
 // byte j and element j + 16 in the high nibble; values are nibble - 8.
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(kGemvThreads)
 gemv_q4_0_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
                  const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = warp_first_row();
+    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
     if (row0 >= rows) return;
     const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
     const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
     const int64_t nb = cols / kQBlock;
-    int64_t wrow[kGemvRowsPerWarp];
+    int64_t wrow[kGemvRowsPerBlock];
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerWarp; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
-    float acc[kGemvRowsPerWarp][kGemvTokens] = {};
+    for (int r = 0; r < kGemvRowsPerBlock; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
+    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
 #pragma unroll 2
-    for (int64_t b = lane; b < nb; b += 32) {
-        int lo[kGemvRowsPerWarp][4], hi[kGemvRowsPerWarp][4];
-        float dw[kGemvRowsPerWarp];
+    for (int64_t b = threadIdx.x; b < nb; b += kGemvThreads) {
+        int lo[kGemvRowsPerBlock][4], hi[kGemvRowsPerBlock][4];
+        float dw[kGemvRowsPerBlock];
 #pragma unroll
-        for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+        for (int r = 0; r < kGemvRowsPerBlock; ++r) {
             const int4 wv = __ldg(reinterpret_cast<const int4*>(wq + wrow[r] * (cols / 2) + b * 16));
             const int wraw[4] = {wv.x, wv.y, wv.z, wv.w};
 #pragma unroll
@@ -234,7 +241,7 @@ gemv_q4_0_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, 
                 const int xhi[4] = {x1.x, x1.y, x1.z, x1.w};
                 const float dx = xd[(t0 + t) * nb + b];
 #pragma unroll
-                for (int r = 0; r < kGemvRowsPerWarp; ++r) {
+                for (int r = 0; r < kGemvRowsPerBlock; ++r) {
                     int sumi = 0;
 #pragma unroll
                     for (int j = 0; j < 4; ++j) sumi = __dp4a(hi[r][j], xhi[j], __dp4a(lo[r][j], xlo[j], sumi));
@@ -275,8 +282,7 @@ __global__ void embed_kernel(DeviceWeight table, const int32_t* __restrict__ ids
 }
 
 unsigned gemv_row_groups(int64_t rows) {
-    constexpr int64_t per_block = int64_t(kGemvWarps) * kGemvRowsPerWarp;
-    return unsigned((rows + per_block - 1) / per_block);
+    return unsigned((rows + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock);
 }
 
 unsigned grid_for(int64_t n, int threads) { return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535)); }
@@ -294,7 +300,7 @@ void gemv_dense(const DeviceWeight& w, const float* x, int64_t n, float* y, Gemv
         xt = conv;
     }
     const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
-    gemv_dense_kernel<E><<<grid, kGemvWarps * 32, 0, st>>>(static_cast<const Raw*>(w.data), xt, w.rows, w.cols, n, y);
+    gemv_dense_kernel<E><<<grid, kGemvThreads, 0, st>>>(static_cast<const Raw*>(w.data), xt, w.rows, w.cols, n, y);
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -329,10 +335,10 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
             VXQ_CUDA_CHECK_LAUNCH();
             const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
             if (w.type == GgmlType::Q8_0) {
-                gemv_q8_0_kernel<<<grid, kGemvWarps * 32, 0, st>>>(static_cast<const int8_t*>(w.data), w.scales, xq, xd,
+                gemv_q8_0_kernel<<<grid, kGemvThreads, 0, st>>>(static_cast<const int8_t*>(w.data), w.scales, xq, xd,
                                                                   w.rows, w.cols, n, y);
             } else {
-                gemv_q4_0_kernel<<<grid, kGemvWarps * 32, 0, st>>>(static_cast<const uint8_t*>(w.data), w.scales, xq, xd,
+                gemv_q4_0_kernel<<<grid, kGemvThreads, 0, st>>>(static_cast<const uint8_t*>(w.data), w.scales, xq, xd,
                                                                   w.rows, w.cols, n, y);
             }
             VXQ_CUDA_CHECK_LAUNCH();

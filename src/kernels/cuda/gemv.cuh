@@ -7,9 +7,10 @@
 //
 // The matmul y = x W^T converts the activations to the weight's dot type first, as the CPU
 // backend and llama.cpp's CPU build do (f16/bf16 rounding, or q8_0 blocks with the same rounding
-// as ggml's AVX2 quantize_row_q8_0), then one warp streams kGemvRowsPerWarp weight rows
-// for up to kGemvTokens tokens: batch 1 (decode) reads each weight byte once; a batch of n reads the
-// weights ceil(n / kGemvTokens) times (correct, not yet the prefill GEMM the issue asks for).
+// as ggml's AVX2 quantize_row_q8_0). Then a block of kGemvWarps warps streams kGemvRowsPerBlock
+// weight rows, its threads splitting the columns, for up to kGemvTokens tokens: batch 1 (decode)
+// reads each weight byte once; a batch of n reads the weights ceil(n / kGemvTokens) times
+// (correct, not yet the prefill GEMM the issue asks for).
 #pragma once
 
 #include <cstddef>
@@ -22,8 +23,8 @@
 
 namespace vxq::cuda {
 
-constexpr int kGemvWarps = 4;        // warps per block
-constexpr int kGemvRowsPerWarp = 2;  // weight rows a warp streams together (one x load feeds both)
+constexpr int kGemvWarps = 4;         // warps per block; they split the columns of the block's rows
+constexpr int kGemvRowsPerBlock = 2;  // weight rows streamed together (one x load feeds both)
 constexpr int kGemvTokens = 4;       // tokens per pass over a weight row
 constexpr int kQBlock = 32;     // elements per q8_0 / q4_0 block
 
