@@ -214,6 +214,23 @@ public:
         VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
 
+    // The attention kernel that runs for such a layer, for benchmark lines (Backend::attention_path
+    // on main since 619393c; this becomes its override when the branches meet).
+    std::string attention_path(const KvLayerView& view) const {
+        for (int64_t g = 0; g < view.n_head_kv; ++g) {
+            for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
+                for (int64_t i = 0; i < s->n_segs; ++i) {
+                    const KvFormatParams& f = s->segs[i].window ? s->window_fmt : s->fmt;
+                    if (f.kind != KvFormatKind::F16) {
+                        return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(f.kind));
+                    }
+                }
+            }
+        }
+        return view.flash_attn ? "cuda f16, f32 softmax (-fa), host pages mirrored per call"
+                               : "cuda f16, fp16-rounded q and probabilities (llama.cpp non-flash), host pages mirrored per call";
+    }
+
 private:
     bool is_device(const void* p) const {
         const auto* c = static_cast<const char*>(p);
