@@ -30,16 +30,24 @@ std::string error_of(const std::function<void()>& f) {
 }
 
 TEST(BackendRegistry, MakesTheCpuBackend) {
-    EXPECT_EQ(backend_names(), std::vector<std::string>{"cpu"});
+    const std::vector<std::string> expected = VXQ_HAVE_CUDA ? std::vector<std::string>{"cpu", "cuda"}
+                                                            : std::vector<std::string>{"cpu"};
+    EXPECT_EQ(backend_names(), expected);
     const auto be = make_backend("cpu", 1);
     ASSERT_NE(be, nullptr);
     EXPECT_EQ(be->describe().rfind("cpu/", 0), 0u) << be->describe();
 }
 
 TEST(BackendRegistry, UnknownNameIsAnErrorListingTheBackends) {
-    const std::string msg = error_of([] { make_backend("cuda", 1); });
-    EXPECT_NE(msg.find("unknown backend 'cuda'"), std::string::npos) << msg;
+    const std::string msg = error_of([] { make_backend("metal", 1); });
+    EXPECT_NE(msg.find("unknown backend 'metal'"), std::string::npos) << msg;
     EXPECT_NE(msg.find("available: cpu"), std::string::npos) << msg;
+}
+
+TEST(BackendRegistry, CudaWithoutCudaInTheBuildSaysSo) {
+    if (VXQ_HAVE_CUDA) GTEST_SKIP() << "this build has the CUDA backend (tests/test_cuda.cpp covers it)";
+    const std::string msg = error_of([] { make_backend("cuda", 1); });
+    EXPECT_NE(msg.find("this build has no CUDA backend"), std::string::npos) << msg;
 }
 
 TEST(WeightFormats, RowsAgreeWithTheGgmlLayoutsAndTheRegistry) {

@@ -1,6 +1,8 @@
 // The ops a forward pass needs. The forward pass (model/model.cpp) is written once against this
-// interface; the CPU backend implements it with kernels/cpu, a CUDA backend will implement it
-// with kernels/cuda. Buffers are the backend's own memory (host memory for the CPU backend).
+// interface; the CPU backend implements it with kernels/cpu, the CUDA backend with kernels/cuda.
+// Buffers are the backend's own memory (host memory for the CPU backend, device memory for CUDA).
+// An op may also be given host memory (the caller's logits, the token ids, norm weights from the
+// mapped file): a device backend copies such arguments in, and outputs back, itself.
 // This header and backend/types.h are all the model, runtime and tools layers see of a backend.
 #pragma once
 
@@ -30,6 +32,11 @@ public:
     virtual float* activation_buffer(int id, size_t n) = 0;
     // Bytes held by the activation buffers.
     virtual size_t activation_bytes() const = 0;
+    // n floats of x (an activation buffer, or host memory) where host code can read them: x itself
+    // if it is host memory; otherwise a host copy, valid until the next call with the same `slot`
+    // (0, 1, ...). The forward pass hands the KV cache (host storage) its new keys and values, and
+    // the observers their queries and outputs, through this.
+    virtual const float* to_host(const float* x, size_t n, int slot) = 0;
 
     // y = x W^T.  x: [n, w.cols]; y: [n, w.rows]
     virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;

@@ -1,5 +1,5 @@
 // Plain data the Backend ops take (backend/backend.h). Nothing here computes: the model layer
-// builds these, and every backend (kernels/cpu, later kernels/cuda) reads them.
+// builds these, and every backend (kernels/cpu, kernels/cuda) reads them.
 #pragma once
 
 #include <cstddef>
@@ -10,7 +10,9 @@
 namespace vxq {
 
 // A weight matrix as stored in GGUF: `rows` output rows of `cols` input elements; row r starts
-// at data + r * row_bytes. The data is in the backend's memory (the mapped file for the CPU).
+// at data + r * row_bytes. The data is host memory (the mapped file) that stays unchanged while a
+// backend uses it: the CPU backend reads it in place, the CUDA backend uploads it once per data
+// pointer.
 struct WeightView {
     GgmlType type = GgmlType::F32;
     const void* data = nullptr;

@@ -8,6 +8,10 @@ namespace vxq {
 
 namespace {
 
+// Whether this build has the CUDA backend (VXQ_CUDA): without it the table leaves "cuda" out, so
+// every name in it is one make_backend accepts.
+constexpr bool kHaveCuda = VXQ_HAVE_CUDA;
+
 std::vector<WeightFormat> build_table() {
     struct Row {
         GgmlType type;
@@ -15,16 +19,18 @@ std::vector<WeightFormat> build_table() {
         std::vector<std::string_view> backends;
     };
     const Row rows[] = {
-        {GgmlType::F32, GgmlType::F32, {"cpu"}},
-        {GgmlType::F16, GgmlType::F16, {"cpu"}},
-        {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu"}},
-        {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu"}},
-        {GgmlType::BF16, GgmlType::BF16, {"cpu"}},
+        {GgmlType::F32, GgmlType::F32, {"cpu", "cuda"}},
+        {GgmlType::F16, GgmlType::F16, {"cpu", "cuda"}},
+        {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu", "cuda"}},
+        {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu", "cuda"}},
+        {GgmlType::BF16, GgmlType::BF16, {"cpu", "cuda"}},
     };
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {
         const GgmlTypeTraits layout = *ggml_type_traits(uint32_t(r.type));
-        table.push_back({r.type, layout.block_size, layout.block_bytes, r.dot_type, r.backends});
+        std::vector<std::string_view> backends = r.backends;
+        if (!kHaveCuda) std::erase(backends, std::string_view("cuda"));
+        table.push_back({r.type, layout.block_size, layout.block_bytes, r.dot_type, backends});
     }
     return table;
 }

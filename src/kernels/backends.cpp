@@ -1,11 +1,14 @@
 // make_backend's registry: the backends this build has. A new backend is one row here plus its
-// folder beside kernels/cpu.
+// folder beside kernels/cpu. The CUDA row exists in builds configured with VXQ_CUDA=ON.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "kernels/cpu/backend_cpu.h"
+#if VXQ_HAVE_CUDA
+#include "kernels/cuda/backend_cuda.h"
+#endif
 
 namespace vxq {
 
@@ -18,6 +21,9 @@ struct BackendEntry {
 
 constexpr BackendEntry kBackends[] = {
     {"cpu", cpu::make_backend},
+#if VXQ_HAVE_CUDA
+    {"cuda", cuda::make_backend},
+#endif
 };
 
 }  // namespace
@@ -32,6 +38,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
     for (const BackendEntry& e : kBackends) {
         if (name == e.name) return e.make(n_threads);
     }
+    if (name == "cuda") fail("this build has no CUDA backend (configured with VXQ_CUDA=OFF or without nvcc)");
     fail("unknown backend '{}' (available: {})", name, fmt::join(backend_names(), ", "));
 }
 

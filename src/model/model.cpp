@@ -66,7 +66,8 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         }
         be.rope(q, n, c.n_head, c.head_dim, pos0, rope);
         be.rope(k, n, c.n_head_kv, c.head_dim, pos0, rope);
-        cache.write(il, pos0, k, v, n);
+        // The KV cache is host storage: a device backend hands it host copies of k and v.
+        cache.write(il, pos0, be.to_host(k, size_t(n * c.kv_dim()), 0), be.to_host(v, size_t(n * c.kv_dim()), 1), n);
         KvObserver* obs = cache.observer();
         if (obs && obs->wants_attention_mass(il)) {  // the score observer (H2O, SnapKV): per stored token
             std::vector<std::vector<float>> mass(size_t(c.n_head_kv));
@@ -80,7 +81,10 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         } else {
             be.attention(cache.view(il), q, n, pos0, attn);
         }
-        cache.observe_attention(il, q, n, pos0, attn);
+        if (cache.observer()) {
+            cache.observe_attention(il, be.to_host(q, size_t(n * c.q_dim()), 0), n, pos0,
+                                    be.to_host(attn, size_t(n * c.q_dim()), 1));
+        }
         be.matmul(L.wo, attn, n, cur);
         be.add(x, cur, n * c.n_embd);
 

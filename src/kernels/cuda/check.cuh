@@ -1,0 +1,23 @@
+// Every CUDA runtime call goes through VXQ_CUDA_CHECK: a failure is a vxq::Error naming the call,
+// the file and line, and CUDA's own message (never an abort, never an ignored status).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace vxq::cuda {
+// Throws the vxq::Error. Defined in check.cpp: nvcc's host pass cannot compile the fmt headers
+// (core/error.h), so no .cu file includes them; .cu files report through this.
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line);
+}  // namespace vxq::cuda
+
+#define VXQ_CUDA_CHECK(call)                                                                   \
+    do {                                                                                       \
+        const cudaError_t vxq_cuda_status_ = (call);                                           \
+        if (vxq_cuda_status_ != cudaSuccess) {                                                 \
+            ::vxq::cuda::throw_cuda_error(vxq_cuda_status_, #call, __FILE__, __LINE__);        \
+        }                                                                                      \
+    } while (0)
+
+// After a kernel launch: a bad configuration shows up here, a fault inside the kernel at the
+// next synchronizing call.
+#define VXQ_CUDA_CHECK_LAUNCH() VXQ_CUDA_CHECK(cudaGetLastError())

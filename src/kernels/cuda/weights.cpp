@@ -1,0 +1,72 @@
+// Weight upload of the CUDA backend (host code): the file's blocks regrouped into the device
+// layout gemv.cuh describes, then copied once.
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "formats/ggml_types.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/gemv.cuh"
+
+namespace vxq::cuda {
+
+DeviceWeight upload_weight(const WeightView& w) {
+    DeviceWeight d;
+    d.type = w.type;
+    d.rows = w.rows;
+    d.cols = w.cols;
+    const size_t n = size_t(w.rows * w.cols);
+    switch (w.type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::BF16: {
+            const size_t elem = w.type == GgmlType::F32 ? 4 : 2;
+            VXQ_ASSERT(w.row_bytes == size_t(w.cols) * elem);
+            d.bytes = n * elem;
+            VXQ_CUDA_CHECK(cudaMalloc(&d.data, d.bytes));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.data, w.data, d.bytes, cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            return d;
+        }
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0: {
+            if (w.cols % kQBlock != 0) fail("{} weight with {} columns: not whole blocks", ggml_type_display_name(w.type), w.cols);
+            const bool q8 = w.type == GgmlType::Q8_0;
+            const int64_t nb = w.cols / kQBlock;
+            const size_t quant_bytes = q8 ? n : n / 2;
+            std::vector<uint8_t> quants(quant_bytes);
+            std::vector<uint16_t> scales(size_t(w.rows * nb));
+            for (int64_t r = 0; r < w.rows; ++r) {
+                const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes;
+                for (int64_t b = 0; b < nb; ++b) {
+                    if (q8) {
+                        const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
+                        scales[size_t(r * nb + b)] = blk->d;
+                        std::memcpy(&quants[size_t(r * w.cols + b * kQBlock)], blk->qs, kQBlock);
+                    } else {
+                        const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
+                        scales[size_t(r * nb + b)] = blk->d;
+                        std::memcpy(&quants[size_t(r * (w.cols / 2) + b * 16)], blk->qs, 16);
+                    }
+                }
+            }
+            d.bytes = quant_bytes + scales.size() * 2;
+            VXQ_CUDA_CHECK(cudaMalloc(&d.data, quant_bytes));
+            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quant_bytes, cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            return d;
+        }
+        default:
+            fail("weight type {} has no CUDA kernel yet", ggml_type_display_name(w.type));
+    }
+}
+
+void free_weight(DeviceWeight& w) {
+    cudaFree(w.data);
+    cudaFree(w.scales);
+    w = DeviceWeight{};
+}
+
+}  // namespace vxq::cuda
