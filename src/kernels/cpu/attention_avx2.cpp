@@ -86,14 +86,20 @@ void attn_weighted_sum_f16_avx2(const float* p16, F16Pages v, int64_t n_kv, int6
     alignas(32) float acc[8][256];
     for (int l = 0; l < 8; ++l)
         for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[l][8 * b], _mm256_setzero_ps());
-    v.for_pages(n_kv, d, [&](int64_t t, const f16_t* vt) {
-        if (p16[t] == 0.0f) return;  // fma(0, v, a) == a for finite v: skipping is exact
-        const __m256 p = _mm256_set1_ps(p16[t]);
-        float* a = acc[t % 8];
-        for (int64_t b = 0; b < nb; ++b) {
-            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(p, load_f16(vt + 8 * b), _mm256_load_ps(a + 8 * b)));
+    const int64_t page = int64_t(1) << v.page_shift;
+    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // page by page: one page-table lookup per page
+        const f16_t* base = v.pages[t0 >> v.page_shift];
+        const int64_t t1 = std::min(n_kv, t0 + page);
+        for (int64_t t = t0; t < t1; ++t) {
+            if (p16[t] == 0.0f) continue;  // fma(0, v, a) == a for finite v: skipping is exact
+            const __m256 p = _mm256_set1_ps(p16[t]);
+            float* a = acc[t % 8];
+            const f16_t* vt = base + (t - t0) * d;
+            for (int64_t b = 0; b < nb; ++b) {
+                _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(p, load_f16(vt + 8 * b), _mm256_load_ps(a + 8 * b)));
+            }
         }
-    });
+    }
     // Reduce the 8 lanes of each channel in ggml's hsum order: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
     for (int64_t b = 0; b < nb; ++b) {
         const int64_t c = 8 * b;
@@ -187,14 +193,20 @@ void attn_weighted_sum_f16_vecdot_avx2(const float* p16, F16Pages v, int64_t n_k
     alignas(32) float acc[32][256];
     for (int sl = 0; sl < 32; ++sl)
         for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[sl][8 * b], _mm256_setzero_ps());
-    v.for_pages(n_kv, d, [&](int64_t t, const f16_t* vt) {
-        if (p16[t] == 0.0f) return;  // fma(v, 0, a) == a for finite v: skipping is exact
-        const __m256 p = _mm256_set1_ps(p16[t]);
-        float* a = acc[t % 32];
-        for (int64_t b = 0; b < nb; ++b) {
-            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(load_f16(vt + 8 * b), p, _mm256_load_ps(a + 8 * b)));
+    const int64_t page = int64_t(1) << v.page_shift;
+    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // page by page: one page-table lookup per page
+        const f16_t* base = v.pages[t0 >> v.page_shift];
+        const int64_t t1 = std::min(n_kv, t0 + page);
+        for (int64_t t = t0; t < t1; ++t) {
+            if (p16[t] == 0.0f) continue;  // fma(v, 0, a) == a for finite v: skipping is exact
+            const __m256 p = _mm256_set1_ps(p16[t]);
+            float* a = acc[t % 32];
+            const f16_t* vt = base + (t - t0) * d;
+            for (int64_t b = 0; b < nb; ++b) {
+                _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(load_f16(vt + 8 * b), p, _mm256_load_ps(a + 8 * b)));
+            }
         }
-    });
+    }
     // Per channel: x_l = (acc0 + acc2) + (acc1 + acc3) at lane l, t_l = x_l + x_{l+4},
     // out = (t0 + t1) + (t2 + t3).
     for (int64_t b = 0; b < nb; ++b) {

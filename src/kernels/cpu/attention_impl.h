@@ -1,7 +1,6 @@
 // Internal: the inner loops of attention_f16, per instruction set.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "core/fp16.h"
@@ -14,16 +13,6 @@ struct F16Pages {
     int64_t page_shift;
     const f16_t* row(int64_t t, int64_t d) const {
         return pages[t >> page_shift] + (t & ((int64_t(1) << page_shift) - 1)) * d;
-    }
-    // fn(t, row t) for t in [0, n), page by page (the page's base looked up once).
-    template <class Fn>
-    void for_pages(int64_t n, int64_t d, Fn&& fn) const {
-        const int64_t page = int64_t(1) << page_shift;
-        for (int64_t t0 = 0; t0 < n; t0 += page) {
-            const f16_t* base = pages[t0 >> page_shift];
-            const int64_t m = std::min(page, n - t0);
-            for (int64_t j = 0; j < m; ++j) fn(t0 + j, base + j * d);
-        }
     }
 };
 
