@@ -209,7 +209,24 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
         for (int64_t p = 0; p < h.k.n_segs; ++p) kp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.k.segs[p].data);
         for (int64_t p = 0; p < h.v.n_segs; ++p) vp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.v.segs[p].data);
     }
-    const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, int64_t(std::countr_zero(uint64_t(view.chunk))),
+    // A stream whose pages are adjacent in memory (the cache reserves one range per stream) is
+    // read as one run: one call per row for the scores and no page-table lookups in the V sum.
+    int64_t page_shift = int64_t(std::countr_zero(uint64_t(view.chunk)));
+    const size_t page_bytes = size_t(view.chunk * view.head_dim) * sizeof(f16_t);
+    bool adjacent = true;
+    for (int64_t g = 0; g < H && adjacent; ++g) {
+        for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v})
+            for (int64_t p = 1; p < s->n_segs && adjacent; ++p) adjacent = s->segs[p].data == s->segs[p - 1].data + page_bytes;
+    }
+    if (adjacent && pages > 1) {
+        for (int64_t g = 0; g < H; ++g) {
+            kp[size_t(g)] = kp[size_t(g * pages)];
+            vp[size_t(g)] = vp[size_t(g * pages)];
+        }
+        pages = 1;
+        page_shift = 62;  // every token of a head in "page" 0
+    }
+    const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, page_shift,
                              out, n_q, pos0, view.n_head, H, view.head_dim, scale};
     const int64_t units = n_q * view.n_head;
     const int64_t n_gqa = view.n_head / H;
