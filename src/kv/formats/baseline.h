@@ -48,6 +48,7 @@
 #include <limits>
 
 #include "core/fp16.h"
+#include "formats/ggml_quants.h"
 #include "formats/ggml_types.h"
 
 namespace vxq::kvfmt {
@@ -140,38 +141,13 @@ struct Q8_0 {
     }
 };
 
-// (int8_t)(v) as GCC's x86 code computes it: cvttss2si (truncation; INT32_MIN for NaN and out of
-// range), then the low byte.
-inline int8_t int8_trunc_x86(float v) {
-    const int32_t i = std::fabs(v) < 2147483648.0f ? int32_t(v) : std::numeric_limits<int32_t>::min();
-    return int8_t(uint8_t(uint32_t(i) & 0xffu));
-}
-
 struct Q4_0 {
     static constexpr const char* kName = "q4_0";
     static constexpr bool kBlocks32 = true;
     static size_t bytes(int64_t d) { return size_t(d / kQK4_0) * sizeof(BlockQ4_0); }
+    // ggml's quantize_row_q4_0_ref (formats/ggml_quants.h), which the CPU backend also runs.
     static void encode(const float* x, int64_t d, uint8_t* out, float) {
-        for (int64_t b = 0; b < d / kQK4_0; ++b) {
-            const float* xb = x + b * kQK4_0;
-            float amax = 0.0f, m = 0.0f;
-            for (int j = 0; j < kQK4_0; ++j) {
-                if (amax < std::fabs(xb[j])) {
-                    amax = std::fabs(xb[j]);
-                    m = xb[j];
-                }
-            }
-            const float dd = m / -8.0f;
-            const float id = dd != 0.0f ? 1.0f / dd : 0.0f;
-            BlockQ4_0 blk;
-            blk.d = fp32_to_fp16(dd);
-            for (int j = 0; j < kQK4_0 / 2; ++j) {
-                const int lo = std::min<int>(15, int8_trunc_x86(xb[j] * id + 8.5f));
-                const int hi = std::min<int>(15, int8_trunc_x86(xb[j + kQK4_0 / 2] * id + 8.5f));
-                blk.qs[j] = uint8_t((lo & 0x0f) | ((hi & 0x0f) << 4));
-            }
-            std::memcpy(out + b * sizeof(BlockQ4_0), &blk, sizeof blk);
-        }
+        quantize_row_q4_0_ref(x, reinterpret_cast<BlockQ4_0*>(out), d);
     }
     static void decode_range(const uint8_t* tok, int64_t c0, int64_t len, float* x, float) {
         BlockQ4_0 blk;
