@@ -249,9 +249,11 @@ struct KvCache::Impl {
     // --prefill-exact: the exact K/V of the batch of `exact_layer`   [n_head_kv, n, head_dim]
     int64_t exact_layer = -1, exact_n = 0;
     std::vector<float> exact_k, exact_v;
+    std::vector<float> head_major, scratch;  // write()'s buffers, kept between calls
     // View storage per layer (rebuilt by view()).
     mutable std::vector<std::vector<KvSegment>> segs;
     mutable std::vector<std::vector<KvHeadView>> head_views;
+    mutable std::vector<std::pair<size_t, size_t>> ranges;
 
     Head& head(int64_t layer, int64_t g) { return heads[size_t(layer * shape.n_head_kv + g)]; }
     const Head& head(int64_t layer, int64_t g) const { return heads[size_t(layer * shape.n_head_kv + g)]; }
@@ -313,7 +315,9 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
                 std::memcpy(&m.exact_v[size_t((g * n + t) * d)], v + (t * H + g) * d, size_t(d) * 4);
             }
     }
-    std::vector<float> head_major(size_t(n * d)), scratch;
+    std::vector<float>& head_major = m.head_major;  // reused: a decode step allocates nothing here
+    std::vector<float>& scratch = m.scratch;
+    head_major.resize(size_t(n * d));
     for (int64_t g = 0; g < H; ++g) {
         Head& h = m.head(layer, g);
         h.truncate(h.below(pos0));
@@ -344,7 +348,8 @@ KvLayerView KvCache::view(int64_t layer) const {
     auto& hv = m.head_views[size_t(layer)];
     segs.clear();
     hv.assign(size_t(H), KvHeadView{});
-    std::vector<std::pair<size_t, size_t>> ranges;  // [2 * g + role] -> (begin, end) in segs
+    auto& ranges = m.ranges;  // [2 * g + role] -> (begin, end) in segs
+    ranges.clear();
     const bool exact = m.exact_layer == layer;
     for (int64_t g = 0; g < H; ++g) {
         const Head& h = m.head(layer, g);

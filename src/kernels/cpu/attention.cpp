@@ -203,7 +203,9 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
         max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
     }
     // Page tables as pointer arrays: segment p of an f16 stream is page p (chunk tokens each).
-    std::vector<const f16_t*> kp(size_t(H * pages)), vp(size_t(H * pages));
+    thread_local std::vector<const f16_t*> kp, vp;  // reused: a decode step allocates nothing here
+    kp.assign(size_t(H * pages), nullptr);
+    vp.assign(size_t(H * pages), nullptr);
     for (int64_t g = 0; g < H; ++g) {
         const KvHeadView& h = view.heads[g];
         for (int64_t p = 0; p < h.k.n_segs; ++p) kp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.k.segs[p].data);
