@@ -13,9 +13,8 @@
 #                                          vxq-llama-h64-f16 (-c 1024 --chunks 24)
 #                                          (tests/test_perplexity.cpp).
 # The checked-in files were made by llama.cpp b4748 (commit c392e509, `llama-cli --version`:
-# "version: 4748 (c392e5094)"), built with gcc 12.2 -O3 (CMake Release) with
-#   -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF
-# (AVX2 + FMA + F16C, no AVX-512; CPU only, OpenMP), run with 2 threads, f16 KV cache and no flash
+# "version: 4748 (c392e5094)"), a CPU build whose system-info line reports AVX2, FMA and F16C and
+# no AVX-512, run with 2 threads, f16 KV cache and no flash
 # attention on this project's 2-core AMD EPYC (Zen 3). The ISA matters for Q8_0/Q4_0 weights:
 # activations are quantized to int8 per block, so a last-bit difference between the AVX2 and
 # AVX-512 kernels can flip a code and the greedy text (tests/test_golden.cpp explains). The script
@@ -23,7 +22,7 @@
 #
 # Not made here: ../shared/golden/*.llamacpp.json (tokenization and greedy text, given with the
 # shared assets: llama.cpp b4748, CPU, 2 threads, --temp 0; see ../shared/assets/README.md; two
-# of its Q8_0/Q4_0 texts differ from the AVX2 build's, and an earlier -march=x86-64-v4 (AVX-512)
+# of its Q8_0/Q4_0 texts differ from the AVX2 build's, and an earlier AVX-512
 # build of the same version reproduced them) and tests/data/gate/*.json (vxq's own quality-gate
 # limits, measured with `vxq eval` on main; each file says how).
 #
@@ -115,7 +114,7 @@ with open("tests/data/llamacpp_avx2_greedy.json", "w", encoding="utf-8") as f:
     json.dump({"reference": "llama-cli -n N --temp 0 -no-cnv --no-display-prompt on the shared golden prompts; " + build,
                "greedy": greedy,
                "provenance": "Made by scripts/make_references.sh (its header names the build flags and the machine). "
-                             "Where a text differs from ../shared/golden, an earlier -march=x86-64-v4 (AVX-512) build of the "
+                             "Where a text differs from ../shared/golden, an earlier AVX-512 build of the "
                              "same version reproduced the shared golden's text. "
                              "Output text only; no llama.cpp code is stored."},
               f, indent=1, ensure_ascii=False)
