@@ -20,19 +20,6 @@ constexpr uint32_t kGgufVersion = 3;
 // Tensor data is produced and written in chunks of about this many bytes (at least one row).
 constexpr uint64_t kChunkBytes = uint64_t(32) << 20;
 
-template <typename T>
-void put(std::vector<uint8_t>& out, T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const size_t at = out.size();
-    out.resize(at + sizeof(T));
-    std::memcpy(out.data() + at, &v, sizeof(T));
-}
-
-void put_string(std::vector<uint8_t>& out, const std::string& s) {
-    put<uint64_t>(out, s.size());
-    out.insert(out.end(), s.begin(), s.end());
-}
-
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 // An open temporary next to `path`, renamed over it by commit(); removed if never committed.
@@ -81,7 +68,7 @@ GgufWriterValue GgufWriterValue::string(const std::string& s) {
     GgufWriterValue r;
     r.type_ = GgufValueType::STRING;
     r.type_id_ = uint32_t(GgufValueType::STRING);
-    put_string(r.payload_, s);
+    gguf_put_string(r.payload_, s);
     return r;
 }
 
@@ -89,8 +76,8 @@ GgufWriterValue GgufWriterValue::array(GgufValueType elem, const std::vector<Ggu
     GgufWriterValue r;
     r.type_ = GgufValueType::ARRAY;
     r.type_id_ = uint32_t(GgufValueType::ARRAY);
-    put<uint32_t>(r.payload_, uint32_t(elem));
-    put<uint64_t>(r.payload_, items.size());
+    gguf_put<uint32_t>(r.payload_, uint32_t(elem));
+    gguf_put<uint64_t>(r.payload_, items.size());
     for (const auto& it : items) {
         if (it.type_id_ != uint32_t(elem)) throw std::invalid_argument("GGUF array element of another type than the array's");
         r.payload_.insert(r.payload_.end(), it.payload_.begin(), it.payload_.end());
@@ -110,8 +97,8 @@ GgufWriterValue GgufWriterValue::raw(uint32_t type, std::vector<uint8_t> payload
 
 GgufStreamWriter& GgufStreamWriter::add(const std::string& key, const GgufWriterValue& v) {
     std::vector<uint8_t> entry;
-    put_string(entry, key);
-    put<uint32_t>(entry, v.type_id());
+    gguf_put_string(entry, key);
+    gguf_put<uint32_t>(entry, v.type_id());
     entry.insert(entry.end(), v.payload().begin(), v.payload().end());
     kvs_.push_back(std::move(entry));
     return *this;
@@ -151,17 +138,17 @@ size_t GgufStreamWriter::add_tensor(const std::string& name, const std::vector<i
 
 std::vector<uint8_t> GgufStreamWriter::header() const {
     std::vector<uint8_t> out;
-    put<uint32_t>(out, kGgufMagic);
-    put<uint32_t>(out, kGgufVersion);
-    put<uint64_t>(out, tensors_.size());
-    put<uint64_t>(out, kvs_.size());
+    gguf_put<uint32_t>(out, kGgufMagic);
+    gguf_put<uint32_t>(out, kGgufVersion);
+    gguf_put<uint64_t>(out, tensors_.size());
+    gguf_put<uint64_t>(out, kvs_.size());
     for (const auto& kv : kvs_) out.insert(out.end(), kv.begin(), kv.end());
     for (const GgufTensorInfo& t : tensors_) {
-        put_string(out, t.name);
-        put<uint32_t>(out, uint32_t(t.ne.size()));
-        for (int64_t d : t.ne) put<uint64_t>(out, uint64_t(d));
-        put<uint32_t>(out, uint32_t(t.type));
-        put<uint64_t>(out, t.offset);
+        gguf_put_string(out, t.name);
+        gguf_put<uint32_t>(out, uint32_t(t.ne.size()));
+        for (int64_t d : t.ne) gguf_put<uint64_t>(out, uint64_t(d));
+        gguf_put<uint32_t>(out, uint32_t(t.type));
+        gguf_put<uint64_t>(out, t.offset);
     }
     out.resize(round_up(out.size(), alignment_), 0);
     return out;

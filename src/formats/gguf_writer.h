@@ -26,6 +26,20 @@
 
 namespace vxq {
 
+// GGUF's little-endian encoding of a scalar and of a string (u64 length, bytes), appended to out;
+// the library writer and the tests' deliberately-broken-file writer share them.
+template <typename T>
+void gguf_put(std::vector<uint8_t>& out, T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out.size();
+    out.resize(at + sizeof(T));
+    std::memcpy(out.data() + at, &v, sizeof(T));
+}
+inline void gguf_put_string(std::vector<uint8_t>& out, const std::string& s) {
+    gguf_put<uint64_t>(out, s.size());
+    out.insert(out.end(), s.begin(), s.end());
+}
+
 // One encoded metadata value (type tag kept apart from the payload), nestable into arrays.
 class GgufWriterValue {
 public:

@@ -12,19 +12,6 @@ namespace vxq::test {
 
 namespace {
 
-template <typename T>
-void put(std::vector<uint8_t>& out, T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const size_t at = out.size();
-    out.resize(at + sizeof(T));
-    std::memcpy(out.data() + at, &v, sizeof(T));
-}
-
-void put_string(std::vector<uint8_t>& out, const std::string& s) {
-    put<uint64_t>(out, s.size());
-    out.insert(out.end(), s.begin(), s.end());
-}
-
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 [[noreturn]] void invalid(const std::string& what) { throw std::invalid_argument("GgufWriter: " + what); }
@@ -45,8 +32,8 @@ uint64_t element_count(const std::string& name, const std::vector<int64_t>& ne) 
 
 GgufWriter& GgufWriter::add(const std::string& key, const GgufWriterValue& v) {
     Kv kv;
-    put_string(kv.entry, key);
-    put<uint32_t>(kv.entry, v.type_id());
+    gguf_put_string(kv.entry, key);
+    gguf_put<uint32_t>(kv.entry, v.type_id());
     kv.value_offset = kv.entry.size();
     kv.entry.insert(kv.entry.end(), v.payload().begin(), v.payload().end());
     kvs_.push_back(std::move(kv));
@@ -135,10 +122,10 @@ GgufWriter& GgufWriter::add_tensor_raw(RawTensor t) {
 std::vector<uint8_t> GgufWriter::bytes(Layout* layout) const {
     Layout lay;
     std::vector<uint8_t> out;
-    put<uint32_t>(out, magic_);
-    put<uint32_t>(out, version_);
-    put<uint64_t>(out, tensor_count_.value_or(tensors_.size()));
-    put<uint64_t>(out, kv_count_.value_or(kvs_.size()));
+    gguf_put<uint32_t>(out, magic_);
+    gguf_put<uint32_t>(out, version_);
+    gguf_put<uint64_t>(out, tensor_count_.value_or(tensors_.size()));
+    gguf_put<uint64_t>(out, kv_count_.value_or(kvs_.size()));
 
     for (const auto& kv : kvs_) {
         lay.kv_offsets.push_back(out.size());
@@ -157,12 +144,12 @@ std::vector<uint8_t> GgufWriter::bytes(Layout* layout) const {
     for (size_t i = 0; i < tensors_.size(); ++i) {
         const auto& t = tensors_[i];
         lay.tensor_info_offsets.push_back(out.size());
-        put_string(out, t.name);
-        put<uint32_t>(out, uint32_t(t.dims.size()));
-        for (uint64_t d : t.dims) put<uint64_t>(out, d);
-        put<uint32_t>(out, t.type_id);
+        gguf_put_string(out, t.name);
+        gguf_put<uint32_t>(out, uint32_t(t.dims.size()));
+        for (uint64_t d : t.dims) gguf_put<uint64_t>(out, d);
+        gguf_put<uint32_t>(out, t.type_id);
         const uint64_t off = t.offset.value_or(pos[i]);
-        put<uint64_t>(out, off);
+        gguf_put<uint64_t>(out, off);
         lay.tensor_offsets.push_back(off);
     }
 
