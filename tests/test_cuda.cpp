@@ -26,10 +26,14 @@
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "support/assets.h"
+#include "support/random_weights.h"
 #include "support/tiny_model.h"
 
 namespace vxq {
 namespace {
+
+using test::Weights;
+using test::random_weights;
 
 // The CUDA backend, or the reason there is none (then the caller skips).
 std::unique_ptr<Backend> try_cuda(std::string* why) {
@@ -63,48 +67,6 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float sd = 1.0f) {
 }
 
 // Random weights of a type, as a file would hold them (|w| ~ 0.05).
-struct Weights {
-    GgmlType type;
-    int64_t rows = 0, cols = 0;
-    std::vector<uint8_t> bytes;
-    WeightView view() const { return WeightView{type, bytes.data(), rows, cols, ggml_row_bytes(type, cols)}; }
-};
-
-Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
-    Weights w{type, rows, cols, {}};
-    const size_t rb = ggml_row_bytes(type, cols);
-    w.bytes.resize(rb * size_t(rows));
-    std::normal_distribution<float> nd(0.0f, 0.05f);
-    std::uniform_real_distribution<float> ud(0.0005f, 0.01f);
-    std::uniform_int_distribution<int> byte(0, 255), q8(-127, 127);
-    for (int64_t r = 0; r < rows; ++r) {
-        uint8_t* row = w.bytes.data() + size_t(r) * rb;
-        for (int64_t c = 0; c < cols; ++c) {
-            if (type == GgmlType::F32) {
-                const float v = nd(rng);
-                std::memcpy(row + 4 * c, &v, 4);
-            } else if (type == GgmlType::F16) {
-                const f16_t h = fp32_to_fp16(nd(rng));
-                std::memcpy(row + 2 * c, &h, 2);
-            } else if (type == GgmlType::BF16) {
-                const bf16_t h = fp32_to_bf16(nd(rng));
-                std::memcpy(row + 2 * c, &h, 2);
-            }
-        }
-        for (int64_t i = 0; i < cols / 32; ++i) {
-            if (type == GgmlType::Q8_0) {
-                auto* b = reinterpret_cast<BlockQ8_0*>(row) + i;
-                b->d = fp32_to_fp16(ud(rng));
-                for (int j = 0; j < 32; ++j) b->qs[j] = int8_t(q8(rng));
-            } else if (type == GgmlType::Q4_0) {
-                auto* b = reinterpret_cast<BlockQ4_0*>(row) + i;
-                b->d = fp32_to_fp16(ud(rng) * 4.0f);
-                for (int j = 0; j < 16; ++j) b->qs[j] = uint8_t(byte(rng));
-            }
-        }
-    }
-    return w;
-}
 
 TEST(Cuda, MakeBackendIsTheDeviceOrAOneLineError) {
     try {

@@ -1,0 +1,77 @@
+// Random weight matrices of every computed type, for kernel tests (CPU and CUDA alike).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/types.h"
+#include "core/fp16.h"
+#include "formats/ggml_types.h"
+
+namespace vxq::test {
+
+struct Weights {
+    GgmlType type;
+    int64_t rows = 0, cols = 0;
+    std::vector<uint8_t> bytes;
+    WeightView view() const {
+        return WeightView{type, bytes.data(), rows, cols, ggml_row_bytes(type, cols)};
+    }
+};
+
+// Random weights of a type; values of the size a trained model has (|w| ~ 0.05).
+inline Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+    Weights w{type, rows, cols, {}};
+    const size_t rb = ggml_row_bytes(type, cols);
+    w.bytes.resize(rb * size_t(rows));
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::uniform_real_distribution<float> ud(0.0005f, 0.01f);
+    for (int64_t r = 0; r < rows; ++r) {
+        uint8_t* row = w.bytes.data() + size_t(r) * rb;
+        switch (type) {
+            case GgmlType::F32:
+                for (int64_t c = 0; c < cols; ++c) {
+                    const float v = nd(rng);
+                    std::memcpy(row + 4 * c, &v, 4);
+                }
+                break;
+            case GgmlType::F16:
+                for (int64_t c = 0; c < cols; ++c) {
+                    const f16_t h = fp32_to_fp16(nd(rng));
+                    std::memcpy(row + 2 * c, &h, 2);
+                }
+                break;
+            case GgmlType::BF16:
+                for (int64_t c = 0; c < cols; ++c) {
+                    const bf16_t h = fp32_to_bf16(nd(rng));
+                    std::memcpy(row + 2 * c, &h, 2);
+                }
+                break;
+            case GgmlType::Q8_0: {
+                auto* b = reinterpret_cast<BlockQ8_0*>(row);
+                std::uniform_int_distribution<int> q(-127, 127);
+                for (int64_t i = 0; i < cols / 32; ++i) {
+                    b[i].d = fp32_to_fp16(ud(rng));
+                    for (int j = 0; j < 32; ++j) b[i].qs[j] = int8_t(q(rng));
+                }
+                break;
+            }
+            case GgmlType::Q4_0: {
+                auto* b = reinterpret_cast<BlockQ4_0*>(row);
+                std::uniform_int_distribution<int> q(0, 255);
+                for (int64_t i = 0; i < cols / 32; ++i) {
+                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
+                    for (int j = 0; j < 16; ++j) b[i].qs[j] = uint8_t(q(rng));
+                }
+                break;
+            }
+            default:
+                break;  // other types: no kernel to test, bytes stay zero
+        }
+    }
+    return w;
+}
+
+}  // namespace vxq::test
