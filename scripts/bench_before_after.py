@@ -3,10 +3,12 @@
 
   scripts/bench_before_after.py OLD/vxq NEW/vxq [--rounds 7] [-p 512] [-n 128] [-t 2] [--kv f16] [--models DIR]
 
-Each round runs `vxq bench -r 1 --no-aa --json` once per (model, build), the two builds in
-alternating order (ABBA across rounds) so drift and warm-up hit both alike (docs/MEASURE.md).
-Prints, per model and test, the median tokens/s of each build over the rounds, min-max, and the
-median of the per-round ratios NEW/OLD. A model a build refuses (a weight type it cannot
+Each round runs `vxq bench -r 1 --no-aa --json` once per (model, arm): the old build, the new
+build and the old build again (the A/A arm, the noise floor), in an order that rotates across
+rounds so drift and warm-up hit every arm alike (docs/MEASURE.md). Prints, per model and test,
+the median tokens/s of each build over the rounds, min-max, the median of the per-round ratios
+NEW/OLD and the A/A ratio OLD'/OLD with its spread: a NEW/OLD ratio inside the A/A spread is no
+measurable difference. A model a build refuses (a weight type it cannot
 compute) is listed as skipped with its one-line error. Writes the raw samples as JSON with --json.
 """
 import argparse, glob, json, os, statistics, subprocess, sys
@@ -34,13 +36,14 @@ def main():
     ap.add_argument("--json")
     a = ap.parse_args()
     models = sorted(glob.glob(os.path.join(a.models, "*.gguf")))
-    builds = {"old": a.old, "new": a.new}
+    builds = {"old": a.old, "new": a.new, "aa": a.old}
     for k, v in builds.items():
         ver = subprocess.run([v, "--version"], capture_output=True, text=True).stdout.strip()
         print(f"{k}: {v} ({ver})", file=sys.stderr)
     samples, skipped = {}, {}
     for rnd in range(a.rounds):
-        order = ["old", "new"] if rnd % 2 == 0 else ["new", "old"]
+        arms = ["old", "new", "aa"]
+        order = arms[rnd % 3:] + arms[:rnd % 3]
         for m in models:
             name = os.path.basename(m)
             if name in skipped:
@@ -51,22 +54,23 @@ def main():
                     skipped[name] = f"{b}: {err}"
                     break
                 for test, tps in res.items():
-                    samples.setdefault((name, test), {"old": [], "new": []})[b].append(tps)
+                    samples.setdefault((name, test), {"old": [], "new": [], "aa": []})[b].append(tps)
             if sys.stderr.isatty():
                 print(f"\rround {rnd + 1}/{a.rounds} {name:40s}", end="", file=sys.stderr)
     if sys.stderr.isatty():
         print(file=sys.stderr)
-    print(f"| model | test | old t/s (min-max) | new t/s (min-max) | new/old (median of {a.rounds} paired rounds) |")
-    print("| --- | --- | ---: | ---: | ---: |")
+    print(f"| model | test | old t/s (min-max) | new t/s (min-max) | new/old (median of {a.rounds} paired rounds) | A/A (min-max) |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
     out = []
     for (name, test), s in samples.items():
-        if len(s["old"]) != len(s["new"]) or not s["old"]:
+        if not (len(s["old"]) == len(s["new"]) == len(s["aa"])) or not s["old"]:
             continue
         ratios = [n / o for o, n in zip(s["old"], s["new"])]
+        aa = [x / o for o, x in zip(s["old"], s["aa"])]
         fmt = lambda x: f"{statistics.median(x):.0f} ({min(x):.0f}-{max(x):.0f})"
         print(f"| {name} | {test} | {fmt(s['old'])} | {fmt(s['new'])} | {statistics.median(ratios):.3f} "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) |")
-        out.append({"model": name, "test": test, **s, "ratios": ratios})
+              f"({min(ratios):.2f}-{max(ratios):.2f}) | {statistics.median(aa):.3f} ({min(aa):.2f}-{max(aa):.2f}) |")
+        out.append({"model": name, "test": test, **s, "ratios": ratios, "aa_ratios": aa})
     for name, why in skipped.items():
         print(f"skipped {name}: {why}")
     if a.json:
