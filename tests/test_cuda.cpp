@@ -59,6 +59,13 @@ std::unique_ptr<Backend> try_cuda(std::string* why) {
 
 uint32_t fresh_seed() { return std::random_device{}(); }
 
+// Options of a cache that lives where `be` reads it.
+KvCacheOptions device_cache(Backend& be) {
+    KvCacheOptions o;
+    o.memory = be.kv_memory();
+    return o;
+}
+
 std::vector<float> random_floats(size_t n, std::mt19937& rng, float sd = 1.0f) {
     std::normal_distribution<float> nd(0.0f, sd);
     std::vector<float> v(n);
@@ -248,16 +255,32 @@ TEST(Cuda, AttentionF16MatchesCpu) {
             auto be = make_backend("cuda", 1);
             KvCacheOptions opts;
             opts.flash_attn = flash;
-            auto cache = make_kv_cache(KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec{}, opts);
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
+            auto cache = make_kv_cache(shape, KvSpec{}, opts);
+            opts.memory = be->kv_memory();
+            auto dev_cache = make_kv_cache(shape, KvSpec{}, opts);
             const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
             const auto v = random_floats(k.size(), rng);
             const auto q = random_floats(size_t(c.n_q * c.n_head * c.head_dim), rng);
             cache->write(0, 0, k.data(), v.data(), c.kv_len);
             cache->commit(c.kv_len);
+            // Written in two pieces, so the store kernel appends to a non-empty head too.
+            const int64_t first = c.kv_len / 2, hd = c.n_head_kv * c.head_dim;
+            be->kv_write(*dev_cache, 0, 0, k.data(), v.data(), first);
+            be->kv_write(*dev_cache, 0, first, k.data() + first * hd, v.data() + first * hd, c.kv_len - first);
+            dev_cache->commit(c.kv_len);
+            // The store rounds as the CPU's f16 codec does: bit-exact.
+            for (int64_t g = 0; g < c.n_head_kv; ++g) {
+                std::vector<float> hk, hv, dk, dv;
+                cache->dequantize(0, g, c.kv_len, hk, hv);
+                dev_cache->dequantize(0, g, c.kv_len, dk, dv);
+                ASSERT_EQ(dk, hk) << "keys of head " << g;
+                ASSERT_EQ(dv, hv) << "values of head " << g;
+            }
             const int64_t pos0 = c.kv_len - c.n_q;  // the last n_q stored tokens are the queries
             std::vector<float> ref(q.size()), got(q.size(), NAN);
             cpu->attention(cache->view(0), q.data(), c.n_q, pos0, ref.data());
-            be->attention(cache->view(0), q.data(), c.n_q, pos0, got.data());
+            be->attention(dev_cache->view(0), q.data(), c.n_q, pos0, got.data());
             // flash: f32 q, scores, softmax and V sum on both, in other orders: 2e-5 on outputs
             // of size ~1. Without flash both round q and the probabilities to fp16 (llama.cpp's
             // numerics); a probability whose f32 value differs in its last bits (expf ulps,
@@ -268,19 +291,81 @@ TEST(Cuda, AttentionF16MatchesCpu) {
     }
 }
 
-TEST(Cuda, AttentionRefusesCompressedKvByName) {
+// What the CUDA backend cannot read is an error naming it, never a slow path: a compressed
+// format, and a cache in host memory.
+TEST(Cuda, AttentionRefusesCompressedKvAndHostCachesByName) {
     VXQ_REQUIRE_CUDA(be);
-    auto cache = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "q4_0", "f16");
     std::mt19937 rng(fresh_seed());
     const auto k = random_floats(2 * 64 * 4, rng);
-    cache->write(0, 0, k.data(), k.data(), 4);
-    cache->commit(4);
     std::vector<float> q(2 * 64), out(q.size());
+    KvCacheOptions opts;
+    opts.memory = be->kv_memory();
+    auto q4 = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "q4_0", "f16", opts);
     try {
-        be->attention(cache->view(0), q.data(), 1, 3, out.data());
-        FAIL() << "a q4_0 key cache ran on CUDA";
+        be->kv_write(*q4, 0, 0, k.data(), k.data(), 4);
+        FAIL() << "a q4_0 key cache was written on CUDA";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("has no CUDA reader yet"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("q4_0 (keys) has no CUDA reader yet"), std::string::npos) << e.what();
+    }
+    auto host = make_kv_cache(KvShape{1, 2, 2, 64, 64}, KvSpec{});
+    host->write(0, 0, k.data(), k.data(), 4);
+    host->commit(4);
+    try {
+        be->attention(host->view(0), q.data(), 1, 3, out.data());
+        FAIL() << "CUDA attention read a host-memory cache";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("KV cache is in host memory"), std::string::npos) << e.what();
+    }
+    // KIVI keeps an fp16 window and packs groups later: not storable in device memory yet.
+    EXPECT_THROW(make_kv_cache(KvShape{1, 2, 2, 64, 64}, "kivi:bits=2", "kivi:bits=2", opts), Error);
+}
+
+// Device pages are committed in chunks as tokens arrive and given back when they go.
+TEST(Cuda, DeviceKvCacheHoldsMemoryOnlyForItsTokens) {
+    VXQ_REQUIRE_CUDA(be);
+    KvCacheOptions opts;
+    opts.memory = be->kv_memory();
+    const KvShape shape{2, 4, 2, 64, 1 << 20};  // a 1M-token context: nothing reserved up front
+    auto cache = make_kv_cache(shape, KvSpec{}, opts);
+    EXPECT_EQ(cache->resident_bytes(), 0u);
+    std::mt19937 rng(fresh_seed());
+    const auto k = random_floats(size_t(3 * 2 * 64), rng);
+    for (int64_t l = 0; l < 2; ++l) be->kv_write(*cache, l, 0, k.data(), k.data(), 3);
+    cache->commit(3);
+    const size_t held = cache->resident_bytes();
+    EXPECT_GT(held, 0u);
+    EXPECT_LE(held, size_t(8) * (8u << 20)) << "8 streams, at most one 2-8 MiB chunk each";
+    cache->truncate(0);
+    EXPECT_EQ(cache->resident_bytes(), 0u) << "truncate gives the chunks back";
+}
+
+// A decode step is captured as a CUDA graph the second time it comes and replayed after that:
+// the logits must be those of plain launches, bit for bit (same kernels, same arguments).
+TEST(Cuda, GraphReplayEqualsPlainLaunches) {
+    VXQ_REQUIRE_CUDA(graphs);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    setenv("VXQ_CUDA_GRAPHS", "0", 1);
+    auto plain = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_GRAPHS");
+    EXPECT_NE(graphs->describe().find("graphs on"), std::string::npos) << graphs->describe();
+    EXPECT_NE(plain->describe().find("graphs off"), std::string::npos) << plain->describe();
+    const ModelConfig& c = model->config();
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256};
+    std::vector<std::unique_ptr<KvCache>> caches;
+    for (Backend* be : {graphs.get(), plain.get()}) {
+        KvCacheOptions opts;
+        opts.memory = be->kv_memory();
+        caches.push_back(make_kv_cache(shape, KvSpec{}, opts));
+    }
+    const auto ids = model->tokenizer().encode("Once upon a time", true);
+    std::vector<TokenId> batch(ids.begin(), ids.end());
+    std::vector<float> a(size_t(c.n_vocab)), b(a.size());
+    for (int step = 0; step < 40; ++step) {
+        model->forward(*graphs, *caches[0], batch, false, a.data());
+        model->forward(*plain, *caches[1], batch, false, b.data());
+        ASSERT_EQ(a, b) << "step " << step;
+        batch = {TokenId(std::max_element(a.begin(), a.end()) - a.begin())};
     }
 }
 
@@ -320,6 +405,7 @@ double forward_difference(const Model& m, const std::vector<TokenId>& prompt, in
     opts.flash_attn = flash;
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(prompt.size()) + steps};
     auto cache_cpu = make_kv_cache(shape, KvSpec{}, opts);
+    opts.memory = gpu->kv_memory();
     auto cache_gpu = make_kv_cache(shape, KvSpec{}, opts);
     double worst = 0.0;
     std::vector<TokenId> batch = prompt;
@@ -349,7 +435,7 @@ int greedy_disagreements(const Model& m, Backend& gpu, const std::vector<TokenId
     auto cpu = make_backend("cpu", 2);
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(seq.size())};
     auto cache_cpu = make_kv_cache(shape, KvSpec{});
-    auto cache_gpu = make_kv_cache(shape, KvSpec{});
+    auto cache_gpu = make_kv_cache(shape, KvSpec{}, device_cache(gpu));
     std::vector<float> ref(size_t(c.n_vocab)), got(ref.size());
     int differ = 0;
     for (size_t done = 0; done < seq.size();) {
@@ -435,7 +521,7 @@ TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
         p.sampler.temperature = 0.0f;
         const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512};
         auto cache_cpu = make_kv_cache(shape, KvSpec{});
-        auto cache_gpu = make_kv_cache(shape, KvSpec{});
+        auto cache_gpu = make_kv_cache(shape, KvSpec{}, device_cache(*cuda));
         const std::string text = g["prompt"];
         const GenerateResult ref = generate(*model, *cpu, *cache_cpu, text, p);
         const GenerateResult got = generate(*model, *cuda, *cache_gpu, text, p);

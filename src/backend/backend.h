@@ -17,6 +17,8 @@
 namespace vxq {
 
 struct KvLayerView;
+class KvCache;
+class KvMemory;
 
 class Backend {
 public:
@@ -48,6 +50,14 @@ public:
     virtual void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) = 0;
     virtual void add(float* x, const float* y, int64_t n) = 0;
     virtual void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) = 0;
+    // Where KV caches run by this backend keep their pages (KvCacheOptions::memory): nullptr for
+    // host RAM. A cache must live where its backend's attention reads it.
+    virtual KvMemory* kv_memory() { return nullptr; }
+    // Stores the keys and values of n tokens at positions [pos0, pos0 + n) in one layer of the
+    // cache (k, v in this backend's memory).   k, v: [n, n_head_kv, head_dim], k after RoPE
+    // The default hands host copies to KvCache::write (host-memory caches).
+    virtual void kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n);
+
     // Causal attention of n_q query tokens at positions [pos0, pos0 + n_q) over one layer of the KV
     // cache: query i sees the stored tokens of its KV head at positions <= pos0 + i; scores are
     // scaled by 1/sqrt(head_dim). The backend reads every codec in place through its readers.

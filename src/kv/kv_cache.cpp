@@ -3,8 +3,6 @@
 // tokens. Nothing here computes attention: backends read `view()`.
 #include "kv/kv_cache.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -15,6 +13,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "kv/codec.h"
+#include "kv/memory.h"
 
 namespace vxq {
 
@@ -22,63 +21,32 @@ namespace {
 
 constexpr int64_t kMinPageTokens = 64;  // tokens per page (and per attention chunk): <= 63 unused per stream
 
-// The pages of one stream: a virtual range reserved for the whole context (nothing is resident
-// until written), committed page by page as tokens arrive and given back to the system
-// (madvise DONTNEED) as tokens go. Page p of the stream's page table is at base + p * page_bytes:
-// a stream's pages are adjacent, so a reader streams through them. (Pages from one shared heap,
-// interleaved across heads, made the f16 decode attention 15 % slower at 16K tokens: the
-// hardware prefetchers follow one address stream, not a page list.)
-class PageRange {
-public:
-    PageRange(size_t page_bytes, int64_t max_pages) : page_bytes_(page_bytes), max_pages_(max_pages) {
-        reserved_ = std::max<size_t>(1, page_bytes * size_t(max_pages));
-        void* p = mmap(nullptr, reserved_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED) fail("cannot reserve {} bytes of address space for a KV stream", reserved_);
-        base_ = static_cast<uint8_t*>(p);
-    }
-    PageRange(PageRange&& o) noexcept
-        : base_(std::exchange(o.base_, nullptr)), reserved_(o.reserved_), page_bytes_(o.page_bytes_),
-          max_pages_(o.max_pages_), n_pages_(o.n_pages_) {}
-    PageRange(const PageRange&) = delete;
-    ~PageRange() {
-        if (base_) munmap(base_, reserved_);
-    }
-
-    uint8_t* page(int64_t p) const { return base_ + size_t(p) * page_bytes_; }
-    int64_t pages() const { return n_pages_; }
-    void grow_to(int64_t n) {
-        VXQ_ASSERT(n <= max_pages_);
-        n_pages_ = std::max(n_pages_, n);
-    }
-    void shrink_to(int64_t n) {
-        if (n >= n_pages_) return;
-        madvise(page(n), size_t(n_pages_ - n) * page_bytes_, MADV_DONTNEED);
-        n_pages_ = n;
-    }
-    size_t page_bytes() const { return page_bytes_; }
-    size_t resident_bytes() const { return size_t(n_pages_) * page_bytes_; }
-
-private:
-    uint8_t* base_ = nullptr;
-    size_t reserved_ = 0, page_bytes_ = 0;
-    int64_t max_pages_ = 0, n_pages_ = 0;
-};
-
 // One (layer, KV head) stream of keys or values. Stored tokens [0, n_enc) are packed blocks in
 // pages; [n_enc, n_enc + n_pending) wait in an fp16 ring of flush_at() tokens (absent when the
 // codec encodes every token on arrival).
 class Stream {
 public:
-    Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens)
+    Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens, KvMemory& mem)
         : codec_(std::move(codec)), d_(d), page_tokens_(page_tokens), bt_(codec_->block_tokens()),
-          bb_(codec_->block_bytes(d)),
-          pages_(size_t(page_tokens / bt_) * bb_, (max_tokens + page_tokens - 1) / page_tokens) {
+          bb_(codec_->block_bytes(d)), mem_(&mem),
+          pages_(mem.reserve(size_t(page_tokens / bt_) * bb_, (max_tokens + page_tokens - 1) / page_tokens)) {
         window_ = codec_->flush_at() > 1 ? codec_->flush_at() : 0;
         VXQ_ASSERT(page_tokens_ % bt_ == 0 && codec_->flush_count() % bt_ == 0);
     }
 
     int64_t size() const { return n_enc_ + n_pending_; }
     const Codec& codec() const { return *codec_; }
+    // Whether tokens are stored on arrival, one block each, with no window: what a device
+    // backend's encode kernel writes (reserve()).
+    bool token_wise() const { return window_ == 0 && bt_ == 1; }
+
+    // Makes room for n tokens at the end without encoding them: the caller (a device backend's
+    // kernel) writes their blocks at base() + (size() - n) * block bytes.
+    void reserve(int64_t n) {
+        VXQ_ASSERT(token_wise());
+        if (n > 0) pages_->grow_to((n_enc_ + n + page_tokens_ - 1) / page_tokens_);
+        n_enc_ += n;
+    }
 
     // Appends n tokens.  x: [n, d] f32
     void append(const float* x, int64_t n, std::vector<float>& scratch) {
@@ -127,7 +95,10 @@ public:
     // kept tokens again (a KIVI key group that loses a token is re-quantized without it).
     void retain(int64_t first, std::span<const uint8_t> keep, std::vector<float>& scratch) {
         const int64_t n = size();
-        if (window_ == 0 && bt_ == 1) {
+        if (!mem_->host_accessible()) {
+            fail("evicting tokens from a KV cache in {} is not implemented yet", mem_->name());
+        }
+        if (token_wise()) {
             int64_t w = first;
             for (int64_t t = first; t < n; ++t) {
                 if (!keep[size_t(t)]) continue;
@@ -152,7 +123,7 @@ public:
     void view(std::vector<KvSegment>& out) const {
         for (int64_t p = 0; p * page_tokens_ < n_enc_; ++p) {
             const int64_t first = p * page_tokens_;
-            out.push_back({pages_.page(p), first, std::min(page_tokens_, n_enc_ - first), false});
+            out.push_back({block_ptr(p * (page_tokens_ / bt_)), first, std::min(page_tokens_, n_enc_ - first), false});
         }
         if (n_pending_ > 0) {
             const int64_t run1 = std::min(n_pending_, window_ - head_);
@@ -162,13 +133,22 @@ public:
         }
     }
 
+    const uint8_t* base() const { return block_ptr(0); }
     size_t window_bytes() const { return ring_.size() * sizeof(f16_t); }
-    size_t page_bytes() const { return pages_.resident_bytes(); }
+    size_t page_bytes() const { return pages_->resident_bytes(); }
 
     // Dequantized tokens [0, size()) for tests and references.  out: [size(), d]
     void decode_all(std::vector<float>& out) const {
         out.assign(size_t(size() * d_), 0.0f);
-        for (int64_t b = 0; b * bt_ < n_enc_; ++b) codec_->decode(block_ptr(b), d_, out.data() + b * bt_ * d_);
+        const int64_t n_blocks = (n_enc_ + bt_ - 1) / bt_;
+        std::vector<uint8_t> host;
+        const uint8_t* blocks = block_ptr(0);
+        if (!mem_->host_accessible()) {
+            host.resize(size_t(n_blocks) * bb_);
+            mem_->copy_to_host(host.data(), blocks, host.size());
+            blocks = host.data();
+        }
+        for (int64_t b = 0; b < n_blocks; ++b) codec_->decode(blocks + size_t(b) * bb_, d_, out.data() + b * bt_ * d_);
         for (int64_t t = 0; t < n_pending_; ++t) {
             const f16_t* slot = ring_.data() + ((head_ + t) % window_) * d_;
             for (int64_t c = 0; c < d_; ++c) out[size_t((n_enc_ + t) * d_ + c)] = fp16_to_fp32(slot[c]);
@@ -177,13 +157,14 @@ public:
 
 private:
     // Block b of the stream (pages are adjacent: page b / per_page, slot b % per_page).
-    uint8_t* block_ptr(int64_t b) const { return pages_.page(0) + size_t(b) * bb_; }
+    uint8_t* block_ptr(int64_t b) const { return pages_->base() + size_t(b) * bb_; }
 
-    void release_pages_from(int64_t keep_pages) { pages_.shrink_to(keep_pages); }
+    void release_pages_from(int64_t keep_pages) { pages_->shrink_to(keep_pages); }
 
     void encode_block(const float* x) {  // appends one block of bt_ tokens
+        VXQ_ASSERT(mem_->host_accessible());
         const int64_t b = n_enc_ / bt_;
-        pages_.grow_to(b / (page_tokens_ / bt_) + 1);
+        pages_->grow_to(b / (page_tokens_ / bt_) + 1);
         codec_->encode(x, d_, block_ptr(b));
         n_enc_ += bt_;
     }
@@ -207,7 +188,8 @@ private:
     int64_t d_, page_tokens_, bt_ = 1;
     size_t bb_ = 0;
     int64_t window_ = 0;
-    PageRange pages_;  // the page table: page p holds stored tokens [p * page_tokens, ...)
+    KvMemory* mem_;
+    std::unique_ptr<KvPages> pages_;  // the page table: page p holds stored tokens [p * page_tokens, ...)
     std::vector<f16_t> ring_;
     int64_t head_ = 0, n_enc_ = 0, n_pending_ = 0;
     bool observed_ = false;
@@ -229,6 +211,15 @@ struct Head {
         pos.resize(size_t(size()));
         for (size_t t = 0; t < pos.size(); ++t) pos[t] = int32_t(t);
     }
+    // Drops the tokens at positions >= pos0 and records the positions of n tokens about to be
+    // appended at [pos0, pos0 + n).
+    void place(int64_t pos0, int64_t n) {
+        truncate(below(pos0));
+        if (pos.empty() && size() != pos0) materialize_positions();
+        if (!pos.empty() || (size() == 0 && pos0 > 0)) {
+            for (int64_t t = 0; t < n; ++t) pos.push_back(int32_t(pos0 + t));
+        }
+    }
     void truncate(int64_t n_stored) {
         k.truncate(n_stored);
         v.truncate(n_stored);
@@ -236,10 +227,14 @@ struct Head {
     }
 };
 
+std::string format_name(const std::string& k, const std::string& v) { return k == v ? k : "K " + k + " / V " + v; }
+
 }  // namespace
 
 struct KvCache::Impl {
     KvShape shape;
+    bool host = true;      // pages in host RAM (else the backend that owns the memory writes them)
+    std::string mem_name;  // KvMemory::name()
     int64_t page_tokens = kMinPageTokens;
     size_t k_page_bytes = 0, v_page_bytes = 0;
     std::vector<std::unique_ptr<KvLayerState>> states;  // [layer * 2 + role], nullptr when none
@@ -269,6 +264,9 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     if (s.n_ctx > INT32_MAX) fail("context of {} tokens is too large", s.n_ctx);
     Impl& m = *impl_;
     m.shape = s;
+    KvMemory& mem = opts.memory ? *opts.memory : host_kv_memory();
+    m.host = mem.host_accessible();
+    m.mem_name = mem.name();
     const auto probe_k = make_codec(spec.k, KvRole::Key, s.head_dim);
     const auto probe_v = make_codec(spec.v, KvRole::Value, s.head_dim);
     m.k_name = probe_k->spec();
@@ -287,9 +285,13 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
         const KvLayerState* ks = m.states[size_t(2 * l)].get();
         const KvLayerState* vs = m.states[size_t(2 * l + 1)].get();
         for (int64_t g = 0; g < s.n_head_kv; ++g) {
-            m.heads.push_back(Head{Stream(make_codec(spec.k, KvRole::Key, s.head_dim, ks), s.head_dim, m.page_tokens, s.n_ctx),
-                                   Stream(make_codec(spec.v, KvRole::Value, s.head_dim, vs), s.head_dim, m.page_tokens, s.n_ctx),
+            m.heads.push_back(Head{Stream(make_codec(spec.k, KvRole::Key, s.head_dim, ks), s.head_dim, m.page_tokens, s.n_ctx, mem),
+                                   Stream(make_codec(spec.v, KvRole::Value, s.head_dim, vs), s.head_dim, m.page_tokens, s.n_ctx, mem),
                                    {}});
+            if (!mem.host_accessible() && !(m.heads.back().k.token_wise() && m.heads.back().v.token_wise())) {
+                fail("KV method {} cannot be stored in {} yet (only formats that encode each token on arrival)",
+                     format_name(m.k_name, m.v_name), mem.name());
+            }
         }
     }
     m.segs.resize(size_t(s.n_layer));
@@ -303,6 +305,7 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
     Impl& m = *impl_;
     if (observer_) observer_->on_write(layer, pos0, k, v, n);
     const int64_t d = shape_.head_dim, H = shape_.n_head_kv;
+    VXQ_ASSERT(m.host);  // a device cache is written by its backend: reserve_write()
     m.exact_layer = -1;
     if (opts_.prefill_exact && pos0 == 0 && n > 1) {  // kept until the next write or commit
         m.exact_layer = layer;
@@ -320,15 +323,22 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
     head_major.resize(size_t(n * d));
     for (int64_t g = 0; g < H; ++g) {
         Head& h = m.head(layer, g);
-        h.truncate(h.below(pos0));
-        if (h.pos.empty() && h.size() != pos0) h.materialize_positions();
-        if (!h.pos.empty() || (h.size() == 0 && pos0 > 0)) {
-            for (int64_t t = 0; t < n; ++t) h.pos.push_back(int32_t(pos0 + t));
-        }
+        h.place(pos0, n);
         for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], k + (t * H + g) * d, size_t(d) * 4);
         h.k.append(head_major.data(), n, scratch);
         for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], v + (t * H + g) * d, size_t(d) * 4);
         h.v.append(head_major.data(), n, scratch);
+    }
+}
+
+void KvCache::reserve_write(int64_t layer, int64_t pos0, int64_t n) {
+    VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && pos0 >= 0 && n >= 0 && pos0 + n <= shape_.n_ctx);
+    if (opts_.prefill_exact) fail("--prefill-exact keeps an exact host copy of the batch; not available in {}", impl_->mem_name);
+    for (int64_t g = 0; g < shape_.n_head_kv; ++g) {
+        Head& h = impl_->head(layer, g);
+        h.place(pos0, n);
+        h.k.reserve(n);
+        h.v.reserve(n);
     }
 }
 
@@ -355,7 +365,8 @@ KvLayerView KvCache::view(int64_t layer) const {
         const Head& h = m.head(layer, g);
         for (int role = 0; role < 2; ++role) {
             const size_t b = segs.size();
-            if (exact) {
+            if (!m.host) {  // device pages: the backend reads `base`
+            } else if (exact) {
                 const auto& src = role == 0 ? m.exact_k : m.exact_v;
                 segs.push_back({reinterpret_cast<const uint8_t*>(src.data() + g * m.exact_n * d), 0, m.exact_n, true});
             } else {
@@ -377,6 +388,8 @@ KvLayerView KvCache::view(int64_t layer) const {
         v.k.n_segs = int64_t(ke - kb);
         v.v.segs = segs.data() + vb;
         v.v.n_segs = int64_t(ve - vb);
+        v.k.base = h.k.base();
+        v.v.base = h.v.base();
         v.n_tokens = exact ? m.exact_n : h.size();
         v.pos = exact || h.pos.empty() ? nullptr : h.pos.data();
     }
@@ -387,6 +400,7 @@ KvLayerView KvCache::view(int64_t layer) const {
     view.chunk = m.page_tokens;
     view.heads = hv.data();
     view.flash_attn = opts_.flash_attn;
+    view.memory = opts_.memory;
     return view;
 }
 
@@ -448,10 +462,7 @@ size_t KvCache::bytes_for_tokens(int64_t n) const {
     return b;
 }
 
-std::string KvCache::format() const {
-    const Impl& m = *impl_;
-    return m.k_name == m.v_name ? m.k_name : "K " + m.k_name + " / V " + m.v_name;
-}
+std::string KvCache::format() const { return format_name(impl_->k_name, impl_->v_name); }
 
 void KvCache::dequantize(int64_t layer, int64_t head, int64_t n, std::vector<float>& k, std::vector<float>& v) const {
     const Head& h = impl_->head(layer, head);

@@ -17,6 +17,8 @@
 
 namespace vxq {
 
+class KvMemory;
+
 struct KvShape {
     int64_t n_layer = 0;
     int64_t n_head = 0;     // query heads
@@ -33,6 +35,9 @@ struct KvCacheOptions {
     // llama.cpp's -fa: an f16 cache is read by the fused kernel like every other codec. Without
     // it an f16/f16 cache keeps llama.cpp's non-flash-attention numerics (bit parity).
     bool flash_attn = false;
+    // Where the pages live: nullptr is host RAM; a device backend's memory (Backend::kv_memory)
+    // keeps them on the device, written by that backend's kernels (reserve_write).
+    KvMemory* memory = nullptr;
 };
 
 // Sees what the model writes and what attention returns, e.g. to measure fidelity
@@ -66,6 +71,11 @@ public:
     // Stores K and V of n tokens at positions [pos0, pos0 + n) in every head of one layer,
     // after dropping the head's tokens at positions >= pos0.   k, v: [n, n_head_kv, head_dim], k after RoPE
     void write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n);
+    // The bookkeeping of write() without the encoding, for a cache in device memory: after it, the
+    // last n stored tokens of every head of the layer (view()) are the slots of positions
+    // [pos0, pos0 + n), which the backend's kernel fills. Token-wise formats only (the cache
+    // refuses others in device memory at construction).
+    void reserve_write(int64_t layer, int64_t pos0, int64_t n);
     // Makes positions [0, n) the cache's content once every layer has been written.
     void commit(int64_t n);
     // The layer as the backends read it; valid until the next write, retain or truncate.

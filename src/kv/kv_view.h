@@ -13,6 +13,8 @@
 
 namespace vxq {
 
+class KvMemory;
+
 // A run of whole blocks covering stored tokens [first, first + n_tokens) of a stream.
 struct KvSegment {
     const uint8_t* data = nullptr;
@@ -27,6 +29,10 @@ struct KvStreamView {
     KvFormatParams window_fmt;  // the fp16 window (or the exact f32 batch of --prefill-exact)
     const KvSegment* segs = nullptr;
     int64_t n_segs = 0;
+    // A stream's pages are one contiguous run: packed block b is at base + b * fmt.block_bytes.
+    // A cache in device memory (KvCacheOptions::memory) gives only this (no host-side segments;
+    // its formats store each token on arrival, so it has no window).
+    const uint8_t* base = nullptr;
 };
 
 struct KvHeadView {
@@ -40,6 +46,7 @@ struct KvLayerView {
     int64_t chunk = 64;              // tokens per page: a multiple of every block_tokens
     const KvHeadView* heads = nullptr;  // [n_head_kv]
     bool flash_attn = false;         // false: an f16/f16 cache runs llama.cpp's non-flash numerics
+    const KvMemory* memory = nullptr;  // where the pages are (KvCacheOptions::memory); nullptr: host RAM
 };
 
 // Stored tokens of a head that a query at position p sees (positions <= p).

@@ -66,8 +66,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         }
         be.rope(q, n, c.n_head, c.head_dim, pos0, rope);
         be.rope(k, n, c.n_head_kv, c.head_dim, pos0, rope);
-        // The KV cache is host storage: a device backend hands it host copies of k and v.
-        cache.write(il, pos0, be.to_host(k, size_t(n * c.kv_dim()), 0), be.to_host(v, size_t(n * c.kv_dim()), 1), n);
+        be.kv_write(cache, il, pos0, k, v, n);
         KvObserver* obs = cache.observer();
         if (obs && obs->wants_attention_mass(il)) {  // the score observer (H2O, SnapKV): per stored token
             std::vector<std::vector<float>> mass(size_t(c.n_head_kv));

@@ -1,7 +1,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <vector>
 
@@ -197,37 +196,18 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
                    ThreadPool& pool, float* const* token_mass) {
     VXQ_ASSERT(attention_f16_applies(view));
     const int64_t H = view.n_head_kv;
-    int64_t pages = 0, max_tokens = 0;
-    for (int64_t g = 0; g < H; ++g) {
-        pages = std::max(pages, view.heads[g].k.n_segs);
-        max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
-    }
-    // Page tables as pointer arrays: segment p of an f16 stream is page p (chunk tokens each).
+    int64_t max_tokens = 0;
+    for (int64_t g = 0; g < H; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
+    // Every stream's pages are one contiguous run (kv/memory.h), so a head is read as one run: one
+    // call per row for the scores and no page-table lookups in the V sum.
     thread_local std::vector<const f16_t*> kp, vp;  // reused: a decode step allocates nothing here
-    kp.assign(size_t(H * pages), nullptr);
-    vp.assign(size_t(H * pages), nullptr);
+    kp.resize(size_t(H));
+    vp.resize(size_t(H));
     for (int64_t g = 0; g < H; ++g) {
-        const KvHeadView& h = view.heads[g];
-        for (int64_t p = 0; p < h.k.n_segs; ++p) kp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.k.segs[p].data);
-        for (int64_t p = 0; p < h.v.n_segs; ++p) vp[size_t(g * pages + p)] = reinterpret_cast<const f16_t*>(h.v.segs[p].data);
+        kp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].k.base);
+        vp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].v.base);
     }
-    // A stream whose pages are adjacent in memory (the cache reserves one range per stream) is
-    // read as one run: one call per row for the scores and no page-table lookups in the V sum.
-    int64_t page_shift = int64_t(std::countr_zero(uint64_t(view.chunk)));
-    const size_t page_bytes = size_t(view.chunk * view.head_dim) * sizeof(f16_t);
-    bool adjacent = true;
-    for (int64_t g = 0; g < H && adjacent; ++g) {
-        for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v})
-            for (int64_t p = 1; p < s->n_segs && adjacent; ++p) adjacent = s->segs[p].data == s->segs[p - 1].data + page_bytes;
-    }
-    if (adjacent && pages > 1) {
-        for (int64_t g = 0; g < H; ++g) {
-            kp[size_t(g)] = kp[size_t(g * pages)];
-            vp[size_t(g)] = vp[size_t(g * pages)];
-        }
-        pages = 1;
-        page_shift = 62;  // every token of a head in "page" 0
-    }
+    const int64_t pages = 1, page_shift = 62;  // every token of a head in "page" 0
     const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, page_shift,
                              out, n_q, pos0, view.n_head, H, view.head_dim, scale};
     const int64_t units = n_q * view.n_head;
@@ -236,7 +216,8 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
     // [H, max_tokens] buffer; the buffers are summed in thread order afterwards.
     std::vector<std::vector<float>> mass(token_mass ? size_t(pool.size()) : 0);
     pool.run([&](int ith, int nth) {
-        std::vector<float> scratch(static_cast<size_t>(max_tokens));
+        thread_local std::vector<float> scratch;  // per worker, kept between calls
+        if (scratch.size() < size_t(max_tokens)) scratch.resize(size_t(max_tokens));
         if (token_mass) mass[size_t(ith)].assign(size_t(H * max_tokens), 0.0f);
         // Interleaved split: causal rows grow with i, so contiguous chunks would be unbalanced.
         for (int64_t u = ith; u < units; u += nth) {

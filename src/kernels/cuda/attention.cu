@@ -1,5 +1,7 @@
 #include "kernels/cuda/attention.cuh"
 
+#include <algorithm>
+
 #include "kernels/cuda/check.cuh"
 
 namespace vxq::cuda {
@@ -28,10 +30,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     __shared__ float red[kAttnWarps];
     const int64_t i = blockIdx.x / p.n_head, h = blockIdx.x % p.n_head;
     const int64_t g = h / (p.n_head / p.n_head_kv);
-    const int64_t n_vis = p.visible[i * p.n_head_kv + g];
+    const KvHeadDev head = p.heads[g];
+    const int64_t seen = *p.pos0 + i + 1;  // positions <= pos0 + i
+    const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
     const float* q = p.q + (i * p.n_head + h) * p.head_dim;
-    const __half* k = p.k + p.offset[g];
-    const __half* v = p.v + p.offset[g];
+    const __half* k = reinterpret_cast<const __half*>(head.k);
+    const __half* v = reinterpret_cast<const __half*>(head.v);
     float* sc = p.scores + (i * p.n_head + h) * p.max_tokens;
     float* out = p.out + (i * p.n_head + h) * p.head_dim;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
@@ -74,7 +78,29 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     }
 }
 
+// One thread per stored element: (token t, head g, channel d).
+__global__ void store_f16_kernel(F16StoreParams p) {
+    const int64_t total = p.n * p.n_head_kv * p.head_dim;
+    for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t d = idx % p.head_dim;
+        const int64_t tg = idx / p.head_dim;  // t * n_head_kv + g
+        const int64_t g = tg % p.n_head_kv, t = tg / p.n_head_kv;
+        const KvHeadDev h = p.heads[g];
+        const int64_t slot = (h.n_tokens + t) * p.head_dim + d;
+        reinterpret_cast<__half*>(h.k)[slot] = __float2half_rn(p.k[idx]);
+        reinterpret_cast<__half*>(h.v)[slot] = __float2half_rn(p.v[idx]);
+    }
+}
+
 }  // namespace
+
+void store_f16(const F16StoreParams& p, cudaStream_t st) {
+    const int64_t total = p.n * p.n_head_kv * p.head_dim;
+    if (total == 0) return;
+    const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 65535));
+    store_f16_kernel<<<blocks, 256, 0, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+}
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;

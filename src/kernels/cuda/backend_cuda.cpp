@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -12,7 +15,9 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/kv_memory.h"
 #include "kernels/cuda/ops.cuh"
+#include "kv/kv_cache.h"
 #include "kv/kv_view.h"
 
 namespace vxq::cuda {
@@ -41,15 +46,51 @@ struct DeviceArray {
     }
 };
 
+// Page-locked host memory that grows (the source of the step's H2D copy and the target of the
+// logits' D2H copy: a graph's memcpy nodes need pinned memory).
+struct PinnedArray {
+    uint8_t* data = nullptr;
+    size_t size = 0;  // bytes
+    void reserve(size_t n) {
+        if (n <= size) return;
+        VXQ_CUDA_CHECK(cudaFreeHost(data));
+        data = nullptr;
+        size = 0;
+        VXQ_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data), n));
+        size = n;
+    }
+    void release() {
+        cudaFreeHost(data);
+        data = nullptr;
+        size = 0;
+    }
+};
+
 // A float parameter vector (norm weight, bias) on the device and the host contents it was made from.
 struct DeviceParam {
     std::vector<float> host;
     DeviceArray<float> dev;
 };
 
-// Staging slots for host-memory arguments of one op (at most two inputs and one output).
-enum Slot : int { kIn0, kIn1, kOut, kSlots };
+// The arguments of one recorded op: all 8-byte fields (no padding), so the bytes of the struct
+// are exactly its values and can key a captured graph.
+template <class T>
+T zeroed() {
+    T a;
+    std::memset(&a, 0, sizeof a);
+    return a;
+}
 
+enum class Op : uint64_t { Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut };
+
+// The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
+// of its arguments) until something on the host needs a result (an output in host memory, a host
+// copy, a buffer that must grow). Then the recorded pass runs: the first time as plain launches;
+// when the same sequence of arguments comes again (the next decode step), it is captured once as
+// a CUDA graph and from then on launched as one graph. What changes from step to step (token ids,
+// positions, KV token counts and addresses, host inputs) is not an argument: each op writes it
+// into a pinned "step block" whose copy to the device is the pass's first node, and its kernel
+// reads it there. VXQ_CUDA_GRAPHS=0 turns capture off (every pass runs as plain launches).
 class CudaBackend final : public Backend {
 public:
     CudaBackend() {
@@ -64,30 +105,39 @@ public:
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         device_name_ = fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
         VXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
+        const char* g = std::getenv("VXQ_CUDA_GRAPHS");
+        graphs_on_ = !(g && std::string_view(g) == "0");
+        kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name));
     }
     ~CudaBackend() override {
+        try {
+            flush();
+        } catch (...) {  // a destructor reports nothing; the error surfaced at the op that failed
+        }
         cudaStreamSynchronize(stream_);
+        drop_graphs();
         for (auto& [ptr, w] : weights_) free_weight(w);
         for (auto& [ptr, p] : params_) p.dev.release();
         for (DeviceArray<float>& b : activations_) b.release();
-        for (DeviceArray<float>& b : staging_) b.release();
-        ids_.release();
-        kv_k_.release();
-        kv_v_.release();
-        kv_offset_.release();
-        visible_.release();
+        out_stage_.release();
         scores_.release();
+        step_dev_.release();
+        step_host_.release();
+        out_host_.release();
+        cudaEventDestroy(step_copied_);
         cudaStreamDestroy(stream_);
     }
 
     std::string describe() const override {
-        return fmt::format("cuda/{}, weights {:.1f} MiB on device", device_name_, double(weight_bytes_) / (1 << 20));
+        return fmt::format("cuda/{}, weights {:.1f} MiB on device, CUDA graphs {}", device_name_,
+                           double(weight_bytes_) / (1 << 20), graphs_on_ ? "on" : "off (VXQ_CUDA_GRAPHS=0)");
     }
 
     float* activation_buffer(int id, size_t n) override {
         VXQ_ASSERT(id >= 0);
         if (size_t(id) >= activations_.size()) activations_.resize(size_t(id) + 1);
-        return activations_[size_t(id)].reserve(n);
+        return grow(activations_[size_t(id)], n);
     }
     size_t activation_bytes() const override {
         size_t bytes = 0;
@@ -97,6 +147,7 @@ public:
     const float* to_host(const float* x, size_t n, int slot) override {
         if (!is_device(x)) return x;
         VXQ_ASSERT(slot >= 0);
+        flush();
         if (size_t(slot) >= host_copies_.size()) host_copies_.resize(size_t(slot) + 1);
         std::vector<float>& h = host_copies_[size_t(slot)];
         h.resize(n);
@@ -107,131 +158,365 @@ public:
 
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
         const DeviceWeight& dw = weight(w);
-        const float* xd = in(x, size_t(n * w.cols), kIn0);
+        scratch_for(gemv_scratch_bytes(dw, n));
         float* yd = out(y, size_t(n * w.rows));
-        gemv(dw, xd, n, yd, gemv_scratch_, stream_);
-        finish(y, yd, size_t(n * w.rows));
+        step_reserve({host_bytes(x, size_t(n * w.cols))});
+        struct A {
+            const DeviceWeight* w;
+            const float* x;
+            int64_t n;
+            float* y;
+            void* scratch;
+        } a = zeroed<A>();
+        a.w = &dw;
+        a.x = in(x, size_t(n * w.cols));
+        a.n = n;
+        a.y = yd;
+        a.scratch = gemv_scratch_.buf;
+        record(Op::Gemv, a, [this](const A& a, cudaStream_t st) { gemv(*a.w, a.x, a.n, a.y, gemv_scratch_, st); });
+        finish(y, a.y, size_t(n * w.rows));
     }
     void embed(const WeightView& table, const int32_t* ids, int64_t n, float* o) override {
-        const DeviceWeight& dw = weight(table);
-        int32_t* idd = ids_.reserve(size_t(n));
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(idd, ids, size_t(n) * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-        float* od = out(o, size_t(n * table.cols));
-        embed_rows(dw, idd, n, od, stream_);
-        finish(o, od, size_t(n * table.cols));
+        struct A {
+            const DeviceWeight* w;
+            const int32_t* ids;
+            int64_t n;
+            float* out;
+        } a = zeroed<A>();
+        a.w = &weight(table);
+        a.out = out(o, size_t(n * table.cols));
+        step_reserve({size_t(n) * sizeof(int32_t)});
+        a.ids = static_cast<const int32_t*>(step_put(ids, size_t(n) * sizeof(int32_t)));
+        a.n = n;
+        record(Op::Embed, a, [](const A& a, cudaStream_t st) { embed_rows(*a.w, a.ids, a.n, a.out, st); });
+        finish(o, a.out, size_t(n * table.cols));
     }
     void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y) override {
-        const float* xd = in(x, size_t(n_rows * dim), kIn0);
-        const float* wd = param(weight, size_t(dim));
-        float* yd = out(y, size_t(n_rows * dim));
-        cuda::rms_norm(xd, wd, n_rows, dim, eps, yd, stream_);
-        finish(y, yd, size_t(n_rows * dim));
+        struct A {
+            const float* x;
+            const float* w;
+            int64_t n_rows, dim;
+            double eps;
+            float* y;
+        } a = zeroed<A>();
+        a.w = param(weight, size_t(dim));
+        a.y = out(y, size_t(n_rows * dim));
+        step_reserve({host_bytes(x, size_t(n_rows * dim))});
+        a.x = in(x, size_t(n_rows * dim));
+        a.n_rows = n_rows;
+        a.dim = dim;
+        a.eps = eps;
+        record(Op::RmsNorm, a, [](const A& a, cudaStream_t st) { cuda::rms_norm(a.x, a.w, a.n_rows, a.dim, float(a.eps), a.y, st); });
+        finish(y, a.y, size_t(n_rows * dim));
     }
     void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p) override {
         const size_t n = size_t(n_tokens * n_heads * head_dim);
-        float* xd = inout(x, n);
-        cuda::rope(xd, n_tokens, n_heads, head_dim, pos0, p, stream_);
-        finish(x, xd, n);
+        struct A {
+            float* x;
+            int64_t n_tokens, n_heads, head_dim;
+            const int64_t* pos0;
+            int64_t n_rot, neox;
+            double freq_base;
+        } a = zeroed<A>();
+        step_reserve({host_bytes(x, n), sizeof pos0});
+        a.x = inout(x, n);
+        a.n_tokens = n_tokens;
+        a.n_heads = n_heads;
+        a.head_dim = head_dim;
+        a.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+        a.n_rot = p.n_rot;
+        a.neox = p.neox;
+        a.freq_base = p.freq_base;
+        record(Op::Rope, a, [](const A& a, cudaStream_t st) {
+            cuda::rope(a.x, a.n_tokens, a.n_heads, a.head_dim, a.pos0, RopeParams{a.n_rot, float(a.freq_base), a.neox != 0}, st);
+        });
+        finish(x, a.x, n);
     }
     void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) override {
         const size_t n = size_t(n_rows * n_ff);
-        float* gd = inout(gate, n);
-        const float* ud = in(up, n, kIn1);
-        cuda::swiglu(gd, ud, int64_t(n), stream_);
-        finish(gate, gd, n);
+        struct A {
+            float* gate;
+            const float* up;
+            int64_t n;
+        } a = zeroed<A>();
+        step_reserve({host_bytes(gate, n), host_bytes(up, n)});
+        a.gate = inout(gate, n);
+        a.up = in(up, n);
+        a.n = int64_t(n);
+        record(Op::Swiglu, a, [](const A& a, cudaStream_t st) { cuda::swiglu(a.gate, a.up, a.n, st); });
+        finish(gate, a.gate, n);
     }
     void add(float* x, const float* y, int64_t n) override {
-        float* xd = inout(x, size_t(n));
-        const float* yd = in(y, size_t(n), kIn1);
-        cuda::add(xd, yd, n, stream_);
-        finish(x, xd, size_t(n));
+        struct A {
+            float* x;
+            const float* y;
+            int64_t n;
+        } a = zeroed<A>();
+        step_reserve({host_bytes(x, size_t(n)), host_bytes(y, size_t(n))});
+        a.x = inout(x, size_t(n));
+        a.y = in(y, size_t(n));
+        a.n = n;
+        record(Op::Add, a, [](const A& a, cudaStream_t st) { cuda::add(a.x, a.y, a.n, st); });
+        finish(x, a.x, size_t(n));
     }
     void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override {
-        float* xd = inout(x, size_t(n_rows * dim));
-        cuda::add_bias(xd, param(b, size_t(dim)), n_rows, dim, stream_);
-        finish(x, xd, size_t(n_rows * dim));
+        struct A {
+            float* x;
+            const float* b;
+            int64_t n_rows, dim;
+        } a = zeroed<A>();
+        a.b = param(b, size_t(dim));
+        step_reserve({host_bytes(x, size_t(n_rows * dim))});
+        a.x = inout(x, size_t(n_rows * dim));
+        a.n_rows = n_rows;
+        a.dim = dim;
+        record(Op::AddBias, a, [](const A& a, cudaStream_t st) { cuda::add_bias(a.x, a.b, a.n_rows, a.dim, st); });
+        finish(x, a.x, size_t(n_rows * dim));
     }
 
-    // The KV cache lives in host memory (kv/ page arena). For now every call copies the pages of
-    // the tokens the queries see to a device mirror, all heads of the layer, then runs the f16
-    // kernel: correct, but it moves O(context) bytes over PCIe per layer and step. A device-side
-    // page arena (or an incremental mirror per layer and head) is the next step.
+    KvMemory* kv_memory() override { return kv_memory_.get(); }
+
+    // The new tokens' slots are reserved in the cache's device pages (the bookkeeping is host
+    // side); the store kernel fills them.
+    void kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) override {
+        const KvShape& s = cache.shape();
+        const size_t count = size_t(n * s.n_head_kv * s.head_dim);
+        if (KvObserver* obs = cache.observer()) obs->on_write(layer, pos0, to_host(k, count, 0), to_host(v, count, 1), n);
+        cache.reserve_write(layer, pos0, n);
+        const KvLayerView view = cache.view(layer);
+        require_device(view);
+        heads_.resize(size_t(s.n_head_kv));
+        for (int64_t g = 0; g < s.n_head_kv; ++g) {
+            const KvHeadView& h = view.heads[g];
+            require_f16(h.k, "keys");
+            require_f16(h.v, "values");
+            heads_[size_t(g)] = KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(h.k.base)),
+                                          uint64_t(reinterpret_cast<uintptr_t>(h.v.base)), h.n_tokens - n};
+        }
+        struct A {
+            const float* k;
+            const float* v;
+            const KvHeadDev* heads;
+            int64_t n, n_head_kv, head_dim;
+        } a = zeroed<A>();
+        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev)});
+        a.k = in(k, count);
+        a.v = in(v, count);
+        a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        a.n = n;
+        a.n_head_kv = s.n_head_kv;
+        a.head_dim = s.head_dim;
+        record(Op::Store, a, [](const A& a, cudaStream_t st) {
+            store_f16(F16StoreParams{a.k, a.v, a.heads, a.n, a.n_head_kv, a.head_dim}, st);
+        });
+    }
+
     void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o,
                    float* const* token_mass) override {
         if (token_mass != nullptr) {
             fail("attention mass (the score observers H2O/SnapKV) has no CUDA kernel yet; use --device cpu");
         }
-        const int64_t hd = view.head_dim;
-        std::vector<int64_t> offset(size_t(view.n_head_kv));
-        std::vector<int32_t> visible(size_t(n_q * view.n_head_kv));
-        int64_t total = 0, max_tokens = 1;
+        require_device(view);
+        heads_.resize(size_t(view.n_head_kv));
+        int64_t max_tokens = 1;
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             const KvHeadView& h = view.heads[g];
-            check_f16(h.k, hd, "keys");
-            check_f16(h.v, hd, "values");
-            const int64_t n_vis = kv_visible(h, pos0 + n_q - 1);  // the last query sees the most
-            for (int64_t i = 0; i < n_q; ++i) visible[size_t(i * view.n_head_kv + g)] = int32_t(kv_visible(h, pos0 + i));
-            offset[size_t(g)] = total * hd;
-            total += n_vis;
-            max_tokens = std::max(max_tokens, n_vis);
+            require_f16(h.k, "keys");
+            require_f16(h.v, "values");
+            if (h.pos != nullptr) fail("per-head token positions (eviction) have no CUDA attention yet; use --device cpu");
+            heads_[size_t(g)] = KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(h.k.base)),
+                                          uint64_t(reinterpret_cast<uintptr_t>(h.v.base)), h.n_tokens};
+            max_tokens = std::max(max_tokens, h.n_tokens);
         }
-        kv_host_k_.resize(size_t(total * hd));
-        kv_host_v_.resize(size_t(total * hd));
-        for (int64_t g = 0; g < view.n_head_kv; ++g) {
-            const KvHeadView& h = view.heads[g];
-            const int64_t n_vis = kv_visible(h, pos0 + n_q - 1);
-            gather_f16(h.k, n_vis, hd, kv_host_k_.data() + offset[size_t(g)]);
-            gather_f16(h.v, n_vis, hd, kv_host_v_.data() + offset[size_t(g)]);
+        // The score rows' stride grows in steps, so a decode step's graph stays valid for
+        // thousands of steps (a new stride is a new argument, hence one new capture).
+        const int64_t step = n_q == 1 ? 4096 : 256;
+        if (scores_stride_ < max_tokens || (n_q > 1 && scores_stride_ > max_tokens + step)) {
+            scores_stride_ = (max_tokens + step - 1) / step * step;
         }
-        __half* kd = kv_k_.reserve(size_t(total * hd));
-        __half* vd = kv_v_.reserve(size_t(total * hd));
-        int64_t* od = kv_offset_.reserve(offset.size());
-        int32_t* visd = visible_.reserve(visible.size());
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(kd, kv_host_k_.data(), size_t(total * hd) * 2, cudaMemcpyHostToDevice, stream_));
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(vd, kv_host_v_.data(), size_t(total * hd) * 2, cudaMemcpyHostToDevice, stream_));
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(od, offset.data(), offset.size() * sizeof(int64_t), cudaMemcpyHostToDevice, stream_));
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(visd, visible.data(), visible.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
-
-        const size_t n_out = size_t(n_q * view.n_head * hd);
-        F16AttentionParams p;
-        p.q = in(q, n_out, kIn0);
-        p.k = kd;
-        p.v = vd;
-        p.offset = od;
-        p.visible = visd;
-        p.scores = scores_.reserve(size_t(n_q * view.n_head * max_tokens));
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        F16AttentionParams p = zeroed<F16AttentionParams>();
+        p.scores = grow(scores_, size_t(n_q * view.n_head * scores_stride_));
         p.out = out(o, n_out);
+        step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
+        p.q = in(q, n_out);
+        p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+        p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
         p.n_q = n_q;
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
-        p.head_dim = hd;
-        p.max_tokens = max_tokens;
-        p.scale = 1.0f / std::sqrt(float(hd));
+        p.head_dim = view.head_dim;
+        p.max_tokens = scores_stride_;
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
         p.round_f16 = !view.flash_attn;  // the CPU backend's (llama.cpp's) non-flash numerics
-        attention_f16(p, stream_);
+        record(Op::Attention, p, [](const F16AttentionParams& p, cudaStream_t st) { attention_f16(p, st); });
         finish(o, p.out, n_out);
-        // The host staging vectors are reused by the next call: wait until the copies are done.
-        VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
 
-    // The attention kernel that runs for such a layer, for benchmark lines (Backend::attention_path
-    // on main since 619393c; this becomes its override when the branches meet).
-    std::string attention_path(const KvLayerView& view) const {
+    std::string attention_path(const KvLayerView& view) const override {
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
-                for (int64_t i = 0; i < s->n_segs; ++i) {
-                    const KvFormatParams& f = s->segs[i].window ? s->window_fmt : s->fmt;
-                    if (f.kind != KvFormatKind::F16) {
-                        return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(f.kind));
-                    }
+                if (s->fmt.kind != KvFormatKind::F16) {
+                    return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(s->fmt.kind));
                 }
             }
         }
-        return view.flash_attn ? "cuda f16, f32 softmax (-fa), host pages mirrored per call"
-                               : "cuda f16, fp16-rounded q and probabilities (llama.cpp non-flash), host pages mirrored per call";
+        return view.flash_attn ? "cuda f16 pages on the device, f32 softmax (-fa)"
+                               : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash)";
     }
 
 private:
+    static constexpr const char* kHostCache =
+        "this KV cache is in host memory; a cache that the CUDA backend reads is made with "
+        "KvCacheOptions::memory = Backend::kv_memory()";
+
+    void require_device(const KvLayerView& view) const {
+        if (view.memory != kv_memory_.get()) fail("{}", kHostCache);
+    }
+    static void require_f16(const KvStreamView& s, const char* what) {
+        if (s.fmt.kind != KvFormatKind::F16) {
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16 caches only; use --device cpu",
+                 kv_format_kind_name(s.fmt.kind), what);
+        }
+    }
+
+    // ---- the recorded pass -------------------------------------------------------------------
+    struct Graph {
+        std::vector<uint8_t> key;
+        cudaGraphExec_t exec = nullptr;  // captured the second time the key is seen
+    };
+
+    template <class A, class F>
+    void record(Op op, const A& a, F f) {
+        static_assert(std::is_trivially_copyable_v<A>);
+        const auto* kind = reinterpret_cast<const uint8_t*>(&op);
+        key_.insert(key_.end(), kind, kind + sizeof op);
+        const auto* bytes = reinterpret_cast<const uint8_t*>(&a);
+        key_.insert(key_.end(), bytes, bytes + sizeof a);
+        pending_.push_back([a, f](cudaStream_t st) { f(a, st); });
+    }
+
+    // Runs the recorded ops (see the class comment) and starts a new pass. Returns without waiting.
+    void flush() {
+        if (pending_.empty()) {
+            step_used_ = 0;
+            return;
+        }
+        const uintptr_t tail[3] = {reinterpret_cast<uintptr_t>(step_host_.data), reinterpret_cast<uintptr_t>(step_dev_.data),
+                                   step_used_};
+        const auto* tb = reinterpret_cast<const uint8_t*>(tail);
+        key_.insert(key_.end(), tb, tb + sizeof tail);
+        Graph* g = nullptr;
+        if (graphs_on_) {
+            const size_t h = std::hash<std::string_view>{}(
+                std::string_view(reinterpret_cast<const char*>(key_.data()), key_.size()));
+            auto it = graphs_.find(h);
+            if (it != graphs_.end() && it->second.key == key_) {
+                g = &it->second;
+            } else {
+                if (graphs_.size() >= kMaxGraphs) drop_graphs();
+                graphs_[h] = Graph{key_, nullptr};  // seen once: run as plain launches this time
+            }
+        }
+        try {
+            if (g && !g->exec) capture(*g);
+            if (g) {
+                VXQ_CUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+            } else {
+                run_pending();
+            }
+        } catch (...) {
+            clear_pass();
+            throw;
+        }
+        VXQ_CUDA_CHECK(cudaEventRecord(step_copied_, stream_));
+        step_in_flight_ = true;
+        clear_pass();
+    }
+    void run_pending() {
+        if (step_used_ > 0) {
+            VXQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data, step_host_.data, step_used_, cudaMemcpyHostToDevice, stream_));
+        }
+        for (const auto& launch : pending_) launch(stream_);
+    }
+    void capture(Graph& g) {
+        VXQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        cudaGraph_t graph = nullptr;
+        try {
+            run_pending();
+        } catch (...) {
+            cudaStreamEndCapture(stream_, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            throw;
+        }
+        VXQ_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+        const cudaError_t st = cudaGraphInstantiate(&g.exec, graph, 0);
+        cudaGraphDestroy(graph);
+        VXQ_CUDA_CHECK(st);
+    }
+    void clear_pass() {
+        pending_.clear();
+        key_.clear();
+        step_used_ = 0;
+    }
+    void drop_graphs() {
+        for (auto& [h, g] : graphs_) {
+            if (g.exec) cudaGraphExecDestroy(g.exec);
+        }
+        graphs_.clear();
+    }
+    // Runs what is recorded and waits for the device (before memory that queued work may use is
+    // freed or overwritten).
+    void drain() {
+        flush();
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        step_in_flight_ = false;
+    }
+
+    // Bytes a host input of n floats takes in the step block (0 for device memory).
+    size_t host_bytes(const float* x, size_t n) const { return is_device(x) ? 0 : n * sizeof(float); }
+    // Makes room in the step block for an op's puts (each padded to 16 bytes). Called by every op
+    // before its first put and after anything that may drain: growing the block runs the
+    // recorded ops first, so no put of the op being built may come before it.
+    void step_reserve(std::initializer_list<size_t> puts) {
+        size_t need = (step_used_ + 15) / 16 * 16;
+        for (const size_t b : puts) need += (b + 15) / 16 * 16;
+        if (need <= step_host_.size) return;
+        drain();
+        drop_graphs();  // they copy from and read the old blocks
+        const size_t cap = std::max<size_t>({size_t(64) << 10, 2 * step_host_.size, need});
+        step_host_.reserve(cap);
+        step_dev_.reserve(cap);
+    }
+    // Copies bytes into the step block (room made by step_reserve); returns where the kernels of
+    // this pass find them.
+    void* step_put(const void* src, size_t bytes) {
+        if (step_in_flight_) {  // the previous pass's copy may still be reading the block
+            VXQ_CUDA_CHECK(cudaEventSynchronize(step_copied_));
+            step_in_flight_ = false;
+        }
+        const size_t at = (step_used_ + 15) / 16 * 16;
+        VXQ_ASSERT(at + bytes <= step_host_.size);
+        if (bytes > 0) std::memcpy(step_host_.data + at, src, bytes);
+        step_used_ = at + bytes;
+        return step_dev_.data + at;
+    }
+
+    template <class T>
+    T* grow(DeviceArray<T>& a, size_t n) {
+        if (n > a.size) {
+            drain();  // queued or recorded work may use the old allocation
+            a.reserve(n);
+        }
+        return a.data;
+    }
+    void scratch_for(size_t bytes) {
+        if (bytes > gemv_scratch_.bytes) {
+            drain();
+            gemv_scratch_.reserve(bytes);
+        }
+    }
+
     bool is_device(const void* p) const {
         const auto* c = static_cast<const char*>(p);
         for (const DeviceArray<float>& b : activations_) {
@@ -240,24 +525,36 @@ private:
         }
         return false;
     }
-    const float* in(const float* x, size_t n, int slot) {
-        if (is_device(x)) return x;
-        float* d = staging_[slot].reserve(n);
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(d, x, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-        return d;
+    // Host inputs travel in the step block; host outputs are written to a device staging buffer
+    // and copied back by finish().
+    const float* in(const float* x, size_t n) {
+        return is_device(x) ? x : static_cast<const float*>(step_put(x, n * sizeof(float)));
     }
-    float* out(float* y, size_t n) { return is_device(y) ? y : staging_[kOut].reserve(n); }
+    float* out(float* y, size_t n) { return is_device(y) ? y : grow(out_stage_, n); }
     float* inout(float* x, size_t n) {
-        if (is_device(x)) return x;
-        float* d = staging_[kOut].reserve(n);
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(d, x, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
-        return d;
+        return is_device(x) ? x : static_cast<float*>(step_put(x, n * sizeof(float)));
     }
-    // Copies a staged output back to the caller's host memory and waits for it.
+    // An output in host memory: the copy back is the last op of the pass, which runs now.
     void finish(float* host, const float* dev, size_t n) {
         if (host == dev) return;
-        VXQ_CUDA_CHECK(cudaMemcpyAsync(host, dev, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
-        VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (n * sizeof(float) > out_host_.size) {
+            drain();
+            drop_graphs();  // they copy into the old buffer
+            out_host_.reserve(n * sizeof(float));
+        }
+        struct A {
+            void* dst;
+            const void* src;
+            uint64_t bytes;
+        } a = zeroed<A>();
+        a.dst = out_host_.data;
+        a.src = dev;
+        a.bytes = n * sizeof(float);
+        record(Op::CopyOut, a, [](const A& a, cudaStream_t st) {
+            VXQ_CUDA_CHECK(cudaMemcpyAsync(a.dst, a.src, a.bytes, cudaMemcpyDeviceToHost, st));
+        });
+        drain();
+        std::memcpy(host, out_host_.data, n * sizeof(float));
     }
 
     const DeviceWeight& weight(const WeightView& w) {
@@ -273,49 +570,39 @@ private:
         if (is_device(p)) return p;
         DeviceParam& dp = params_[p];
         if (dp.host.size() != n || std::memcmp(dp.host.data(), p, n * sizeof(float)) != 0) {
-            // The previous upload may still be read by queued kernels.
-            VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            drain();  // recorded and queued kernels read the previous upload
             dp.host.assign(p, p + n);
             VXQ_CUDA_CHECK(cudaMemcpyAsync(dp.dev.reserve(n), p, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
         }
         return dp.dev.data;
     }
 
-    static void check_f16(const KvStreamView& s, int64_t head_dim, const char* what) {
-        for (int64_t i = 0; i < s.n_segs; ++i) {
-            const KvFormatParams& f = s.segs[i].window ? s.window_fmt : s.fmt;
-            if (f.kind != KvFormatKind::F16) {
-                fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16 caches only",
-                     kv_format_kind_name(f.kind), what);
-            }
-            VXQ_ASSERT(f.block_bytes == size_t(f.block_tokens * head_dim) * 2);
-        }
-    }
-    // The first n stored tokens of a stream, packed as [n, head_dim] fp16.
-    static void gather_f16(const KvStreamView& s, int64_t n, int64_t head_dim, uint16_t* dst) {
-        for (int64_t i = 0; i < s.n_segs; ++i) {
-            const KvSegment& seg = s.segs[i];
-            if (seg.first >= n) break;
-            const int64_t cnt = std::min(seg.n_tokens, n - seg.first);
-            std::memcpy(dst + seg.first * head_dim, seg.data, size_t(cnt * head_dim) * 2);
-        }
-    }
+    static constexpr size_t kMaxGraphs = 16;
 
     std::string device_name_;
     cudaStream_t stream_ = nullptr;
+    bool graphs_on_ = true;
+    std::unique_ptr<KvMemory> kv_memory_;
     std::vector<DeviceArray<float>> activations_;  // by id
-    DeviceArray<float> staging_[kSlots];
+    DeviceArray<float> out_stage_;                 // device side of outputs in host memory
+    PinnedArray out_host_;                         // host side of the same
     std::vector<std::vector<float>> host_copies_;  // to_host, by slot
     std::unordered_map<const void*, DeviceWeight> weights_;
     size_t weight_bytes_ = 0;
     std::unordered_map<const float*, DeviceParam> params_;
     GemvScratch gemv_scratch_;
-    DeviceArray<int32_t> ids_;
-    std::vector<uint16_t> kv_host_k_, kv_host_v_;  // [tokens of all heads, head_dim] staging
-    DeviceArray<__half> kv_k_, kv_v_;
-    DeviceArray<int64_t> kv_offset_;
-    DeviceArray<int32_t> visible_;
     DeviceArray<float> scores_;
+    int64_t scores_stride_ = 0;
+    std::vector<KvHeadDev> heads_;
+    // The pass being recorded.
+    std::vector<std::function<void(cudaStream_t)>> pending_;
+    std::vector<uint8_t> key_;
+    PinnedArray step_host_;
+    DeviceArray<uint8_t> step_dev_;
+    size_t step_used_ = 0;
+    cudaEvent_t step_copied_ = nullptr;
+    bool step_in_flight_ = false;
+    std::unordered_map<size_t, Graph> graphs_;  // by the hash of their key
 };
 
 }  // namespace

@@ -319,6 +319,15 @@ void* GemvScratch::reserve(size_t n) {
     return buf;
 }
 
+size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n) {
+    switch (w.type) {
+        case GgmlType::F32: return 0;
+        case GgmlType::F16:
+        case GgmlType::BF16: return size_t(n * w.cols) * 2;
+        default: return size_t(n * w.cols) + size_t(n * (w.cols / kQBlock)) * sizeof(float);
+    }
+}
+
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
     switch (w.type) {
         case GgmlType::F32: return gemv_dense<F32Elem>(w, x, n, y, s, st);

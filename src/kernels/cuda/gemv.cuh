@@ -50,6 +50,10 @@ struct GemvScratch {
     void* reserve(size_t n);
 };
 
+// The scratch bytes gemv needs for this call: with a scratch that large, gemv allocates nothing
+// (so it can be captured in a CUDA graph).
+size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n);
+
 // y = x W^T on `stream`.  x: [n, w.cols] f32 (device); y: [n, w.rows] f32 (device)
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream);
 

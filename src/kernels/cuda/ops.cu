@@ -39,8 +39,9 @@ rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t dim, float 
 // One thread per rotated pair (token, head, i). theta follows ggml_rope_cache_init's recurrence,
 // theta_{i+1} = theta_i * theta_scale in float, so each pair's angle rounds as the CPU's does;
 // cosf/sinf are CUDA's (within 2 ulp of the CPU's libm, not bit-equal).
-__global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, int64_t n_rot,
-                            float theta_scale, bool neox) {
+__global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int64_t* pos0_p,
+                            int64_t n_rot, float theta_scale, bool neox) {
+    const int64_t pos0 = *pos0_p;
     const int64_t half = n_rot / 2;
     const int64_t total = n_tokens * n_heads * half;
     for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
@@ -87,7 +88,7 @@ void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, 
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
-void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p,
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int64_t* pos0, const RopeParams& p,
           cudaStream_t st) {
     const int64_t total = n_tokens * n_heads * (p.n_rot / 2);
     if (total == 0) return;

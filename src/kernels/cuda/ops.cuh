@@ -12,8 +12,9 @@ namespace vxq::cuda {
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row.  x, y: [n_rows, dim] (may alias); weight: [dim]
 void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y, cudaStream_t stream);
-// In place.  x: [n_tokens, n_heads, head_dim], token t at position pos0 + t
-void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p,
+// In place.  x: [n_tokens, n_heads, head_dim], token t at position *pos0 + t (pos0: device memory,
+// so a captured graph reads the step's position)
+void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int64_t* pos0, const RopeParams& p,
           cudaStream_t stream);
 // gate = silu(gate) * up.  gate, up: [n]
 void swiglu(float* gate, const float* up, int64_t n, cudaStream_t stream);
