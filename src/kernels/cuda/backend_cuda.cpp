@@ -108,7 +108,7 @@ public:
         VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
         const char* g = std::getenv("VXQ_CUDA_GRAPHS");
         graphs_on_ = !(g && std::string_view(g) == "0");
-        kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name));
+        kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name), [this] { drain(); });
     }
     ~CudaBackend() override {
         try {

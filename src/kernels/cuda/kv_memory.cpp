@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -46,13 +47,17 @@ void check(CUresult r, const char* what) {
 class DevicePages final : public KvPages {
 public:
     DevicePages(const Driver& drv, const CUmemAllocationProp& prop, const CUmemAccessDesc& access, size_t chunk,
-                size_t page_bytes, int64_t max_pages)
-        : drv_(drv), prop_(prop), access_(access), chunk_(chunk), page_bytes_(page_bytes), max_pages_(max_pages) {
+                const std::function<void()>& drain, size_t page_bytes, int64_t max_pages)
+        : drv_(drv), prop_(prop), access_(access), chunk_(chunk), drain_(drain), page_bytes_(page_bytes),
+          max_pages_(max_pages) {
         reserved_ = std::max<size_t>(chunk_, (page_bytes * size_t(max_pages) + chunk_ - 1) / chunk_ * chunk_);
         check(drv_.reserve(&base_, reserved_, chunk_, 0, 0), "cuMemAddressReserve");
     }
     ~DevicePages() override {
-        unmap_from(0);
+        try {
+            unmap_from(0);
+        } catch (...) {  // a destructor reports nothing: the failed op reported it
+        }
         drv_.address_free(base_, reserved_);
     }
 
@@ -84,7 +89,7 @@ public:
 private:
     void unmap_from(size_t keep) {
         if (handles_.size() <= keep) return;
-        cudaDeviceSynchronize();  // queued kernels may still read the chunks
+        drain_();  // recorded or queued kernels may still use the chunks
         while (handles_.size() > keep) {
             const CUdeviceptr at = base_ + (handles_.size() - 1) * chunk_;
             drv_.unmap(at, chunk_);
@@ -96,7 +101,9 @@ private:
     const Driver& drv_;
     CUmemAllocationProp prop_;
     CUmemAccessDesc access_;
-    size_t chunk_, page_bytes_;
+    size_t chunk_;
+    const std::function<void()>& drain_;
+    size_t page_bytes_;
     int64_t max_pages_, n_pages_ = 0;
     CUdeviceptr base_ = 0;
     size_t reserved_ = 0;
@@ -105,7 +112,8 @@ private:
 
 class DeviceMemory final : public KvMemory {
 public:
-    DeviceMemory(int device, std::string name) : name_(std::move(name)) {
+    DeviceMemory(int device, std::string name, std::function<void()> drain)
+        : name_(std::move(name)), drain_(std::move(drain)) {
         resolve("cuMemCreate", drv_.create);
         resolve("cuMemRelease", drv_.release);
         resolve("cuMemAddressReserve", drv_.reserve);
@@ -123,17 +131,18 @@ public:
     }
 
     std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
-        return std::make_unique<DevicePages>(drv_, prop_, access_, chunk_, page_bytes, max_pages);
+        return std::make_unique<DevicePages>(drv_, prop_, access_, chunk_, drain_, page_bytes, max_pages);
     }
     bool host_accessible() const override { return false; }
     void copy_to_host(void* dst, const void* src, size_t bytes) const override {
-        VXQ_CUDA_CHECK(cudaDeviceSynchronize());
+        drain_();
         VXQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     }
     std::string name() const override { return name_; }
 
 private:
     std::string name_;
+    std::function<void()> drain_;
     Driver drv_;
     CUmemAllocationProp prop_{};
     CUmemAccessDesc access_{};
@@ -142,8 +151,9 @@ private:
 
 }  // namespace
 
-std::unique_ptr<KvMemory> make_device_kv_memory(int device, const std::string& device_name) {
-    return std::make_unique<DeviceMemory>(device, device_name);
+std::unique_ptr<KvMemory> make_device_kv_memory(int device, const std::string& device_name,
+                                                std::function<void()> drain) {
+    return std::make_unique<DeviceMemory>(device, device_name, std::move(drain));
 }
 
 }  // namespace vxq::cuda

@@ -9,13 +9,19 @@
 // the binary does not link libcuda and starts on machines without a driver.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "kv/memory.h"
 
 namespace vxq::cuda {
 
-// Memory on the current device; vxq::Error when the driver lacks virtual memory management.
-std::unique_ptr<KvMemory> make_device_kv_memory(int device, const std::string& device_name);
+// Memory on `device`; vxq::Error when the driver lacks virtual memory management. `drain` is
+// called before host code reads pages and before chunks are unmapped: it must run and wait for
+// every recorded or queued kernel that may touch them (the owning backend's). The memory must
+// outlive the caches made with it.
+std::unique_ptr<KvMemory> make_device_kv_memory(int device, const std::string& device_name,
+                                                std::function<void()> drain);
 
 }  // namespace vxq::cuda
