@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One run on a GPU machine: configure + build with CUDA, the CUDA tests (tests/test_cuda.cpp),
-# compute-sanitizer memcheck on the op-level CUDA tests, and the GEMV bandwidth benchmark
-# (bench/gpu_gemv.cu) against a device-to-device copy measured in the same run. A short table
-# comes last. Never changes the GPU's clocks or settings.
+# compute-sanitizer memcheck on the op-level CUDA tests, the GEMV bandwidth benchmark
+# (bench/gpu_gemv.cu) against a device-to-device copy measured in the same run, and end-to-end
+# prefill/decode (`vxq bench --device cuda`) on random-weight GGUFs of the Llama-3-8B shape
+# (`vxq synth`, F16 and Q4_0), beside llama.cpp's llama-bench on the same files when
+# LLAMA_CPP_BIN names a llama.cpp CUDA build. Short tables come last. Never changes the GPU's
+# clocks or settings, and never builds llama.cpp.
 #
 #   bench/gpu.sh [BUILD_DIR]            (default build-gpu)
 #
@@ -11,6 +14,9 @@
 #   VXQ_DEPS_PREFIX  a folder where the Debian -dev packages this project needs were unpacked
 #                    with `dpkg -x` (for a machine that has CUDA but not those packages)
 #   OUT              if set, full logs are written there
+#   VXQ_SYNTH_DIR    where the synthetic GGUFs are written (default BUILD_DIR/synth; ~21 GB)
+#   VXQ_E2E_TYPES    weight types of the end-to-end runs (default "f16 q4_0"; empty: skip them)
+#   LLAMA_CPP_BIN    a llama.cpp build's bin/ folder (llama-bench): run on the same files
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -32,7 +38,7 @@ if [ -n "${VXQ_DEPS_PREFIX:-}" ]; then
 fi
 
 step() { printf '\n===== %s =====\n' "$*"; }
-status_build=FAIL status_tests=FAIL status_sanitizer="not run" status_bench=FAIL
+status_build=FAIL status_tests=FAIL status_sanitizer="not run" status_bench=FAIL status_e2e="not run"
 
 step "machine"
 date -u +"%Y-%m-%d %H:%M UTC"
@@ -69,6 +75,33 @@ if [ "$status_build" = ok ]; then
 
   step "GEMV bandwidth"
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
+
+  E2E_TYPES="${VXQ_E2E_TYPES-f16 q4_0}"
+  if [ -n "$E2E_TYPES" ]; then
+    step "end to end: synthetic Llama-3-8B shape, batch 1"
+    SYNTH="${VXQ_SYNTH_DIR:-$BUILD/synth}"
+    mkdir -p "$SYNTH"
+    status_e2e=ok
+    if [ -n "${LLAMA_CPP_BIN:-}" ]; then
+      echo "llama.cpp: $LLAMA_CPP_BIN"
+      "$LLAMA_CPP_BIN/llama-cli" --version 2>&1 | grep -E 'version|built' || true
+    fi
+    for t in $E2E_TYPES; do
+      m="$SYNTH/llama3-8b-$t.gguf"
+      [ -f "$m" ] || "$BUILD/src/vxq" synth --shape llama3-8b --type "$t" -o "$m" >"$LOGS/synth_$t.log" 2>&1 ||
+        { echo "synth $t failed"; tail -5 "$LOGS/synth_$t.log"; status_e2e=FAIL; continue; }
+      for graphs in 1 0; do
+        VXQ_CUDA_GRAPHS=$graphs "$BUILD/src/vxq" bench -m "$m" --device cuda -p 512 -n 128 -r 5 --no-aa --json \
+          >"$LOGS/e2e_${t}_graphs$graphs.json" 2>"$LOGS/e2e_${t}_graphs$graphs.err" ||
+          { echo "vxq bench $t (graphs $graphs) failed:"; tail -3 "$LOGS/e2e_${t}_graphs$graphs.err"; status_e2e=FAIL; }
+      done
+      if [ -n "${LLAMA_CPP_BIN:-}" ]; then
+        "$LLAMA_CPP_BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -r 5 -o json >"$LOGS/llama_$t.json" \
+          2>"$LOGS/llama_$t.err" || { echo "llama-bench $t failed:"; tail -3 "$LOGS/llama_$t.err"; status_e2e=FAIL; }
+      fi
+    done
+    python3 "bench/gpu_e2e_table.py" "$LOGS" "$SYNTH" $E2E_TYPES | tee "$LOGS/e2e.md" || status_e2e=FAIL
+  fi
 fi
 
 step "summary"
@@ -76,5 +109,7 @@ echo "build: $status_build"
 echo "CUDA tests: $status_tests  ${summary_tests:-}"
 echo "compute-sanitizer: $status_sanitizer"
 echo "GEMV bench: $status_bench"
+echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
+[ -f "$LOGS/e2e.md" ] && grep '^|' "$LOGS/e2e.md"
 [ "$status_build" = ok ] && [ "$status_tests" = ok ] && [ "$status_bench" = ok ]
