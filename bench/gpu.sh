@@ -38,7 +38,7 @@ if [ -n "${VXQ_DEPS_PREFIX:-}" ]; then
 fi
 
 step() { printf '\n===== %s =====\n' "$*"; }
-status_build=FAIL status_tests=FAIL status_sanitizer="not run" status_bench=FAIL status_e2e="not run"
+status_build=FAIL status_tests=FAIL status_sanitizer="not run" status_bench=FAIL status_e2e="not run" status_ppl="not run"
 
 step "machine"
 date -u +"%Y-%m-%d %H:%M UTC"
@@ -76,6 +76,28 @@ if [ "$status_build" = ok ]; then
   step "GEMV bandwidth"
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
 
+  step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream 4)"
+  status_ppl=ok
+  TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
+  for w in f16 q8_0 q4_0; do
+    m="$SHARED/assets/models/vxq-llama-h64-$w.gguf"
+    if [ ! -f "$m" ] || [ ! -f "$TEXT" ]; then echo "skipped: $m or $TEXT missing"; status_ppl="not run"; continue; fi
+    for mode in prefill stream; do
+      for fa in "" "--flash-attn"; do
+        line="$w $mode ${fa:-(no -fa)}"
+        chunks=24; [ "$mode" = stream ] && chunks=4
+        for dev in cpu cuda; do
+          "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks $chunks --mode "$mode" $fa --device "$dev" \
+            >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
+          line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
+        done
+        echo "$line" | awk '{ d = ($NF - $(NF-2)) / $(NF-2); printf "%s  rel.diff %+.5f%%%s\n", $0, 100 * d, (d > 0.001 || d < -0.001) ? "  > 0.1 %!" : "" }' |
+          tee -a "$LOGS/ppl.md"
+      done
+    done
+  done
+  grep -q '0.1 %!' "$LOGS/ppl.md" 2>/dev/null && status_ppl=FAIL
+
   E2E_TYPES="${VXQ_E2E_TYPES-f16 q4_0}"
   if [ -n "$E2E_TYPES" ]; then
     step "end to end: synthetic Llama-3-8B shape, batch 1"
@@ -109,6 +131,8 @@ echo "build: $status_build"
 echo "CUDA tests: $status_tests  ${summary_tests:-}"
 echo "compute-sanitizer: $status_sanitizer"
 echo "GEMV bench: $status_bench"
+echo "perplexity cuda vs cpu: $status_ppl"
+[ -f "$LOGS/ppl.md" ] && cat "$LOGS/ppl.md"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
 [ -f "$LOGS/e2e.md" ] && grep '^|' "$LOGS/e2e.md"
