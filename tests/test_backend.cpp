@@ -1,6 +1,6 @@
 // The backend interface seen from the model layer: the backend registry (make_backend), the
-// weight-format table that decides which models a backend can run, and the activation buffers
-// a backend keeps between forward passes.
+// weight-format table and the KV readers that decide what a backend can run, the activation
+// buffers a backend keeps between forward passes, and the memory check before a run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,8 +13,10 @@
 #include "backend/backend.h"
 #include "backend/weight_formats.h"
 #include "core/error.h"
+#include "kv/codec.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "runtime/memory_check.h"
 #include "support/tiny_model.h"
 
 namespace vxq {
@@ -40,8 +42,17 @@ TEST(BackendRegistry, MakesTheCpuBackend) {
 
 TEST(BackendRegistry, UnknownNameIsAnErrorListingTheBackends) {
     const std::string msg = error_of([] { make_backend("metal", 1); });
-    EXPECT_NE(msg.find("unknown backend 'metal'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("available: cpu"), std::string::npos) << msg;
+    EXPECT_EQ(msg, VXQ_HAVE_CUDA ? "unknown device 'metal' (this build has: cpu, cuda)"
+                                 : "unknown device 'metal' (this build has: cpu)");
+    // check_backend_name (what --device runs before any work) says the same and opens nothing.
+    EXPECT_EQ(error_of([] { check_backend_name("metal"); }), msg);
+    EXPECT_EQ(error_of([] { check_backend_name("cpu"); }), "");
+    const std::string cuda = error_of([] { check_backend_name("cuda"); });
+    if (VXQ_HAVE_CUDA) {
+        EXPECT_EQ(cuda, "") << "the name is known, whether or not this machine has a GPU";
+    } else {
+        EXPECT_NE(cuda.find("this build has no CUDA backend"), std::string::npos) << cuda;
+    }
 }
 
 // "cuda" either runs or is refused in one line naming why: the build has no CUDA backend, or the
@@ -155,6 +166,97 @@ TEST(ActivationBuffers, ReusedAcrossForwardPassesWithUnchangedResults) {
     // gate and up of n_ff floats.
     const size_t expected = 5 * size_t(2 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) * sizeof(float);
     EXPECT_EQ(bytes_after_largest, expected);
+    EXPECT_EQ(model->activation_bytes(5), expected) << "the memory check's figure is what the forward pass asks for";
+}
+
+// The KV codec registry is the one list of which backend reads which method: the CUDA backend
+// reads f16 caches only (in builds that have it), the CPU backend every method, and every name
+// it lists is a backend of this build.
+TEST(KvReaders, RegistryListsTheBackendsThatReadEachMethod) {
+    const std::vector<std::string> names = backend_names();
+    for (const CodecInfo& info : list_codecs()) {
+        SCOPED_TRACE(info.name);
+        EXPECT_TRUE(codec_has_reader(info.name, "cpu"));
+        EXPECT_EQ(codec_has_reader(info.name, "cuda"), VXQ_HAVE_CUDA && info.name == "f16");
+        for (const std::string& b : info.backends) {
+            EXPECT_NE(std::find(names.begin(), names.end(), b), names.end()) << b << " is not a backend";
+        }
+    }
+    EXPECT_NE(error_of([] { codec_has_reader("q3_z", "cpu"); }).find("unknown KV cache method 'q3_z'"), std::string::npos);
+}
+
+TEST(MemoryCheck, CpuBackendReportsHostRam) {
+    const MemoryInfo m = make_backend("cpu", 1)->memory_info();
+    EXPECT_EQ(m.where, "host RAM");
+    EXPECT_GT(m.total, size_t(0));
+    EXPECT_GT(m.free, size_t(0));
+    EXPECT_LE(m.free, m.total);
+}
+
+// A backend that says it copies weights into its own memory, as a device backend does; it runs
+// nothing (memory_need only asks it that).
+class CopyingBackend final : public Backend {
+public:
+    std::string describe() const override { return "copying"; }
+    MemoryInfo memory_info() const override { return {}; }
+    float* activation_buffer(int, size_t) override { return nullptr; }
+    size_t activation_bytes() const override { return 0; }
+    const float* to_host(const float* x, size_t, int) override { return x; }
+    void matmul(const WeightView&, const float*, int64_t, float*) override {}
+    void embed(const WeightView&, const int32_t*, int64_t, float*) override {}
+    void rms_norm(const float*, const float*, int64_t, int64_t, float, float*) override {}
+    void rope(float*, int64_t, int64_t, int64_t, int64_t, const RopeParams&) override {}
+    void swiglu(float*, const float*, int64_t, int64_t) override {}
+    void add(float*, const float*, int64_t) override {}
+    void add_bias(float*, const float*, int64_t, int64_t) override {}
+    void attention(const KvLayerView&, const float*, int64_t, int64_t, float*, float* const*) override {}
+    std::string attention_path(const KvLayerView&) const override { return ""; }
+};
+
+TEST(MemoryCheck, NeedCountsDeviceWeightsFullCachesAndTheLargestBatch) {
+    const test::TinyModel tm = test::build_tiny_model({});
+    const auto model = Model::load(tm.path);
+    const ModelConfig& c = model->config();
+    const auto f16 = make_kv_cache({c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{});
+    const auto fp8 = make_kv_cache({c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 512}, KvSpec::parse("fp8"));
+    const Model* models[] = {model.get()};
+    const KvCache* caches[] = {f16.get(), fp8.get()};
+    const size_t logits = 3 * size_t(c.n_vocab) * sizeof(float);
+
+    const MemoryNeed cpu = memory_need(*make_backend("cpu", 1), models, caches, 64, 3);
+    EXPECT_EQ(cpu.weights, 0u) << "the CPU backend reads the mapped file";
+    EXPECT_EQ(cpu.kv, f16->bytes_for_tokens(256) + fp8->bytes_for_tokens(512));
+    EXPECT_EQ(cpu.kv_tokens, 512);
+    EXPECT_EQ(cpu.activations, model->activation_bytes(64) + logits);
+    EXPECT_EQ(cpu.total(), cpu.kv + cpu.activations);
+
+    size_t tensor_bytes = 0;
+    for (const GgufTensorInfo& t : model->file().tensors()) tensor_bytes += t.n_bytes;
+    const MemoryNeed dev = memory_need(CopyingBackend{}, models, caches, 64, 3);
+    EXPECT_EQ(dev.weights, tensor_bytes);
+    EXPECT_EQ(dev.kv, cpu.kv);
+    EXPECT_EQ(dev.activations, cpu.activations);
+}
+
+TEST(MemoryCheck, FitsOrIsOneLineNamingEachPart) {
+    constexpr size_t GiB = size_t(1) << 30;
+    MemoryNeed need;
+    need.weights = size_t(16.1 * GiB);
+    need.kv = GiB;
+    need.kv_tokens = 8192;
+    need.activations = size_t(0.1 * GiB);
+    const MemoryInfo gpu{80 * GiB, 12 * GiB, "GPU 0 (NVIDIA H200)"};
+    EXPECT_EQ(error_of([&] { check_fits(need, gpu, "cuda"); }),
+              "--device cuda: this run needs 17.2 GiB (weights 16.1 GiB + KV cache 1.0 GiB for 8192 tokens + activations "
+              "0.1 GiB) but GPU 0 (NVIDIA H200) has 12.0 GiB free");
+    EXPECT_EQ(error_of([&] { check_fits(need, {80 * GiB, need.total(), "GPU 0"}, "cuda"); }), "") << "exactly the free bytes fit";
+    EXPECT_NE(error_of([&] { check_fits(need, {80 * GiB, need.total() - 1, "GPU 0"}, "cuda"); }), "");
+
+    need.weights = 0;  // the CPU backend: weights stay in the mapped file and are not named
+    EXPECT_EQ(error_of([&] { check_fits(need, {4 * GiB, GiB, "host RAM"}, "cpu"); }),
+              "--device cpu: this run needs 1.1 GiB (KV cache 1.0 GiB for 8192 tokens + activations 0.1 GiB) but host RAM "
+              "has 1.0 GiB free");
+    EXPECT_EQ(error_of([&] { check_fits(need, {4 * GiB, 2 * GiB, "host RAM"}, "cpu"); }), "");
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
+#include "core/error.h"
 #include "support/assets.h"
 #include "support/run_cli.h"
 #include "support/tiny_model.h"
@@ -95,7 +97,8 @@ const BadInput kBadInputs[] = {
     {"NegativeThreads", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-t", "-1"}; }, "threads"},
     {"TopPOutOfRange", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--top-p", "2"}; }, "top-p"},
     {"NonNumericCtx", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-c", "lots"}; }, "ctx"},
-    {"HugeContext", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-c", "16000000"}; }, "memory"},
+    {"HugeContext", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-c", "16000000"}; },
+     "--device cpu: this run needs"},
     {"PerplexityMissingText", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", "/nonexistent.txt"}; }, "/nonexistent.txt"},
     {"PerplexityTextTooShort", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", tmp_file("short.txt", "Just a few words."), "-c", "128"}; }, "needs at least"},
     {"PerplexityZeroChunks", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--chunks", "0"}; }, "chunks"},
@@ -151,6 +154,25 @@ const BadInput kBadInputs[] = {
     {"EvalJsonUnwritable", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--json", "/nonexistent_dir/eval.json"}; }, "/nonexistent_dir/eval.json"},
     {"EvalPlotIsDirectory", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--plot", "/tmp"}; }, "is a directory"},
     // GGUF tensors that do not match the header, each named.
+    // --device: an unknown name in every command that runs a model, and what the CUDA backend
+    // cannot run, refused before any work whether or not this machine has a GPU (a build without
+    // CUDA refuses the name itself).
+    {"DeviceUnknownGenerate", [] { return Args{"generate", "-m", M(), "-p", "x", "--device", "nope"}; }, "unknown device 'nope' (this build has: cpu"},
+    {"DeviceUnknownPerplexity", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--device", "nope"}; }, "unknown device 'nope'"},
+    {"DeviceUnknownEval", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--device", "nope"}; }, "unknown device 'nope'"},
+    {"DeviceUnknownBench", [] { return Args{"bench", "-m", M(), "--device", "nope"}; }, "unknown device 'nope'"},
+    {"DeviceCudaKeysQ4_0", [] { return Args{"generate", "-m", M(), "-p", "x", "--device", "cuda", "--kv", "q4_0"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method q4_0 (keys) has no cuda reader yet; use --device cpu" : "this build has no CUDA backend"},
+    {"DeviceCudaValuesQ8_0", [] { return Args{"generate", "-m", M(), "-p", "x", "--device", "cuda", "-ctv", "q8_0"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method q8_0 (values) has no cuda reader yet" : "this build has no CUDA backend"},
+    {"DeviceCudaPerplexityKivi", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--device", "cuda", "--kv", "kivi:bits=2"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method kivi (keys) has no cuda reader yet" : "this build has no CUDA backend"},
+    {"DeviceCudaEvalMethod", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16,fp8", "--device", "cuda"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method fp8 (keys) has no cuda reader yet" : "this build has no CUDA backend"},
+    {"DeviceCudaEvalReference", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--ref", "q8_0", "--device", "cuda"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method q8_0 (keys) has no cuda reader yet" : "this build has no CUDA backend"},
+    {"DeviceCudaBenchMethod", [] { return Args{"bench", "-m", M(), "--kv", "f16,q4_0/f16", "--device", "cuda"}; },
+     VXQ_HAVE_CUDA ? "--device cuda: KV method q4_0 (keys) has no cuda reader yet" : "this build has no CUDA backend"},
     {"BlockCountLowered", [] { return Args{"generate", "-m", broken_model("block_count", [](test::TinyModelSpec& s) { s.meta_n_layer = 1; }), "-p", "x"}; },
      "tensor 'blk.1.attn_norm.weight' is not used by a llama model with block_count 1"},
     {"ExtraTensor", [] { return Args{"generate", "-m", broken_model("extra", [](test::TinyModelSpec& s) { s.extra_tensors = {"rope_freqs.weight"}; }), "-p", "x"}; },
@@ -207,6 +229,45 @@ TEST(Cli, GenerateJsonReplacesInvalidUtf8AndSaysSo) {
     EXPECT_EQ(j["invalid_utf8_replaced"], true);
     EXPECT_NE(j["text"].get<std::string>().find("\xEF\xBF\xBD"), std::string::npos) << "no U+FFFD in the text";
     EXPECT_EQ(j["ids"].size(), 64u);
+}
+
+// --device cuda with the f16 cache: on a machine with a GPU it runs there and reports the weights
+// it holds; without one (or in a build without CUDA) it is the backend's own one-line refusal,
+// before anything is printed.
+TEST(Cli, DeviceCudaRunsOrIsTheBackendsOneLineError) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    std::string refusal;
+    try {
+        make_backend("cuda", 1);
+    } catch (const Error& e) {
+        refusal = e.what();
+    }
+    const auto r = test::run_cli({"generate", "-m", M(), "-p", "The kernel", "-n", "4", "--temp", "0", "--json", "--device", "cuda"});
+    ASSERT_EQ(r.signal, 0) << r.err;
+    if (!refusal.empty()) {
+        EXPECT_EQ(r.exit_code, 1);
+        EXPECT_EQ(r.out, "");
+        EXPECT_EQ(r.err, "vxq: error: " + refusal + "\n");
+        return;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["backend"].get<std::string>().rfind("cuda/", 0), 0u) << j["backend"];
+    EXPECT_EQ(j["backend_memory"]["where"].get<std::string>().rfind("GPU 0", 0), 0u) << j["backend_memory"];
+    EXPECT_GT(j["backend_memory"]["weight_bytes"].get<size_t>(), 0u);
+}
+
+// generate --json reports what the backend holds: on the CPU no weight copies (the file is
+// mapped), the activation buffers of the largest batch, in host RAM.
+TEST(Cli, GenerateJsonReportsBackendMemory) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const auto r = test::run_cli({"generate", "-m", M(), "-p", "The kernel", "-n", "2", "--temp", "0", "--json", "-t", "1",
+                                  "--device", "cpu"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto m = nlohmann::json::parse(r.out)["backend_memory"];
+    EXPECT_EQ(m["where"], "host RAM");
+    EXPECT_EQ(m["weight_bytes"], 0);
+    EXPECT_GT(m["activation_bytes"].get<size_t>(), 0u);
 }
 
 // Between the core count and 4x it, -t runs, with one warning line.

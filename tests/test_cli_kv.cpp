@@ -61,6 +61,11 @@ TEST(CliKv, KvPairsInGenerateAndBench) {
     bool pair = false;
     for (const auto& row : j["rows"]) pair |= row["kv_format"] == "K q4_0 / V f16";
     EXPECT_TRUE(pair) << b.out;
+    // The backend and what it holds after the runs (the default device is the CPU).
+    EXPECT_EQ(j["backend"].get<std::string>().rfind("cpu/", 0), 0u) << j["backend"];
+    EXPECT_EQ(j["backend_memory"]["where"], "host RAM");
+    EXPECT_EQ(j["backend_memory"]["weight_bytes"], 0);
+    EXPECT_GT(j["backend_memory"]["activation_bytes"].get<size_t>(), 0u);
 }
 
 // --flash-attn sends an f16 cache through the fused kernel: same text on this model (greedy),

@@ -20,11 +20,26 @@ struct KvLayerView;
 class KvCache;
 class KvMemory;
 
+// The memory a backend computes in: host RAM for the CPU backend, the GPU's for a device backend.
+struct MemoryInfo {
+    size_t total = 0, free = 0;  // bytes
+    std::string where;           // e.g. "host RAM", "GPU 0 (NVIDIA H200 (sm_90))"
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
     // Names what actually runs, e.g. "cpu/avx2 x2 threads".
     virtual std::string describe() const = 0;
+
+    // The backend's memory now: what a run must fit in (checked before anything large is allocated).
+    virtual MemoryInfo memory_info() const = 0;
+    // Bytes this backend holds for weights in its own memory (device copies); 0 when it reads the mapped file.
+    virtual size_t weight_bytes() const { return 0; }
+    // Whether a run's weights end up in this backend's memory (a device backend uploads them on
+    // first use), so the memory check counts them before they are; false where the backend reads
+    // the mapped file.
+    virtual bool copies_weights() const { return true; }
 
     // Activation scratch of the forward pass, in this backend's memory. Buffer `id` (the caller's
     // numbering: 0, 1, ...) holds at least n floats. It grows to the largest n ever asked for and
@@ -74,6 +89,10 @@ public:
 
 // The backends this build has, by name ("cpu"): the names make_backend accepts.
 std::vector<std::string> backend_names();
+
+// vxq::Error unless make_backend accepts `name`: an unknown name lists this build's backends, and
+// "cuda" in a build without CUDA says so. Makes nothing (no device is opened).
+void check_backend_name(const std::string& name);
 
 // The backend called `name`, using n_threads host threads; vxq::Error listing the available
 // backends for an unknown name. Defined beside the kernels (kernels/backends.cpp).

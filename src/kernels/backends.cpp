@@ -26,6 +26,13 @@ constexpr BackendEntry kBackends[] = {
 #endif
 };
 
+const BackendEntry* find_backend(const std::string& name) {
+    for (const BackendEntry& e : kBackends) {
+        if (name == e.name) return &e;
+    }
+    return nullptr;
+}
+
 }  // namespace
 
 std::vector<std::string> backend_names() {
@@ -34,12 +41,15 @@ std::vector<std::string> backend_names() {
     return names;
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
-    for (const BackendEntry& e : kBackends) {
-        if (name == e.name) return e.make(n_threads);
-    }
+void check_backend_name(const std::string& name) {
+    if (find_backend(name)) return;
     if (name == "cuda") fail("this build has no CUDA backend (configured with VXQ_CUDA=OFF or without nvcc)");
-    fail("unknown backend '{}' (available: {})", name, fmt::join(backend_names(), ", "));
+    fail("unknown device '{}' (this build has: {})", name, fmt::join(backend_names(), ", "));
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
+    check_backend_name(name);
+    return find_backend(name)->make(n_threads);
 }
 
 }  // namespace vxq

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kv/format.h"
@@ -71,7 +72,9 @@ struct CodecInfo {
     std::string options;       // human-readable option list with defaults
     std::string description;
     std::string bits;          // bits/element formula, e.g. "8.5" or "16/G + b + 16/G (keys)"
-    std::string backends = "cpu";  // backends with a reader, comma-separated
+    // Backends (make_backend names) with a reader for its blocks: the one list of which backend
+    // can attend over which method; --device checks a run's methods against it.
+    std::vector<std::string> backends = {"cpu"};
     // Specs that exercise the method (its default first, then notable options): what the tests
     // iterate, so a new row is tested without touching them.
     std::vector<std::string> variants = {};
@@ -85,6 +88,8 @@ std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t he
 // The layer state of a method, or nullptr when it keeps none.
 std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole role, int64_t head_dim, int64_t layer);
 std::vector<CodecInfo> list_codecs();
+// Whether `backend` reads the blocks of `method` (a registered name; vxq::Error naming an unknown one).
+bool codec_has_reader(const std::string& method, std::string_view backend);
 // Adds a codec at run time (a plug-in outside the built-in list; tests register deliberately
 // broken ones). Not thread-safe: register before building caches. vxq::Error on a taken name.
 void register_codec(CodecInfo info, CodecFactory make, LayerStateFactory make_state = nullptr);

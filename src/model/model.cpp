@@ -1,5 +1,8 @@
 #include "model/model.h"
 
+#include <array>
+#include <numeric>
+
 #include "core/error.h"
 #include "kv/kv_cache.h"
 
@@ -8,7 +11,12 @@ namespace vxq {
 namespace {
 
 // The forward pass's activation buffers (Backend::activation_buffer ids).
-enum ActivationId : int { kResidual, kNormed, kQ, kK, kV, kAttn, kGate, kUp };
+enum ActivationId : int { kResidual, kNormed, kQ, kK, kV, kAttn, kGate, kUp, kActivations };
+
+// Floats per token of each activation buffer, by ActivationId.
+std::array<int64_t, kActivations> activation_widths(const ModelConfig& c) {
+    return {c.n_embd, c.n_embd, c.q_dim(), c.kv_dim(), c.kv_dim(), c.q_dim(), c.n_ff, c.n_ff};
+}
 
 }  // namespace
 
@@ -38,14 +46,16 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
 
     // Activations for the whole batch, in the backend's memory: kept by the backend between
     // calls, so a forward pass allocates nothing once the context's largest batch has run.
-    float* x = be.activation_buffer(kResidual, size_t(n * c.n_embd));  // residual stream [n, n_embd]
-    float* cur = be.activation_buffer(kNormed, size_t(n * c.n_embd));  // normed input    [n, n_embd]
-    float* q = be.activation_buffer(kQ, size_t(n * c.q_dim()));        // [n, n_head, head_dim]
-    float* k = be.activation_buffer(kK, size_t(n * c.kv_dim()));       // [n, n_head_kv, head_dim]
-    float* v = be.activation_buffer(kV, size_t(n * c.kv_dim()));       // [n, n_head_kv, head_dim]
-    float* attn = be.activation_buffer(kAttn, size_t(n * c.q_dim()));  // [n, n_head, head_dim]
-    float* gate = be.activation_buffer(kGate, size_t(n * c.n_ff));     // [n, n_ff]
-    float* up = be.activation_buffer(kUp, size_t(n * c.n_ff));         // [n, n_ff]
+    const auto width = activation_widths(c);
+    const auto buffer = [&](ActivationId id) { return be.activation_buffer(id, size_t(n * width[id])); };
+    float* x = buffer(kResidual);  // residual stream [n, n_embd]
+    float* cur = buffer(kNormed);  // normed input    [n, n_embd]
+    float* q = buffer(kQ);         // [n, n_head, head_dim]
+    float* k = buffer(kK);         // [n, n_head_kv, head_dim]
+    float* v = buffer(kV);         // [n, n_head_kv, head_dim]
+    float* attn = buffer(kAttn);   // [n, n_head, head_dim]
+    float* gate = buffer(kGate);   // [n, n_ff]
+    float* up = buffer(kUp);       // [n, n_ff]
     const RopeParams rope{c.n_rot, c.rope_freq_base, c.rope_style == RopeStyle::NeoX};
 
     be.embed(w_.token_embd, tokens.data(), n, x);
@@ -103,6 +113,11 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
     const float* last = x + (n - n_out) * c.n_embd;
     be.rms_norm(last, w_.output_norm, n_out, c.n_embd, c.rms_eps, cur);
     be.matmul(w_.output, cur, n_out, logits);
+}
+
+size_t Model::activation_bytes(int64_t n_tokens) const {
+    const auto width = activation_widths(cfg_);
+    return size_t(n_tokens * std::accumulate(width.begin(), width.end(), int64_t(0))) * sizeof(float);
 }
 
 }  // namespace vxq

@@ -43,6 +43,10 @@ public:
     //   logits: [n_out, n_vocab]
     void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out, float* logits) const;
 
+    // Bytes of the activation buffers forward() asks the backend for with a batch of n tokens
+    // (Backend::activation_buffer), for the memory check before a run.
+    size_t activation_bytes(int64_t n_tokens) const;
+
 private:
     Model(GgufFile f) : file_(std::move(f)) {}
 

@@ -108,11 +108,22 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen, d});
     }
 
-    auto backend = make_backend("cpu", p.threads);
+    auto backend = make_backend(p.device, p.threads);
     const int64_t max_depth = *std::max_element(p.depths.begin(), p.depths.end());
     const int64_t n_ctx = max_depth + std::max(p.n_prompt, p.n_gen) + 1;
     std::vector<std::unique_ptr<KvCache>> caches;
     for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx));
+    {
+        // Every configuration keeps its cache for the whole run; the largest batch is a depth
+        // prefix or a pp test, each with one row of logits.
+        std::vector<const Model*> models;
+        for (const auto& c : configs) {
+            if (std::find(models.begin(), models.end(), c.model) == models.end()) models.push_back(c.model);
+        }
+        std::vector<const KvCache*> all;
+        for (const auto& c : caches) all.push_back(c.get());
+        check_fits(memory_need(*backend, models, all, std::max(max_depth, p.n_prompt), 1), backend->memory_info(), p.device);
+    }
 
     // One prompt pool per model (configs of the same model share it, so each repetition hands
     // every arm the same input): depth prefix + test tokens. A test at depth d reads the first d
@@ -214,6 +225,8 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             rep.rows.push_back(std::move(row));
         }
     }
+    rep.backend = backend->describe();
+    rep.memory = BackendMemory::of(*backend);
     return rep;
 }
 

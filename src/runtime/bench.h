@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/memory_check.h"
+
 namespace vxq {
 
 class Model;
@@ -27,7 +29,8 @@ struct BenchParams {
     int64_t n_gen = 128;        // tg test: decode steps (0: skip)
     std::vector<int64_t> depths{0};  // tokens already in the cache before a test (untimed); one test per depth
     int reps = 5;
-    int threads = 2;
+    int threads = 2;            // host threads
+    std::string device = "cpu"; // the backend (make_backend name)
     int pool = 8;               // distinct prompts in the rotation
     uint64_t seed = 42;
     bool add_aa = true;         // add an A/A copy of the first configuration
@@ -56,6 +59,8 @@ struct BenchReport {
     std::vector<BenchRow> rows;
     double loadavg_1m = -1;
     std::string machine;
+    std::string backend;        // Backend::describe() after the runs
+    BackendMemory memory;       // what the backend holds after the runs (KV bytes are per row)
 };
 
 // trace(line) gets one line per timed run (order of runs, which prompt) when set.

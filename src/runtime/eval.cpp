@@ -9,6 +9,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/attention_probe.h"
+#include "runtime/memory_check.h"
 
 namespace vxq {
 
@@ -99,6 +100,16 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
     std::unique_ptr<KvCache> ref;
     std::vector<std::unique_ptr<AttentionProbe>> caches;
     make_caches(ref, caches);  // validates every method before the first run
+    {
+        // Every cache of a mode is alive at once; a prefill chunk is one batch with logits for its
+        // second half. The probes' exact f32 copies are measurement only and are not counted.
+        std::vector<const KvCache*> all{ref.get()};
+        for (const auto& probe : caches) all.push_back(&probe->inner());
+        const Model* models[] = {&model};
+        const bool prefill = std::count(p.modes.begin(), p.modes.end(), PplMode::Prefill) > 0;
+        check_fits(memory_need(be, models, all, prefill ? p.n_ctx : 1, prefill ? p.n_ctx - plan.first : 1), be.memory_info(),
+                   p.device);
+    }
     EvalResult r;
     r.reference_format = ref->format();
     r.n_ctx = p.n_ctx;

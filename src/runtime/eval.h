@@ -63,6 +63,7 @@ struct EvalParams {
     int64_t attn_every = 64;    // stream mode: probe attention every this many scored steps (0: off)
     bool prefill_exact = false;
     bool flash_attn = false;
+    std::string device = "cpu";  // the backend's --device name, for the memory check's error
 };
 
 struct EvalResult {

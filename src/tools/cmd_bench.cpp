@@ -78,13 +78,16 @@ void run_bench_cmd(BenchOptions o) {
     o.p.threads = resolve_threads(o.p.threads);
     o.kv = split_methods(o.kv);
     if (!o.depths.empty()) o.p.depths = parse_depths(o.depths);
+    std::vector<KvSpec> specs;  // validated, with the device, before a model loads
+    for (const auto& kv : o.kv) specs.push_back(KvSpec::from_flags(kv, o.ctk, o.ctv));
+    check_device(o.p.device, specs, false);
     std::vector<std::unique_ptr<Model>> models;
     std::vector<BenchConfig> configs;
     for (const auto& path : o.models) {
-        models.push_back(Model::load(path));
+        models.push_back(Model::load(path, o.p.device));
         const std::string stem = std::filesystem::path(path).stem().string();
-        for (const auto& kv : o.kv) {
-            const std::string spec = KvSpec::from_flags(kv, o.ctk, o.ctv).str();  // validated before any run
+        for (const KvSpec& kv : specs) {
+            const std::string spec = kv.str();
             configs.push_back({fmt::format("{} kv={}{}", stem, spec, o.flash_attn ? " fa" : ""), models.back().get(), spec,
                                o.flash_attn});
         }
@@ -106,6 +109,8 @@ void run_bench_cmd(BenchOptions o) {
     if (o.json) {
         nlohmann::json j;
         j["machine"] = rep.machine;
+        j["backend"] = rep.backend;
+        j["backend_memory"] = memory_json(rep.memory);
         j["loadavg_1m_at_start"] = rep.loadavg_1m;
         j["threads"] = o.p.threads;
         j["repetitions"] = o.p.reps;
@@ -132,8 +137,9 @@ void run_bench_cmd(BenchOptions o) {
         }
         return;
     }
-    fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts\n\n",
+    fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts\n",
                rep.machine, o.p.threads, rep.loadavg_1m, o.p.reps, o.p.pool);
+    fmt::print("backend: {} | {} (KV bytes per row)\n\n", rep.backend, memory_summary(rep.memory));
     fmt::print("| config | test | code path | KV bytes | KV bits/el | t/s median | min | max | mean ± sd | ratio (min–max) |\n");
     fmt::print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const auto& r : rep.rows) {
@@ -160,6 +166,7 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("-n,--n-gen", o->p.n_gen, "generated tokens per decode test (0: skip)")->check(CLI::Range(int64_t(0), int64_t(1) << 20));
     sub->add_option("-d,--depth", o->depths, "tokens in the cache before each test, comma-separated: one test per depth (0,1024,2048)")
         ->type_name("N[,N...]");
+    add_device_option(sub, o->p.device);
     sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
     sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
     sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");

@@ -24,7 +24,7 @@ namespace vxq::tools {
 namespace {
 
 struct EvalOptions {
-    std::string model, file, ref = "f16", json_out, plot_out, speed_plot_out, gate;
+    std::string model, file, ref = "f16", json_out, plot_out, speed_plot_out, gate, device = "cpu";
     std::vector<std::string> kv, bench_json;
     std::vector<std::string> modes{"prefill", "stream"};
     int threads = 0;
@@ -96,7 +96,6 @@ void run_eval_cmd(EvalOptions o) {
         if (base != gate->model) fail("the gate '{}' is for model '{}', not '{}'", o.gate, gate->model, base);
     }
     const std::string text = read_file(o.file);
-    const auto model = Model::load(o.model);
     EvalParams p;
     if (gate) {
         if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {
@@ -115,6 +114,7 @@ void run_eval_cmd(EvalOptions o) {
     p.reference = EvalMethod::parse(o.ref);
     p.prefill_exact = o.prefill_exact;
     p.flash_attn = o.flash_attn;
+    p.device = o.device;
     const auto has_mode = [&](PplMode m) { return std::count(p.modes.begin(), p.modes.end(), m) > 0; };
     if (o.attn_every_given && !has_mode(PplMode::Stream)) fail("--attn-every probes stream mode only: add --mode stream or drop it");
     if (p.prefill_exact) {
@@ -122,7 +122,11 @@ void run_eval_cmd(EvalOptions o) {
                                 return !is_f16_cache(m.spec);
                             }));
     }
-    const auto be = make_backend("cpu", resolve_threads(o.threads));
+    std::vector<KvSpec> specs{p.reference.spec};
+    for (const EvalMethod& m : p.methods) specs.push_back(m.spec);
+    check_device(o.device, specs, p.prefill_exact);
+    const auto model = Model::load(o.model, o.device);
+    const auto be = make_backend(o.device, resolve_threads(o.threads));
     const bool tty = stderr_is_tty();
     const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
         if (tty) fmt::print(stderr, "\r[{}/{}] runs   ", done, total);
@@ -166,6 +170,7 @@ void add_eval(CLI::App& app, int& rc) {
         ->check(CLI::IsMember({"prefill", "stream"}));
     sub->add_option("--attn-every", o->attn_every, "stream mode: probe attention fidelity every N scored steps (0: off)")
         ->check(CLI::Range(int64_t(0), int64_t(1) << 20));
+    add_device_option(sub, o->device);
     sub->add_option("-t,--threads", o->threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
     sub->add_flag("--prefill-exact", o->prefill_exact, "a batch at position 0 attends to its exact K/V (KIVI's recipe)");
     sub->add_flag("--flash-attn", o->flash_attn, "-fa: f16 caches (the reference too) through the fused kernel");

@@ -25,7 +25,8 @@ void run_generate(const GenerateOptions& o) {
     // The prompt is one batch at position 0: --prefill-exact applies whenever the cache is compressed.
     if (o.rt.prefill_exact) check_prefill_exact(true, !is_f16_cache(o.rt.kv_spec()));
     const std::string prompt = o.prompt_file.empty() ? o.prompt : read_file(o.prompt_file);
-    Engine e = make_engine(o.rt);
+    // The prompt is the largest batch: at most one token per byte (byte fallback) plus BOS and EOS.
+    Engine e = make_engine(o.rt, int64_t(prompt.size()) + 2, 1);
     // The prompt is echoed with the first generated text, not before: generate() refuses a bad
     // prompt (invalid UTF-8, too long) before it streams anything, and a refusal prints nothing.
     bool echoed = false;
@@ -61,14 +62,15 @@ void run_generate(const GenerateOptions& o) {
                          {"bits_per_element", resident_bits_per_element(*e.cache, tokens)},
                          {"f16_bytes", 4 * s.n_layer * s.n_head_kv * s.head_dim * tokens}};
         j["backend"] = e.backend->describe();
+        j["backend_memory"] = memory_json(BackendMemory::of(*e.backend));
         fmt::print("{}\n", dump_json(std::move(j)));
     } else {
         echo_prompt();
         fmt::print("\n");
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
-                   "stop: {}\n{} | backend: {}\n",
+                   "stop: {}\n{} | backend: {} | {}\n",
                    r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
-                   kv_summary(*e.cache, e.cache->size()), e.backend->describe());
+                   kv_summary(*e.cache, e.cache->size()), e.backend->describe(), memory_summary(BackendMemory::of(*e.backend)));
     }
 }
 }  // namespace

@@ -1,5 +1,6 @@
 // vxq methods: every KV cache method, its options and its true bits per element.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kv/codec.h"
 #include "tools/commands.h"
@@ -29,7 +30,7 @@ void add_methods(CLI::App& app, int& rc) {
                 ++i;
             }
             fmt::print("| {} | {} | {} | {} | {} | {} | {} | {} |\n", info.name, info.options.empty() ? "-" : info.options,
-                       info.bits, bits[0], bits[1], window, info.backends, info.description);
+                       info.bits, bits[0], bits[1], window, fmt::join(info.backends, ", "), info.description);
         }
         fmt::print("\nbits/element counts codes + scales/zeros (packed part); the fp16 window adds "
                    "16 * window / tokens on top (reported as measured by generate/perplexity).\n");

@@ -26,7 +26,9 @@ void run_perplexity(PerplexityOptions o) {
     if (o.rt.prefill_exact) check_prefill_exact(mode == PplMode::Prefill, !is_f16_cache(o.rt.kv_spec()));
     const std::string text = read_file(o.file);
     if (o.rt.n_ctx < 0) o.rt.n_ctx = 512;  // llama-perplexity's default (-c 0: the model's)
-    Engine e = make_engine(o.rt);
+    // A prefill chunk is one batch of the whole context (logits for its second half, counted as
+    // the whole context's: an upper bound); stream mode runs one token at a time.
+    Engine e = mode == PplMode::Prefill ? make_engine(o.rt, INT64_MAX, INT64_MAX) : make_engine(o.rt, 1, 1);
     const bool tty = stderr_is_tty();
     const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks, mode},
                               [&](int64_t i, int64_t n, double ppl) {

@@ -14,13 +14,16 @@
 #include <thread>
 
 #include "core/error.h"
+#include "kv/codec.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace vxq::tools {
 
 void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
     sub->add_option("-m,--model", model, "GGUF model file")->required();
+    add_device_option(sub, device);
     sub->add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(0, 1024));
     kv_opt = sub->add_option("--kv", kv, "KV cache method for K and V, or a K/V pair: f16, q8_0, q4_0, fp8, "
                                          "kivi:bits=2,group=32,residual=128, q4_0/f16 (vxq methods lists them)");
@@ -90,22 +93,51 @@ void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache) {
     }
 }
 
-Engine make_engine(const RuntimeOptions& o) {
+void add_device_option(CLI::App* sub, std::string& device) {
+    sub->add_option("--device", device,
+                    fmt::format("backend to run on: {} (default cpu); -t stays the host threads", fmt::join(backend_names(), ", ")));
+}
+
+void check_device(const std::string& device, std::span<const KvSpec> specs, bool prefill_exact) {
+    check_backend_name(device);
+    for (const KvSpec& spec : specs) {
+        for (const auto& [half, what] : {std::pair{&spec.k, "keys"}, std::pair{&spec.v, "values"}}) {
+            if (!codec_has_reader(half->name, device)) {
+                fail("--device {}: KV method {} ({}) has no {} reader yet; use --device cpu", device, half->name, what, device);
+            }
+        }
+    }
+    // The batch that --prefill-exact keeps exact is read as f32 blocks (kv_cache.cpp).
+    if (prefill_exact && !codec_has_reader("f32", device)) {
+        fail("--device {}: --prefill-exact reads its exact batch as f32, which has no {} reader yet; use --device cpu",
+             device, device);
+    }
+}
+
+Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_rows) {
     Engine e;
-    const KvSpec spec = o.kv_spec();  // a bad method fails before the model loads
-    e.model = Model::load(o.model);
+    const KvSpec spec = o.kv_spec();  // a bad method or device fails before the model loads
+    check_device(o.device, std::span(&spec, 1), o.prefill_exact);
+    e.model = Model::load(o.model, o.device);
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.context(c.n_ctx_train);
-    e.backend = make_backend("cpu", resolve_threads(o.threads));
+    e.backend = make_backend(o.device, resolve_threads(o.threads));
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
     e.cache = make_kv_cache(shape, spec, o.cache_options());  // allocates nothing until tokens arrive
-    const double kv_bytes = double(e.cache->bytes_for_tokens(e.n_ctx));
-    const double mem_bytes = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    if (kv_bytes > 0.8 * mem_bytes) {
-        fail("a {} KV cache for a context of {} tokens needs {:.1f} GiB, more than this machine's memory allows "
-             "({:.1f} GiB): lower -c", e.cache->format(), e.n_ctx, kv_bytes / (1 << 30), mem_bytes / (1 << 30));
-    }
+    const Model* models[] = {e.model.get()};
+    const KvCache* caches[] = {e.cache.get()};
+    check_fits(memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx)),
+               e.backend->memory_info(), o.device);
     return e;
+}
+
+nlohmann::json memory_json(const BackendMemory& m) {
+    return {{"where", m.where}, {"weight_bytes", m.weight_bytes}, {"activation_bytes", m.activation_bytes}};
+}
+
+std::string memory_summary(const BackendMemory& m) {
+    return fmt::format("backend memory ({}): weights {:.1f} MiB, activations {:.1f} MiB", m.where,
+                       double(m.weight_bytes) / (1 << 20), double(m.activation_bytes) / (1 << 20));
 }
 
 std::vector<std::string> split_methods(const std::vector<std::string>& args) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,11 +12,13 @@
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "runtime/memory_check.h"
 
 namespace vxq::tools {
 
 struct RuntimeOptions {
     std::string model;
+    std::string device = "cpu";  // --device: the backend (make_backend name)
     int threads = 0;      // 0: all hardware threads
     int64_t n_ctx = -1;   // -c: 0 means the model's training context; -1: not given
     std::string kv;       // --kv: "M" (K and V) or "MK/MV"
@@ -42,14 +45,29 @@ std::vector<std::string> split_methods(const std::vector<std::string>& args);
 // Resident KV bytes, bits per element and the f16 figure for the same tokens, one line.
 std::string kv_summary(const KvCache& c, int64_t tokens);
 
-// The model, a backend and a KV cache sized for n_ctx, built from validated options.
+// --device NAME (default cpu) on a subcommand that runs a model.
+void add_device_option(CLI::App* sub, std::string& device);
+
+// vxq::Error, before any work, unless `device` is a backend of this build that can run what was
+// asked: every K and V method of `specs` needs a reader there (the KV codec registry says which
+// backends have one), and --prefill-exact needs one for the exact batch's f32 blocks.
+void check_device(const std::string& device, std::span<const KvSpec> specs, bool prefill_exact);
+
+// The model, a backend and a KV cache sized for n_ctx, built from validated options, after
+// checking that the run fits in the backend's memory (runtime/memory_check.h) with a largest
+// forward pass of `max_batch` tokens (capped at n_ctx) and `logit_rows` rows of logits.
 struct Engine {
     std::unique_ptr<Model> model;
     std::unique_ptr<Backend> backend;
     std::unique_ptr<KvCache> cache;
     int64_t n_ctx = 0;
 };
-Engine make_engine(const RuntimeOptions& o);
+Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_rows);
+
+// What a backend holds in its own memory after a run (runtime/memory_check.h), as JSON and as
+// one line of text; the KV cache's resident bytes are kv_summary's.
+nlohmann::json memory_json(const BackendMemory& m);
+std::string memory_summary(const BackendMemory& m);
 
 // Flag check for a real-valued option: a finite number in [lo, hi] ("nan", "inf" and values
 // outside are refused with the range); hi = infinity means no upper bound.

@@ -2,7 +2,11 @@
 // the cheap element-wise ops run on the calling thread.
 #include "kernels/cpu/backend_cpu.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
@@ -20,6 +24,25 @@ namespace vxq::cpu {
 
 namespace {
 
+// MemTotal and MemAvailable of /proc/meminfo: "available" counts the page cache the kernel can
+// drop (a mapped model file's pages among them), which sysconf's free pages leave out.
+MemoryInfo host_memory() {
+    MemoryInfo m{0, 0, "host RAM"};
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    size_t kib = 0;
+    while (in >> key >> kib) {
+        if (key == "MemTotal:") m.total = kib << 10;
+        if (key == "MemAvailable:") m.free = kib << 10;
+        in.ignore(64, '\n');
+    }
+    if (m.total == 0) {  // no /proc/meminfo (not Linux)
+        m.total = size_t(sysconf(_SC_PHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+        m.free = size_t(sysconf(_SC_AVPHYS_PAGES)) * size_t(sysconf(_SC_PAGE_SIZE));
+    }
+    return m;
+}
+
 class CpuBackend final : public Backend {
 public:
     explicit CpuBackend(int n_threads) : pool_(n_threads) {}
@@ -27,6 +50,8 @@ public:
     std::string describe() const override {
         return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
     }
+    MemoryInfo memory_info() const override { return host_memory(); }
+    bool copies_weights() const override { return false; }  // matmuls read the mapped file
     float* activation_buffer(int id, size_t n) override {
         VXQ_ASSERT(id >= 0);
         if (size_t(id) >= activations_.size()) activations_.resize(size_t(id) + 1);

@@ -133,6 +133,12 @@ public:
         return fmt::format("cuda/{}, weights {:.1f} MiB on device, CUDA graphs {}", device_name_,
                            double(weight_bytes_) / (1 << 20), graphs_on_ ? "on" : "off (VXQ_CUDA_GRAPHS=0)");
     }
+    MemoryInfo memory_info() const override {
+        size_t free = 0, total = 0;
+        VXQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+        return {total, free, fmt::format("GPU 0 ({})", device_name_)};  // the constructor chose device 0
+    }
+    size_t weight_bytes() const override { return weight_bytes_; }
 
     float* activation_buffer(int id, size_t n) override {
         VXQ_ASSERT(id >= 0);

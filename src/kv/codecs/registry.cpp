@@ -15,25 +15,36 @@ struct Entry {
     LayerStateFactory make_state;
 };
 
-std::vector<Entry>& entries() {
-    static std::vector<Entry> e = {
-        {{"f16", "", "IEEE half precision (llama.cpp's default cache)", "16", "cpu", {"f16"}}, codecs::make_f16, nullptr},
-        {{"bf16", "", "bfloat16", "16", "cpu", {"bf16"}}, codecs::make_bf16, nullptr},
-        {{"f32", "", "single precision", "32", "cpu", {"f32"}}, codecs::make_f32, nullptr},
-        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim", "8.5", "cpu", {"q8_0"}},
+std::vector<Entry> builtin_entries() {
+    std::vector<Entry> e = {
+        {{"f16", "", "IEEE half precision (llama.cpp's default cache)", "16", {"cpu", "cuda"}, {"f16"}}, codecs::make_f16,
+         nullptr},
+        {{"bf16", "", "bfloat16", "16", {"cpu"}, {"bf16"}}, codecs::make_bf16, nullptr},
+        {{"f32", "", "single precision", "32", {"cpu"}, {"f32"}}, codecs::make_f32, nullptr},
+        {{"q8_0", "", "llama.cpp q8_0 blocks: 32 int8 + fp16 scale along head_dim", "8.5", {"cpu"}, {"q8_0"}},
          codecs::make_q8_0, nullptr},
-        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5", "cpu", {"q4_0"}},
+        {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5", {"cpu"}, {"q4_0"}},
          codecs::make_q4_0, nullptr},
         {{"fp8", "scale=prompt|S (prompt)",
-          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8", "cpu",
+          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8", {"cpu"},
           {"fp8", "fp8:scale=0.01"}},
          codecs::make_fp8, nullptr},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
           "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R",
-          "b + 32/G (+ the fp16 window of R tokens)", "cpu",
+          "b + 32/G (+ the fp16 window of R tokens)", {"cpu"},
           {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"}},
          codecs::make_kivi, nullptr},
     };
+    // Without the CUDA backend in the build (VXQ_CUDA) no row names it, as in the weight-format
+    // table: every name listed is one make_backend accepts.
+    if (!VXQ_HAVE_CUDA) {
+        for (Entry& row : e) std::erase(row.info.backends, "cuda");
+    }
+    return e;
+}
+
+std::vector<Entry>& entries() {
+    static std::vector<Entry> e = builtin_entries();
     return e;
 }
 
@@ -66,6 +77,11 @@ void register_codec(CodecInfo info, CodecFactory make, LayerStateFactory make_st
         if (e.info.name == info.name) fail("KV method '{}' is already registered", info.name);
     }
     entries().push_back({info, make, make_state});
+}
+
+bool codec_has_reader(const std::string& method, std::string_view backend) {
+    const std::vector<std::string>& b = find(CodecSpec{method, {}}).info.backends;
+    return std::find(b.begin(), b.end(), backend) != b.end();
 }
 
 std::vector<CodecInfo> list_codecs() {
