@@ -34,10 +34,11 @@ std::string cpu_model() {
     return "unknown cpu";
 }
 
-std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx) {
+std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx, Backend& be) {
     const ModelConfig& m = c.model->config();
-    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, KvSpec::parse(c.kv),
-                         KvCacheOptions{false, c.flash_attn});
+    KvCacheOptions opts{false, c.flash_attn};
+    opts.memory = be.kv_memory();  // where the backend's attention reads it
+    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, KvSpec::parse(c.kv), opts);
 }
 
 // Random token ids, avoiding control tokens, as llama-bench's prompts.
@@ -112,7 +113,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     const int64_t max_depth = *std::max_element(p.depths.begin(), p.depths.end());
     const int64_t n_ctx = max_depth + std::max(p.n_prompt, p.n_gen) + 1;
     std::vector<std::unique_ptr<KvCache>> caches;
-    for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx));
+    for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx, *backend));
     {
         // Every configuration keeps its cache for the whole run; the largest batch is a depth
         // prefix or a pp test, each with one row of logits.
@@ -202,7 +203,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
     for (size_t ci = 0; ci < configs.size(); ++ci) {
         for (size_t ti = 0; ti < tests.size(); ++ti) {
-            auto fresh = make_cache(configs[ci], n_ctx);
+            auto fresh = make_cache(configs[ci], n_ctx, *backend);
             run_on(ci, *fresh, tests[ti], pools[ci][0]);
             kv_of[ci][ti] = {fresh->resident_bytes(), resident_bits_per_element(*fresh, fresh->size())};
         }

@@ -91,10 +91,12 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
     // Fresh caches per mode, as a perplexity run has: a codec may calibrate on the first batch
     // it sees (fp8's scale), which differs between the modes.
     auto make_caches = [&](std::unique_ptr<KvCache>& ref, std::vector<std::unique_ptr<AttentionProbe>>& caches) {
-        ref = make_kv_cache(shape, p.reference.spec, KvCacheOptions{p.prefill_exact, p.flash_attn});
+        KvCacheOptions opts{p.prefill_exact, p.flash_attn};
+        opts.memory = be.kv_memory();  // where the backend's attention reads it
+        ref = make_kv_cache(shape, p.reference.spec, opts);
         caches.clear();
         for (const EvalMethod& m : p.methods) {
-            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.spec, KvCacheOptions{p.prefill_exact, p.flash_attn})));
+            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.spec, opts)));
         }
     };
     std::unique_ptr<KvCache> ref;

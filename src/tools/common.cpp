@@ -123,7 +123,9 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     e.n_ctx = o.context(c.n_ctx_train);
     e.backend = make_backend(o.device, resolve_threads(o.threads));
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
-    e.cache = make_kv_cache(shape, spec, o.cache_options());  // allocates nothing until tokens arrive
+    KvCacheOptions cache_opts = o.cache_options();
+    cache_opts.memory = e.backend->kv_memory();  // where the backend's attention reads it
+    e.cache = make_kv_cache(shape, spec, cache_opts);  // allocates nothing until tokens arrive
     const Model* models[] = {e.model.get()};
     const KvCache* caches[] = {e.cache.get()};
     check_fits(memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx)),
