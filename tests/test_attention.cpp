@@ -113,24 +113,19 @@ struct Problem {
     int64_t d, n_head_kv, gqa, n_q, pos0, cap;
     std::vector<float> q, out;
     std::vector<f16_t> k, v;
-    // Each head's contiguous keys seen as a page table of 64-token pages, as the cache stores them.
-    static constexpr int64_t kPageShift = 6;
     std::vector<const f16_t*> kp, vp;
     std::vector<KvHeadView> heads;
     int64_t stride_head() const { return cap * d; }
     AttentionF16Args args() {
-        const int64_t pages = (cap + 63) >> kPageShift;
         kp.clear();
         vp.clear();
         heads.assign(size_t(n_head_kv), KvHeadView{});
         for (int64_t g = 0; g < n_head_kv; ++g) {
             heads[size_t(g)].n_tokens = pos0 + n_q;
-            for (int64_t pg = 0; pg < pages; ++pg) {
-                kp.push_back(k.data() + g * stride_head() + (pg << kPageShift) * d);
-                vp.push_back(v.data() + g * stride_head() + (pg << kPageShift) * d);
-            }
+            kp.push_back(k.data() + g * stride_head());
+            vp.push_back(v.data() + g * stride_head());
         }
-        return AttentionF16Args{q.data(), heads.data(), kp.data(), vp.data(), pages, kPageShift, out.data(), n_q, pos0,
+        return AttentionF16Args{q.data(), heads.data(), kp.data(), vp.data(), out.data(), n_q, pos0,
                                 n_head_kv * gqa, n_head_kv, d, 1.0f / std::sqrt(float(d))};
     }
 };

@@ -374,7 +374,9 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
 // How far CUDA logits may be from the CPU's, relative to max(1, max |logit|). The backends
 // multiply the same numbers in another summation order, so activations differ in their last
 // bits; what that becomes depends on the weights' dot type:
-//   F32: nothing rounds the activations again: ~1e-6 per op over a few layers; 1e-4.
+//   F32: nothing rounds the activations again, but a random tiny model's attention can be sharp
+//     (a softmax over scores of O(10) turns ulp differences of expf/cosf into larger ones):
+//     measured up to 1.16e-4 (tiny llama, seed 2931647675, -fa) on the H200; 3e-4.
 //   F16/BF16: activations are rounded to 16 bits before each matmul, and a last-bit difference
 //     can move one element to the neighbouring value (2^-11 relative) and compound: measured
 //     2.4e-4 (tiny llama, 2 layers) and 5.4e-4 (vxq-llama-h64) on the H200; 2e-3.
@@ -383,7 +385,7 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
 //     vxq-llama-h64; 3e-2.
 double logit_tolerance(GgmlType weights) {
     switch (weights) {
-        case GgmlType::F32: return 1e-4;
+        case GgmlType::F32: return 3e-4;
         case GgmlType::F16:
         case GgmlType::BF16: return 2e-3;
         default: return 3e-2;
@@ -392,7 +394,7 @@ double logit_tolerance(GgmlType weights) {
 
 // Without -fa both backends round the attention probabilities to fp16 (llama.cpp's non-flash
 // numerics); one whose f32 value differs in its last bits can land on the neighbouring fp16
-// (2^-11 of it), so F32 weights get 1e-3 there instead of 1e-4.
+// (2^-11 of it), so F32 weights get 1e-3 there instead of 3e-4.
 constexpr double kNonFlashTolerance = 1e-3;
 
 // Prefill of `prompt` (all logits) then `steps` decode steps fed with the CPU's argmax, on both

@@ -119,12 +119,10 @@ public:
         append(kept.data(), int64_t(kept.size()) / d_, scratch);
     }
 
-    // Segments in stored order: one per page, then the ring's one or two runs.
+    // Segments in stored order: the packed pages as one run (they are contiguous), then the
+    // ring's one or two runs. O(1) per stream, so a view costs the same at any context length.
     void view(std::vector<KvSegment>& out) const {
-        for (int64_t p = 0; p * page_tokens_ < n_enc_; ++p) {
-            const int64_t first = p * page_tokens_;
-            out.push_back({block_ptr(p * (page_tokens_ / bt_)), first, std::min(page_tokens_, n_enc_ - first), false});
-        }
+        if (n_enc_ > 0) out.push_back({block_ptr(0), 0, n_enc_, false});
         if (n_pending_ > 0) {
             const int64_t run1 = std::min(n_pending_, window_ - head_);
             const auto* base = reinterpret_cast<const uint8_t*>(ring_.data());

@@ -28,7 +28,6 @@ namespace vxq::cpu {
 
 namespace {
 
-using detail::F16Pages;
 
 // tinyBLAS's hsum of an 8-lane accumulator: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
 float hsum8(const float* l) {
@@ -69,11 +68,11 @@ void scores_vecdot_ref(const float* q16, const f16_t* k, int64_t n_kv, int64_t d
     }
 }
 
-void weighted_sum_tinyblas_ref(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
+void weighted_sum_tinyblas_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
     std::vector<float> acc(size_t(8 * d), 0.0f);
     for (int64_t t = 0; t < n_kv; ++t) {
         float* a = acc.data() + (t % 8) * d;
-        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(p16[t], fp16_to_fp32(v.row(t, d)[c]), a[c]);
+        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(p16[t], fp16_to_fp32(v[t * d + c]), a[c]);
     }
     for (int64_t c = 0; c < d; ++c) {
         float l[8];
@@ -82,11 +81,11 @@ void weighted_sum_tinyblas_ref(const float* p16, F16Pages v, int64_t n_kv, int64
     }
 }
 
-void weighted_sum_vecdot_ref(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
+void weighted_sum_vecdot_ref(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
     std::vector<float> acc(size_t(32 * d), 0.0f);  // slot t % 32 = accumulator (t / 8) % 4, lane t % 8
     for (int64_t t = 0; t < n_kv; ++t) {
         float* a = acc.data() + (t % 32) * d;
-        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(fp16_to_fp32(v.row(t, d)[c]), p16[t], a[c]);
+        for (int64_t c = 0; c < d; ++c) a[c] = std::fma(fp16_to_fp32(v[t * d + c]), p16[t], a[c]);
     }
     for (int64_t c = 0; c < d; ++c) {
         float a[4][8];
@@ -99,8 +98,8 @@ struct Kernels {
     void (*scores_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
     void (*scores_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
     void (*softmax)(float*, int64_t, float);
-    void (*wsum_tinyblas)(const float*, F16Pages, int64_t, int64_t, float*);
-    void (*wsum_vecdot)(const float*, F16Pages, int64_t, int64_t, float*);
+    void (*wsum_tinyblas)(const float*, const f16_t*, int64_t, int64_t, float*);
+    void (*wsum_vecdot)(const float*, const f16_t*, int64_t, int64_t, float*);
 };
 
 void row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch, const Kernels& kern) {
@@ -119,14 +118,9 @@ void row(const AttentionF16Args& a, int64_t i, int64_t h, float* scratch, const 
     // m = d must be a multiple of 4).
     const bool batch = a.n_q >= 2;
     const auto scores = batch && d % 8 == 0 ? kern.scores_tinyblas : kern.scores_vecdot;
-    const int64_t page = int64_t(1) << a.page_shift;
-    const f16_t* const* kp = a.k_pages + g * a.pages_per_head;
-    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // each score is its own dot: page by page is the same
-        scores(q16, kp[t0 >> a.page_shift], std::min(page, n_kv - t0), d, scratch + t0);
-    }
+    scores(q16, a.k[g], n_kv, d, scratch);
     kern.softmax(scratch, n_kv, a.scale);
-    const F16Pages v{a.v_pages + g * a.pages_per_head, a.page_shift};
-    (batch && d % 4 == 0 ? kern.wsum_tinyblas : kern.wsum_vecdot)(scratch, v, n_kv, d, out);
+    (batch && d % 4 == 0 ? kern.wsum_tinyblas : kern.wsum_vecdot)(scratch, a.v[g], n_kv, d, out);
 }
 
 constexpr Kernels kRef{scores_tinyblas_ref, scores_vecdot_ref, detail::attn_softmax_f16_ref,
@@ -198,8 +192,7 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
     const int64_t H = view.n_head_kv;
     int64_t max_tokens = 0;
     for (int64_t g = 0; g < H; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
-    // Every stream's pages are one contiguous run (kv/memory.h), so a head is read as one run: one
-    // call per row for the scores and no page-table lookups in the V sum.
+    // Every stream's pages are one contiguous run (kv/memory.h): a head is read as one array.
     thread_local std::vector<const f16_t*> kp, vp;  // reused: a decode step allocates nothing here
     kp.resize(size_t(H));
     vp.resize(size_t(H));
@@ -207,8 +200,7 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
         kp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].k.base);
         vp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].v.base);
     }
-    const int64_t pages = 1, page_shift = 62;  // every token of a head in "page" 0
-    const AttentionF16Args a{q, view.heads, kp.data(), vp.data(), pages, page_shift,
+    const AttentionF16Args a{q, view.heads, kp.data(), vp.data(),
                              out, n_q, pos0, view.n_head, H, view.head_dim, scale};
     const int64_t units = n_q * view.n_head;
     const int64_t n_gqa = view.n_head / H;

@@ -19,10 +19,8 @@ namespace vxq::cpu {
 struct AttentionF16Args {
     const float* q;               // [n_q, n_head, head_dim]
     const KvHeadView* heads;      // [n_head_kv]: stored tokens and their positions
-    const f16_t* const* k_pages;  // [n_head_kv, pages_per_head]: key t of head g in page t >> page_shift
-    const f16_t* const* v_pages;  // same layout as k_pages
-    int64_t pages_per_head;
-    int64_t page_shift;           // log2(tokens per page)
+    const f16_t* const* k;        // [n_head_kv]: head g's keys, [tokens, head_dim] (a stream is contiguous)
+    const f16_t* const* v;        // same layout as k
     float* out;                   // [n_q, n_head, head_dim]
     int64_t n_q;
     int64_t pos0;                 // query i sees the stored tokens at positions <= pos0 + i

@@ -68,14 +68,14 @@ void attn_scores_f16_avx2(const float* q16, const f16_t* k, int64_t n_kv, int64_
     }
 }
 
-void attn_weighted_sum_f16_avx2(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
+void attn_weighted_sum_f16_avx2(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
     // acc[l][c]: lane l of output c. For d % 8 == 0 hold the 8 lanes of 8 outputs as 8 vectors
     // indexed by lane, i.e. lanes are the key index mod 8 and the vector runs over channels.
     if (d % 8 != 0 || d > 256) {
         for (int64_t c = 0; c < d; ++c) {
             float acc[8] = {};
             for (int64_t t = 0; t < n_kv; ++t) {
-                __m128 x = _mm_cvtph_ps(_mm_cvtsi32_si128(v.row(t, d)[c]));
+                __m128 x = _mm_cvtph_ps(_mm_cvtsi32_si128(v[t * d + c]));
                 acc[t % 8] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(p16[t]), x, _mm_set_ss(acc[t % 8])));
             }
             out[c] = hsum8(_mm256_loadu_ps(acc));
@@ -86,18 +86,13 @@ void attn_weighted_sum_f16_avx2(const float* p16, F16Pages v, int64_t n_kv, int6
     alignas(32) float acc[8][256];
     for (int l = 0; l < 8; ++l)
         for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[l][8 * b], _mm256_setzero_ps());
-    const int64_t page = int64_t(1) << v.page_shift;
-    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // page by page: one page-table lookup per page
-        const f16_t* base = v.pages[t0 >> v.page_shift];
-        const int64_t t1 = std::min(n_kv, t0 + page);
-        for (int64_t t = t0; t < t1; ++t) {
-            if (p16[t] == 0.0f) continue;  // fma(0, v, a) == a for finite v: skipping is exact
-            const __m256 p = _mm256_set1_ps(p16[t]);
-            float* a = acc[t % 8];
-            const f16_t* vt = base + (t - t0) * d;
-            for (int64_t b = 0; b < nb; ++b) {
-                _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(p, load_f16(vt + 8 * b), _mm256_load_ps(a + 8 * b)));
-            }
+    for (int64_t t = 0; t < n_kv; ++t) {
+        if (p16[t] == 0.0f) continue;  // fma(0, v, a) == a for finite v: skipping is exact
+        const __m256 p = _mm256_set1_ps(p16[t]);
+        float* a = acc[t % 8];
+        const f16_t* vt = v + t * d;
+        for (int64_t b = 0; b < nb; ++b) {
+            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(p, load_f16(vt + 8 * b), _mm256_load_ps(a + 8 * b)));
         }
     }
     // Reduce the 8 lanes of each channel in ggml's hsum order: (l0+l4 + l2+l6) + (l1+l5 + l3+l7).
@@ -175,12 +170,12 @@ void attn_scores_f16_vecdot_avx2(const float* q16, const f16_t* k, int64_t n_kv,
     }
 }
 
-void attn_weighted_sum_f16_vecdot_avx2(const float* p16, F16Pages v, int64_t n_kv, int64_t d, float* out) {
+void attn_weighted_sum_f16_vecdot_avx2(const float* p16, const f16_t* v, int64_t n_kv, int64_t d, float* out) {
     if (d % 8 != 0 || d > 256) {  // rare shapes: channel by channel, same order
         for (int64_t c = 0; c < d; ++c) {
             float acc[32] = {};
             for (int64_t t = 0; t < n_kv; ++t) {
-                const __m128 x = _mm_set_ss(fp16_scalar(v.row(t, d)[c]));
+                const __m128 x = _mm_set_ss(fp16_scalar(v[t * d + c]));
                 acc[t % 32] = _mm_cvtss_f32(_mm_fmadd_ss(x, _mm_set_ss(p16[t]), _mm_set_ss(acc[t % 32])));
             }
             out[c] = reduce4x8(_mm256_loadu_ps(acc), _mm256_loadu_ps(acc + 8), _mm256_loadu_ps(acc + 16),
@@ -193,18 +188,13 @@ void attn_weighted_sum_f16_vecdot_avx2(const float* p16, F16Pages v, int64_t n_k
     alignas(32) float acc[32][256];
     for (int sl = 0; sl < 32; ++sl)
         for (int64_t b = 0; b < nb; ++b) _mm256_store_ps(&acc[sl][8 * b], _mm256_setzero_ps());
-    const int64_t page = int64_t(1) << v.page_shift;
-    for (int64_t t0 = 0; t0 < n_kv; t0 += page) {  // page by page: one page-table lookup per page
-        const f16_t* base = v.pages[t0 >> v.page_shift];
-        const int64_t t1 = std::min(n_kv, t0 + page);
-        for (int64_t t = t0; t < t1; ++t) {
-            if (p16[t] == 0.0f) continue;  // fma(v, 0, a) == a for finite v: skipping is exact
-            const __m256 p = _mm256_set1_ps(p16[t]);
-            float* a = acc[t % 32];
-            const f16_t* vt = base + (t - t0) * d;
-            for (int64_t b = 0; b < nb; ++b) {
-                _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(load_f16(vt + 8 * b), p, _mm256_load_ps(a + 8 * b)));
-            }
+    for (int64_t t = 0; t < n_kv; ++t) {
+        if (p16[t] == 0.0f) continue;  // fma(v, 0, a) == a for finite v: skipping is exact
+        const __m256 p = _mm256_set1_ps(p16[t]);
+        float* a = acc[t % 32];
+        const f16_t* vt = v + t * d;
+        for (int64_t b = 0; b < nb; ++b) {
+            _mm256_store_ps(a + 8 * b, _mm256_fmadd_ps(load_f16(vt + 8 * b), p, _mm256_load_ps(a + 8 * b)));
         }
     }
     // Per channel: x_l = (acc0 + acc2) + (acc1 + acc3) at lane l, t_l = x_l + x_{l+4},
