@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One run on a GPU machine: configure + build with CUDA, the CUDA tests (tests/test_cuda.cpp),
-# compute-sanitizer memcheck on the op-level CUDA tests, and the GEMV bandwidth benchmark
-# (bench/gpu_gemv.cu) against a device-to-device copy measured in the same run. A short table
-# comes last. Never changes the GPU's clocks or settings.
+# compute-sanitizer memcheck on the op-level CUDA tests (GEMV and GEMM included), and the matmul
+# benchmark (bench/gpu_gemv.cu: GEMV GB/s against a device-to-device copy measured in the same
+# run, GEMM TFLOP/s, the GEMV/GEMM crossover). Its tables come last. Never changes the GPU's
+# clocks or settings.
 #
 #   bench/gpu.sh [BUILD_DIR]            (default build-gpu)
 #
@@ -58,8 +59,8 @@ if [ "$status_build" = ok ]; then
 
   if command -v compute-sanitizer >/dev/null; then
     step "compute-sanitizer memcheck (op-level CUDA tests)"
-    if timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/vxq_tests" \
-         --gtest_filter='Cuda.*:Types/CudaGemv.*' >"$LOGS/sanitizer.log" 2>&1; then
+    if timeout 480 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/vxq_tests" \
+         --gtest_filter='Cuda.*:Types/CudaGemv.*:Types/CudaGemm.*' >"$LOGS/sanitizer.log" 2>&1; then
       status_sanitizer=clean
     else
       status_sanitizer="FAIL (rc $?)"
@@ -67,7 +68,7 @@ if [ "$status_build" = ok ]; then
     fi
   fi
 
-  step "GEMV bandwidth"
+  step "matmul benchmark (GEMV, GEMM)"
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
 fi
 
@@ -75,6 +76,6 @@ step "summary"
 echo "build: $status_build"
 echo "CUDA tests: $status_tests  ${summary_tests:-}"
 echo "compute-sanitizer: $status_sanitizer"
-echo "GEMV bench: $status_bench"
+echo "matmul bench: $status_bench"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
 [ "$status_build" = ok ] && [ "$status_tests" = ok ] && [ "$status_bench" = ok ]
