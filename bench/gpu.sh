@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on a GPU machine: configure + build with CUDA, the CUDA tests (tests/test_cuda.cpp),
-# compute-sanitizer memcheck on the op-level CUDA tests, the GEMV bandwidth benchmark
-# (bench/gpu_gemv.cu) against a device-to-device copy measured in the same run, and end-to-end
+# compute-sanitizer memcheck on the op-level CUDA tests (GEMV and GEMM included), the matmul
+# benchmark (bench/gpu_gemv.cu: GEMV GB/s against a device-to-device copy measured in the same
+# run, GEMM TFLOP/s, the GEMV/GEMM crossover), perplexity on --device cuda vs cpu, and end-to-end
 # prefill/decode (`vxq bench --device cuda`) on random-weight GGUFs of the Llama-3-8B shape
 # (`vxq synth`, F16 and Q4_0), beside llama.cpp's llama-bench on the same files when
 # LLAMA_CPP_BIN names a llama.cpp CUDA build. Short tables come last. Never changes the GPU's
@@ -64,8 +65,8 @@ if [ "$status_build" = ok ]; then
 
   if command -v compute-sanitizer >/dev/null; then
     step "compute-sanitizer memcheck (op-level CUDA tests)"
-    if timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/vxq_tests" \
-         --gtest_filter='Cuda.*:Types/CudaGemv.*' >"$LOGS/sanitizer.log" 2>&1; then
+    if timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/vxq_tests" \
+         --gtest_filter='Cuda.*:Types/CudaGemv.*:Types/CudaGemm.*' >"$LOGS/sanitizer.log" 2>&1; then
       status_sanitizer=clean
     else
       status_sanitizer="FAIL (rc $?)"
@@ -73,7 +74,7 @@ if [ "$status_build" = ok ]; then
     fi
   fi
 
-  step "GEMV bandwidth"
+  step "matmul benchmark (GEMV, GEMM)"
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
 
   step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream 4)"
@@ -130,7 +131,7 @@ step "summary"
 echo "build: $status_build"
 echo "CUDA tests: $status_tests  ${summary_tests:-}"
 echo "compute-sanitizer: $status_sanitizer"
-echo "GEMV bench: $status_bench"
+echo "matmul bench: $status_bench"
 echo "perplexity cuda vs cpu: $status_ppl"
 [ -f "$LOGS/ppl.md" ] && cat "$LOGS/ppl.md"
 echo "end to end: $status_e2e"

@@ -1,14 +1,22 @@
-// GEMV bandwidth on the GPU: the CUDA backend's batch-1 matmul (activation conversion + GEMV,
-// as a decode step runs it) for F16, Q8_0 and Q4_0 weights of Llama-3-8B FFN shapes, against a
-// device-to-device copy measured in the same run. Bytes per call are the weight bytes on the
-// device (the x and y vectors are < 0.1 % of them). Weight copies are rotated so the set read
-// is > 4x the L2 (60 MB on an H200) and the numbers are HBM, not cache.
+// The CUDA backend's matmul (kernels/cuda/gemv.cuh: activation conversion + GEMV or GEMM, as a
+// forward pass runs it) for F16, Q8_0 and Q4_0 weights of Llama-3-8B shapes: q/o 4096x4096,
+// k/v 1024x4096, ffn up/gate 14336x4096, ffn down 4096x14336, output head 128256x4096.
 //
-//   vxq_gpu_gemv            prints one table row per case, the copy first
+//   GEMV, n = 1 (decode) and n = 4 (speculative verification): GB/s of weight bytes on the
+//     device (x and y are < 0.1 % of them) against a device-to-device copy measured in the same
+//     run. Weight copies are rotated so the set read is > 8x the L2 (60 MB on an H200) and the
+//     numbers are HBM, not cache.
+//   GEMM, n = 512 (prefill): TFLOP/s, counting 2 * rows * cols * n per call.
+//   Crossover, ffn up/gate shape, n = 8, 16, 32, 64 with each path forced: where the GEMM starts
+//     to win (kGemmMinTokensDense / kGemmMinTokensQuant in gemv.cuh).
+// Every line names the kernels that ran (gemv_describe).
+//
+//   vxq_gpu_gemv            prints three markdown tables, the copy first
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -23,32 +31,35 @@
 
 namespace {
 
-constexpr int kRepeats = 7;        // timed repetitions; the median is reported
-constexpr int kCallsPerRepeat = 100;
+using vxq::GgmlType;
+using vxq::cuda::MatmulPath;
+
+constexpr int kRepeats = 7;  // timed repetitions; the median is reported
 constexpr size_t kMinWorkingSet = size_t(512) << 20;
+constexpr int64_t kPrefillTokens = 512;
 
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
 
-// Milliseconds per call of f (enqueued on `st`), median over kRepeats runs of kCallsPerRepeat.
+// Milliseconds per call of f (enqueued on `st`), median over kRepeats runs of `calls` calls.
 template <class F>
-double time_calls(cudaStream_t st, F&& f) {
+double time_calls(cudaStream_t st, int calls, F&& f) {
     cudaEvent_t a, b;
     VXQ_CUDA_CHECK(cudaEventCreate(&a));
     VXQ_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 10; ++i) f(i);  // warm-up
+    for (int i = 0; i < 5; ++i) f(i);  // warm-up (and lazy module loading)
     VXQ_CUDA_CHECK(cudaStreamSynchronize(st));
     std::vector<double> ms;
     for (int r = 0; r < kRepeats; ++r) {
         VXQ_CUDA_CHECK(cudaEventRecord(a, st));
-        for (int i = 0; i < kCallsPerRepeat; ++i) f(i);
+        for (int i = 0; i < calls; ++i) f(i);
         VXQ_CUDA_CHECK(cudaEventRecord(b, st));
         VXQ_CUDA_CHECK(cudaEventSynchronize(b));
         float t = 0;
         VXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(double(t) / kCallsPerRepeat);
+        ms.push_back(double(t) / calls);
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
@@ -56,7 +67,7 @@ double time_calls(cudaStream_t st, F&& f) {
 }
 
 // Random weights as a file would hold them (finite, |w| ~ 0.05; random quants and scales).
-std::vector<uint8_t> random_weights(vxq::GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
     const size_t rb = vxq::ggml_row_bytes(type, cols);
     std::vector<uint8_t> bytes(rb * size_t(rows));
     std::uniform_int_distribution<uint32_t> u32;
@@ -71,13 +82,35 @@ std::vector<uint8_t> random_weights(vxq::GgmlType type, int64_t rows, int64_t co
         h = uint16_t((h & 0x83ffu) | 0x2800u);
         std::memcpy(p, &h, 2);
     };
-    if (type == vxq::GgmlType::F16) {
+    if (type == GgmlType::F16) {
         for (size_t i = 0; i < bytes.size(); i += 2) fix_half(&bytes[i]);
     } else {
-        const size_t block = type == vxq::GgmlType::Q8_0 ? 34 : 18;
+        const size_t block = type == GgmlType::Q8_0 ? 34 : 18;
         for (size_t i = 0; i < bytes.size(); i += block) fix_half(&bytes[i]);
     }
     return bytes;
+}
+
+struct Shape {
+    const char* name;
+    int64_t rows, cols;
+    bool crossover;  // also time both paths at n = 8..64
+};
+
+struct GemvRow { std::string type, shape, kernels; int64_t rows, cols, n; size_t bytes; double us; };
+struct GemmRow { std::string type, shape, kernels; int64_t rows, cols, n; double us; };
+struct CrossRow { std::string type; int64_t rows, cols, n; double gemv_us, gemm_us; MatmulPath picked; };
+
+// Copies the first rows of y back and fails on a non-finite value.
+void check_finite(const float* y, size_t n, const char* what) {
+    std::vector<float> h(n);
+    VXQ_CUDA_CHECK(cudaMemcpy(h.data(), y, n * sizeof(float), cudaMemcpyDeviceToHost));
+    for (float v : h) {
+        if (!std::isfinite(v)) {
+            std::fprintf(stderr, "non-finite matmul output (%s)\n", what);
+            std::exit(1);
+        }
+    }
 }
 
 }  // namespace
@@ -90,7 +123,9 @@ int main() {
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         cudaStream_t st;
         VXQ_CUDA_CHECK(cudaStreamCreate(&st));
-        std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+        std::printf("device: %s, %d SMs, L2 %d MB; GEMM from n >= %lld (f32/f16/bf16), >= %lld (q8_0/q4_0)\n", prop.name,
+                    prop.multiProcessorCount, prop.l2CacheSize >> 20, (long long)kGemmMinTokensDense,
+                    (long long)kGemmMinTokensQuant);
 
         // Device-to-device copy of 2 GiB: bytes read + bytes written per call.
         const size_t copy_bytes = size_t(2) << 30;
@@ -98,61 +133,103 @@ int main() {
         VXQ_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
         VXQ_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
         VXQ_CUDA_CHECK(cudaMemset(src, 0x5a, copy_bytes));
-        const double copy_ms = time_calls(st, [&](int) {
+        const double copy_ms = time_calls(st, 20, [&](int) {
             VXQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st));
         });
         const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
         VXQ_CUDA_CHECK(cudaFree(src));
         VXQ_CUDA_CHECK(cudaFree(dst));
 
-        struct Row { std::string type; int64_t rows, cols; size_t bytes; double us, gbs; };
-        std::vector<Row> table;
+        std::vector<GemvRow> gemv_rows;
+        std::vector<GemmRow> gemm_rows;
+        std::vector<CrossRow> cross_rows;
         std::mt19937 rng(12345);
         const GgmlType types[] = {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0};
-        const int64_t shapes[][2] = {{14336, 4096}, {4096, 14336}};  // (rows, cols): ffn_up/gate, ffn_down
+        const Shape shapes[] = {{"ffn up/gate", 14336, 4096, true},
+                                {"ffn down", 4096, 14336, false},
+                                {"attn q/o", 4096, 4096, false},
+                                {"attn k/v", 1024, 4096, false},
+                                {"output", 128256, 4096, false}};
         for (GgmlType type : types) {
-            for (const auto& shape : shapes) {
-                const int64_t rows = shape[0], cols = shape[1];
-                const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
-                const WeightView view{type, host.data(), rows, cols, ggml_row_bytes(type, cols)};
+            const std::string tname(ggml_type_name(type));
+            for (const Shape& shape : shapes) {
+                const int64_t rows = shape.rows, cols = shape.cols;
                 std::vector<DeviceWeight> copies;
-                size_t set = 0;
-                while (set < kMinWorkingSet) {
-                    copies.push_back(upload_weight(view));
-                    set += copies.back().bytes;
-                }
-                float *x, *y;
-                VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(cols) * 4));
-                VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(rows) * 4));
-                std::vector<float> xh(static_cast<size_t>(cols));
-                std::normal_distribution<float> nd;
-                for (float& v : xh) v = nd(rng);
-                VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * 4, cudaMemcpyHostToDevice));
-                GemvScratch scratch;
-                const double ms = time_calls(st, [&](int i) { gemv(copies[size_t(i) % copies.size()], x, 1, y, scratch, st); });
-                std::vector<float> yh(static_cast<size_t>(rows));
-                VXQ_CUDA_CHECK(cudaMemcpy(yh.data(), y, yh.size() * 4, cudaMemcpyDeviceToHost));
-                for (float v : yh) {
-                    if (!std::isfinite(v)) {
-                        std::fprintf(stderr, "non-finite GEMV output for %s\n", std::string(ggml_type_name(type)).c_str());
-                        return 1;
+                {
+                    const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
+                    const WeightView view{type, host.data(), rows, cols, ggml_row_bytes(type, cols)};
+                    size_t set = 0;
+                    while (set < kMinWorkingSet) {
+                        copies.push_back(upload_weight(view));
+                        set += copies.back().bytes;
                     }
                 }
+                float *x, *y;
+                VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(kPrefillTokens * cols) * sizeof(float)));
+                VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(kPrefillTokens * rows) * sizeof(float)));
+                {
+                    std::vector<float> xh(size_t(kPrefillTokens * cols));
+                    std::normal_distribution<float> nd;
+                    for (float& v : xh) v = nd(rng);
+                    VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+                }
+                GemvScratch scratch;
+                auto time_path = [&](int64_t n, MatmulPath path, int calls) {
+                    scratch.reserve(gemv_scratch_bytes(copies.front(), n, path));
+                    const double ms = time_calls(st, calls, [&](int i) {
+                        gemv(copies[size_t(i) % copies.size()], x, n, y, scratch, st, path);
+                    });
+                    check_finite(y, size_t(std::min<int64_t>(n, 4) * rows), tname.c_str());
+                    return ms * 1e3;
+                };
                 const size_t bytes = copies.front().bytes;
-                table.push_back({std::string(ggml_type_name(type)), rows, cols, bytes, ms * 1e3, double(bytes) / (ms * 1e-3) / 1e9});
+                for (int64_t n : {1, 4}) {
+                    const double us = time_path(n, MatmulPath::Auto, 100);
+                    gemv_rows.push_back({tname, shape.name, gemv_describe(copies.front(), n), rows, cols, n, bytes, us});
+                }
+                {
+                    const double us = time_path(kPrefillTokens, MatmulPath::Auto, 10);
+                    gemm_rows.push_back(
+                        {tname, shape.name, gemv_describe(copies.front(), kPrefillTokens), rows, cols, kPrefillTokens, us});
+                }
+                if (shape.crossover) {
+                    for (int64_t n : {8, 16, 32, 64}) {
+                        const double g = time_path(n, MatmulPath::Gemv, 50);
+                        const double m = time_path(n, MatmulPath::Gemm, 50);
+                        cross_rows.push_back({tname, rows, cols, n, g, m, gemv_path(copies.front(), n)});
+                    }
+                }
                 for (DeviceWeight& w : copies) free_weight(w);
                 VXQ_CUDA_CHECK(cudaFree(x));
                 VXQ_CUDA_CHECK(cudaFree(y));
             }
         }
 
-        std::printf("\n| case | rows x cols | MB/call | us/call | GB/s | of copy |\n");
-        std::printf("| --- | --- | ---: | ---: | ---: | ---: |\n");
-        std::printf("| d2d copy (read+write) | 2 GiB | %.0f | %.1f | %.0f | 100%% |\n", 2.0 * copy_bytes / 1e6,
-                    copy_ms * 1e3, copy_gbs);
-        for (const Row& r : table) {
-            std::printf("| gemv %s n=1 | %lld x %lld | %.1f | %.1f | %.0f | %.0f%% |\n", r.type.c_str(), (long long)r.rows,
-                        (long long)r.cols, double(r.bytes) / 1e6, r.us, r.gbs, 100.0 * r.gbs / copy_gbs);
+        std::printf("\n| case | rows x cols | n | MB/call | us/call | GB/s | of copy | kernels |\n");
+        std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
+        std::printf("| d2d copy (read+write) | 2 GiB | | %.0f | %.1f | %.0f | 100%% | cudaMemcpyAsync |\n",
+                    2.0 * double(copy_bytes) / 1e6, copy_ms * 1e3, copy_gbs);
+        for (const GemvRow& r : gemv_rows) {
+            const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
+            std::printf("| gemv %s %s | %lld x %lld | %lld | %.1f | %.1f | %.0f | %.0f%% | %s |\n", r.type.c_str(),
+                        r.shape.c_str(), (long long)r.rows, (long long)r.cols, (long long)r.n, double(r.bytes) / 1e6, r.us,
+                        gbs, 100.0 * gbs / copy_gbs, r.kernels.c_str());
+        }
+
+        std::printf("\n| case | rows x cols | n | us/call | TFLOP/s | kernels |\n");
+        std::printf("| --- | --- | ---: | ---: | ---: | --- |\n");
+        for (const GemmRow& r : gemm_rows) {
+            const double tflops = 2.0 * double(r.rows) * double(r.cols) * double(r.n) / (r.us * 1e-6) / 1e12;
+            std::printf("| gemm %s %s | %lld x %lld | %lld | %.1f | %.1f | %s |\n", r.type.c_str(), r.shape.c_str(),
+                        (long long)r.rows, (long long)r.cols, (long long)r.n, r.us, tflops, r.kernels.c_str());
+        }
+
+        std::printf("\n| crossover | rows x cols | n | GEMV us | GEMM us | faster | Auto takes |\n");
+        std::printf("| --- | --- | ---: | ---: | ---: | --- | --- |\n");
+        for (const CrossRow& r : cross_rows) {
+            std::printf("| %s | %lld x %lld | %lld | %.1f | %.1f | %s | %s |\n", r.type.c_str(), (long long)r.rows,
+                        (long long)r.cols, (long long)r.n, r.gemv_us, r.gemm_us, r.gemv_us <= r.gemm_us ? "GEMV" : "GEMM",
+                        r.picked == MatmulPath::Gemm ? "GEMM" : "GEMV");
         }
         cudaStreamDestroy(st);
     } catch (const std::exception& e) {

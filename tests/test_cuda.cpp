@@ -2,7 +2,8 @@
 // whole forward passes (tiny models, vxq-llama-h64) and greedy text. The CPU backend is the
 // reference (it reproduces llama.cpp's CPU numerics); each tolerance says where the two may
 // differ. Without a GPU (CI, this build machine) every test here skips with a banner, and
-// MakeBackend checks the one-line error instead.
+// MakeBackend checks the one-line error instead. The GEMM tests call the matmul's entry point
+// (kernels/cuda/gemv.cuh) directly, to force its path and to check its scratch contract.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <numeric>
 #include <random>
 #include <span>
 #include <string>
@@ -28,6 +30,11 @@
 #include "support/assets.h"
 #include "support/random_weights.h"
 #include "support/tiny_model.h"
+
+#if VXQ_HAVE_CUDA
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/gemv.cuh"
+#endif
 
 namespace vxq {
 namespace {
@@ -104,11 +111,14 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     auto cpu = make_backend("cpu", 2);
-    // (rows, cols, n): single rows and tokens, rows not a multiple of the 4-row block, batches
-    // not a multiple of the 4-token pass, cols not a multiple of 8 (dense scalar path), 4096.
-    std::vector<GemvCase> cases = {{type, 1, 32, 1},   {type, 37, 64, 1},    {type, 129, 96, 3},
-                                   {type, 65, 160, 5}, {type, 17, 1056, 9},  {type, 300, 4096, 1},
-                                   {type, 7, 4096, 13}};
+    // (rows, cols, n): single rows and tokens, rows not a multiple of a block's rows, every
+    // tokens-per-pass kernel (n = 1, 2, 3-4, 5-8) and batches of several passes (9, 13; all below
+    // the GEMM thresholds), warps splitting a row's columns (few rows: 1024 x 4096, 77 x 8192)
+    // with a partial last iteration (cols 1056), cols not a multiple of 8 (dense scalar path).
+    std::vector<GemvCase> cases = {{type, 1, 32, 1},    {type, 37, 64, 1},    {type, 129, 96, 3},
+                                   {type, 65, 160, 5},  {type, 17, 1056, 9},  {type, 300, 4096, 1},
+                                   {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
+                                   {type, 37, 1024, 8}, {type, 1031, 64, 1}};
     if (!quant) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
     for (const GemvCase& gc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(type) << " rows " << gc.rows << " cols " << gc.cols
@@ -121,9 +131,9 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
         be->matmul(w.view(), x.data(), gc.n, got.data());
         // Both convert x to the same dot type with the same rounding and multiply the same
         // numbers; only the f32 summation order differs, so the error is a few ulp of
-        // sum |w x| (bound cols * 2^-24 * sum|w x|; 2e-5 covers cols <= 4096 with margin for
-        // the ~sqrt(cols) typical growth). Scale: the row's sum of |ref| contributions estimated
-        // by the L1 sizes of x and w.
+        // sum |w x| (bound cols * 2^-24 * sum|w x|; 2e-5 covers cols <= 8192 with margin for
+        // the ~sqrt(cols) typical growth, ~5e-6 at 8192). Scale: the row's sum of |ref|
+        // contributions estimated by the L1 sizes of x and w.
         std::vector<float> wrow(size_t(gc.cols));
         for (int64_t r = 0; r < gc.rows; ++r) {
             cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, wrow.data());
@@ -141,6 +151,263 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
 INSTANTIATE_TEST_SUITE_P(Types, CudaGemv,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
+
+// ---- prefill GEMM (cuBLAS) ---------------------------------------------------------------------
+
+#if VXQ_HAVE_CUDA
+
+struct CudaStream {
+    cudaStream_t s = nullptr;
+    CudaStream() { VXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+    ~CudaStream() { cudaStreamDestroy(s); }
+};
+
+// Device floats, filled with all-ones bits (a NaN) so that an output the kernel never writes shows.
+struct DeviceFloats {
+    float* p = nullptr;
+    size_t n = 0;
+    explicit DeviceFloats(size_t count) : n(count) {
+        VXQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)));
+        VXQ_CUDA_CHECK(cudaMemset(p, 0xff, n * sizeof(float)));
+    }
+    DeviceFloats(const DeviceFloats&) = delete;
+    ~DeviceFloats() { cudaFree(p); }
+    void upload(const std::vector<float>& h) {
+        VXQ_CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    std::vector<float> download() const {
+        std::vector<float> h(n);
+        VXQ_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return h;
+    }
+};
+
+struct UploadedWeight {
+    cuda::DeviceWeight w;
+    explicit UploadedWeight(const WeightView& v) : w(cuda::upload_weight(v)) {}
+    UploadedWeight(const UploadedWeight&) = delete;
+    ~UploadedWeight() { cuda::free_weight(w); }
+};
+
+// y[t][r] = sum_c a[r][c] b[t][c] for f32 matrices, by the CPU backend (only for tolerance
+// scales: its own rounding, ~1e-6 relative, does not matter there).
+std::vector<double> f32_products(Backend& cpu, const std::vector<float>& a, int64_t rows, int64_t cols,
+                                 const std::vector<float>& b, int64_t n) {
+    const WeightView v{GgmlType::F32, a.data(), rows, cols, size_t(cols) * sizeof(float)};
+    std::vector<float> y(size_t(n * rows));
+    cpu.matmul(v, b.data(), n, y.data());
+    return std::vector<double>(y.begin(), y.end());
+}
+
+// What the GEMM path must give for weights w and activations x ([n, cols]), per output [n, rows].
+struct GemmExpectation {
+    std::vector<float> cpu;       // the CPU backend's matmul
+    std::vector<double> vs_cpu;   // allowed |GEMM - cpu|
+    std::vector<float> own;       // Q8_0/Q4_0: the CPU's f16 matmul of fp16(d q), the GEMM's own numerics
+    std::vector<double> vs_own;   // allowed |GEMM - own|
+};
+
+GemmExpectation gemm_expectation(Backend& cpu, const Weights& w, const std::vector<float>& x, int64_t n) {
+    const int64_t rows = w.rows, cols = w.cols, nb = cols / 32;
+    const bool quant = w.type == GgmlType::Q8_0 || w.type == GgmlType::Q4_0;
+    GemmExpectation e;
+    e.cpu.resize(size_t(n * rows));
+    cpu.matmul(w.view(), x.data(), n, e.cpu.data());
+    // The weight's exact values (the CPU's embed widens or computes d * q exactly), then |w|, |x|.
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::vector<float> wf(size_t(rows * cols));
+    cpu.embed(w.view(), ids.data(), rows, wf.data());
+    std::vector<float> wabs(wf.size()), xabs(x.size());
+    for (size_t i = 0; i < wf.size(); ++i) wabs[i] = std::fabs(wf[i]);
+    for (size_t i = 0; i < x.size(); ++i) xabs[i] = std::fabs(x[i]);
+    const std::vector<double> mag = f32_products(cpu, wabs, rows, cols, xabs, n);  // sum |w x|
+    if (!quant) {
+        // F32/F16/BF16: the same products as the CPU (f16/bf16 ones exact in f32; f32 ones f32),
+        // f32 sums in another order; the tensor cores' f32 adds truncate (<= 1 ulp each), so
+        // the error grows like sqrt(cols) ulps of the partial sums: ~4e-6 sum|w x| at 4096
+        // columns, 2e-5 as in the GEMV test; the worst case cols * 2^-23 (5e-4 at 4096) would
+        // hide a dropped 32-column block.
+        e.vs_cpu.resize(mag.size());
+        for (size_t i = 0; i < mag.size(); ++i) e.vs_cpu[i] = 2e-5 * mag[i] + 1e-30;
+        return e;
+    }
+    // The GEMM's own numerics: fp16(d q) weights times fp16(x), which the CPU's F16 matmul
+    // computes with the same products (it rounds x to fp16 the same way): 2e-5 sum|w x| as above.
+    std::vector<f16_t> wh(wf.size());
+    for (size_t i = 0; i < wf.size(); ++i) wh[i] = fp32_to_fp16(wf[i]);
+    const WeightView hv{GgmlType::F16, wh.data(), rows, cols, size_t(cols) * sizeof(f16_t)};
+    e.own.resize(size_t(n * rows));
+    cpu.matmul(hv, x.data(), n, e.own.data());
+    e.vs_own.resize(mag.size());
+    for (size_t i = 0; i < mag.size(); ++i) e.vs_own[i] = 2e-5 * mag[i] + 1e-30;
+    // Against the CPU's q8_0 activations, per term (gemv.cuh): the GEMM multiplies w(1+a) by
+    // x(1+b), |a|, |b| <= 2^-11 (fp16 rounding; below 2^-14 in magnitude the error is at most
+    // 2^-25 absolute instead); the CPU multiplies w by x + g, |g| <= amax/254 (rounding to the
+    // nearest step amax/127) + 2^-11 amax (the scale's fp16 rounding, times |q| <= 127), plus a
+    // little for the f32 product x * (127 / amax): amax (1/254 + 2^-10). So
+    // |GEMM - CPU| <= (2^-10 + 2^-22) sum|w x| + sum_blocks amax (1/254 + 2^-10) sum_block |w|
+    //                 + 2^-25 (sum|w| + sum|x|) + 2e-5 sum|w x| (the summation orders, as above).
+    std::vector<float> wblock(size_t(rows * nb), 0.0f), xstep(size_t(n * nb), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) wblock[size_t(r * nb + c / 32)] += wabs[size_t(r * cols + c)];
+    }
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < cols; ++c) {
+            float& amax = xstep[size_t(t * nb + c / 32)];
+            amax = std::max(amax, xabs[size_t(t * cols + c)]);
+        }
+    }
+    for (float& v : xstep) v *= float(1.0 / 254 + 0x1p-10);
+    const std::vector<double> qstep = f32_products(cpu, wblock, rows, nb, xstep, n);
+    std::vector<double> wsum(size_t(rows), 0.0), xsum(size_t(n), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) wsum[size_t(r)] += wabs[size_t(r * cols + c)];
+    }
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t c = 0; c < cols; ++c) xsum[size_t(t)] += xabs[size_t(t * cols + c)];
+    }
+    e.vs_cpu.resize(mag.size());
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+            const size_t i = size_t(t * rows + r);
+            // 1.01: qstep and mag are f32 sums of positive terms, a few ulp low at most
+            e.vs_cpu[i] = 1.01 * ((0x1p-10 + 0x1p-22 + 2e-5) * mag[i] + qstep[i]) +
+                          0x1p-25 * (wsum[size_t(r)] + xsum[size_t(t)]) + 1e-30;
+        }
+    }
+    return e;
+}
+
+void expect_gemm_output(const std::vector<float>& got, const GemmExpectation& e, int64_t rows, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+            const size_t i = size_t(t * rows + r);
+            ASSERT_FALSE(std::isnan(got[i])) << "row " << r << " token " << t << " not written";
+            ASSERT_NEAR(got[i], e.cpu[i], e.vs_cpu[i]) << "row " << r << " token " << t << " (vs the CPU backend)";
+            if (!e.own.empty()) {
+                ASSERT_NEAR(got[i], e.own[i], e.vs_own[i]) << "row " << r << " token " << t << " (vs f16 of d q)";
+            }
+        }
+    }
+}
+
+#endif  // VXQ_HAVE_CUDA
+
+class CudaGemm : public ::testing::TestWithParam<GgmlType> {};
+
+// The cuBLAS path, forced at every n (Auto takes it from 16 or 32 tokens, gemv.cuh), against the
+// CPU backend with the tolerances gemv.cuh states, and for Q8_0/Q4_0 also against an f16 matmul
+// of the dequantized weights (the GEMM's own numerics, tightly). Once through the backend too.
+TEST_P(CudaGemm, MatchesCpuOnPrefillShapes) {
+    VXQ_REQUIRE_CUDA(gpu);
+#if VXQ_HAVE_CUDA
+    const GgmlType type = GetParam();
+    const bool quant = type == GgmlType::Q8_0 || type == GgmlType::Q4_0;
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    // (rows, cols, n): n = 16, 33, 64, 512; rows odd (129, 4097) and not a multiple of any tile;
+    // the K/V (1024 x 4096) and its transpose; dense also with cols not a multiple of 8.
+    std::vector<GemvCase> cases = {{type, 96, 160, 16},    {type, 129, 96, 33},    {type, 300, 4096, 33},
+                                   {type, 4097, 1024, 64}, {type, 1024, 4096, 512}, {type, 4096, 1024, 512}};
+    if (!quant) cases.insert(cases.end(), {{type, 19, 203, 16}, {type, 33, 37, 40}});
+    CudaStream st;
+    for (const GemvCase& gc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(type) << " rows " << gc.rows << " cols " << gc.cols << " n "
+                                        << gc.n << " seed " << seed);
+        const Weights w = random_weights(type, gc.rows, gc.cols, rng);
+        const std::vector<float> x = random_floats(size_t(gc.n * gc.cols), rng);
+        const GemmExpectation e = gemm_expectation(*cpu, w, x, gc.n);
+        {
+            UploadedWeight dw(w.view());
+            DeviceFloats xd(x.size()), yd(size_t(gc.n * gc.rows));
+            xd.upload(x);
+            cuda::GemvScratch scratch;
+            cuda::gemv(dw.w, xd.p, gc.n, yd.p, scratch, st.s, cuda::MatmulPath::Gemm);
+            VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+            expect_gemm_output(yd.download(), e, gc.rows, gc.n);
+            if (HasFatalFailure()) return;
+        }
+        if (gc.n == 64) {  // Backend::matmul, the path the forward pass takes: GEMM for every type at 64
+            auto be = make_backend("cuda", 1);
+            std::vector<float> got(size_t(gc.n * gc.rows), NAN);
+            be->matmul(w.view(), x.data(), gc.n, got.data());
+            expect_gemm_output(got, e, gc.rows, gc.n);
+            if (HasFatalFailure()) return;
+        }
+    }
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, CudaGemm,
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0),
+                         [](const auto& info) { return std::string(ggml_type_name(info.param)); });
+
+// The scratch contract a CUDA graph needs: once the scratch holds gemv_scratch_bytes(w, n),
+// gemv neither allocates nor frees (buffer and cuBLAS handle unchanged), and it can be captured
+// in global mode (where cudaMalloc, cudaFree or a synchronizing call during capture is an
+// error), replaying to the same bits as the eager call (same kernels and algorithms on the same
+// inputs: deterministic).
+TEST(Cuda, GemvWithReservedScratchAllocatesNothingAndCaptures) {
+    VXQ_REQUIRE_CUDA(gpu);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    // Decode (GEMV) and prefill (GEMM) calls of every type.
+    const GemvCase cases[] = {{GgmlType::F16, 4096, 4096, 1},   {GgmlType::Q4_0, 4096, 4096, 1},
+                              {GgmlType::Q8_0, 1024, 4096, 4},  {GgmlType::BF16, 300, 4096, 8},
+                              {GgmlType::F32, 129, 96, 3},      {GgmlType::F16, 1024, 4096, 64},
+                              {GgmlType::Q4_0, 4097, 1024, 512}, {GgmlType::Q8_0, 129, 96, 33},
+                              {GgmlType::F32, 129, 96, 16},     {GgmlType::BF16, 129, 96, 40}};
+    CudaStream st;
+    for (const GemvCase& gc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(gc.type) << " rows " << gc.rows << " cols " << gc.cols << " n "
+                                        << gc.n << " seed " << seed);
+        const Weights w = random_weights(gc.type, gc.rows, gc.cols, rng);
+        const std::vector<float> x = random_floats(size_t(gc.n * gc.cols), rng);
+        UploadedWeight dw(w.view());
+        DeviceFloats xd(x.size()), eager(size_t(gc.n * gc.rows)), replay(eager.n);
+        xd.upload(x);
+        cuda::GemvScratch scratch;
+        scratch.reserve(cuda::gemv_scratch_bytes(dw.w, gc.n));
+        const void* buf = scratch.buf;
+        const size_t bytes = scratch.bytes;
+        const cublasHandle_t handle = scratch.cublas;
+        if (cuda::gemv_path(dw.w, gc.n) == cuda::MatmulPath::Gemm) {
+            EXPECT_NE(handle, nullptr) << "reserve made no cuBLAS handle";
+        }
+
+        cuda::gemv(dw.w, xd.p, gc.n, eager.p, scratch, st.s);  // also loads the kernels (lazily, on first use)
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        cudaGraph_t graph = nullptr;
+        VXQ_CUDA_CHECK(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeGlobal));
+        try {
+            cuda::gemv(dw.w, xd.p, gc.n, replay.p, scratch, st.s);
+        } catch (const Error& err) {
+            cudaStreamEndCapture(st.s, &graph);
+            if (graph) cudaGraphDestroy(graph);
+            cudaGetLastError();
+            FAIL() << "gemv failed under stream capture: " << err.what();
+        }
+        const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
+        ASSERT_EQ(end, cudaSuccess) << "capture: " << cudaGetErrorString(end);
+        cudaGraphExec_t exec = nullptr;
+        VXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        VXQ_CUDA_CHECK(cudaGraphLaunch(exec, st.s));
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+
+        EXPECT_EQ(scratch.buf, buf) << "gemv reallocated its scratch";
+        EXPECT_EQ(scratch.bytes, bytes);
+        EXPECT_EQ(scratch.cublas, handle) << "gemv created a cuBLAS handle";
+        const std::vector<float> a = eager.download(), b = replay.download();
+        for (float v : a) ASSERT_FALSE(std::isnan(v)) << "an output was not written";
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "graph replay differs from the eager call";
+    }
+#endif
+}
 
 // ---- element-wise ops --------------------------------------------------------------------------
 
@@ -485,6 +752,24 @@ TEST_P(CudaForwardTiny, LogitsCloseToCpu) {
     EXPECT_LT(forward_difference(*model, prompt, 5, false), std::max(tol, kNonFlashTolerance)) << "seed " << spec.seed;
 }
 
+// A 40-token prompt: the prefill's matmuls take the cuBLAS GEMM (n >= 16 for these F32/F16
+// weights), whose numerics are the GEMV's up to the summation order, so the same tolerances hold.
+TEST_P(CudaForwardTiny, LongPromptPrefillsThroughGemm) {
+    VXQ_REQUIRE_CUDA(cuda);
+    test::TinyModelSpec spec;
+    spec.arch = GetParam().arch;
+    spec.weight_type = GetParam().type;
+    spec.head_dim = GetParam().head_dim;
+    spec.seed = fresh_seed();
+    const test::TinyModel tm = test::build_tiny_model(spec);
+    auto model = Model::load(tm.path, "cuda");
+    std::mt19937 rng(uint32_t(spec.seed));
+    std::uniform_int_distribution<int> tok(0, int(spec.n_vocab) - 1);
+    std::vector<TokenId> prompt(40);
+    for (TokenId& t : prompt) t = tok(rng);
+    EXPECT_LT(forward_difference(*model, prompt, 2, true), logit_tolerance(spec.weight_type)) << "seed " << spec.seed;
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForwardTiny,
                          ::testing::Values(TinyCase{"llama", GgmlType::F32, 0}, TinyCase{"llama", GgmlType::F16, 0},
                                            TinyCase{"qwen2", GgmlType::F16, 0}, TinyCase{"qwen3", GgmlType::F32, 32}),
@@ -540,6 +825,33 @@ TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
         const int differ = greedy_disagreements(*model, *cuda, seq, ref.prompt_ids.size(), tol);
         RecordProperty("near_ties_prompt_" + std::to_string(gi), differ);
     }
+}
+
+// A prompt of >= 32 tokens: every prefill matmul takes the cuBLAS GEMM. For f16 weights its
+// numerics are the GEMV's up to the summation order: the same tolerance. For q8_0/q4_0 weights
+// the activations are rounded to f16 instead of quantized to q8_0 as on the CPU, so every
+// element differs from the CPU's by up to 1/254 of its block's max (not only the occasional
+// flipped quant of the GEMV path): allowed twice the GEMV's bound, 6e-2, NOT yet measured (the
+// value is recorded as prefill_gemm_difference).
+TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const RealCase rc = GetParam();
+    VXQ_REQUIRE_ASSET(std::string("assets/models/") + rc.model);
+    auto model = Model::load(test::shared_path(std::string("assets/models/") + rc.model), "cuda");
+    const GgmlType weights = model->weights().layers[0].wq.type;
+    const double tol = weights == GgmlType::F16 ? logit_tolerance(weights) : 2 * logit_tolerance(weights);
+    const auto ids = model->tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back one register at a time, in the order "
+        "the manual gives.",
+        true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+#if VXQ_HAVE_CUDA
+    ASSERT_GE(prompt.size(), size_t(cuda::kGemmMinTokensQuant));
+#endif
+    const double diff = forward_difference(*model, prompt, 2, true);
+    RecordProperty("prefill_gemm_difference", std::to_string(diff));
+    EXPECT_LT(diff, tol) << "prompt of " << prompt.size() << " tokens";
 }
 
 INSTANTIATE_TEST_SUITE_P(

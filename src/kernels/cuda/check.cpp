@@ -1,11 +1,17 @@
 #include "kernels/cuda/check.cuh"
 
+#include <cublas_v2.h>
+
 #include "core/error.h"
 
 namespace vxq::cuda {
 
 void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
     fail("CUDA error at {}:{}: {} ({})", file, line, call, cudaGetErrorString(status));
+}
+
+void throw_cublas_error(int status, const char* call, const char* file, int line) {
+    fail("cuBLAS error at {}:{}: {} ({})", file, line, call, cublasGetStatusString(static_cast<cublasStatus_t>(status)));
 }
 
 }  // namespace vxq::cuda

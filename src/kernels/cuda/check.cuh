@@ -8,6 +8,8 @@ namespace vxq::cuda {
 // Throws the vxq::Error. Defined in check.cpp: nvcc's host pass cannot compile the fmt headers
 // (core/error.h), so no .cu file includes them; .cu files report through this.
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line);
+// The same for a cuBLAS call (status: its cublasStatus_t), with cuBLAS's name for the status.
+[[noreturn]] void throw_cublas_error(int status, const char* call, const char* file, int line);
 }  // namespace vxq::cuda
 
 #define VXQ_CUDA_CHECK(call)                                                                   \

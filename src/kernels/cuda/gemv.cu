@@ -3,11 +3,19 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <cstring>
+#include <climits>
+#include <cstdio>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cuda/check.cuh"
+
+#define VXQ_CUBLAS_CHECK(call)                                                                 \
+    do {                                                                                       \
+        const cublasStatus_t vxq_cublas_status_ = (call);                                      \
+        if (vxq_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
+            ::vxq::cuda::throw_cublas_error(int(vxq_cublas_status_), #call, __FILE__, __LINE__); \
+        }                                                                                      \
+    } while (0)
 
 namespace vxq::cuda {
 
@@ -24,20 +32,33 @@ __device__ __forceinline__ uint16_t float_to_bf16_bits(float f) {
     return uint16_t((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
 }
 
-// Storage of the dense weight types: T is the 16-bit or 32-bit element as raw bits.
+// The dense weight types: Raw is the stored element; widen turns one 32-bit word (little
+// endian: element 2i is the low half of word i) into its kPerWord floats, exactly.
 struct F32Elem {  // activations are used as they are: no conversion kernel
     using Raw = float;
+    static constexpr int kPerWord = 1;
     static __device__ __forceinline__ float load(Raw v) { return v; }
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
 };
 struct F16Elem {
     using Raw = __half;
+    static constexpr int kPerWord = 2;
     static __device__ __forceinline__ float load(Raw v) { return __half2float(v); }
     static __device__ __forceinline__ Raw from_float(float f) { return __float2half_rn(f); }
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) {
+        f[0] = __half2float(__ushort_as_half(static_cast<unsigned short>(w & 0xffffu)));
+        f[1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w >> 16)));
+    }
 };
 struct BF16Elem {
     using Raw = uint16_t;
+    static constexpr int kPerWord = 2;
     static __device__ __forceinline__ float load(Raw v) { return bf16_bits_to_float(v); }
     static __device__ __forceinline__ Raw from_float(float f) { return float_to_bf16_bits(f); }
+    static __device__ __forceinline__ void widen(uint32_t w, float* f) {
+        f[0] = __uint_as_float(w << 16);
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    }
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -55,12 +76,18 @@ __global__ void convert_kernel(const float* __restrict__ x, typename E::Raw* __r
     }
 }
 
+// A q8_0 activation block's scale (the fp16 value, widened) and the sum of its 32 quants (the
+// Q4_0 kernel subtracts 8 * sum instead of 8 from every weight nibble).
+struct __align__(8) Q8Scale {
+    float d;
+    int sum;
+};
+
 // One warp per 32-element block, lane = element. ggml's AVX2 quantize_row_q8_0: amax over |x|,
 // id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x * id), d = fp16(amax / 127).
-// d is kept widened to f32 (the value is the fp16 one).
-__global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, float* __restrict__ d,
+__global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8Scale* __restrict__ s,
                                      int64_t n_blocks) {
-    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;  // the same for the whole warp
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
     const float v = x[b * kQBlock + lane];
@@ -68,189 +95,502 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    qs[b * kQBlock + lane] = int8_t(__float2int_rn(__fmul_rn(v, id)));
-    if (lane == 0) d[b] = __half2float(__float2half_rn(amax / 127.0f));
+    const int q = __float2int_rn(__fmul_rn(v, id));  // |v * id| <= 127
+    qs[b * kQBlock + lane] = int8_t(q);
+    const int sum = __reduce_add_sync(0xffffffffu, q);
+    if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
 }
 
-// ---- GEMV kernels ------------------------------------------------------------------------------
-// Grid: x = groups of kGemvRowsPerBlock rows, y = groups of kGemvTokens tokens. The block's
-// warps split the columns of its rows (thread i takes chunks i, i + blockDim, ...), so even a
-// matrix of few long rows has many warps in flight; each warp sums its part, then the block adds
-// the warps' sums. Every activation load feeds kGemvRowsPerBlock rows; the last group's missing
-// rows re-read the last row and write nothing.
+// ---- GEMV --------------------------------------------------------------------------------------
+// A block is kGemvWarps warps. Warps are grouped `split` to a row group of kGemvRowsPerWarp rows:
+// split 1 = each warp has its own rows; split 2 or 4 = that many warps share the rows and take
+// alternate stretches of their columns (for matrices with few rows, so the grid still keeps
+// enough loads in flight), their sums added through shared memory at the end.
+// A row is cut into units: 16 bytes of a dense row, or one 32-element block of Q8_0 (two
+// 16-byte loads) or Q4_0 (one). Per iteration each lane takes kUnitsPerIter units of each of
+// its rows, units lane, lane + 32, ... so that every load instruction of the warp reads
+// contiguous bytes, issues all of those loads (kGemvLoadsPerRow x 16 bytes per row, scales
+// with them), and only then reads the activations (L1/L2 hits: every block reads the same x)
+// and multiplies: each x load feeds the warp's kGemvRowsPerWarp rows, for NT tokens.
+// Rows past the matrix's end re-read its last row and tokens past the batch's end its last
+// token; neither is stored.
 
 constexpr int kGemvThreads = kGemvWarps * 32;
 
-__device__ __forceinline__ void store_rows(float (&acc)[kGemvRowsPerBlock][kGemvTokens], int64_t row0, int64_t rows,
-                                           int64_t t0, int nt, float* __restrict__ y) {
-    __shared__ float partial[kGemvWarps][kGemvRowsPerBlock * kGemvTokens];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-#pragma unroll
-    for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-#pragma unroll
-        for (int t = 0; t < kGemvTokens; ++t) {
-            const float s = warp_sum(acc[r][t]);
-            if (lane == 0) partial[warp][r * kGemvTokens + t] = s;
-        }
-    }
-    __syncthreads();
-    const int i = threadIdx.x;
-    if (i < kGemvRowsPerBlock * kGemvTokens) {
-        const int r = i / kGemvTokens, t = i % kGemvTokens;
-        float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kGemvWarps; ++w) s += partial[w][i];
-        if (t < nt && row0 + r < rows) y[(t0 + t) * rows + row0 + r] = s;
-    }
-}
+// Warps per SM the grid aims for before splitting rows between warps: 16 warps x 32 lanes x
+// 128 bytes = 64 KB of loads in flight per SM, what 4.3 TB/s needs at ~2 us of loaded latency
+// spread over 132 SMs.
+constexpr int64_t kGemvTargetWarpsPerSm = 16;
 
+struct GemvParams {
+    const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2]
+    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; else nullptr
+    const void* x;             // activations in the dot type: dense [n, cols]; q8_0 quants int8 [n, cols]
+    const Q8Scale* x_scale;    // q8_0 activations: [n, cols / 32]; else nullptr
+    float* y;                  // [n, rows]
+    int rows, cols, n;         // below 2^31 (gemv checks); element offsets are int64
+    int split;                 // warps sharing a row group: 1, 2 or 4
+};
+
+// F32/F16/BF16: a unit is 16 bytes; f32 products and sums (f16/bf16 products are exact in f32).
 template <class E>
-__global__ void __launch_bounds__(kGemvThreads)
-gemv_dense_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* __restrict__ x,
-                  int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
-    using Raw = typename E::Raw;
-    constexpr int kPer16 = 16 / int(sizeof(Raw));  // elements per 16-byte load
-    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
-    if (row0 >= rows) return;
-    const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
-    const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
-    const Raw* wr[kGemvRowsPerBlock];
+struct DenseFormat {
+    using Unit = uint4;
+    static constexpr int kPer16 = 4 * E::kPerWord;  // elements per unit
+    static constexpr int kUnitsPerIter = kGemvLoadsPerRow;
+    static __host__ __device__ int units(int cols) { return cols / kPer16; }
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
+        return __ldg(static_cast<const uint4*>(p.w) + int64_t(row) * units(p.cols) + u);
+    }
+    template <int R>
+    static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
+                                                      int u) {
+        const uint4 xv = __ldg(static_cast<const uint4*>(p.x) + int64_t(t) * units(p.cols) + u);
+        float xf[kPer16];
+        widen(xv, xf);
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerBlock; ++r) wr[r] = w + (row0 + r < rows ? row0 + r : rows - 1) * cols;
-    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
-    if (cols % kPer16 == 0) {  // rows start 16-byte aligned: vector path
-        const int64_t n16 = cols / kPer16;
-#pragma unroll 2
-        for (int64_t c = threadIdx.x; c < n16; c += kGemvThreads) {
-            float wf[kGemvRowsPerBlock][kPer16];
+        for (int r = 0; r < R; ++r) {
+            float wf[kPer16];
+            widen(w[r], wf);
 #pragma unroll
-            for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-                const int4 wv = __ldg(reinterpret_cast<const int4*>(wr[r]) + c);
-                const Raw* we = reinterpret_cast<const Raw*>(&wv);
-#pragma unroll
-                for (int e = 0; e < kPer16; ++e) wf[r][e] = E::load(we[e]);
-            }
-#pragma unroll
-            for (int t = 0; t < kGemvTokens; ++t) {
-                if (t < nt) {
-                    const int4 xv = *(reinterpret_cast<const int4*>(x + (t0 + t) * cols) + c);
-                    const Raw* xe = reinterpret_cast<const Raw*>(&xv);
-#pragma unroll
-                    for (int e = 0; e < kPer16; ++e) {
-                        const float xf = E::load(xe[e]);
-#pragma unroll
-                        for (int r = 0; r < kGemvRowsPerBlock; ++r) acc[r][t] += wf[r][e] * xf;
-                    }
-                }
-            }
-        }
-    } else {
-        for (int64_t c = threadIdx.x; c < cols; c += kGemvThreads) {
-#pragma unroll
-            for (int t = 0; t < kGemvTokens; ++t) {
-                if (t < nt) {
-                    const float xf = E::load(x[(t0 + t) * cols + c]);
-#pragma unroll
-                    for (int r = 0; r < kGemvRowsPerBlock; ++r) acc[r][t] += E::load(wr[r][c]) * xf;
-                }
-            }
+            for (int e = 0; e < kPer16; ++e) acc[r] = fmaf(wf[e], xf[e], acc[r]);
         }
     }
-    store_rows(acc, row0, rows, t0, nt, y);
+    static __device__ __forceinline__ void widen(const uint4& v, float (&f)[kPer16]) {
+        E::widen(v.x, f);
+        E::widen(v.y, f + E::kPerWord);
+        E::widen(v.z, f + 2 * E::kPerWord);
+        E::widen(v.w, f + 3 * E::kPerWord);
+    }
+};
+
+__device__ __forceinline__ int dp4a_16(const int4& a, const int4& b, int acc) {
+    acc = __dp4a(a.x, b.x, acc);
+    acc = __dp4a(a.y, b.y, acc);
+    acc = __dp4a(a.z, b.z, acc);
+    return __dp4a(a.w, b.w, acc);
 }
 
 // Q8_0 weights x q8_0 activations: per block the integer dot (dp4a) times d_w * d_x.
-__global__ void __launch_bounds__(kGemvThreads)
-gemv_q8_0_kernel(const int8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
-                 const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
-    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
-    if (row0 >= rows) return;
-    const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
-    const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
-    const int64_t nb = cols / kQBlock;
-    int64_t wrow[kGemvRowsPerBlock];
+struct Q8Format {
+    struct Unit {
+        int4 lo, hi;  // quants 0-15, 16-31
+        float d;
+    };
+    static constexpr int kUnitsPerIter = kGemvLoadsPerRow / 2;  // two 16-byte loads per block
+    static __host__ __device__ int units(int cols) { return cols / kQBlock; }
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int b) {
+        const int64_t i = int64_t(row) * units(p.cols) + b;
+        const int4* q = static_cast<const int4*>(p.w) + 2 * i;
+        return Unit{__ldg(q), __ldg(q + 1), __half2float(__ldg(p.w_scale + i))};
+    }
+    template <int R>
+    static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
+                                                      int b) {
+        const int64_t i = int64_t(t) * units(p.cols) + b;
+        const int4* xq = static_cast<const int4*>(p.x) + 2 * i;
+        const int4 x0 = __ldg(xq), x1 = __ldg(xq + 1);
+        const float dx = p.x_scale[i].d;
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerBlock; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
-    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
-    for (int64_t b = threadIdx.x; b < nb; b += kGemvThreads) {
-        int wi[kGemvRowsPerBlock][8];
-        float dw[kGemvRowsPerBlock];
-#pragma unroll
-        for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-            const int4* wb = reinterpret_cast<const int4*>(wq + wrow[r] * cols + b * kQBlock);
-            const int4 w0 = __ldg(wb), w1 = __ldg(wb + 1);
-            wi[r][0] = w0.x; wi[r][1] = w0.y; wi[r][2] = w0.z; wi[r][3] = w0.w;
-            wi[r][4] = w1.x; wi[r][5] = w1.y; wi[r][6] = w1.z; wi[r][7] = w1.w;
-            dw[r] = __half2float(wd[wrow[r] * nb + b]);
-        }
-#pragma unroll
-        for (int t = 0; t < kGemvTokens; ++t) {
-            if (t < nt) {
-                const int4* xb = reinterpret_cast<const int4*>(xq + (t0 + t) * cols + b * kQBlock);
-                const int4 x0 = xb[0], x1 = xb[1];
-                const int xi[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-                const float dx = xd[(t0 + t) * nb + b];
-#pragma unroll
-                for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-                    int sumi = 0;
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) sumi = __dp4a(wi[r][j], xi[j], sumi);
-                    acc[r][t] += float(sumi) * (dw[r] * dx);
-                }
-            }
+        for (int r = 0; r < R; ++r) {
+            const int sumi = dp4a_16(w[r].hi, x1, dp4a_16(w[r].lo, x0, 0));
+            acc[r] += float(sumi) * (w[r].d * dx);
         }
     }
-    store_rows(acc, row0, rows, t0, nt, y);
-}
+};
 
 // Q4_0 weights x q8_0 activations. A block's 16 quant bytes hold element j in the low nibble of
-// byte j and element j + 16 in the high nibble; values are nibble - 8.
-__global__ void __launch_bounds__(kGemvThreads)
-gemv_q4_0_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, const int8_t* __restrict__ xq,
-                 const float* __restrict__ xd, int64_t rows, int64_t cols, int64_t n, float* __restrict__ y) {
-    const int64_t row0 = int64_t(blockIdx.x) * kGemvRowsPerBlock;
-    if (row0 >= rows) return;
-    const int64_t t0 = int64_t(blockIdx.y) * kGemvTokens;
-    const int nt = n - t0 < kGemvTokens ? int(n - t0) : kGemvTokens;
-    const int64_t nb = cols / kQBlock;
-    int64_t wrow[kGemvRowsPerBlock];
+// byte j and element j + 16 in the high nibble; values are nibble - 8. The integer block dot is
+// sum (nib - 8) x = sum nib x - 8 sum x, the same integer without a per-byte subtraction.
+struct Q4Format {
+    struct Unit {
+        int4 q;
+        float d;
+    };
+    static constexpr int kUnitsPerIter = kGemvLoadsPerRow;  // one 16-byte load per block
+    static __host__ __device__ int units(int cols) { return cols / kQBlock; }
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int b) {
+        const int64_t i = int64_t(row) * units(p.cols) + b;
+        return Unit{__ldg(static_cast<const int4*>(p.w) + i), __half2float(__ldg(p.w_scale + i))};
+    }
+    static __device__ __forceinline__ int4 low_nibbles(const int4& v) {
+        return make_int4(v.x & 0x0f0f0f0f, v.y & 0x0f0f0f0f, v.z & 0x0f0f0f0f, v.w & 0x0f0f0f0f);
+    }
+    static __device__ __forceinline__ int4 high_nibbles(const int4& v) {
+        return make_int4(int((unsigned(v.x) >> 4) & 0x0f0f0f0fu), int((unsigned(v.y) >> 4) & 0x0f0f0f0fu),
+                         int((unsigned(v.z) >> 4) & 0x0f0f0f0fu), int((unsigned(v.w) >> 4) & 0x0f0f0f0fu));
+    }
+    template <int R>
+    static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
+                                                      int b) {
+        const int64_t i = int64_t(t) * units(p.cols) + b;
+        const int4* xq = static_cast<const int4*>(p.x) + 2 * i;
+        const int4 x0 = __ldg(xq), x1 = __ldg(xq + 1);  // elements 0-15, 16-31
+        const Q8Scale xs = p.x_scale[i];
 #pragma unroll
-    for (int r = 0; r < kGemvRowsPerBlock; ++r) wrow[r] = row0 + r < rows ? row0 + r : rows - 1;
-    float acc[kGemvRowsPerBlock][kGemvTokens] = {};
-#pragma unroll 2
-    for (int64_t b = threadIdx.x; b < nb; b += kGemvThreads) {
-        int lo[kGemvRowsPerBlock][4], hi[kGemvRowsPerBlock][4];
-        float dw[kGemvRowsPerBlock];
+        for (int r = 0; r < R; ++r) {
+            const int sumi = dp4a_16(high_nibbles(w[r].q), x1, dp4a_16(low_nibbles(w[r].q), x0, 0)) - 8 * xs.sum;
+            acc[r] += float(sumi) * (w[r].d * xs.d);
+        }
+    }
+};
+
+// __launch_bounds__(..., 1): no register cap. Without it ptxas aimed at lower counts and
+// spilled 8-24 bytes in some instantiations; with it none spills (registers per thread for
+// NT = 1: f16 64, q8_0 56, q4_0 66, i.e. 7-9 blocks = 28-36 warps per SM).
+template <class F, int NT>
+__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(const GemvParams p) {
+    constexpr int R = kGemvRowsPerWarp, U = F::kUnitsPerIter;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int group = warp / p.split, part = warp - group * p.split;
+    const int row0 = (blockIdx.x * (kGemvWarps / p.split) + group) * R;
+    const int t0 = blockIdx.y * NT;
+    int row[R];
 #pragma unroll
-        for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-            const int4 wv = __ldg(reinterpret_cast<const int4*>(wq + wrow[r] * (cols / 2) + b * 16));
-            const int wraw[4] = {wv.x, wv.y, wv.z, wv.w};
+    for (int r = 0; r < R; ++r) row[r] = min(row0 + r, p.rows - 1);
+    int tok[NT];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                lo[r][j] = __vsubss4(wraw[j] & 0x0F0F0F0F, 0x08080808);
-                hi[r][j] = __vsubss4((wraw[j] >> 4) & 0x0F0F0F0F, 0x08080808);
-            }
-            dw[r] = __half2float(wd[wrow[r] * nb + b]);
+    for (int t = 0; t < NT; ++t) tok[t] = min(t0 + t, p.n - 1);
+
+    float acc[R][NT] = {};
+    const int units = F::units(p.cols);
+    for (int u0 = part * 32 * U; u0 < units; u0 += p.split * 32 * U) {
+        int u[U];
+        bool valid[U];
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+            const int uj = u0 + 32 * j + lane;
+            valid[j] = uj < units;
+            u[j] = valid[j] ? uj : units - 1;
+        }
+        typename F::Unit w[U][R];
+#pragma unroll
+        for (int j = 0; j < U; ++j) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) w[j][r] = F::load(p, row[r], u[j]);
         }
 #pragma unroll
-        for (int t = 0; t < kGemvTokens; ++t) {
-            if (t < nt) {
-                const int4* xb = reinterpret_cast<const int4*>(xq + (t0 + t) * cols + b * kQBlock);
-                const int4 x0 = xb[0], x1 = xb[1];
-                const int xlo[4] = {x0.x, x0.y, x0.z, x0.w};
-                const int xhi[4] = {x1.x, x1.y, x1.z, x1.w};
-                const float dx = xd[(t0 + t) * nb + b];
+        for (int j = 0; j < U; ++j) {
+            if (!valid[j]) continue;
 #pragma unroll
-                for (int r = 0; r < kGemvRowsPerBlock; ++r) {
-                    int sumi = 0;
+            for (int t = 0; t < NT; ++t) {
+                float a[R];
 #pragma unroll
-                    for (int j = 0; j < 4; ++j) sumi = __dp4a(hi[r][j], xhi[j], __dp4a(lo[r][j], xlo[j], sumi));
-                    acc[r][t] += float(sumi) * (dw[r] * dx);
-                }
+                for (int r = 0; r < R; ++r) a[r] = acc[r][t];
+                F::accumulate(a, w[j], p, tok[t], u[j]);
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r][t] = a[r];
             }
         }
     }
-    store_rows(acc, row0, rows, t0, nt, y);
+
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    }
+    if (p.split > 1) {  // the same for the whole block
+        __shared__ float partial[kGemvWarps][R * NT];
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int t = 0; t < NT; ++t) partial[warp][r * NT + t] = acc[r][t];
+            }
+        }
+        __syncthreads();
+        if (part != 0) return;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                float s = 0.0f;
+                for (int q = 0; q < p.split; ++q) s += partial[group * p.split + q][r * NT + t];
+                acc[r][t] = s;
+            }
+        }
+    }
+    // Lane r * NT + t stores (row r, token t).
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (lane == r * NT + t && row0 + r < p.rows && t0 + t < p.n) {
+                p.y[int64_t(t0 + t) * p.rows + row0 + r] = acc[r][t];
+            }
+        }
+    }
+}
+
+// Dense rows whose length is not a whole number of 16-byte units (tiny test models): one warp
+// per row, element by element, every token.
+template <class E>
+__global__ void __launch_bounds__(kGemvThreads)
+gemv_dense_scalar_kernel(const typename E::Raw* __restrict__ w, const typename E::Raw* __restrict__ x, int64_t rows,
+                         int64_t cols, int64_t n, float* __restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+    if (row >= rows) return;  // whole warps
+    const typename E::Raw* wr = w + row * cols;
+    for (int64_t t = 0; t < n; ++t) {
+        float acc = 0.0f;
+        for (int64_t c = lane; c < cols; c += 32) acc += E::load(wr[c]) * E::load(x[t * cols + c]);
+        acc = warp_sum(acc);
+        if (lane == 0) y[t * rows + row] = acc;
+    }
+}
+
+int sm_count() {
+    static const int count = [] {
+        int dev = 0, n = 0;
+        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
+    return count;
+}
+
+// Warps per row group (gemv_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
+// warps per SM and every warp of the group keeps at least one full iteration of units.
+int gemv_split(int64_t rows, int64_t units, int units_per_iter) {
+    const int64_t row_warps = (rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
+    const int64_t target = int64_t(sm_count()) * kGemvTargetWarpsPerSm;
+    const int64_t per_warp_iter = int64_t(32) * units_per_iter;
+    int split = 1;
+    while (split < kGemvWarps && row_warps * split < target && units >= int64_t(2 * split) * per_warp_iter) split *= 2;
+    return split;
+}
+
+int gemv_tokens_per_pass(int64_t n) { return n >= 5 ? 8 : n >= 3 ? 4 : int(n); }
+
+GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, int64_t n, float* y) {
+    if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX) {
+        throw_cuda_error(cudaErrorInvalidValue, "gemv: a dimension above INT_MAX", __FILE__, __LINE__);
+    }
+    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1};
+}
+
+template <class F>
+void launch_gemv(GemvParams p, cudaStream_t st) {
+    p.split = gemv_split(p.rows, F::units(p.cols), F::kUnitsPerIter);
+    const int64_t rows_per_block = int64_t(kGemvWarps / p.split) * kGemvRowsPerWarp;
+    const int nt = gemv_tokens_per_pass(p.n);
+    const dim3 grid(unsigned((p.rows + rows_per_block - 1) / rows_per_block), unsigned((p.n + nt - 1) / nt));
+    switch (nt) {
+        case 1: gemv_kernel<F, 1><<<grid, kGemvThreads, 0, st>>>(p); break;
+        case 2: gemv_kernel<F, 2><<<grid, kGemvThreads, 0, st>>>(p); break;
+        case 4: gemv_kernel<F, 4><<<grid, kGemvThreads, 0, st>>>(p); break;
+        default: gemv_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(p); break;
+    }
+    VXQ_CUDA_CHECK_LAUNCH();
+}
+
+unsigned grid_for(int64_t n, int threads) {
+    return unsigned(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535));
+}
+
+size_t align256(size_t v) { return (v + 255) & ~size_t(255); }
+
+bool is_quant(GgmlType t) { return t == GgmlType::Q8_0 || t == GgmlType::Q4_0; }
+
+// Dense rows take the 16-byte kernel when they are whole units and x is 16-byte aligned.
+template <class E>
+bool dense_vector_path(const DeviceWeight& w, const void* x) {
+    return w.cols % DenseFormat<E>::kPer16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+
+template <class E>
+void gemv_dense(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+    using Raw = typename E::Raw;
+    const Raw* xt;
+    if constexpr (std::is_same_v<Raw, float>) {
+        xt = x;
+    } else {
+        Raw* conv = static_cast<Raw*>(s.reserve(size_t(n * w.cols) * sizeof(Raw)));
+        convert_kernel<E><<<grid_for(n * w.cols, 256), 256, 0, st>>>(x, conv, n * w.cols);
+        VXQ_CUDA_CHECK_LAUNCH();
+        xt = conv;
+    }
+    if (dense_vector_path<E>(w, xt)) {
+        launch_gemv<DenseFormat<E>>(gemv_params(w, xt, nullptr, n, y), st);
+    } else {
+        const unsigned blocks = unsigned((w.rows + kGemvWarps - 1) / kGemvWarps);
+        gemv_dense_scalar_kernel<E><<<blocks, kGemvThreads, 0, st>>>(static_cast<const Raw*>(w.data), xt, w.rows, w.cols,
+                                                                     n, y);
+        VXQ_CUDA_CHECK_LAUNCH();
+    }
+}
+
+// Scratch of the Q8_0/Q4_0 GEMV: [n, cols] int8 quants, then (256-byte aligned) [n, cols / 32]
+// Q8Scale.
+size_t gemv_quant_scratch_bytes(const DeviceWeight& w, int64_t n) {
+    return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQBlock)) * sizeof(Q8Scale);
+}
+
+void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+    const int64_t nb = w.cols / kQBlock;
+    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, n)));
+    int8_t* xq = reinterpret_cast<int8_t*>(base);
+    Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(n * w.cols)));
+    quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
+    VXQ_CUDA_CHECK_LAUNCH();
+    const GemvParams p = gemv_params(w, xq, xs, n, y);
+    if (w.type == GgmlType::Q8_0) {
+        launch_gemv<Q8Format>(p, st);
+    } else {
+        launch_gemv<Q4Format>(p, st);
+    }
+}
+
+// ---- GEMM (cuBLAS) -----------------------------------------------------------------------------
+
+constexpr int kDequantThreads = 256;
+constexpr int kDequantGroupsPerThread = 4;  // 8-element groups per thread, all loaded before the first store
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);  // .x (low half, lower address) = lo
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Rows of a Q8_0/Q4_0 weight as fp16: out = fp16(d * q), [n_rows, cols] row-major. The product
+// d * q is exact in f32 (an 11-bit significand times |q| <= 128); __float2half_rn rounds it once,
+// to nearest even, as core/fp16.h's fp32_to_fp16. Thread = 8 consecutive elements (a quarter
+// block): an 8-byte quant load (Q8_0: its 8 quants; Q4_0: the low or high nibbles of 8 bytes)
+// and one 16-byte store, so a warp stores 512 contiguous bytes. wq, wd: the chunk's first row.
+template <bool kQ4>
+__global__ void __launch_bounds__(kDequantThreads)
+dequant_f16_kernel(const uint8_t* __restrict__ wq, const __half* __restrict__ wd, int64_t n_groups,
+                   __half* __restrict__ out) {
+    constexpr int G = kDequantGroupsPerThread;
+    const int64_t g0 = int64_t(blockIdx.x) * kDequantThreads * G + threadIdx.x;
+    uint2 q[G];
+    float d[G];
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const int64_t gj = g0 + int64_t(j) * kDequantThreads;
+        const int64_t g = gj < n_groups ? gj : n_groups - 1;
+        const int64_t block = g >> 2;
+        const int quarter = int(g & 3);
+        q[j] = kQ4 ? __ldg(reinterpret_cast<const uint2*>(wq + block * 16 + 8 * (quarter & 1)))
+                   : __ldg(reinterpret_cast<const uint2*>(wq) + g);
+        d[j] = __half2float(__ldg(wd + block));
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+        const int64_t g = g0 + int64_t(j) * kDequantThreads;
+        if (g >= n_groups) break;
+        const uint32_t words[2] = {q[j].x, q[j].y};
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const uint32_t byte = (words[e / 4] >> (8 * (e % 4))) & 0xffu;
+            if constexpr (kQ4) {
+                // quarters 0, 1: elements 0-15 = low nibbles; quarters 2, 3: 16-31 = high nibbles
+                const int nib = int((g & 3) < 2 ? (byte & 0x0fu) : (byte >> 4));
+                v[e] = float(nib - 8) * d[j];
+            } else {
+                v[e] = float(int(int8_t(byte))) * d[j];
+            }
+        }
+        const uint4 packed = make_uint4(pack_half2(v[0], v[1]), pack_half2(v[2], v[3]), pack_half2(v[4], v[5]),
+                                        pack_half2(v[6], v[7]));
+        reinterpret_cast<uint4*>(out)[g] = packed;
+    }
+}
+
+// Rows of a Q8_0/Q4_0 weight dequantized per GEMM: whole matrices up to kDequantChunkBytes of
+// fp16 (every Llama-3-8B layer matrix), else chunks of a multiple of 256 rows (the output head:
+// 32768-row chunks, each still a GEMM of > 1000 tiles at n = 512).
+int64_t dequant_chunk_rows(const DeviceWeight& w) {
+    int64_t per = std::max<int64_t>(1, int64_t(kDequantChunkBytes / (size_t(w.cols) * sizeof(__half))));
+    if (per >= w.rows) return w.rows;
+    if (per >= 256) per -= per % 256;
+    return per;
+}
+
+// Scratch of the GEMM: [n, cols] activations in the weight's 16-bit type (none for F32), the
+// cuBLAS workspace, [chunk rows, cols] fp16 dequantized weights (Q8_0/Q4_0); 256-byte aligned.
+struct GemmLayout {
+    size_t workspace = 0, weights = 0, total = 0;
+    int64_t chunk_rows = 0;
+};
+
+GemmLayout gemm_layout(const DeviceWeight& w, int64_t n) {
+    GemmLayout l;
+    const size_t x_bytes = w.type == GgmlType::F32 ? 0 : size_t(n * w.cols) * sizeof(__half);
+    l.workspace = align256(x_bytes);
+    l.weights = l.workspace + kCublasWorkspaceBytes;
+    l.total = l.weights;
+    if (is_quant(w.type)) {
+        l.chunk_rows = dequant_chunk_rows(w);
+        l.total += size_t(l.chunk_rows * w.cols) * sizeof(__half);
+    }
+    return l;
+}
+
+void gemm(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+    if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX) {
+        throw_cuda_error(cudaErrorInvalidValue, "gemm: a dimension above INT_MAX (cuBLAS's int sizes)", __FILE__, __LINE__);
+    }
+    const GemmLayout l = gemm_layout(w, n);
+    uint8_t* base = static_cast<uint8_t*>(s.reserve(l.total));
+    // cublasSetStream resets the workspace to cuBLAS's own pool (which allocates): set ours after.
+    VXQ_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
+    VXQ_CUBLAS_CHECK(cublasSetWorkspace(s.cublas, base + l.workspace, kCublasWorkspaceBytes));
+    const float alpha = 1.0f, beta = 0.0f;
+    const int m = int(w.rows), k = int(w.cols), nt = int(n);
+    // Column-major view: W [rows, cols] row-major is A^T with A = k x m (lda = cols); x [n, cols]
+    // is B = k x n (ldb = cols); y [n, rows] is C = m x n (ldc = rows). C = A^T B.
+    auto gemm_ex = [&](int rows, const void* a, cudaDataType_t ab_type, const void* b, float* c,
+                       cublasComputeType_t compute) {
+        VXQ_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, k, &alpha, a, ab_type, k, b, ab_type,
+                                      k, &beta, c, CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT));
+    };
+    switch (w.type) {
+        case GgmlType::F32:
+            gemm_ex(m, w.data, CUDA_R_32F, x, y, CUBLAS_COMPUTE_32F_PEDANTIC);
+            return;
+        case GgmlType::BF16: {
+            auto* xb = reinterpret_cast<uint16_t*>(base);
+            convert_kernel<BF16Elem><<<grid_for(n * w.cols, 256), 256, 0, st>>>(x, xb, n * w.cols);
+            VXQ_CUDA_CHECK_LAUNCH();
+            gemm_ex(m, w.data, CUDA_R_16BF, xb, y, CUBLAS_COMPUTE_32F);
+            return;
+        }
+        case GgmlType::F16:
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0: {
+            auto* xh = reinterpret_cast<__half*>(base);
+            convert_kernel<F16Elem><<<grid_for(n * w.cols, 256), 256, 0, st>>>(x, xh, n * w.cols);
+            VXQ_CUDA_CHECK_LAUNCH();
+            if (w.type == GgmlType::F16) {
+                gemm_ex(m, w.data, CUDA_R_16F, xh, y, CUBLAS_COMPUTE_32F);
+                return;
+            }
+            auto* wh = reinterpret_cast<__half*>(base + l.weights);
+            const bool q4 = w.type == GgmlType::Q4_0;
+            const size_t quant_row_bytes = size_t(q4 ? w.cols / 2 : w.cols);
+            const int64_t nb = w.cols / kQBlock;
+            for (int64_t r0 = 0; r0 < w.rows; r0 += l.chunk_rows) {
+                const int64_t rows = std::min(l.chunk_rows, w.rows - r0);
+                const uint8_t* wq = static_cast<const uint8_t*>(w.data) + size_t(r0) * quant_row_bytes;
+                const __half* wd = w.scales + r0 * nb;
+                const int64_t groups = rows * w.cols / 8;
+                const unsigned blocks = unsigned((groups + kDequantThreads * kDequantGroupsPerThread - 1) /
+                                                 (kDequantThreads * kDequantGroupsPerThread));
+                if (q4) {
+                    dequant_f16_kernel<true><<<blocks, kDequantThreads, 0, st>>>(wq, wd, groups, wh);
+                } else {
+                    dequant_f16_kernel<false><<<blocks, kDequantThreads, 0, st>>>(wq, wd, groups, wh);
+                }
+                VXQ_CUDA_CHECK_LAUNCH();
+                gemm_ex(int(rows), wh, CUDA_R_16F, xh, y + r0, CUBLAS_COMPUTE_32F);
+            }
+            return;
+        }
+        default:
+            throw_cuda_error(cudaErrorInvalidValue, "gemm: a weight type without a CUDA kernel", __FILE__, __LINE__);
+    }
 }
 
 // ---- embedding rows ----------------------------------------------------------------------------
@@ -281,32 +621,17 @@ __global__ void embed_kernel(DeviceWeight table, const int32_t* __restrict__ ids
     for (int64_t c = threadIdx.x; c < table.cols; c += blockDim.x) out[i * table.cols + c] = weight_at(table, r, c);
 }
 
-unsigned gemv_row_groups(int64_t rows) {
-    return unsigned((rows + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock);
-}
-
-unsigned grid_for(int64_t n, int threads) { return unsigned(std::min<int64_t>((n + threads - 1) / threads, 65535)); }
-
-template <class E>
-void gemv_dense(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
-    using Raw = typename E::Raw;
-    const Raw* xt;
-    if constexpr (std::is_same_v<Raw, float>) {
-        xt = x;
-    } else {
-        Raw* conv = static_cast<Raw*>(s.reserve(size_t(n * w.cols) * sizeof(Raw)));
-        convert_kernel<E><<<grid_for(n * w.cols, 256), 256, 0, st>>>(x, conv, n * w.cols);
-        VXQ_CUDA_CHECK_LAUNCH();
-        xt = conv;
-    }
-    const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
-    gemv_dense_kernel<E><<<grid, kGemvThreads, 0, st>>>(static_cast<const Raw*>(w.data), xt, w.rows, w.cols, n, y);
-    VXQ_CUDA_CHECK_LAUNCH();
-}
-
 }  // namespace
 
-GemvScratch::~GemvScratch() { cudaFree(buf); }
+GemvScratch::~GemvScratch() {
+    // Destructor path: nothing useful to do with an error here. The handle is detached from the
+    // last call's stream first, which its owner may already have destroyed.
+    if (cublas) {
+        cublasSetStream(cublas, nullptr);
+        cublasDestroy(cublas);
+    }
+    cudaFree(buf);
+}
 
 void* GemvScratch::reserve(size_t n) {
     if (n > bytes) {
@@ -316,43 +641,85 @@ void* GemvScratch::reserve(size_t n) {
         VXQ_CUDA_CHECK(cudaMalloc(&buf, n));
         bytes = n;
     }
+    if (n >= kCublasWorkspaceBytes && !cublas) {
+        VXQ_CUBLAS_CHECK(cublasCreate(&cublas));
+        VXQ_CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));  // TF32 off for f32 as well
+    }
     return buf;
 }
 
-size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n) {
+MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path) {
+    if (path != MatmulPath::Auto) return path;
+    return n >= (is_quant(w.type) ? kGemmMinTokensQuant : kGemmMinTokensDense) ? MatmulPath::Gemm : MatmulPath::Gemv;
+}
+
+size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path) {
+    if (n <= 0) return 0;
+    if (gemv_path(w, n, path) == MatmulPath::Gemm) return gemm_layout(w, n).total;
     switch (w.type) {
-        case GgmlType::F32: return 0;
         case GgmlType::F16:
-        case GgmlType::BF16: return size_t(n * w.cols) * 2;
-        default: return size_t(n * w.cols) + size_t(n * (w.cols / kQBlock)) * sizeof(float);
+        case GgmlType::BF16: return size_t(n * w.cols) * sizeof(__half);
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0: return gemv_quant_scratch_bytes(w, n);
+        default: return 0;  // F32: x is used in place
     }
 }
 
+std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
+    char line[200];
+    const char* type = w.type == GgmlType::F32    ? "f32"
+                       : w.type == GgmlType::F16  ? "f16"
+                       : w.type == GgmlType::BF16 ? "bf16"
+                       : w.type == GgmlType::Q8_0 ? "q8_0"
+                       : w.type == GgmlType::Q4_0 ? "q4_0"
+                                                  : "?";
+    if (gemv_path(w, n, path) == MatmulPath::Gemm) {
+        if (w.type == GgmlType::F32) {
+            std::snprintf(line, sizeof line, "cublasGemmEx f32 x f32 (COMPUTE_32F_PEDANTIC)");
+        } else if (is_quant(w.type)) {
+            const int64_t chunk = dequant_chunk_rows(w);
+            std::snprintf(line, sizeof line, "dequant %s->f16 (%lld chunk%s) + cublasGemmEx f16 x f16 -> f32", type,
+                          (long long)((w.rows + chunk - 1) / chunk), chunk < w.rows ? "s" : "");
+        } else {
+            std::snprintf(line, sizeof line, "cublasGemmEx %s x %s -> f32 (COMPUTE_32F)", type, type);
+        }
+        return line;
+    }
+    int64_t units = 0, per_iter = 0;
+    bool vector = true;
+    switch (w.type) {
+        case GgmlType::F32: units = DenseFormat<F32Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
+                            vector = w.cols % DenseFormat<F32Elem>::kPer16 == 0; break;
+        case GgmlType::F16:
+        case GgmlType::BF16: units = DenseFormat<F16Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
+                             vector = w.cols % DenseFormat<F16Elem>::kPer16 == 0; break;
+        case GgmlType::Q8_0: units = Q8Format::units(w.cols); per_iter = Q8Format::kUnitsPerIter; break;
+        default: units = Q4Format::units(w.cols); per_iter = Q4Format::kUnitsPerIter; break;
+    }
+    if (!vector) {
+        std::snprintf(line, sizeof line, "gemv %s scalar (cols %% 16 bytes != 0)", type);
+        return line;
+    }
+    std::snprintf(line, sizeof line, "gemv %s%s, %d tok/pass, %d rows/warp, split %d", type,
+                  is_quant(w.type) ? " x q8_0 dp4a" : "", gemv_tokens_per_pass(n), kGemvRowsPerWarp,
+                  gemv_split(w.rows, units, int(per_iter)));
+    return line;
+}
+
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+    gemv(w, x, n, y, s, st, MatmulPath::Auto);
+}
+
+void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st,
+          MatmulPath path) {
+    if (n <= 0 || w.rows == 0) return;
+    if (gemv_path(w, n, path) == MatmulPath::Gemm) return gemm(w, x, n, y, s, st);
     switch (w.type) {
         case GgmlType::F32: return gemv_dense<F32Elem>(w, x, n, y, s, st);
         case GgmlType::F16: return gemv_dense<F16Elem>(w, x, n, y, s, st);
         case GgmlType::BF16: return gemv_dense<BF16Elem>(w, x, n, y, s, st);
         case GgmlType::Q8_0:
-        case GgmlType::Q4_0: {
-            const int64_t nb = w.cols / kQBlock;
-            // scratch: [n, cols] int8 quants, then [n, nb] f32 scales (16-byte aligned: cols % 32 == 0)
-            uint8_t* base = static_cast<uint8_t*>(s.reserve(size_t(n * w.cols) + size_t(n * nb) * sizeof(float)));
-            int8_t* xq = reinterpret_cast<int8_t*>(base);
-            float* xd = reinterpret_cast<float*>(base + n * w.cols);
-            quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xd, n * nb);
-            VXQ_CUDA_CHECK_LAUNCH();
-            const dim3 grid(gemv_row_groups(w.rows), unsigned((n + kGemvTokens - 1) / kGemvTokens));
-            if (w.type == GgmlType::Q8_0) {
-                gemv_q8_0_kernel<<<grid, kGemvThreads, 0, st>>>(static_cast<const int8_t*>(w.data), w.scales, xq, xd,
-                                                                  w.rows, w.cols, n, y);
-            } else {
-                gemv_q4_0_kernel<<<grid, kGemvThreads, 0, st>>>(static_cast<const uint8_t*>(w.data), w.scales, xq, xd,
-                                                                  w.rows, w.cols, n, y);
-            }
-            VXQ_CUDA_CHECK_LAUNCH();
-            return;
-        }
+        case GgmlType::Q4_0: return gemv_quant(w, x, n, y, s, st);
         default:
             // upload_weight admits no other type
             throw_cuda_error(cudaErrorInvalidValue, "gemv: a weight type without a CUDA kernel", __FILE__, __LINE__);

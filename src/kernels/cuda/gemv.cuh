@@ -1,21 +1,49 @@
-// Weights on the device and the matmul kernels of the CUDA backend.
+// Weights on the device and the matmul of the CUDA backend: a GEMV kernel for decode-sized
+// batches, cuBLAS GEMMs for prefill-sized ones.
 //
 // Weights are uploaded once. F32, F16 and BF16 keep the file's row layout. Q8_0 and Q4_0 blocks
 // (2-byte scale + packed quants, 34 and 18 bytes: not 16-byte aligned) are split at upload into
 // a quant plane and a scale plane, so a lane reads a block's quants with one or two 16-byte loads
 // and the warp's loads are contiguous. Same bytes as the file, only regrouped.
 //
-// The matmul y = x W^T converts the activations to the weight's dot type first, as the CPU
-// backend and llama.cpp's CPU build do (f16/bf16 rounding, or q8_0 blocks with the same rounding
-// as ggml's AVX2 quantize_row_q8_0). Then a block of kGemvWarps warps streams kGemvRowsPerBlock
-// weight rows, its threads splitting the columns, for up to kGemvTokens tokens: batch 1 (decode)
-// reads each weight byte once; a batch of n reads the weights ceil(n / kGemvTokens) times
-// (correct, not yet the prefill GEMM the issue asks for).
+// y = x W^T takes one of two paths (gemv_path):
+//
+// GEMV (n < kGemmMinTokens*): the activations are converted to the weight's dot type first, as
+// the CPU backend and llama.cpp's CPU build do (f16/bf16 rounding, or q8_0 blocks with the same
+// rounding as ggml's AVX2 quantize_row_q8_0). Then each warp streams kGemvRowsPerWarp weight
+// rows, every lane issuing kGemvLoadsPerRow 16-byte loads per row before it uses any, for up to
+// kGemvMaxTokens tokens per pass (a batch of n reads the weights ceil(n / 8) times); the block's
+// warps take different rows, or split the columns of theirs when the matrix has few rows.
+// Numerics against the CPU backend: the same products (Q8_0/Q4_0: the same integer dot of each
+// 32-element block, times d_w * d_x), f32 sums in another order.
+//
+// GEMM (n >= kGemmMinTokens*): cuBLAS (cublasGemmEx, f32 accumulation, f32 output), per type:
+//   F16/BF16: the activations rounded to f16/bf16 exactly as on the GEMV path; tensor cores
+//     multiply the same 16-bit numbers (products exact in f32) and sum in f32: the GEMV's
+//     numerics up to the summation order (and the tensor cores' truncating f32 adds).
+//   F32: plain f32 (CUBLAS_COMPUTE_32F_PEDANTIC: never TF32, whose 10-bit mantissa would lose
+//     parity with the CPU backend); the CPU's products, another summation order.
+//   Q8_0/Q4_0: each weight is dequantized to fp16(d * q) (d * q is exact in f32; one rounding,
+//     relative error <= 2^-11) into a scratch matrix, chunks of rows at a time, and the
+//     activations are rounded to f16 (relative error <= 2^-11): an f16 GEMM. This is NOT the CPU
+//     backend's numerics, which quantize the activations to q8_0 (error up to amax/254 of each
+//     32-block, plus the fp16 rounding of its scale) and take exact integer block dots; the
+//     difference per output is bounded by (2^-11 * 2 + 2^-22) * sum|w x| +
+//     sum over blocks of amax_x(block) * (1/254 + 2^-10) * sum_block |w| (tests/test_cuda.cpp
+//     checks that bound, and the GEMM against an f16 reference of the dequantized weights).
+//
+// Scratch and CUDA graphs: every call takes its device memory (converted activations, the cuBLAS
+// workspace, the dequantized weight chunk) from a GemvScratch. gemv_scratch_bytes(w, n) is what
+// one call needs; once the scratch holds that many bytes (reserve), gemv allocates and frees
+// nothing and creates no cuBLAS handle, so it can be captured in a CUDA graph (run each kernel
+// once before capturing: CUDA loads modules lazily on first use).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -23,10 +51,29 @@
 
 namespace vxq::cuda {
 
-constexpr int kGemvWarps = 4;         // warps per block; they split the columns of the block's rows
-constexpr int kGemvRowsPerBlock = 2;  // weight rows streamed together (one x load feeds both)
-constexpr int kGemvTokens = 4;       // tokens per pass over a weight row
-constexpr int kQBlock = 32;     // elements per q8_0 / q4_0 block
+constexpr int kQBlock = 32;  // elements per q8_0 / q4_0 block
+
+// GEMV kernel shape (gemv.cu says how a block is laid out).
+constexpr int kGemvWarps = 4;         // warps per block
+constexpr int kGemvRowsPerWarp = 2;   // weight rows a warp streams together: each activation load feeds both
+constexpr int kGemvLoadsPerRow = 4;   // 16-byte weight loads per lane, row and iteration, all issued before use
+constexpr int kGemvMaxTokens = 8;     // tokens per pass over the weights (kernels for 1, 2, 4, 8)
+
+// Batches from which the matmul is a cuBLAS GEMM. A GEMV pass reads the weights once per 8
+// tokens and its arithmetic grows with n (at 8 tokens the Q4_0 kernel's unpack + dp4a work is
+// about what the SMs can issue at full bandwidth), while the GEMM reads them once and stays
+// memory-bound up to n ~ 300 on an H200.
+//   F32/F16/BF16: the GEMM reads the weights' bytes once, as one GEMV pass does, so it wins from
+//     two passes on; 16 (not 9) leaves cuBLAS's small-n kernels some margin.
+//   Q8_0/Q4_0: the GEMM first writes and reads an fp16 copy of the weights (read 1.06 or 0.56
+//     bytes per weight, write 2, read 2 again): ~4.5-5 bytes per weight, about 4-5 GEMV passes of
+//     Q8_0 and 8 of Q4_0 by bytes, ~4 of either counting the GEMV's arithmetic at 8 tokens: 32.
+// bench/gpu_gemv.cu times both paths at n = 8..64 to check these crossovers.
+constexpr int64_t kGemmMinTokensDense = 16;
+constexpr int64_t kGemmMinTokensQuant = 32;
+
+constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+constexpr size_t kDequantChunkBytes = size_t(256) << 20;    // fp16 weight rows dequantized per GEMM
 
 struct DeviceWeight {
     GgmlType type = GgmlType::F32;
@@ -42,20 +89,37 @@ struct DeviceWeight {
 DeviceWeight upload_weight(const WeightView& w);
 void free_weight(DeviceWeight& w);
 
-// Device scratch for the converted activations; grows, never shrinks.
+// Device scratch of the matmul, and its cuBLAS handle. Grows, never shrinks. The handle is
+// created by the first reserve of at least kCublasWorkspaceBytes (every GEMM call's
+// gemv_scratch_bytes is that large), so reserving gemv_scratch_bytes of the largest call up
+// front also prepares cuBLAS.
 struct GemvScratch {
     void* buf = nullptr;
     size_t bytes = 0;
+    cublasHandle_t cublas = nullptr;
+    GemvScratch() = default;
+    GemvScratch(const GemvScratch&) = delete;
+    GemvScratch& operator=(const GemvScratch&) = delete;
     ~GemvScratch();
     void* reserve(size_t n);
 };
 
-// The scratch bytes gemv needs for this call: with a scratch that large, gemv allocates nothing
-// (so it can be captured in a CUDA graph).
-size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n);
+enum class MatmulPath { Auto, Gemv, Gemm };
+
+// The path gemv takes for a batch of n (Auto resolved by the type's kGemmMinTokens*).
+MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path = MatmulPath::Auto);
+
+// Device bytes gemv(w, ..., n, ..., path) takes from its scratch.
+size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path = MatmulPath::Auto);
+
+// One line naming the kernels that gemv runs for (w, n, path), for benchmark lines.
+std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path = MatmulPath::Auto);
 
 // y = x W^T on `stream`.  x: [n, w.cols] f32 (device); y: [n, w.rows] f32 (device)
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream);
+// The same with the path forced (tests and benchmarks compare the two paths).
+void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream,
+          MatmulPath path);
 
 // out[i] = row ids[i] of table, widened to f32.  ids: [n] (device); out: [n, table.cols] (device)
 void embed_rows(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
