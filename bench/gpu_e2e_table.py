@@ -16,11 +16,16 @@ def weight_bytes(path):
 
 
 def copy_bw(logs):
+    """The d2d copy line's GB/s (the column is found by its header)."""
+    col = None
     try:
         for line in open(os.path.join(logs, "gemv.log")):
-            if line.startswith("| d2d copy"):
-                return float(line.split("|")[5]) * 1e9
-    except OSError:
+            cells = [c.strip() for c in line.split("|")]
+            if "GB/s" in cells:
+                col = cells.index("GB/s")
+            elif line.startswith("| d2d copy") and col is not None:
+                return float(cells[col]) * 1e9
+    except (OSError, ValueError):
         pass
     return None
 

@@ -1,6 +1,6 @@
 #include "kernels/cuda/check.cuh"
 
-#include <cublas_v2.h>
+#include "kernels/cuda/cublas_api.h"
 
 #include "core/error.h"
 
@@ -11,7 +11,7 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 }
 
 void throw_cublas_error(int status, const char* call, const char* file, int line) {
-    fail("cuBLAS error at {}:{}: {} ({})", file, line, call, cublasGetStatusString(static_cast<cublasStatus_t>(status)));
+    fail("cuBLAS error at {}:{}: {} ({})", file, line, call, cublas_api().status_string(static_cast<cublasStatus_t>(status)));
 }
 
 }  // namespace vxq::cuda

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cublas_api.h"
 
 #define VXQ_CUBLAS_CHECK(call)                                                                 \
     do {                                                                                       \
@@ -535,15 +536,15 @@ void gemm(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
     const GemmLayout l = gemm_layout(w, n);
     uint8_t* base = static_cast<uint8_t*>(s.reserve(l.total));
     // cublasSetStream resets the workspace to cuBLAS's own pool (which allocates): set ours after.
-    VXQ_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
-    VXQ_CUBLAS_CHECK(cublasSetWorkspace(s.cublas, base + l.workspace, kCublasWorkspaceBytes));
+    VXQ_CUBLAS_CHECK(cublas_api().set_stream(s.cublas, st));
+    VXQ_CUBLAS_CHECK(cublas_api().set_workspace(s.cublas, base + l.workspace, kCublasWorkspaceBytes));
     const float alpha = 1.0f, beta = 0.0f;
     const int m = int(w.rows), k = int(w.cols), nt = int(n);
     // Column-major view: W [rows, cols] row-major is A^T with A = k x m (lda = cols); x [n, cols]
     // is B = k x n (ldb = cols); y [n, rows] is C = m x n (ldc = rows). C = A^T B.
     auto gemm_ex = [&](int rows, const void* a, cudaDataType_t ab_type, const void* b, float* c,
                        cublasComputeType_t compute) {
-        VXQ_CUBLAS_CHECK(cublasGemmEx(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, k, &alpha, a, ab_type, k, b, ab_type,
+        VXQ_CUBLAS_CHECK(cublas_api().gemm_ex(s.cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, nt, k, &alpha, a, ab_type, k, b, ab_type,
                                       k, &beta, c, CUDA_R_32F, m, compute, CUBLAS_GEMM_DEFAULT));
     };
     switch (w.type) {
@@ -627,8 +628,8 @@ GemvScratch::~GemvScratch() {
     // Destructor path: nothing useful to do with an error here. The handle is detached from the
     // last call's stream first, which its owner may already have destroyed.
     if (cublas) {
-        cublasSetStream(cublas, nullptr);
-        cublasDestroy(cublas);
+        cublas_api().set_stream(cublas, nullptr);
+        cublas_api().destroy(cublas);
     }
     cudaFree(buf);
 }
@@ -642,8 +643,8 @@ void* GemvScratch::reserve(size_t n) {
         bytes = n;
     }
     if (n >= kCublasWorkspaceBytes && !cublas) {
-        VXQ_CUBLAS_CHECK(cublasCreate(&cublas));
-        VXQ_CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));  // TF32 off for f32 as well
+        VXQ_CUBLAS_CHECK(cublas_api().create(&cublas));
+        VXQ_CUBLAS_CHECK(cublas_api().set_math_mode(cublas, CUBLAS_DEFAULT_MATH));  // TF32 off for f32 as well
     }
     return buf;
 }
