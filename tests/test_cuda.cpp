@@ -409,6 +409,58 @@ TEST(Cuda, GemvWithReservedScratchAllocatesNothingAndCaptures) {
 #endif
 }
 
+// Q, K and V (or gate and up) in one gemv_group launch: per matrix the same kernel body and
+// arguments as separate gemv calls, so the outputs are equal bit for bit.
+TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
+    VXQ_REQUIRE_CUDA(cuda);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct GroupCase { GgmlType type; int64_t rows[3]; int count; int64_t cols, n; };
+    const GroupCase cases[] = {{GgmlType::F16, {4096, 1024, 1024}, 3, 4096, 1}, {GgmlType::Q4_0, {4096, 1024, 1024}, 3, 4096, 1},
+                               {GgmlType::Q8_0, {14336, 14336, 0}, 2, 4096, 1}, {GgmlType::Q4_0, {96, 33, 7}, 3, 256, 3},
+                               {GgmlType::F16, {129, 64, 1}, 3, 512, 8},         {GgmlType::BF16, {300, 17, 0}, 2, 1024, 5},
+                               {GgmlType::F32, {65, 31, 9}, 3, 160, 2}};
+    CudaStream st;
+    for (const GroupCase& gc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(gc.type) << " cols " << gc.cols << " n " << gc.n << " count "
+                                        << gc.count << " seed " << seed);
+        std::vector<Weights> ws;
+        std::vector<std::unique_ptr<UploadedWeight>> dws;
+        std::vector<std::unique_ptr<DeviceFloats>> sep, grp;
+        const cuda::DeviceWeight* wp[3];
+        float* yp[3];
+        for (int i = 0; i < gc.count; ++i) {
+            ws.push_back(random_weights(gc.type, gc.rows[i], gc.cols, rng));
+            dws.push_back(std::make_unique<UploadedWeight>(ws.back().view()));
+            sep.push_back(std::make_unique<DeviceFloats>(size_t(gc.n * gc.rows[i])));
+            grp.push_back(std::make_unique<DeviceFloats>(size_t(gc.n * gc.rows[i])));
+            wp[i] = &dws.back()->w;
+            yp[i] = grp.back()->p;
+            if (i > 0) {
+                ASSERT_TRUE(cuda::gemv_groupable(*wp[0], *wp[i], gc.n));
+            }
+        }
+        const std::vector<float> x = random_floats(size_t(gc.n * gc.cols), rng);
+        DeviceFloats xd(x.size());
+        xd.upload(x);
+        cuda::GemvScratch scratch;
+        for (int i = 0; i < gc.count; ++i) cuda::gemv(*wp[i], xd.p, gc.n, sep[size_t(i)]->p, scratch, st.s);
+        cuda::gemv_group(wp, yp, gc.count, xd.p, gc.n, scratch, st.s);
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        for (int i = 0; i < gc.count; ++i) {
+            const std::vector<float> a = sep[size_t(i)]->download(), b = grp[size_t(i)]->download();
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "matrix " << i;
+        }
+    }
+    // The GEMM path and mixed types are not grouped.
+    const Weights a = random_weights(GgmlType::F16, 64, 256, rng), b = random_weights(GgmlType::Q8_0, 64, 256, rng);
+    UploadedWeight da(a.view()), db(b.view());
+    EXPECT_FALSE(cuda::gemv_groupable(da.w, db.w, 1));
+    EXPECT_FALSE(cuda::gemv_groupable(da.w, da.w, 512));
+#endif
+}
+
 // ---- element-wise ops --------------------------------------------------------------------------
 
 TEST(Cuda, RmsNormMatchesCpu) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -180,6 +181,7 @@ public:
         a.y = yd;
         a.scratch = gemv_scratch_.buf;
         record(Op::Gemv, a, [this](const A& a, cudaStream_t st) { gemv(*a.w, a.x, a.n, a.y, gemv_scratch_, st); });
+        group_gemv(dw, a.x, n, a.y, size_t(n * w.cols), size_t(n * w.rows));
         finish(y, a.y, size_t(n * w.rows));
     }
     void embed(const WeightView& table, const int32_t* ids, int64_t n, float* o) override {
@@ -460,7 +462,39 @@ private:
         cudaGraphDestroy(graph);
         VXQ_CUDA_CHECK(st);
     }
+    // Consecutive matmuls of one input (Q, K and V; gate and up) run as one gemv_group launch:
+    // the op just recorded joins the group recorded right before it when gemv_groupable allows
+    // and no output of the group overlaps the input. Deterministic in the recorded sequence, so
+    // a replayed graph has the same groups.
+    void group_gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, size_t x_len, size_t y_len) {
+        const auto overlaps = [](const float* a, size_t na, const float* b, size_t nb) { return a < b + nb && b < a + na; };
+        bool extend = group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size() && group_.x == x && group_.n == n &&
+                      group_.count < kGemvGroupMax && gemv_groupable(*group_.w[0], w, n);
+        for (int64_t i = 0; extend && i < group_.count; ++i) {
+            extend = !overlaps(group_.y[i], size_t(n * group_.w[i]->rows), x, x_len);
+        }
+        extend = extend && !overlaps(y, y_len, x, x_len);
+        if (!extend) {
+            group_ = GemvGroupArgs{};
+            group_.w[0] = &w;
+            group_.y[0] = y;
+            group_.count = 1;
+            group_.x = x;
+            group_.n = n;
+            group_op_ = pending_.size() - 1;
+            return;
+        }
+        pending_.pop_back();
+        group_.w[group_.count] = &w;
+        group_.y[group_.count] = y;
+        ++group_.count;
+        pending_[group_op_] = [g = group_, this](cudaStream_t st) {
+            gemv_group(g.w, g.y, int(g.count), g.x, g.n, gemv_scratch_, st);
+        };
+    }
+
     void clear_pass() {
+        group_op_ = SIZE_MAX;
         pending_.clear();
         key_.clear();
         step_used_ = 0;
@@ -600,6 +634,15 @@ private:
     DeviceArray<float> scores_;
     int64_t scores_stride_ = 0;
     std::vector<KvHeadDev> heads_;
+    struct GemvGroupArgs {
+        const DeviceWeight* w[kGemvGroupMax];
+        float* y[kGemvGroupMax];
+        int64_t count;
+        const float* x;
+        int64_t n;
+    };
+    GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)
+    size_t group_op_ = SIZE_MAX;    // its index in pending_
     // The pass being recorded.
     std::vector<std::function<void(cudaStream_t)>> pending_;
     std::vector<uint8_t> key_;

@@ -239,12 +239,13 @@ struct Q4Format {
 // __launch_bounds__(..., 1): no register cap. Without it ptxas aimed at lower counts and
 // spilled 8-24 bytes in some instantiations; with it none spills (registers per thread for
 // NT = 1: f16 64, q8_0 56, q4_0 66, i.e. 7-9 blocks = 28-36 warps per SM).
+// Block bx of the matrix p (the kernels below give it its block index).
 template <class F, int NT>
-__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(const GemvParams p) {
+__device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
     constexpr int R = kGemvRowsPerWarp, U = F::kUnitsPerIter;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = warp / p.split, part = warp - group * p.split;
-    const int row0 = (blockIdx.x * (kGemvWarps / p.split) + group) * R;
+    const int row0 = (bx * (kGemvWarps / p.split) + group) * R;
     const int t0 = blockIdx.y * NT;
     int row[R];
 #pragma unroll
@@ -323,6 +324,26 @@ __global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(const GemvParams 
     }
 }
 
+template <class F, int NT>
+__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(const GemvParams p) {
+    gemv_block<F, NT>(p, blockIdx.x);
+}
+
+// Several matrices that share x (Q, K and V; gate and up): blocks [first_block[i],
+// first_block[i + 1]) are matrix i's, so one launch streams them all.
+struct GemvGroupParams {
+    GemvParams m[kGemvGroupMax];
+    int first_block[kGemvGroupMax + 1];
+    int count;
+};
+
+template <class F, int NT>
+__global__ void __launch_bounds__(kGemvThreads, 1) gemv_group_kernel(const GemvGroupParams g) {
+    int i = 0;
+    while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
+    gemv_block<F, NT>(g.m[i], int(blockIdx.x) - g.first_block[i]);
+}
+
 // Dense rows whose length is not a whole number of 16-byte units (tiny test models): one warp
 // per row, element by element, every token.
 template <class E>
@@ -371,17 +392,47 @@ GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, 
     return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1};
 }
 
+// Sets p.split and returns the matrix's blocks along x.
 template <class F>
-void launch_gemv(GemvParams p, cudaStream_t st) {
+int64_t plan_gemv(GemvParams& p) {
     p.split = gemv_split(p.rows, F::units(p.cols), F::kUnitsPerIter);
     const int64_t rows_per_block = int64_t(kGemvWarps / p.split) * kGemvRowsPerWarp;
+    return (p.rows + rows_per_block - 1) / rows_per_block;
+}
+
+template <class F>
+void launch_gemv(GemvParams p, cudaStream_t st) {
+    const int64_t blocks = plan_gemv<F>(p);
     const int nt = gemv_tokens_per_pass(p.n);
-    const dim3 grid(unsigned((p.rows + rows_per_block - 1) / rows_per_block), unsigned((p.n + nt - 1) / nt));
+    const dim3 grid(unsigned(blocks), unsigned((p.n + nt - 1) / nt));
     switch (nt) {
         case 1: gemv_kernel<F, 1><<<grid, kGemvThreads, 0, st>>>(p); break;
         case 2: gemv_kernel<F, 2><<<grid, kGemvThreads, 0, st>>>(p); break;
         case 4: gemv_kernel<F, 4><<<grid, kGemvThreads, 0, st>>>(p); break;
         default: gemv_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(p); break;
+    }
+    VXQ_CUDA_CHECK_LAUNCH();
+}
+
+// ps[0..count) share x, x_scale and n.
+template <class F>
+void launch_gemv_group(const GemvParams* ps, int count, cudaStream_t st) {
+    GemvGroupParams g{};
+    g.count = count;
+    int64_t blocks = 0;
+    for (int i = 0; i < count; ++i) {
+        g.m[i] = ps[i];
+        g.first_block[i] = int(blocks);
+        blocks += plan_gemv<F>(g.m[i]);
+    }
+    g.first_block[count] = int(blocks);
+    const int nt = gemv_tokens_per_pass(ps[0].n);
+    const dim3 grid(unsigned(blocks), unsigned((ps[0].n + nt - 1) / nt));
+    switch (nt) {
+        case 1: gemv_group_kernel<F, 1><<<grid, kGemvThreads, 0, st>>>(g); break;
+        case 2: gemv_group_kernel<F, 2><<<grid, kGemvThreads, 0, st>>>(g); break;
+        case 4: gemv_group_kernel<F, 4><<<grid, kGemvThreads, 0, st>>>(g); break;
+        default: gemv_group_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(g); break;
     }
     VXQ_CUDA_CHECK_LAUNCH();
 }
@@ -724,6 +775,82 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
         default:
             // upload_weight admits no other type
             throw_cuda_error(cudaErrorInvalidValue, "gemv: a weight type without a CUDA kernel", __FILE__, __LINE__);
+    }
+}
+
+bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n) {
+    if (a.type != b.type || a.cols != b.cols || n <= 0) return false;
+    if (gemv_path(a, n) != MatmulPath::Gemv || gemv_path(b, n) != MatmulPath::Gemv) return false;
+    switch (a.type) {  // the 16-byte kernels (the scalar fallback has no group form)
+        case GgmlType::F32: return a.cols % DenseFormat<F32Elem>::kPer16 == 0;
+        case GgmlType::F16:
+        case GgmlType::BF16: return a.cols % DenseFormat<F16Elem>::kPer16 == 0;
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0: return true;
+        default: return false;
+    }
+}
+
+namespace {
+
+template <class E>
+void gemv_group_dense(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
+                      GemvScratch& s, cudaStream_t st) {
+    using Raw = typename E::Raw;
+    const Raw* xt;
+    if constexpr (std::is_same_v<Raw, float>) {
+        xt = x;
+    } else {
+        Raw* conv = static_cast<Raw*>(s.reserve(size_t(n * ws[0]->cols) * sizeof(Raw)));
+        convert_kernel<E><<<grid_for(n * ws[0]->cols, 256), 256, 0, st>>>(x, conv, n * ws[0]->cols);
+        VXQ_CUDA_CHECK_LAUNCH();
+        xt = conv;
+    }
+    if (reinterpret_cast<uintptr_t>(xt) % 16 != 0) {  // the 16-byte kernels need aligned x: one by one
+        for (int i = 0; i < count; ++i) gemv_dense<E>(*ws[i], x, n, ys[i], s, st);
+        return;
+    }
+    GemvParams ps[kGemvGroupMax];
+    for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xt, nullptr, n, ys[i]);
+    launch_gemv_group<DenseFormat<E>>(ps, count, st);
+}
+
+}  // namespace
+
+void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n, GemvScratch& s,
+                cudaStream_t st) {
+    if (count < 1 || count > kGemvGroupMax) {
+        throw_cuda_error(cudaErrorInvalidValue, "gemv_group: 1 to kGemvGroupMax matrices", __FILE__, __LINE__);
+    }
+    for (int i = 1; i < count; ++i) {
+        if (!gemv_groupable(*ws[0], *ws[i], n)) {
+            throw_cuda_error(cudaErrorInvalidValue, "gemv_group: matrices that gemv_groupable refuses", __FILE__, __LINE__);
+        }
+    }
+    if (count == 1 || n <= 0) {
+        for (int i = 0; i < count; ++i) gemv(*ws[i], x, n, ys[i], s, st);
+        return;
+    }
+    switch (ws[0]->type) {
+        case GgmlType::F32: return gemv_group_dense<F32Elem>(ws, ys, count, x, n, s, st);
+        case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
+        case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
+        default: {
+            const DeviceWeight& w = *ws[0];
+            const int64_t nb = w.cols / kQBlock;
+            uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, n)));
+            int8_t* xq = reinterpret_cast<int8_t*>(base);
+            Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(n * w.cols)));
+            quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
+            VXQ_CUDA_CHECK_LAUNCH();
+            GemvParams ps[kGemvGroupMax];
+            for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xq, xs, n, ys[i]);
+            if (w.type == GgmlType::Q8_0) {
+                launch_gemv_group<Q8Format>(ps, count, st);
+            } else {
+                launch_gemv_group<Q4Format>(ps, count, st);
+            }
+        }
     }
 }
 

@@ -121,6 +121,15 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream,
           MatmulPath path);
 
+// Matrices that read the same activations (Q, K and V of a layer; gate and up) in one pass: x is
+// converted once and one kernel streams every matrix's rows. Per matrix the same kernel body,
+// arguments and sums as gemv(): the same results, bit for bit. Only for matrices that
+// gemv_groupable accepts pairwise with ws[0] (same type and cols, the GEMV path for n).
+constexpr int kGemvGroupMax = 3;
+bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n);
+void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n, GemvScratch& s,
+                cudaStream_t stream);
+
 // out[i] = row ids[i] of table, widened to f32.  ids: [n] (device); out: [n, table.cols] (device)
 void embed_rows(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
 
