@@ -42,6 +42,7 @@ fi
 
 step() { printf '\n===== %s =====\n' "$*"; }
 status_build=FAIL status_tests=FAIL status_sanitizer="not run" status_bench=FAIL status_e2e="not run" status_ppl="not run"
+[ "${VXQ_GPU_BENCH_ONLY:-}" = 1 ] && status_tests=skipped
 
 step "machine"
 date -u +"%Y-%m-%d %H:%M UTC"
@@ -144,5 +145,4 @@ echo "perplexity cuda vs cpu: $status_ppl"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
 [ -f "$LOGS/e2e.md" ] && grep '^|' "$LOGS/e2e.md"
-[ "${VXQ_GPU_BENCH_ONLY:-}" = 1 ] && status_tests=skipped
 [ "$status_build" = ok ] && { [ "$status_tests" = ok ] || [ "$status_tests" = skipped ]; } && [ "$status_bench" = ok ]
