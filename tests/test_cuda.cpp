@@ -655,7 +655,13 @@ TEST(Cuda, DeviceKvCacheHoldsMemoryOnlyForItsTokens) {
     EXPECT_GT(held, 0u);
     EXPECT_LE(held, size_t(8) * (8u << 20)) << "8 streams, at most one 2-8 MiB chunk each";
     cache->truncate(0);
-    EXPECT_EQ(cache->resident_bytes(), 0u) << "truncate gives the chunks back";
+    EXPECT_EQ(cache->resident_bytes(), held) << "truncate keeps the chunks for the next tokens";
+    for (int64_t l = 0; l < 2; ++l) be->kv_write(*cache, l, 0, k.data(), k.data(), 3);
+    cache->commit(3);
+    EXPECT_EQ(cache->resident_bytes(), held);
+    cache->truncate(0);
+    cache->shrink_to_fit();
+    EXPECT_EQ(cache->resident_bytes(), 0u) << "shrink_to_fit gives the chunks back";
 }
 
 // A decode step is captured as a CUDA graph the second time it comes and replayed after that:

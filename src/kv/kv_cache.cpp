@@ -81,8 +81,7 @@ public:
         if (partial > 0) codec_->decode(block_ptr(keep_blocks), d_, blk.data());
         n_enc_ = keep_blocks * bt_;
         n_pending_ = 0;
-        head_ = 0;
-        release_pages_from((n_enc_ + page_tokens_ - 1) / page_tokens_);
+        head_ = 0;  // the pages stay committed (a rollback refills them): shrink_to_fit gives them back
         for (int64_t t = 0; t < partial; ++t) {
             f16_t* slot = ring_.data() + t * d_;
             for (int64_t c = 0; c < d_; ++c) slot[c] = fp32_to_fp16(blk[size_t(t * d_ + c)]);
@@ -117,6 +116,7 @@ public:
         }
         truncate(first);
         append(kept.data(), int64_t(kept.size()) / d_, scratch);
+        shrink_to_fit();  // eviction gives the emptied pages back
     }
 
     // Segments in stored order: the packed pages as one run (they are contiguous), then the
@@ -158,6 +158,12 @@ private:
     uint8_t* block_ptr(int64_t b) const { return pages_->base() + size_t(b) * bb_; }
 
     void release_pages_from(int64_t keep_pages) { pages_->shrink_to(keep_pages); }
+
+public:
+    // Gives back the pages beyond the stored tokens.
+    void shrink_to_fit() { release_pages_from((n_enc_ + page_tokens_ - 1) / page_tokens_); }
+
+private:
 
     void encode_block(const float* x) {  // appends one block of bt_ tokens
         VXQ_ASSERT(mem_->host_accessible());
@@ -406,6 +412,13 @@ void KvCache::truncate(int64_t n) {
     VXQ_ASSERT(n >= 0);
     for (Head& h : impl_->heads) h.truncate(h.below(n));
     size_ = std::min(size_, n);
+}
+
+void KvCache::shrink_to_fit() {
+    for (Head& h : impl_->heads) {
+        h.k.shrink_to_fit();
+        h.v.shrink_to_fit();
+    }
 }
 
 void KvCache::retain(int64_t layer, int64_t head, std::span<const uint8_t> keep) {

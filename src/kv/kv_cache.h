@@ -81,8 +81,12 @@ public:
     // The layer as the backends read it; valid until the next write, retain or truncate.
     KvLayerView view(int64_t layer) const;
 
-    // Rollback: drops every token at a position >= n, in every head.
+    // Rollback: drops every token at a position >= n, in every head. The pages stay committed
+    // (and counted in resident_bytes) for the tokens that refill them: a rollback, a new
+    // perplexity chunk or benchmark repetition costs no page mapping. shrink_to_fit() gives back
+    // the pages beyond the stored tokens; eviction (retain) gives them back at once.
     void truncate(int64_t n);
+    void shrink_to_fit();
     // Eviction: keeps the stored tokens t of one head with keep[t] != 0 (keep: [head_tokens]) at
     // their positions, compacts the head's pages and frees the ones left empty.
     void retain(int64_t layer, int64_t head, std::span<const uint8_t> keep);
