@@ -122,7 +122,7 @@ if [ "$status_build" = ok ]; then
       [ -f "$m" ] || "$BUILD/src/vxq" synth --shape llama3-8b --type "$t" -o "$m" >"$LOGS/synth_$t.log" 2>&1 ||
         { echo "synth $t failed"; tail -5 "$LOGS/synth_$t.log"; status_e2e=FAIL; continue; }
       for graphs in 1 0; do
-        VXQ_CUDA_GRAPHS=$graphs "$BUILD/src/vxq" bench -m "$m" --device cuda -p 512 -n 128 -r 5 --no-aa --json \
+        VXQ_CUDA_GRAPHS=$graphs "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 5 --no-aa --json \
           >"$LOGS/e2e_${t}_graphs$graphs.json" 2>"$LOGS/e2e_${t}_graphs$graphs.err" ||
           { echo "vxq bench $t (graphs $graphs) failed:"; tail -3 "$LOGS/e2e_${t}_graphs$graphs.err"; status_e2e=FAIL; }
       done
