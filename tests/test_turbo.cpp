@@ -298,6 +298,33 @@ TEST(TurboAttention, RotationNeverRunsPerCachedToken) {
     }
 }
 
+// --prefill-exact: the first batch's window tokens (exact f32, the model's domain) are summed
+// apart from the rotated-domain codes and never un-rotated: the batch equals the f32 cache's
+// attention bit for bit, and a later decode step reads the codes.
+TEST(TurboAttention, ExactPrefillWindowStaysInTheModelDomain) {
+    const KvShape shape{1, 4, 2, 64, 512};
+    const int64_t n = 200, d = 64, H = 2;
+    std::mt19937 rng(21);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(size_t(n * H * d)), v(k.size()), q(size_t(n * 4 * d));
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    for (auto& x : q) x = nd(rng);
+    ThreadPool pool(2);
+    auto exact = make_kv_cache(shape, "f32", "f32");
+    auto tq = make_kv_cache(shape, "turbo:bits=2", "turbo:bits=2", KvCacheOptions{/*prefill_exact=*/true});
+    std::vector<float> want(q.size()), got(q.size());
+    for (auto* c : {exact.get(), tq.get()}) c->write(0, 0, k.data(), v.data(), n);
+    test::attend(*exact, 0, q.data(), n, 0, want.data(), pool);
+    test::attend(*tq, 0, q.data(), n, 0, got.data(), pool);
+    EXPECT_EQ(want, got);
+    for (auto* c : {exact.get(), tq.get()}) c->commit(n);
+    std::vector<float> o_exact(size_t(4 * d)), o_tq(o_exact.size());
+    test::attend(*exact, 0, q.data(), 1, n - 1, o_exact.data(), pool);
+    test::attend(*tq, 0, q.data(), 1, n - 1, o_tq.data(), pool);
+    EXPECT_NE(o_exact, o_tq);
+}
+
 // Resident bytes: an empty cache holds exactly the per-layer states (rotation signs d fp32,
 // codebooks 2^b centroids + 2^b - 1 thresholds fp32, turbo-prod keys' sketch d^2 fp32); with n
 // tokens add n x (block bytes) per stream, block = 2 + d*b/8 (+ 2 + d/8 for turbo-prod keys'
