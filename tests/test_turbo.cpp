@@ -20,6 +20,7 @@
 #include "kv/formats/turbo.h"
 #include "kv/kv_cache.h"
 #include "support/attend.h"
+#include "support/run_cli.h"
 
 namespace vxq {
 namespace {
@@ -323,6 +324,24 @@ TEST(TurboAttention, ExactPrefillWindowStaysInTheModelDomain) {
     test::attend(*exact, 0, q.data(), 1, n - 1, o_exact.data(), pool);
     test::attend(*tq, 0, q.data(), 1, n - 1, o_tq.data(), pool);
     EXPECT_NE(o_exact, o_tq);
+}
+
+// `vxq methods` lists each TurboQuant method with its true bits/element at d = 64 and 128: the
+// defaults (b = 3) plus the fp16 norm, and for turbo-prod the mean of its keys (b + 32/d) and
+// values (b + 16/d).
+TEST(TurboCli, MethodsShowTheTrueBitsPerElement) {
+    const test::CliResult r = test::run_cli({"methods"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* row : {"| turbo | ", "| turbo-prod | ", "| turbo-rvq | "}) {
+        const size_t at = r.out.find(row);
+        ASSERT_NE(at, std::string::npos) << row;
+        const std::string line = r.out.substr(at, r.out.find('\n', at) - at);
+        const std::string want = std::string(row) == "| turbo | "        ? "| 3.250 | 3.125 |"
+                                 : std::string(row) == "| turbo-prod | " ? "| 3.375 | 3.188 |"
+                                                                         : "| 6.250 | 6.125 |";
+        EXPECT_NE(line.find(want), std::string::npos) << line;
+        EXPECT_NE(line.find("| cpu |"), std::string::npos) << "only the CPU backend reads it: " << line;
+    }
 }
 
 // Resident bytes: an empty cache holds exactly the per-layer states (rotation signs d fp32,
