@@ -17,8 +17,11 @@ enum class KvFormatKind : uint8_t {
     FP8,        // head_dim e4m3fn codes per token, one fp32 scale per stream (`scale`)
     KiviKey,    // KIVI keys: G tokens x head_dim, per-channel groups (kv/formats/kivi.h)
     KiviValue,  // KIVI values: one token, per-token groups of G channels
+    TurboMse,   // TurboQuant_mse: one token, fp16 norm + rotated Lloyd-Max indices (kv/formats/turbo.h)
+    TurboProd,  // TurboQuant_prod keys: TurboMse at b-1 bits + fp16 residual norm + QJL sign bits
+    TurboRvq,   // TurboQuant_rvq: two Lloyd-Max stages, the second on the first one's residual
 };
-constexpr int kKvFormatKinds = 8;
+constexpr int kKvFormatKinds = 11;
 
 const char* kv_format_kind_name(KvFormatKind k);
 
@@ -26,7 +29,7 @@ struct KvFormatParams {
     KvFormatKind kind = KvFormatKind::F32;
     int64_t block_tokens = 1;     // tokens per packed block
     size_t block_bytes = 0;       // bytes per packed block at this head_dim
-    int32_t bits = 0;             // KIVI: bits per code
+    int32_t bits = 0;             // KIVI: bits per code; TurboQuant: first-stage index bits
     int32_t group = 0;            // KIVI: G
     int64_t rows = 0;             // KIVI: quantization rows per block
     float scale = 1.0f;           // fp8: x = e4m3(code) * scale

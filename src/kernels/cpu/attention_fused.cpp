@@ -125,6 +125,7 @@ void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64
         const int64_t ld = C + 256;  // row stride of s: room for a piece's overhang
         std::vector<float> s(size_t(n_gqa * ld));
         std::vector<float> acc(size_t(n_gqa * d));
+        std::vector<float> acc_window(size_t(n_gqa * d));  // window values of an own-domain stream
         std::vector<SoftmaxState> st(static_cast<size_t>(n_gqa));
         std::vector<float> tmp(size_t(n_gqa * ld));  // one piece's scores or probabilities
         PreparedQuery pq_main, pq_window;
@@ -143,6 +144,9 @@ void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64
             std::fill(st.begin(), st.end(), SoftmaxState{});
             const StreamRead& ks = keys[size_t(g)];
             const StreamRead& vs = values[size_t(g)];
+            // Values read in the reader's own domain (a rotation): window tokens sum apart.
+            const bool own_domain = vs.main->own_value_domain();
+            if (own_domain) std::fill(acc_window.begin(), acc_window.end(), 0.0f);
             if (c0 < c1) {
                 ks.main->prepare_query(ks.view->fmt, qg, n_gqa, d, pq_main);
                 ks.window->prepare_query(ks.view->window_fmt, qg, n_gqa, d, pq_window);
@@ -174,11 +178,20 @@ void attention_fused(const KvLayerView& view, const float* q, int64_t n_q, int64
                     st[size_t(h)].m = mx;
                     float* ah = acc.data() + h * d;
                     for (int64_t c = 0; c < d; ++c) ah[c] *= r;
+                    if (own_domain) {
+                        float* wh = acc_window.data() + h * d;
+                        for (int64_t c = 0; c < d; ++c) wh[c] *= r;
+                    }
                 }
                 for_pieces(vs, ta, tb, [&](const KvSegment& seg, const KvFormatParams& f, int64_t off, const uint8_t* data, int64_t m) {
                     for (int64_t h = 0; h < n_gqa; ++h) std::copy_n(s.data() + h * ld + off, m, tmp.data() + h * m);
-                    vs.reader(seg).accumulate(f, tmp.data(), n_gqa, data, m, d, acc.data());
+                    float* into = own_domain && seg.window ? acc_window.data() : acc.data();
+                    vs.reader(seg).accumulate(f, tmp.data(), n_gqa, data, m, d, into);
                 });
+            }
+            if (own_domain && c0 < c1) {
+                vs.main->finish_accumulate(vs.view->fmt, acc.data(), n_gqa, d);
+                for (size_t c = 0; c < acc.size(); ++c) acc[c] += acc_window[c];
             }
             float* part = partial.data() + size_t(w) * size_t(state_floats);
             for (int64_t h = 0; h < n_gqa; ++h) {

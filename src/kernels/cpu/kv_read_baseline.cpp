@@ -292,7 +292,8 @@ const KvReader* baseline_reader(KvFormatKind kind, KvIsa isa) {
 
 const KvReader* kv_reader(KvFormatKind kind, KvIsa isa) {
     if (const KvReader* r = baseline_reader(kind, isa)) return r;
-    return kivi_reader(kind, isa);
+    if (const KvReader* r = kivi_reader(kind, isa)) return r;
+    return turbo_reader(kind, isa);
 }
 
 const KvReader& kv_reader(KvFormatKind kind) {

@@ -36,6 +36,14 @@ public:
     virtual void accumulate(const KvFormatParams& f, const float* p, int64_t n_q, const uint8_t* blk, int64_t n,
                             int64_t d, float* acc) const = 0;
 
+    // Values whose reader accumulates in a domain of its own (TurboQuant: the rotated one) say
+    // so here, and `finish_accumulate` maps such an accumulator back in place, once per (query,
+    // KV head group, split) after the weighted sum: never per cached token. The kernel sums the
+    // stream's window tokens (fp16 / exact f32, in the model's domain) apart and adds them after.
+    // acc: [n_q, head_dim]
+    virtual bool own_value_domain() const { return false; }
+    virtual void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const {}
+
     // prepare_query + scores, for tests and one-off calls.
     void scores_of(const KvFormatParams& f, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
                    float* s) const {
@@ -55,8 +63,10 @@ const KvReader& kv_reader(KvFormatKind kind);
 // AVX2 + FMA + F16C present (every AVX2 reader and the parity attention check this).
 bool kv_avx2_available();
 
-// Per-kind reader tables, one per reader file (kv_read_baseline.cpp, kv_read_kivi.cpp).
+// Per-kind reader tables, one per reader file (kv_read_baseline.cpp, kv_read_kivi.cpp,
+// kv_read_turbo.cpp).
 const KvReader* baseline_reader(KvFormatKind kind, KvIsa isa);
 const KvReader* kivi_reader(KvFormatKind kind, KvIsa isa);
+const KvReader* turbo_reader(KvFormatKind kind, KvIsa isa);
 
 }  // namespace vxq::cpu

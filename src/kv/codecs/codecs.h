@@ -16,4 +16,12 @@ std::unique_ptr<Codec> make_fp8(const CodecSpec&, KvRole, int64_t head_dim, cons
 // kivi.cpp: KIVI (per-channel keys, per-token values, fp16 residual window).
 std::unique_ptr<Codec> make_kivi(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
 
+// turbo.cpp: TurboQuant (mse, prod, rvq) with their per-layer state (rotation, codebooks, sketch).
+std::unique_ptr<Codec> make_turbo(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_turbo_prod(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<Codec> make_turbo_rvq(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<KvLayerState> make_turbo_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+std::unique_ptr<KvLayerState> make_turbo_prod_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+std::unique_ptr<KvLayerState> make_turbo_rvq_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+
 }  // namespace vxq::codecs

@@ -34,6 +34,21 @@ std::vector<Entry> builtin_entries() {
           "b + 32/G (+ the fp16 window of R tokens)", {"cpu"},
           {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"}},
          codecs::make_kivi, nullptr},
+        {{"turbo", "bits=1..4 (3), rot=hadamard|haar (hadamard; haar when head_dim is not a power of two), seed=S (0)",
+          "TurboQuant_mse: fp16 norm + seeded rotation + b-bit Lloyd-Max index per coordinate",
+          "b + 16/d (+ per layer and role: rotation d or d^2 fp32, codebook 2^(b+1)-1 fp32)", {"cpu"},
+          {"turbo:bits=3", "turbo:bits=1", "turbo:bits=2", "turbo:bits=4", "turbo:bits=3,rot=haar,seed=5"}},
+         codecs::make_turbo, codecs::make_turbo_state},
+        {{"turbo-prod", "bits=1..4 (3), rot, seed as turbo",
+          "TurboQuant_prod keys: turbo at b-1 bits + fp16 residual norm + 1-bit QJL sketch (unbiased scores); "
+          "values: turbo at b bits",
+          "keys b + 32/d, values b + 16/d (+ per layer: rotation, codebooks, keys' d^2 fp32 sketch)", {"cpu"},
+          {"turbo-prod:bits=3", "turbo-prod:bits=1", "turbo-prod:bits=4,rot=haar"}},
+         codecs::make_turbo_prod, codecs::make_turbo_prod_state},
+        {{"turbo-rvq", "bits=1..4 per stage (3), rot, seed as turbo",
+          "TurboQuant_rvq: two Lloyd-Max stages of b bits, the second fitted to the first one's residual",
+          "2b + 16/d (+ per layer: rotation, two codebooks)", {"cpu"}, {"turbo-rvq:bits=3", "turbo-rvq:bits=1"}},
+         codecs::make_turbo_rvq, codecs::make_turbo_rvq_state},
     };
     // Without the CUDA backend in the build (VXQ_CUDA) no row names it, as in the weight-format
     // table: every name listed is one make_backend accepts.
@@ -100,6 +115,9 @@ const char* kv_format_kind_name(KvFormatKind k) {
         case KvFormatKind::FP8: return "fp8";
         case KvFormatKind::KiviKey: return "kivi-key";
         case KvFormatKind::KiviValue: return "kivi-value";
+        case KvFormatKind::TurboMse: return "turbo-mse";
+        case KvFormatKind::TurboProd: return "turbo-prod";
+        case KvFormatKind::TurboRvq: return "turbo-rvq";
     }
     return "?";
 }

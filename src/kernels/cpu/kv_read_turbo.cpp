@@ -1,0 +1,114 @@
+// CPU reader of the TurboQuant formats (kv/formats/turbo.h), scalar. Keys: prepare_query rotates
+// each query head once (q' = Pi q; turbo-prod keys also sketch it, u = S q'), then a key scores
+// n * (<q', y> [+ qjl_scale * gamma * <u, sign>]) with y the block's codebook vector in the rotated
+// domain. Values: the weighted sum of n * y stays in the rotated domain and finish_accumulate
+// applies Pi^T once. No cached token is ever rotated.
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/cpu/kv_reader.h"
+#include "kv/formats/turbo.h"
+
+namespace vxq::cpu {
+
+namespace {
+
+namespace turbo = codecs::turbo;
+
+const turbo::State& state_of(const KvFormatParams& f) {
+    VXQ_ASSERT(f.layer_state != nullptr);
+    return *static_cast<const turbo::State*>(f.layer_state);
+}
+
+class TurboReader final : public KvReader {
+public:
+    // pq.data: [n_q, d] rotated queries, then for turbo-prod keys [n_q, d] sketched ones.
+    void prepare_query(const KvFormatParams& f, const float* q, int64_t n_q, int64_t d, PreparedQuery& pq) const override {
+        const turbo::State& st = state_of(f);
+        const bool qjl = st.layout.qjl;
+        pq.q = q;
+        pq.buf.resize(size_t(n_q * d * (qjl ? 2 : 1)) * sizeof(float));
+        float* qr = reinterpret_cast<float*>(pq.buf.data());
+        for (int64_t h = 0; h < n_q; ++h) {
+            float* qh = qr + h * d;
+            std::copy_n(q + h * d, d, qh);
+            st.rot.apply(qh);
+            if (!qjl) continue;
+            float* uh = qr + (n_q + h) * d;
+            for (int64_t i = 0; i < d; ++i) {
+                const float* row = &st.sketch[size_t(i * d)];
+                float u = 0;
+                for (int64_t c = 0; c < d; ++c) u += row[c] * qh[c];
+                uh[i] = u;
+            }
+        }
+        pq.data = qr;
+    }
+
+    void scores(const KvFormatParams& f, const PreparedQuery& q, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                float* s) const override {
+        const turbo::State& st = state_of(f);
+        const turbo::Layout& l = st.layout;
+        VXQ_ASSERT(d == l.d && q.data != nullptr);
+        const float* qr = static_cast<const float*>(q.data);
+        float y[1024], z[1024];
+        for (int64_t t = 0; t < n; ++t) {
+            const uint8_t* B = blk + size_t(t) * f.block_bytes;
+            turbo::rotated_codes(st, B, y);
+            const float nrm = turbo::load_f16(B);
+            float k = 0;
+            if (l.qjl) {
+                k = st.qjl_scale * turbo::load_f16(B + l.gamma_offset());
+                const uint8_t* signs = B + l.sign_offset();
+                for (int64_t i = 0; i < d; ++i) z[i] = ((signs[i >> 3] >> (i & 7)) & 1) ? 1.0f : -1.0f;
+            }
+            for (int64_t h = 0; h < n_q; ++h) {
+                const float* qh = qr + h * d;
+                float dot = 0;
+                for (int64_t c = 0; c < d; ++c) dot += qh[c] * y[c];
+                if (l.qjl) {
+                    const float* uh = qr + (n_q + h) * d;
+                    float sk = 0;
+                    for (int64_t i = 0; i < d; ++i) sk += uh[i] * z[i];
+                    dot += k * sk;
+                }
+                s[h * n + t] = nrm * dot;
+            }
+        }
+    }
+
+    void accumulate(const KvFormatParams& f, const float* p, int64_t n_q, const uint8_t* blk, int64_t n, int64_t d,
+                    float* acc) const override {
+        const turbo::State& st = state_of(f);
+        if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
+        VXQ_ASSERT(d == st.layout.d);
+        float y[1024];
+        for (int64_t t = 0; t < n; ++t) {
+            const uint8_t* B = blk + size_t(t) * f.block_bytes;
+            turbo::rotated_codes(st, B, y);
+            const float nrm = turbo::load_f16(B);
+            for (int64_t h = 0; h < n_q; ++h) {
+                const float w = p[h * n + t] * nrm;
+                float* ah = acc + h * d;
+                for (int64_t c = 0; c < d; ++c) ah[c] += w * y[c];
+            }
+        }
+    }
+
+    bool own_value_domain() const override { return true; }
+    void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const override {
+        const turbo::State& st = state_of(f);
+        for (int64_t h = 0; h < n_q; ++h) st.rot.apply_t(acc + h * d);
+    }
+};
+
+}  // namespace
+
+const KvReader* turbo_reader(KvFormatKind kind, KvIsa isa) {
+    static const TurboReader reader;
+    if (isa != KvIsa::Scalar) return nullptr;
+    if (kind == KvFormatKind::TurboMse || kind == KvFormatKind::TurboProd || kind == KvFormatKind::TurboRvq) return &reader;
+    return nullptr;
+}
+
+}  // namespace vxq::cpu
