@@ -792,40 +792,42 @@ struct TinyCase {
 
 class CudaForwardTiny : public ::testing::TestWithParam<TinyCase> {};
 
+// The test parameter's tiny model (fresh seed) and a random prompt of n_prompt tokens.
+struct TinyRun {
+    test::TinyModelSpec spec;
+    test::TinyModel tm;
+    std::unique_ptr<Model> model;
+    std::vector<TokenId> prompt;
+};
+TinyRun tiny_run(const TinyCase& c, size_t n_prompt) {
+    TinyRun r;
+    r.spec.arch = c.arch;
+    r.spec.weight_type = c.type;
+    r.spec.head_dim = c.head_dim;
+    r.spec.seed = fresh_seed();
+    r.tm = test::build_tiny_model(r.spec);
+    r.model = Model::load(r.tm.path, "cuda");
+    std::mt19937 rng(uint32_t(r.spec.seed));
+    std::uniform_int_distribution<int> tok(0, int(r.spec.n_vocab) - 1);
+    r.prompt.resize(n_prompt);
+    for (TokenId& t : r.prompt) t = tok(rng);
+    return r;
+}
+
 TEST_P(CudaForwardTiny, LogitsCloseToCpu) {
     VXQ_REQUIRE_CUDA(cuda);
-    test::TinyModelSpec spec;
-    spec.arch = GetParam().arch;
-    spec.weight_type = GetParam().type;
-    spec.head_dim = GetParam().head_dim;
-    spec.seed = fresh_seed();
-    const test::TinyModel tm = test::build_tiny_model(spec);
-    auto model = Model::load(tm.path, "cuda");
-    std::mt19937 rng(uint32_t(spec.seed));
-    std::uniform_int_distribution<int> tok(0, int(spec.n_vocab) - 1);
-    std::vector<TokenId> prompt(9);
-    for (TokenId& t : prompt) t = tok(rng);
-    const double tol = logit_tolerance(spec.weight_type);
-    EXPECT_LT(forward_difference(*model, prompt, 5, true), tol) << "-fa, seed " << spec.seed;
-    EXPECT_LT(forward_difference(*model, prompt, 5, false), std::max(tol, kNonFlashTolerance)) << "seed " << spec.seed;
+    const TinyRun r = tiny_run(GetParam(), 9);
+    const double tol = logit_tolerance(r.spec.weight_type);
+    EXPECT_LT(forward_difference(*r.model, r.prompt, 5, true), tol) << "-fa, seed " << r.spec.seed;
+    EXPECT_LT(forward_difference(*r.model, r.prompt, 5, false), std::max(tol, kNonFlashTolerance)) << "seed " << r.spec.seed;
 }
 
 // A 40-token prompt: the prefill's matmuls take the cuBLAS GEMM (n >= 16 for these F32/F16
 // weights), whose numerics are the GEMV's up to the summation order, so the same tolerances hold.
 TEST_P(CudaForwardTiny, LongPromptPrefillsThroughGemm) {
     VXQ_REQUIRE_CUDA(cuda);
-    test::TinyModelSpec spec;
-    spec.arch = GetParam().arch;
-    spec.weight_type = GetParam().type;
-    spec.head_dim = GetParam().head_dim;
-    spec.seed = fresh_seed();
-    const test::TinyModel tm = test::build_tiny_model(spec);
-    auto model = Model::load(tm.path, "cuda");
-    std::mt19937 rng(uint32_t(spec.seed));
-    std::uniform_int_distribution<int> tok(0, int(spec.n_vocab) - 1);
-    std::vector<TokenId> prompt(40);
-    for (TokenId& t : prompt) t = tok(rng);
-    EXPECT_LT(forward_difference(*model, prompt, 2, true), logit_tolerance(spec.weight_type)) << "seed " << spec.seed;
+    const TinyRun r = tiny_run(GetParam(), 40);
+    EXPECT_LT(forward_difference(*r.model, r.prompt, 2, true), logit_tolerance(r.spec.weight_type)) << "seed " << r.spec.seed;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForwardTiny,

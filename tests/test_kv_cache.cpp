@@ -229,12 +229,7 @@ namespace {
 TEST(PagedCache, PrefillExactUsesExactKvForTheFirstBatchOnly) {
     const KvShape shape{1, 4, 2, 64, 512};
     const int64_t n = 300, d = 64, H = 2;
-    std::mt19937 rng(11);
-    std::normal_distribution<float> nd;
-    std::vector<float> k(size_t(n * H * d)), v(k.size()), q(size_t(n * 4 * d));
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    for (auto& x : q) x = nd(rng);
+    const auto [k, v, q] = test::random_kvq(n, H, 4, d, 11);
     ThreadPool pool(2);
     auto exact = make_kv_cache(shape, "f32", "f32");
     auto kivi = make_kv_cache(shape, "kivi:bits=2", "kivi:bits=2", KvCacheOptions{/*prefill_exact=*/true});

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_fused.h"
@@ -20,6 +23,20 @@ inline void attend(const KvCache& c, int64_t layer, const float* q, int64_t n_q,
     } else {
         cpu::attention_fused(v, q, n_q, pos0, scale, out, pool);
     }
+}
+
+// Standard-normal keys and values [n, n_head_kv, d] and queries [n, n_head, d] from one seed.
+struct RandomKvq {
+    std::vector<float> k, v, q;
+};
+inline RandomKvq random_kvq(int64_t n, int64_t n_head_kv, int64_t n_head, int64_t d, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    RandomKvq r{std::vector<float>(size_t(n * n_head_kv * d)), std::vector<float>(size_t(n * n_head_kv * d)),
+                std::vector<float>(size_t(n * n_head * d))};
+    for (auto* x : {&r.k, &r.v, &r.q})
+        for (float& e : *x) e = nd(rng);
+    return r;
 }
 
 }  // namespace vxq::test

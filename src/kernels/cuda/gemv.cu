@@ -324,12 +324,7 @@ __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
     }
 }
 
-template <class F, int NT>
-__global__ void __launch_bounds__(kGemvThreads, 1) gemv_kernel(const GemvParams p) {
-    gemv_block<F, NT>(p, blockIdx.x);
-}
-
-// Several matrices that share x (Q, K and V; gate and up): blocks [first_block[i],
+// One or several matrices that share x (Q, K and V; gate and up): blocks [first_block[i],
 // first_block[i + 1]) are matrix i's, so one launch streams them all.
 struct GemvGroupParams {
     GemvParams m[kGemvGroupMax];
@@ -372,7 +367,7 @@ int sm_count() {
     return count;
 }
 
-// Warps per row group (gemv_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
+// Warps per row group (gemv_group_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
 // warps per SM and every warp of the group keeps at least one full iteration of units.
 int gemv_split(int64_t rows, int64_t units, int units_per_iter) {
     const int64_t row_warps = (rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
@@ -400,20 +395,6 @@ int64_t plan_gemv(GemvParams& p) {
     return (p.rows + rows_per_block - 1) / rows_per_block;
 }
 
-template <class F>
-void launch_gemv(GemvParams p, cudaStream_t st) {
-    const int64_t blocks = plan_gemv<F>(p);
-    const int nt = gemv_tokens_per_pass(p.n);
-    const dim3 grid(unsigned(blocks), unsigned((p.n + nt - 1) / nt));
-    switch (nt) {
-        case 1: gemv_kernel<F, 1><<<grid, kGemvThreads, 0, st>>>(p); break;
-        case 2: gemv_kernel<F, 2><<<grid, kGemvThreads, 0, st>>>(p); break;
-        case 4: gemv_kernel<F, 4><<<grid, kGemvThreads, 0, st>>>(p); break;
-        default: gemv_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(p); break;
-    }
-    VXQ_CUDA_CHECK_LAUNCH();
-}
-
 // ps[0..count) share x, x_scale and n.
 template <class F>
 void launch_gemv_group(const GemvParams* ps, int count, cudaStream_t st) {
@@ -435,6 +416,12 @@ void launch_gemv_group(const GemvParams* ps, int count, cudaStream_t st) {
         default: gemv_group_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(g); break;
     }
     VXQ_CUDA_CHECK_LAUNCH();
+}
+
+// One matrix: the group kernel with one member (the same body as a group's).
+template <class F>
+void launch_gemv(GemvParams p, cudaStream_t st) {
+    launch_gemv_group<F>(&p, 1, st);
 }
 
 unsigned grid_for(int64_t n, int threads) {
@@ -479,19 +466,28 @@ size_t gemv_quant_scratch_bytes(const DeviceWeight& w, int64_t n) {
     return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQBlock)) * sizeof(Q8Scale);
 }
 
-void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+// ws[0..count) share x (same type and cols): x quantized to q8_0 once, then one launch.
+void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
+                      GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
     const int64_t nb = w.cols / kQBlock;
     uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, n)));
     int8_t* xq = reinterpret_cast<int8_t*>(base);
     Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(n * w.cols)));
     quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
     VXQ_CUDA_CHECK_LAUNCH();
-    const GemvParams p = gemv_params(w, xq, xs, n, y);
+    GemvParams ps[kGemvGroupMax];
+    for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xq, xs, n, ys[i]);
     if (w.type == GgmlType::Q8_0) {
-        launch_gemv<Q8Format>(p, st);
+        launch_gemv_group<Q8Format>(ps, count, st);
     } else {
-        launch_gemv<Q4Format>(p, st);
+        launch_gemv_group<Q4Format>(ps, count, st);
     }
+}
+
+void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight* ws[] = {&w};
+    gemv_quant_group(ws, &y, 1, x, n, s, st);
 }
 
 // ---- GEMM (cuBLAS) -----------------------------------------------------------------------------
@@ -835,22 +831,7 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GgmlType::F32: return gemv_group_dense<F32Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
-        default: {
-            const DeviceWeight& w = *ws[0];
-            const int64_t nb = w.cols / kQBlock;
-            uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, n)));
-            int8_t* xq = reinterpret_cast<int8_t*>(base);
-            Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(n * w.cols)));
-            quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
-            VXQ_CUDA_CHECK_LAUNCH();
-            GemvParams ps[kGemvGroupMax];
-            for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xq, xs, n, ys[i]);
-            if (w.type == GgmlType::Q8_0) {
-                launch_gemv_group<Q8Format>(ps, count, st);
-            } else {
-                launch_gemv_group<Q4Format>(ps, count, st);
-            }
-        }
+        default: return gemv_quant_group(ws, ys, count, x, n, s, st);
     }
 }
 
