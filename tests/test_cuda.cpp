@@ -891,8 +891,9 @@ TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
 // numerics are the GEMV's up to the summation order: the same tolerance. For q8_0/q4_0 weights
 // the activations are rounded to f16 instead of quantized to q8_0 as on the CPU, so every
 // element differs from the CPU's by up to 1/254 of its block's max (not only the occasional
-// flipped quant of the GEMV path): allowed twice the GEMV's bound, 6e-2, NOT yet measured (the
-// value is recorded as prefill_gemm_difference).
+// flipped quant of the GEMV path): allowed twice the GEMV's bound, 6e-2, a bound not derived
+// from a measurement (it held on the H200; the value is recorded as prefill_gemm_difference, in
+// --gtest_output=xml).
 TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
     VXQ_REQUIRE_CUDA(cuda);
     const RealCase rc = GetParam();
