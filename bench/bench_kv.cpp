@@ -1,5 +1,6 @@
 // KV-cache microbenchmarks at head_dim 128 and 8 KV heads for the codecs f16, bf16, q8_0, q4_0,
-// fp8 and kivi:bits=8/4/2 (the benchmark name carries the spec string):
+// fp8 and kivi:bits=8/4/2, decode also turbo:bits=3/4 and turbo-rvq:bits=2 (the benchmark name
+// carries the spec string):
 //
 //   BM_KvEncode/<codec>[/key|/value]  The codec's scalar reference encoder (Codec::encode, the one
 //       the paged cache calls), block by block, 256 tokens per iteration, rotating through a 64 MiB
@@ -31,8 +32,9 @@
 // make_kv_cache("f16", "f16") is the llama.cpp-parity f16 cache (full-capacity fp16 arrays,
 // llama.cpp's attention numerics), any other spec the paged cache with the fused attention kernel.
 // The label names what ran (cache->format(), cache kind, attention kernel); the context prints
-// kv_isa, the AVX2+FMA+F16C check on which every KV reader and the parity attention dispatch, and
-// kv_loadavg_at_start. Caches are built and filled (write batches of 512 tokens) outside the timed
+// kv_isa, the AVX2+FMA+F16C check on which every KV reader and the parity attention dispatch
+// (with VXQ_KV_ISA=scalar the fused kernel reads every format with its scalar reader, and kv_isa
+// says so: the A/B of an AVX2 reader against its reference), and kv_loadavg_at_start. Caches are built and filled (write batches of 512 tokens) outside the timed
 // loop and kept until a benchmark of another configuration runs, so with random interleaving every
 // switch rebuilds a pool (1-4 s for a decode pool on the 2-core dev machine): the numbers stay
 // right, the run takes minutes (all Kv benchmarks, min_time 0.05, 2 repetitions: 113 s
@@ -59,6 +61,7 @@
 #include "core/thread_pool.h"
 #include "kv/codec.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/kv_reader.h"
 #include "kv/kv_cache.h"
 #include "backend/backend.h"
 
@@ -83,9 +86,11 @@ const char* const kCodecs[] = {"f16",         "bf16",        "q8_0",        "q4_
                                "fp8",         "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
 
 // Decode adds the f16 cache read by the fused kernel (--flash-attn), the fastest f16 path of the
-// kernel family every compressed codec uses.
-const char* const kDecodeCodecs[] = {"f16",  "f16+fa",      "bf16",        "q8_0",        "q4_0",
-                                     "fp8",  "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
+// kernel family every compressed codec uses, and TurboQuant (turbo at 3 and 4 bits, turbo-rvq at
+// 2 x 2 bits: about q4_0's bits/element).
+const char* const kDecodeCodecs[] = {"f16",          "f16+fa",       "bf16",           "q8_0",
+                                     "q4_0",         "fp8",          "kivi:bits=8",    "kivi:bits=4",
+                                     "kivi:bits=2",  "turbo:bits=3", "turbo:bits=4",   "turbo-rvq:bits=2"};
 
 using vxq::bench::next;
 using vxq::bench::unit;
@@ -130,6 +135,14 @@ const char* kv_isa() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    bool scalar_forced = false;
+    try {
+        scalar_forced = vxq::cpu::kv_scalar_forced();
+    } catch (const std::exception& e) {  // a bad VXQ_KV_ISA: say so and stop, before any benchmark
+        std::fprintf(stderr, "vxq_microbench: %s\n", e.what());
+        std::exit(2);
+    }
+    if (scalar_forced) return avx2 ? "scalar (VXQ_KV_ISA=scalar; the parity f16 attention: avx2+fma+f16c)" : "scalar";
     return avx2 ? "avx2+fma+f16c" : "scalar";
 }
 

@@ -1,7 +1,8 @@
 // TurboQuant codecs (kv/formats/turbo.h, kv/codecs/turbo.cpp, kernels/cpu/kv_read_turbo.cpp)
 // against METHODS.md "TurboQuant": the Lloyd-Max solver against the table, the rotations, the
 // distortion of TurboQuant_mse on random unit vectors, TurboQuant_prod's unbiasedness and variance
-// bound, the rotation never running per cached token, and resident bytes against the formula.
+// bound, the rotation never running per cached token, resident bytes against the formula, and the
+// AVX2 reader (kernels/cpu/kv_read_turbo_avx2.cpp) against the scalar one.
 // (Fused attention vs dequantize-then-attend: tests/test_kv_cache.cpp, over the registry's variants.)
 #include <gtest/gtest.h>
 
@@ -367,6 +368,86 @@ TEST(TurboCache, ResidentBytesMatchTheFormula) {
         const double formula = states + double(L * H * n) * (r.k_block + r.v_block);
         EXPECT_NEAR(double(cache->resident_bytes()) / formula, 1.0, 0.01) << r.spec;
     }
+}
+
+}  // namespace
+}  // namespace vxq
+
+namespace vxq {
+namespace {
+
+// The AVX2 reader (kernels/cpu/kv_read_turbo_avx2.cpp) against the scalar reference on fresh
+// random blocks: turbo and turbo-rvq (both roles), turbo-prod's values, bits 1..4, d = 64 and 128
+// (Hadamard) and d = 100 (Haar: the d % 8 tail), odd token counts, GQA 1, 3 and 4.
+//   scores: the AVX2 reader sums q'_c y_c in 8 lanes with FMA, then across lanes; the scalar one
+//     channel by channel. Both are within gamma_{d+3} * sum_c |q'_c y_c| of the exact dot
+//     (Higham, recursive and pairwise summation; u = 2^-24), so they differ by at most
+//     2 (d + 4) u n ||q|| ||y|| (Cauchy-Schwarz, ||q'|| = ||q||), plus the final product n * dot
+//     (one rounding each, covered by the + 4).
+//   values: the same operations in the same order per channel (fl(p n) * y added token after
+//     token), so bit for bit.
+TEST(TurboReader, Avx2MatchesTheScalarReference) {
+    if (!cpu::kv_avx2_available()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    const uint32_t seed = std::random_device{}();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> ud(0.1f, 4.0f);
+    struct Case {
+        const char* family;
+        KvRole role;
+    };
+    const Case cases[] = {{"turbo", KvRole::Key}, {"turbo", KvRole::Value}, {"turbo-rvq", KvRole::Key},
+                          {"turbo-rvq", KvRole::Value}, {"turbo-prod", KvRole::Value}};
+    const double u = std::ldexp(1.0, -24);
+    for (const Case& cs : cases)
+        for (int b = 1; b <= 4; ++b)
+            for (const int64_t d : {64, 128, 100}) {
+                const std::string spec = fmt::format("{}:bits={}{}", cs.family, b, d == 100 ? ",rot=haar" : "");
+                const Bound bd(spec, cs.role, d);
+                const KvFormatParams f = bd.codec->params(d);
+                const auto& st = *static_cast<const turbo::State*>(f.layer_state);
+                const cpu::KvReader* scalar = cpu::kv_reader(f.kind, cpu::KvIsa::Scalar);
+                const cpu::KvReader* avx2 = cpu::kv_reader(f.kind, cpu::KvIsa::Avx2);
+                ASSERT_TRUE(scalar && avx2 && scalar != avx2) << spec;
+                for (const int64_t n : {1, 7, 33, 130})
+                    for (const int64_t n_q : {1, 3, 4}) {
+                        const std::string at = fmt::format("{} role={} n={} n_q={} seed={}", spec,
+                                                           cs.role == KvRole::Key ? "key" : "value", n, n_q, seed);
+                        std::vector<uint8_t> blk(size_t(n) * f.block_bytes);
+                        std::vector<float> x(static_cast<size_t>(d));
+                        for (int64_t t = 0; t < n; ++t) {
+                            const float scale = ud(rng);
+                            for (auto& v : x) v = scale * nd(rng);
+                            bd.codec->encode(x.data(), d, blk.data() + size_t(t) * f.block_bytes);
+                        }
+                        if (cs.role == KvRole::Key) {
+                            std::vector<float> q(size_t(n_q * d)), s0(size_t(n_q * n)), s1(s0.size()), y(static_cast<size_t>(d));
+                            for (auto& v : q) v = nd(rng);
+                            scalar->scores_of(f, q.data(), n_q, blk.data(), n, d, s0.data());
+                            avx2->scores_of(f, q.data(), n_q, blk.data(), n, d, s1.data());
+                            for (int64_t t = 0; t < n; ++t) {
+                                const uint8_t* B = blk.data() + size_t(t) * f.block_bytes;
+                                turbo::rotated_codes(st, B, y.data());
+                                double yy = 0;
+                                for (float v : y) yy += double(v) * v;
+                                for (int64_t h = 0; h < n_q; ++h) {
+                                    double qq = 0;
+                                    for (int64_t c = 0; c < d; ++c) qq += double(q[size_t(h * d + c)]) * q[size_t(h * d + c)];
+                                    const double tol = 2.0 * double(d + 4) * u * turbo::load_f16(B) * std::sqrt(qq * yy);
+                                    ASSERT_NEAR(s1[size_t(h * n + t)], s0[size_t(h * n + t)], tol) << at << " t=" << t << " h=" << h;
+                                }
+                            }
+                        } else {
+                            std::vector<float> p(size_t(n_q * n)), a0(size_t(n_q * d)), a1;
+                            for (auto& v : p) v = std::abs(nd(rng));
+                            for (auto& v : a0) v = nd(rng);
+                            a1 = a0;
+                            scalar->accumulate(f, p.data(), n_q, blk.data(), n, d, a0.data());
+                            avx2->accumulate(f, p.data(), n_q, blk.data(), n, d, a1.data());
+                            ASSERT_EQ(a0, a1) << at;
+                        }
+                    }
+            }
 }
 
 }  // namespace

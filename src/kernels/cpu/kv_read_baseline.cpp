@@ -28,6 +28,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "core/error.h"
@@ -296,8 +298,19 @@ const KvReader* kv_reader(KvFormatKind kind, KvIsa isa) {
     return turbo_reader(kind, isa);
 }
 
+bool kv_scalar_forced() {
+    static const bool yes = [] {
+        const char* env = std::getenv("VXQ_KV_ISA");
+        if (!env || !*env || std::string_view(env) == "auto") return false;
+        if (std::string_view(env) == "scalar") return true;
+        fail("VXQ_KV_ISA='{}': expected 'scalar' or 'auto'", env);
+    }();
+    return yes;
+}
+
 const KvReader& kv_reader(KvFormatKind kind) {
-    if (const KvReader* r = kv_reader(kind, KvIsa::Avx2)) return *r;
+    if (!kv_scalar_forced())
+        if (const KvReader* r = kv_reader(kind, KvIsa::Avx2)) return *r;
     if (const KvReader* r = kv_reader(kind, KvIsa::Scalar)) return *r;
     fail("the CPU backend has no reader for KV format '{}'", kv_format_kind_name(kind));
 }

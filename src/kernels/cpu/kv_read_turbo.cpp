@@ -1,4 +1,6 @@
-// CPU reader of the TurboQuant formats (kv/formats/turbo.h), scalar. Keys: prepare_query rotates
+// CPU readers of the TurboQuant formats (kv/formats/turbo.h): the scalar reference, and the AVX2
+// one (kv_read_turbo_avx2.cpp) for blocks without the QJL term (turbo, turbo-rvq, turbo-prod's
+// values; turbo-prod keys stay scalar). Keys: prepare_query rotates
 // each query head once (q' = Pi q; turbo-prod keys also sketch it, u = S q'), then a key scores
 // n * (<q', y> [+ qjl_scale * gamma * <u, sign>]) with y the block's codebook vector in the rotated
 // domain. Values: the weighted sum of n * y stays in the rotated domain and finish_accumulate
@@ -6,6 +8,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/cpu/kv_read_turbo.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/formats/turbo.h"
 
@@ -20,6 +23,21 @@ const turbo::State& state_of(const KvFormatParams& f) {
     return *static_cast<const turbo::State*>(f.layer_state);
 }
 
+turbo_avx2::CodePage page_of(const turbo::State& st, const KvFormatParams& f) {
+    const turbo::Layout& l = st.layout;
+    turbo_avx2::CodePage c;
+    c.d = l.d;
+    c.block_bytes = f.block_bytes;
+    c.idx1_offset = l.idx1_offset();
+    c.idx2_offset = l.idx2_offset();
+    c.bits = l.bits1;
+    c.cb1 = st.cb1.centroids.data();
+    c.cb2 = l.bits2 > 0 ? st.cb2.centroids.data() : nullptr;
+    VXQ_ASSERT(l.bits1 >= 1 && l.bits1 <= 4 && (l.bits2 == 0 || l.bits2 == l.bits1));
+    return c;
+}
+
+template <bool Avx2>
 class TurboReader final : public KvReader {
 public:
     // pq.data: [n_q, d] rotated queries, then for turbo-prod keys [n_q, d] sketched ones.
@@ -51,6 +69,7 @@ public:
         const turbo::Layout& l = st.layout;
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const float* qr = static_cast<const float*>(q.data);
+        if (Avx2 && !l.qjl) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
         float y[1024], z[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -82,6 +101,7 @@ public:
         const turbo::State& st = state_of(f);
         if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
         VXQ_ASSERT(d == st.layout.d);
+        if (Avx2) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
         float y[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -105,10 +125,11 @@ public:
 }  // namespace
 
 const KvReader* turbo_reader(KvFormatKind kind, KvIsa isa) {
-    static const TurboReader reader;
-    if (isa != KvIsa::Scalar) return nullptr;
-    if (kind == KvFormatKind::TurboMse || kind == KvFormatKind::TurboProd || kind == KvFormatKind::TurboRvq) return &reader;
-    return nullptr;
+    static const TurboReader<false> scalar;
+    static const TurboReader<true> avx2;
+    if (kind != KvFormatKind::TurboMse && kind != KvFormatKind::TurboProd && kind != KvFormatKind::TurboRvq) return nullptr;
+    if (isa == KvIsa::Scalar) return &scalar;
+    return kv_avx2_available() ? &avx2 : nullptr;
 }
 
 }  // namespace vxq::cpu

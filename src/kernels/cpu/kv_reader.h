@@ -58,8 +58,13 @@ enum class KvIsa { Scalar, Avx2 };
 // The reader of a format kind for an instruction set; nullptr when there is none (an AVX2
 // reader on a CPU without AVX2 + FMA + F16C, or a kind with no CPU reader).
 const KvReader* kv_reader(KvFormatKind kind, KvIsa isa);
-// The fastest reader this CPU runs; vxq::Error naming the kind if none.
+// The fastest reader this CPU runs (the scalar one under VXQ_KV_ISA=scalar); vxq::Error naming
+// the kind if none.
 const KvReader& kv_reader(KvFormatKind kind);
+// VXQ_KV_ISA=scalar: the fused attention reads every KV format with its scalar reader (the A/B of
+// an AVX2 reader against its reference in benchmarks); unset or "auto": the fastest. Read once;
+// vxq::Error on any other value.
+bool kv_scalar_forced();
 // AVX2 + FMA + F16C present (every AVX2 reader and the parity attention check this).
 bool kv_avx2_available();
 
