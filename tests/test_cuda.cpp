@@ -920,12 +920,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RealCase{"vxq-llama-h64-f16.gguf", "vxq-llama-h64.llamacpp.json"},
                       RealCase{"vxq-llama-h64-q8_0.gguf", "vxq-llama-h64-q8_0.llamacpp.json"},
                       RealCase{"vxq-llama-h64-q4_0.gguf", "vxq-llama-h64-q4_0.llamacpp.json"}),
-    [](const auto& info) {
-        std::string n = info.param.model;
-        n = n.substr(0, n.find(".gguf"));
-        for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-        return n;
-    });
+    [](const auto& info) { return test::model_param_name(info.param.model); });
 
 }  // namespace
 }  // namespace vxq

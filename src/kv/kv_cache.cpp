@@ -131,7 +131,6 @@ public:
         }
     }
 
-    const uint8_t* base() const { return block_ptr(0); }
     size_t window_bytes() const { return ring_.size() * sizeof(f16_t); }
     size_t page_bytes() const { return pages_->resident_bytes(); }
 
@@ -237,8 +236,7 @@ std::string format_name(const std::string& k, const std::string& v) { return k =
 
 struct KvCache::Impl {
     KvShape shape;
-    bool host = true;      // pages in host RAM (else the backend that owns the memory writes them)
-    std::string mem_name;  // KvMemory::name()
+    KvMemory* mem = nullptr;  // where the pages are; not host-accessible: the owning backend writes them
     int64_t page_tokens = kMinPageTokens;
     size_t k_page_bytes = 0, v_page_bytes = 0;
     std::vector<std::unique_ptr<KvLayerState>> states;  // [layer * 2 + role], nullptr when none
@@ -269,8 +267,7 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     Impl& m = *impl_;
     m.shape = s;
     KvMemory& mem = opts.memory ? *opts.memory : host_kv_memory();
-    m.host = mem.host_accessible();
-    m.mem_name = mem.name();
+    m.mem = &mem;
     const auto probe_k = make_codec(spec.k, KvRole::Key, s.head_dim);
     const auto probe_v = make_codec(spec.v, KvRole::Value, s.head_dim);
     m.k_name = probe_k->spec();
@@ -309,7 +306,7 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
     Impl& m = *impl_;
     if (observer_) observer_->on_write(layer, pos0, k, v, n);
     const int64_t d = shape_.head_dim, H = shape_.n_head_kv;
-    VXQ_ASSERT(m.host);  // a device cache is written by its backend: reserve_write()
+    VXQ_ASSERT(m.mem->host_accessible());  // a device cache is written by its backend: reserve_write()
     m.exact_layer = -1;
     if (opts_.prefill_exact && pos0 == 0 && n > 1) {  // kept until the next write or commit
         m.exact_layer = layer;
@@ -337,7 +334,7 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
 
 void KvCache::reserve_write(int64_t layer, int64_t pos0, int64_t n) {
     VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && pos0 >= 0 && n >= 0 && pos0 + n <= shape_.n_ctx);
-    if (opts_.prefill_exact) fail("--prefill-exact keeps an exact host copy of the batch; not available in {}", impl_->mem_name);
+    if (opts_.prefill_exact) fail("--prefill-exact keeps an exact host copy of the batch; not available in {}", impl_->mem->name());
     for (int64_t g = 0; g < shape_.n_head_kv; ++g) {
         Head& h = impl_->head(layer, g);
         h.place(pos0, n);
@@ -369,8 +366,7 @@ KvLayerView KvCache::view(int64_t layer) const {
         const Head& h = m.head(layer, g);
         for (int role = 0; role < 2; ++role) {
             const size_t b = segs.size();
-            if (!m.host) {  // device pages: the backend reads `base`
-            } else if (exact) {
+            if (exact) {
                 const auto& src = role == 0 ? m.exact_k : m.exact_v;
                 segs.push_back({reinterpret_cast<const uint8_t*>(src.data() + g * m.exact_n * d), 0, m.exact_n, true});
             } else {
@@ -392,8 +388,6 @@ KvLayerView KvCache::view(int64_t layer) const {
         v.k.n_segs = int64_t(ke - kb);
         v.v.segs = segs.data() + vb;
         v.v.n_segs = int64_t(ve - vb);
-        v.k.base = h.k.base();
-        v.v.base = h.v.base();
         v.n_tokens = exact ? m.exact_n : h.size();
         v.pos = exact || h.pos.empty() ? nullptr : h.pos.data();
     }

@@ -29,11 +29,14 @@ struct KvStreamView {
     KvFormatParams window_fmt;  // the fp16 window (or the exact f32 batch of --prefill-exact)
     const KvSegment* segs = nullptr;
     int64_t n_segs = 0;
-    // A stream's pages are one contiguous run: packed block b is at base + b * fmt.block_bytes.
-    // A cache in device memory (KvCacheOptions::memory) gives only this (no host-side segments;
-    // its formats store each token on arrival, so it has no window).
-    const uint8_t* base = nullptr;
 };
+
+// The packed blocks of a stream: its pages are one contiguous run (kv/memory.h), the first
+// segment, so block b is at the returned address + b * fmt.block_bytes (on the cache's device,
+// see KvLayerView::memory). nullptr while the stream holds no packed block.
+inline const uint8_t* kv_packed_blocks(const KvStreamView& s) {
+    return s.n_segs > 0 && !s.segs[0].window ? s.segs[0].data : nullptr;
+}
 
 struct KvHeadView {
     KvStreamView k, v;

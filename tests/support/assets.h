@@ -3,6 +3,7 @@
 // ../shared cannot pass with the parity, golden, perplexity and CLI tests not run.
 #pragma once
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -12,6 +13,15 @@
 namespace vxq::test {
 
 inline std::string shared_path(const std::string& rel) { return std::string(VXQ_SHARED_DIR) + "/" + rel; }
+
+// A gtest parameter name from a model file name: "vxq-llama-h64-f16.gguf" -> "vxq_llama_h64_f16".
+inline std::string model_param_name(std::string file) {
+    file = file.substr(0, file.find(".gguf"));
+    for (char& ch : file) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+    }
+    return file;
+}
 
 // CI=true (any value but "", "0" and "false"): missing assets fail the test.
 inline bool assets_required() {

@@ -197,8 +197,8 @@ void attention_f16(const KvLayerView& view, const float* q, int64_t n_q, int64_t
     kp.resize(size_t(H));
     vp.resize(size_t(H));
     for (int64_t g = 0; g < H; ++g) {
-        kp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].k.base);
-        vp[size_t(g)] = reinterpret_cast<const f16_t*>(view.heads[g].v.base);
+        kp[size_t(g)] = reinterpret_cast<const f16_t*>(kv_packed_blocks(view.heads[g].k));
+        vp[size_t(g)] = reinterpret_cast<const f16_t*>(kv_packed_blocks(view.heads[g].v));
     }
     const AttentionF16Args a{q, view.heads, kp.data(), vp.data(),
                              out, n_q, pos0, view.n_head, H, view.head_dim, scale};

@@ -298,8 +298,7 @@ public:
             const KvHeadView& h = view.heads[g];
             require_f16(h.k, "keys");
             require_f16(h.v, "values");
-            heads_[size_t(g)] = KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(h.k.base)),
-                                          uint64_t(reinterpret_cast<uintptr_t>(h.v.base)), h.n_tokens - n};
+            heads_[size_t(g)] = head_dev(h, h.n_tokens - n);
         }
         struct A {
             const float* k;
@@ -332,8 +331,7 @@ public:
             require_f16(h.k, "keys");
             require_f16(h.v, "values");
             if (h.pos != nullptr) fail("per-head token positions (eviction) have no CUDA attention yet; use --device cpu");
-            heads_[size_t(g)] = KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(h.k.base)),
-                                          uint64_t(reinterpret_cast<uintptr_t>(h.v.base)), h.n_tokens};
+            heads_[size_t(g)] = head_dev(h, h.n_tokens);
             max_tokens = std::max(max_tokens, h.n_tokens);
         }
         // The score rows' stride grows in steps, so a decode step's graph stays valid for
@@ -380,6 +378,11 @@ private:
 
     void require_device(const KvLayerView& view) const {
         if (view.memory != kv_memory_.get()) fail("{}", kHostCache);
+    }
+    // A head's page addresses (its streams are contiguous) and a token count, as the kernels read them.
+    static KvHeadDev head_dev(const KvHeadView& h, int64_t n_tokens) {
+        return KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
+                         uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens};
     }
     static void require_f16(const KvStreamView& s, const char* what) {
         if (s.fmt.kind != KvFormatKind::F16) {
