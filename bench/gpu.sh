@@ -20,6 +20,8 @@
 #   LLAMA_CPP_BIN    a llama.cpp build's bin/ folder (llama-bench): run on the same files
 #   VXQ_GPU_BENCH_ONLY=1  skip the tests, compute-sanitizer and the perplexity comparison (a
 #                    benchmark-only rerun)
+#   VXQ_GPU_BPS_SWEEP  e.g. "2 3": the end-to-end bench also with that many batch-1 GEMV blocks per SM
+#   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -83,7 +85,7 @@ if [ "$status_build" = ok ]; then
   step "matmul benchmark (GEMV, GEMM)"
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
 
-  if [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ]; then
+  if [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ] && [ "${VXQ_GPU_SKIP_PPL:-}" != 1 ]; then
     step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream 4)"
     status_ppl=ok
     TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
@@ -121,10 +123,27 @@ if [ "$status_build" = ok ]; then
       m="$SYNTH/llama3-8b-$t.gguf"
       [ -f "$m" ] || "$BUILD/src/vxq" synth --shape llama3-8b --type "$t" -o "$m" >"$LOGS/synth_$t.log" 2>&1 ||
         { echo "synth $t failed"; tail -5 "$LOGS/synth_$t.log"; status_e2e=FAIL; continue; }
-      for graphs in 1 0; do
-        VXQ_CUDA_GRAPHS=$graphs "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 5 --no-aa --json \
-          >"$LOGS/e2e_${t}_graphs$graphs.json" 2>"$LOGS/e2e_${t}_graphs$graphs.err" ||
-          { echo "vxq bench $t (graphs $graphs) failed:"; tail -3 "$LOGS/e2e_${t}_graphs$graphs.err"; status_e2e=FAIL; }
+      # Arms: CUDA graphs with PDL (the default), graphs without PDL, plain launches.
+      for arm in graphs1 graphs1_pdl0 graphs0; do
+        g=1; pdl=1
+        [ "$arm" = graphs0 ] && g=0
+        [ "$arm" = graphs1_pdl0 ] && pdl=0
+        VXQ_CUDA_GRAPHS=$g VXQ_CUDA_PDL=$pdl "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 5 --no-aa --json \
+          >"$LOGS/e2e_${t}_$arm.json" 2>"$LOGS/e2e_${t}_$arm.err" ||
+          { echo "vxq bench $t ($arm) failed:"; tail -3 "$LOGS/e2e_${t}_$arm.err"; status_e2e=FAIL; }
+      done
+      # Where the time goes: GPU time per op kind (plain launches, no PDL), decode and prefill apart.
+      for pr in "tg -p 0 -n 64" "pp -p 512 -n 0"; do
+        set -- $pr
+        VXQ_CUDA_PROFILE=1 VXQ_CUDA_PDL=0 "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn "${@:2}" -r 1 --no-aa \
+          >/dev/null 2>"$LOGS/profile_${t}_$1.txt" || true
+        echo "profile $t $1 ($*, one repetition):"; grep 'vxq:' "$LOGS/profile_${t}_$1.txt" | head -20
+      done
+      # Batch-1 GEMV blocks per SM (default 1).
+      for bps in ${VXQ_GPU_BPS_SWEEP:-}; do
+        VXQ_GEMV1_BLOCKS_PER_SM=$bps "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 3 --no-aa --json \
+          >"$LOGS/e2e_${t}_bps$bps.json" 2>/dev/null &&
+          echo "$t blocks/SM $bps: tg128 $(python3 -c "import json,sys; print([r['tps_median'] for r in json.load(open(sys.argv[1]))['rows']])" "$LOGS/e2e_${t}_bps$bps.json")"
       done
       if [ -n "${LLAMA_CPP_BIN:-}" ]; then
         "$LLAMA_CPP_BIN/llama-bench" -m "$m" -ngl 99 -fa 1 -p 512 -n 128 -r 5 -o json >"$LOGS/llama_$t.json" \

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The end-to-end table of bench/gpu.sh: prefill and decode tokens/s of vxq (CUDA graphs on and
-off) and, when its JSON is there, llama.cpp's llama-bench, on the same synthetic GGUFs, with the
+off, PDL on and off) and, when its JSON is there, llama.cpp's llama-bench, on the same synthetic GGUFs, with the
 decode's achieved weight bandwidth (weight bytes per token x tokens/s) next to the copy bandwidth
 measured in the same run (the d2d line of gemv.log).
 
@@ -61,7 +61,8 @@ def main():
     builds = set()
     for t in types:
         wb = weight_bytes(os.path.join(synth, f"llama3-8b-{t}.gguf"))
-        arms = [("vxq, CUDA graphs", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1.json"))),
+        arms = [("vxq, CUDA graphs + PDL", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1.json"))),
+                ("vxq, CUDA graphs, no PDL", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1_pdl0.json"))),
                 ("vxq, no graphs", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs0.json")))]
         lrows, build = llama_rows(os.path.join(logs, f"llama_{t}.json"))
         if lrows:

@@ -34,6 +34,7 @@
 #if VXQ_HAVE_CUDA
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/ops.cuh"
 #endif
 
 namespace vxq {
@@ -118,7 +119,8 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
     std::vector<GemvCase> cases = {{type, 1, 32, 1},    {type, 37, 64, 1},    {type, 129, 96, 3},
                                    {type, 65, 160, 5},  {type, 17, 1056, 9},  {type, 300, 4096, 1},
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
-                                   {type, 37, 1024, 8}, {type, 1031, 64, 1}};
+                                   {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1},
+                                   {type, 2049, 512, 1}, {type, 3, 32768, 1}};
     if (!quant) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
     for (const GemvCase& gc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(type) << " rows " << gc.rows << " cols " << gc.cols
@@ -458,6 +460,105 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
     UploadedWeight da(a.view()), db(b.view());
     EXPECT_FALSE(cuda::gemv_groupable(da.w, db.w, 1));
     EXPECT_FALSE(cuda::gemv_groupable(da.w, da.w, 512));
+#endif
+}
+
+// The batch-1 GEMV with its fusions (GemvFusion): an RMSNorm prologue, a SwiGLU epilogue, a
+// residual add. Each equals the separate kernels (cuda::rms_norm, gemv_group, cuda::swiglu,
+// cuda::add) bit for bit: the same arithmetic in the same order (device_math.cuh), and the
+// GEMV's sums do not depend on the grid or the group.
+TEST(Cuda, FusedGemvEqualsSeparateOps) {
+    VXQ_REQUIRE_CUDA(cuda);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    enum Kind { Norm, NormSwiglu, Resid, NormResid };
+    struct FuseCase { GgmlType type; Kind kind; int64_t rows[3]; int count; int64_t cols; };
+    // F32/F16/BF16 (Q8_0/Q4_0 keep the multi-token kernel at n = 1 and are not fusable: below).
+    const FuseCase cases[] = {{GgmlType::F16, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::BF16, Norm, {97, 33, 0}, 2, 256},
+                              {GgmlType::BF16, Norm, {65, 0, 0}, 1, 1056},        {GgmlType::F32, Norm, {31, 17, 9}, 3, 160},
+                              {GgmlType::F16, NormSwiglu, {14336, 14336, 0}, 2, 4096}, {GgmlType::F16, NormSwiglu, {1001, 1001, 0}, 2, 512},
+                              {GgmlType::F32, NormSwiglu, {37, 37, 0}, 2, 2048},  {GgmlType::F16, Resid, {4096, 0, 0}, 1, 14336},
+                              {GgmlType::BF16, Resid, {129, 0, 0}, 1, 96},        {GgmlType::F16, NormResid, {300, 0, 0}, 1, 64}};
+    CudaStream st;
+    for (const FuseCase& fc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(fc.type) << " kind " << int(fc.kind) << " rows " << fc.rows[0]
+                                        << " cols " << fc.cols << " count " << fc.count << " seed " << seed);
+        std::vector<Weights> ws;
+        std::vector<std::unique_ptr<UploadedWeight>> dws;
+        std::vector<std::unique_ptr<DeviceFloats>> sep, fus;
+        const cuda::DeviceWeight* wp[3];
+        float *sp[3], *fp[3];
+        for (int i = 0; i < fc.count; ++i) {
+            ws.push_back(random_weights(fc.type, fc.rows[i], fc.cols, rng));
+            dws.push_back(std::make_unique<UploadedWeight>(ws.back().view()));
+            sep.push_back(std::make_unique<DeviceFloats>(size_t(fc.rows[i])));
+            fus.push_back(std::make_unique<DeviceFloats>(size_t(fc.rows[i])));
+            wp[i] = &dws.back()->w;
+            sp[i] = sep.back()->p;
+            fp[i] = fus.back()->p;
+        }
+        const bool norm = fc.kind != Resid, resid = fc.kind == Resid || fc.kind == NormResid;
+        const std::vector<float> x = random_floats(size_t(fc.cols), rng, 3.0f);
+        std::vector<float> nw = random_floats(size_t(fc.cols), rng);
+        const std::vector<float> r0 = random_floats(size_t(fc.rows[0]), rng);
+        DeviceFloats xd(x.size()), nwd(nw.size()), sep_x(x.size()), fus_x(x.size()), sep_r(r0.size()), fus_r(r0.size());
+        xd.upload(x);
+        nwd.upload(nw);
+        sep_r.upload(r0);
+        fus_r.upload(r0);
+        cuda::GemvScratch scratch;
+        // Separate: norm kernel, group GEMV, swiglu / add kernels.
+        const float* in = xd.p;
+        if (norm) {
+            cuda::rms_norm(xd.p, nwd.p, 1, fc.cols, 1e-5f, sep_x.p, st.s);
+            in = sep_x.p;
+        }
+        cuda::gemv_group(wp, sp, fc.count, in, 1, scratch, st.s);
+        if (fc.kind == NormSwiglu) cuda::swiglu(sp[0], sp[1], fc.rows[0], st.s);
+        if (resid) cuda::add(sep_r.p, sp[0], fc.rows[0], st.s);
+        // Fused: one kernel.
+        cuda::GemvFusion f;
+        if (norm) {
+            f.norm_in = xd.p;
+            f.norm_weight = nwd.p;
+            f.norm_eps = 1e-5f;
+        }
+        f.swiglu = fc.kind == NormSwiglu;
+        if (resid) f.resid = fus_r.p;
+        ASSERT_TRUE(cuda::gemv_fusable(wp, fc.count, f));
+        cuda::gemv_group(wp, fp, fc.count, norm ? fus_x.p : xd.p, scratch, st.s, f);
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        for (int i = 0; i < fc.count; ++i) {
+            const std::vector<float> a = sep[size_t(i)]->download(), b = fus[size_t(i)]->download();
+            for (float v : b) ASSERT_FALSE(std::isnan(v)) << "an output was not written";
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "matrix " << i;
+        }
+        if (norm) {
+            const std::vector<float> a = sep_x.download(), b = fus_x.download();
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the normalized x";
+        }
+        if (resid) {
+            const std::vector<float> a = sep_r.download(), b = fus_r.download();
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the residual";
+        }
+    }
+    // What the fused kernel cannot take is refused, not run some other way.
+    const Weights a = random_weights(GgmlType::F16, 64, 256, rng), b = random_weights(GgmlType::F16, 65, 256, rng);
+    UploadedWeight da(a.view()), db(b.view());
+    cuda::GemvFusion sw;
+    sw.swiglu = true;
+    const cuda::DeviceWeight* unequal[] = {&da.w, &db.w};
+    EXPECT_FALSE(cuda::gemv_fusable(unequal, 2, sw));
+    cuda::GemvFusion res;
+    DeviceFloats r(64);
+    res.resid = r.p;
+    const cuda::DeviceWeight* two[] = {&da.w, &da.w};
+    EXPECT_FALSE(cuda::gemv_fusable(two, 2, res));
+    const Weights q = random_weights(GgmlType::Q4_0, 64, 256, rng);
+    UploadedWeight dq(q.view());
+    const cuda::DeviceWeight* quant[] = {&dq.w};
+    EXPECT_FALSE(cuda::gemv_fusable(quant, 1, cuda::GemvFusion{}));
 #endif
 }
 

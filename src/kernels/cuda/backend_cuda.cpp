@@ -5,7 +5,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <functional>
+#include <map>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -83,6 +85,7 @@ T zeroed() {
 }
 
 enum class Op : uint64_t { Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut };
+constexpr const char* kOpNames[] = {"gemv", "embed", "rms_norm", "rope", "swiglu", "add", "add_bias", "kv store", "attention", "copy out"};
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -109,6 +112,9 @@ public:
         VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
         const char* g = std::getenv("VXQ_CUDA_GRAPHS");
         graphs_on_ = !(g && std::string_view(g) == "0");
+        const char* prof = std::getenv("VXQ_CUDA_PROFILE");
+        profile_ = prof && std::string_view(prof) == "1";
+        if (profile_) graphs_on_ = false;  // per-op events need plain launches
         kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name), [this] { drain(); });
     }
     ~CudaBackend() override {
@@ -117,6 +123,7 @@ public:
         } catch (...) {  // a destructor reports nothing; the error surfaced at the op that failed
         }
         cudaStreamSynchronize(stream_);
+        print_profile();
         drop_graphs();
         for (auto& [ptr, w] : weights_) free_weight(w);
         for (auto& [ptr, p] : params_) p.dev.release();
@@ -215,6 +222,7 @@ public:
         a.dim = dim;
         a.eps = eps;
         record(Op::RmsNorm, a, [](const A& a, cudaStream_t st) { cuda::rms_norm(a.x, a.w, a.n_rows, a.dim, float(a.eps), a.y, st); });
+        if (n_rows == 1) norm_ = NormArgs{pending_.size() - 1, a.x, a.w, a.y, dim, float(eps)};
         finish(y, a.y, size_t(n_rows * dim));
     }
     void rope(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, int64_t pos0, const RopeParams& p) override {
@@ -252,6 +260,12 @@ public:
         a.up = in(up, n);
         a.n = int64_t(n);
         record(Op::Swiglu, a, [](const A& a, cudaStream_t st) { cuda::swiglu(a.gate, a.up, a.n, st); });
+        if (n_rows == 1 && group_just_before() && group_.count == 2 && group_.n == 1 && group_.y[0] == a.gate && group_.y[1] == a.up &&
+            group_.w[0]->rows == n_ff && group_.w[1]->rows == n_ff && !group_.fusion.resid) {
+            GemvFusion f = group_.fusion;
+            f.swiglu = true;
+            fuse_into_group(f, "gemv (swiglu)");
+        }
         finish(gate, a.gate, n);
     }
     void add(float* x, const float* y, int64_t n) override {
@@ -265,6 +279,15 @@ public:
         a.y = in(y, size_t(n));
         a.n = n;
         record(Op::Add, a, [](const A& a, cudaStream_t st) { cuda::add(a.x, a.y, a.n, st); });
+        // The residual add into the matmul's epilogue, unless x is something the kernel reads
+        // (every block reads its input, and the norm's, before any adds).
+        if (group_just_before() && group_.count == 1 && group_.n == 1 && group_.y[0] == a.y && group_.w[0]->rows == n &&
+            !group_.fusion.swiglu && !overlaps(a.x, size_t(n), group_.x, size_t(group_.w[0]->cols)) &&
+            !(group_.fusion.norm_in && overlaps(a.x, size_t(n), group_.fusion.norm_in, size_t(group_.w[0]->cols)))) {
+            GemvFusion f = group_.fusion;
+            f.resid = a.x;
+            fuse_into_group(f, "gemv (+ residual)");
+        }
         finish(x, a.x, size_t(n));
     }
     void add_bias(float* x, const float* b, int64_t n_rows, int64_t dim) override {
@@ -405,6 +428,7 @@ private:
         const auto* bytes = reinterpret_cast<const uint8_t*>(&a);
         key_.insert(key_.end(), bytes, bytes + sizeof a);
         pending_.push_back([a, f](cudaStream_t st) { f(a, st); });
+        labels_.push_back(kOpNames[size_t(op)]);
     }
 
     // Runs the recorded ops (see the class comment) and starts a new pass. Returns without waiting.
@@ -448,7 +472,44 @@ private:
         if (step_used_ > 0) {
             VXQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data, step_host_.data, step_used_, cudaMemcpyHostToDevice, stream_));
         }
-        for (const auto& launch : pending_) launch(stream_);
+        if (!profile_) {
+            for (const auto& launch : pending_) launch(stream_);
+            return;
+        }
+        while (prof_events_.size() < 2 * pending_.size()) {
+            cudaEvent_t e = nullptr;
+            VXQ_CUDA_CHECK(cudaEventCreate(&e));
+            prof_events_.push_back(e);
+        }
+        for (size_t i = 0; i < pending_.size(); ++i) {
+            if (labels_[i]) VXQ_CUDA_CHECK(cudaEventRecord(prof_events_[2 * i], stream_));
+            pending_[i](stream_);
+            if (labels_[i]) VXQ_CUDA_CHECK(cudaEventRecord(prof_events_[2 * i + 1], stream_));
+        }
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        for (size_t i = 0; i < pending_.size(); ++i) {
+            if (!labels_[i]) continue;
+            float ms = 0.0f;
+            VXQ_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_events_[2 * i], prof_events_[2 * i + 1]));
+            auto& [calls, total] = profile_by_op_[labels_[i]];
+            ++calls;
+            total += ms;
+        }
+    }
+    // VXQ_CUDA_PROFILE=1: GPU time per op kind (events around each launch, plain launches;
+    // VXQ_CUDA_PDL=0 keeps kernels from overlapping across the events), on stderr at the end.
+    void print_profile() {
+        if (!profile_) return;
+        double all = 0.0;
+        for (const auto& [name, ct] : profile_by_op_) all += ct.second;
+        std::fprintf(stderr, "vxq: CUDA profile (VXQ_CUDA_PROFILE=1), %.3f ms of GPU time in ops:\n", all);
+        for (const auto& [name, ct] : profile_by_op_) {
+            std::fprintf(stderr, "vxq:   %-28s %8lld calls %10.3f ms %5.1f %% %9.2f us/call\n", name.c_str(),
+                         (long long)ct.first, ct.second, 100.0 * ct.second / std::max(all, 1e-9),
+                         1e3 * ct.second / double(std::max<int64_t>(ct.first, 1)));
+        }
+        for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
+        prof_events_.clear();
     }
     void capture(Graph& g) {
         VXQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -467,16 +528,25 @@ private:
     }
     // Consecutive matmuls of one input (Q, K and V; gate and up) run as one gemv_group launch:
     // the op just recorded joins the group recorded right before it when gemv_groupable allows
-    // and no output of the group overlaps the input. Deterministic in the recorded sequence, so
-    // a replayed graph has the same groups.
+    // and no output of the group overlaps the input. At n = 1 the group also takes in the
+    // RMSNorm recorded right before it (its output is the group's input), and later the SwiGLU
+    // or residual add recorded right after it (swiglu(), add()): gemv_group's GemvFusion, the
+    // same bits as the separate kernels; the fused op stays in the key, its launch is dropped.
+    // Deterministic in the recorded sequence, so a replayed graph has the same groups.
     void group_gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, size_t x_len, size_t y_len) {
-        const auto overlaps = [](const float* a, size_t na, const float* b, size_t nb) { return a < b + nb && b < a + na; };
         bool extend = group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size() && group_.x == x && group_.n == n &&
-                      group_.count < kGemvGroupMax && gemv_groupable(*group_.w[0], w, n);
+                      group_.count < kGemvGroupMax && gemv_groupable(*group_.w[0], w, n) && !group_.fusion.swiglu &&
+                      !group_.fusion.resid;
         for (int64_t i = 0; extend && i < group_.count; ++i) {
             extend = !overlaps(group_.y[i], size_t(n * group_.w[i]->rows), x, x_len);
         }
         extend = extend && !overlaps(y, y_len, x, x_len);
+        if (extend && group_.fusion.norm_in) {  // the fused kernel must take the larger group too
+            const DeviceWeight* ws[kGemvGroupMax + 1];
+            for (int64_t i = 0; i < group_.count; ++i) ws[i] = group_.w[i];
+            ws[group_.count] = &w;
+            extend = gemv_fusable(ws, int(group_.count) + 1, group_.fusion);
+        }
         if (!extend) {
             group_ = GemvGroupArgs{};
             group_.w[0] = &w;
@@ -485,19 +555,58 @@ private:
             group_.x = x;
             group_.n = n;
             group_op_ = pending_.size() - 1;
+            // The RMSNorm right before, whose output this reads, runs in the kernel's prologue.
+            if (n == 1 && norm_.op != SIZE_MAX && norm_.op + 2 == pending_.size() && norm_.y == x && norm_.dim == w.cols &&
+                !overlaps(norm_.x, size_t(norm_.dim), norm_.y, size_t(norm_.dim))) {
+                GemvFusion f;
+                f.norm_in = norm_.x;
+                f.norm_weight = norm_.w;
+                f.norm_eps = norm_.eps;
+                const DeviceWeight* ws[] = {&w};
+                if (gemv_fusable(ws, 1, f)) {
+                    pending_[norm_.op] = [](cudaStream_t) {};
+                    labels_[norm_.op] = nullptr;
+                    group_.fusion = f;
+                    set_group_launch("gemv (rms_norm)");
+                }
+            }
             return;
         }
         pending_.pop_back();
+        labels_.pop_back();
         group_.w[group_.count] = &w;
         group_.y[group_.count] = y;
         ++group_.count;
-        pending_[group_op_] = [g = group_, this](cudaStream_t st) {
-            gemv_group(g.w, g.y, int(g.count), g.x, g.n, gemv_scratch_, st);
+        set_group_launch(group_.fusion.norm_in ? "gemv group (rms_norm)" : "gemv group");
+    }
+    // Whether the op just recorded comes right after the matmul group.
+    bool group_just_before() const { return group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size(); }
+    // The op just recorded runs inside the group's kernel (gemv_fusable permitting): its launch
+    // is dropped.
+    void fuse_into_group(const GemvFusion& f, const char* label) {
+        if (!gemv_fusable(group_.w, int(group_.count), f)) return;
+        pending_.back() = [](cudaStream_t) {};
+        labels_.back() = nullptr;
+        group_.fusion = f;
+        set_group_launch(label);
+    }
+    void set_group_launch(const char* label) {
+        labels_[group_op_] = label;
+        const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu;
+        pending_[group_op_] = [g = group_, fused, this](cudaStream_t st) {
+            if (fused) {
+                gemv_group(g.w, g.y, int(g.count), const_cast<float*>(g.x), gemv_scratch_, st, g.fusion);
+            } else {
+                gemv_group(g.w, g.y, int(g.count), g.x, g.n, gemv_scratch_, st);
+            }
         };
     }
+    static bool overlaps(const float* a, size_t na, const float* b, size_t nb) { return a < b + nb && b < a + na; }
 
     void clear_pass() {
         group_op_ = SIZE_MAX;
+        norm_ = NormArgs{};
+        labels_.clear();
         pending_.clear();
         key_.clear();
         step_used_ = 0;
@@ -625,6 +734,9 @@ private:
     std::string device_name_;
     cudaStream_t stream_ = nullptr;
     bool graphs_on_ = true;
+    bool profile_ = false;
+    std::vector<cudaEvent_t> prof_events_;
+    std::map<std::string, std::pair<int64_t, double>> profile_by_op_;  // calls, ms
     std::unique_ptr<KvMemory> kv_memory_;
     std::vector<DeviceArray<float>> activations_;  // by id
     DeviceArray<float> out_stage_;                 // device side of outputs in host memory
@@ -643,11 +755,22 @@ private:
         int64_t count;
         const float* x;
         int64_t n;
+        GemvFusion fusion;
     };
+    struct NormArgs {  // the last one-row RMSNorm recorded (a candidate for the next matmul's prologue)
+        size_t op = SIZE_MAX;  // its index in pending_
+        const float* x = nullptr;
+        const float* w = nullptr;
+        float* y = nullptr;
+        int64_t dim = 0;
+        float eps = 0.0f;
+    };
+    NormArgs norm_;
     GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)
     size_t group_op_ = SIZE_MAX;    // its index in pending_
     // The pass being recorded.
     std::vector<std::function<void(cudaStream_t)>> pending_;
+    std::vector<const char*> labels_;  // per pending op, for VXQ_CUDA_PROFILE (nullptr: fused into another)
     std::vector<uint8_t> key_;
     PinnedArray step_host_;
     DeviceArray<uint8_t> step_dev_;

@@ -1,6 +1,10 @@
 #include "kernels/cuda/check.cuh"
 
 #include "kernels/cuda/cublas_api.h"
+#include "kernels/cuda/launch.cuh"
+
+#include <cstdlib>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -12,6 +16,14 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
 
 void throw_cublas_error(int status, const char* call, const char* file, int line) {
     fail("cuBLAS error at {}:{}: {} ({})", file, line, call, cublas_api().status_string(static_cast<cublasStatus_t>(status)));
+}
+
+bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("VXQ_CUDA_PDL");
+        return !(v && std::string_view(v) == "0");
+    }();
+    return on;
 }
 
 }  // namespace vxq::cuda

@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cublas_api.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
 
 #define VXQ_CUBLAS_CHECK(call)                                                                 \
     do {                                                                                       \
@@ -39,6 +42,7 @@ struct F32Elem {  // activations are used as they are: no conversion kernel
     using Raw = float;
     static constexpr int kPerWord = 1;
     static __device__ __forceinline__ float load(Raw v) { return v; }
+    static __device__ __forceinline__ Raw from_float(float f) { return f; }
     static __device__ __forceinline__ void widen(uint32_t w, float* f) { f[0] = __uint_as_float(w); }
 };
 struct F16Elem {
@@ -424,6 +428,327 @@ void launch_gemv(GemvParams p, cudaStream_t st) {
     launch_gemv_group<F>(&p, 1, st);
 }
 
+// ---- batch-1 GEMV -------------------------------------------------------------------------------
+// n == 1 (a decode step) has its own kernel, built for the three costs that the kernel above
+// leaves at batch 1: the separate kernel that converts x, the last partial wave of a grid of
+// small blocks, and the gap between two kernels.
+//  - The grid is persistent: at most kG1BlocksPerSm blocks per SM, each taking items (a few
+//    rows of one matrix, all their columns) in turn, so the work of the last items is spread
+//    over the whole GPU (the planner picks rows per item so that items divide evenly).
+//  - Each block first converts x to the dot type into shared memory (the f16/bf16 rounding of
+//    convert_kernel: the same numbers), optionally after an RMSNorm of it.
+//  - Launched with PDL (launch.cuh): the first item's weights are loaded before pdl_wait(), so
+//    they stream while the previous kernel finishes. Each item's loads are issued before the
+//    previous item is reduced, so a block always has loads in flight.
+// F32/F16/BF16 weights (Q8_0/Q4_0 keep the kernel above: g1_dispatch). An item's units (16
+// weight bytes of a row) are
+// numbered idx = slot * units_per_row + unit; thread t takes idx = t + 256 j (j < kMaxUnits),
+// the same slots and units for every item. Each unit's dot product is one partial sum in shared
+// memory; a row's sum adds its units' partials in a fixed order (lane-strided, then a warp
+// tree), which depends neither on the rows per item nor on the grid: the same bits for a matrix
+// alone or in a group, fused or not.
+constexpr int kG1Threads = 256;
+static_assert(kG1Threads == kNormThreads, "the RMSNorm prologue reduces over the block");
+constexpr int kG1Warps = kG1Threads / 32;
+constexpr size_t kG1MaxXBytes = size_t(64) << 10;  // x in shared memory: f16 cols up to 32768
+
+struct G1Matrix {
+    const void* w;          // as GemvParams::w
+    const __half* scale;    // Q8_0/Q4_0 block scales
+    float* y;
+    int rows, first_item;   // items [first_item, next matrix's first_item) are this matrix's
+};
+
+struct G1Params {
+    G1Matrix m[kGemvGroupMax];
+    int count, n_items;
+    const float* x;          // f32 activations (the norm's input with norm_w)
+    const float* norm_w;     // RMSNorm weight, or nullptr
+    float* norm_out;         // with norm_w: the normalized x (block 0 writes it)
+    float eps;
+    float* resid;            // resid[r] += y[r], or nullptr (one matrix)
+    int swiglu;              // two matrices: slots [0, R) are gate rows, [R, 2R) up rows
+    int cols, upr, slots, rows_per_item;  // units per row; slots (rows) per item
+    int x_bytes;             // shared bytes of the converted x (16-byte multiple)
+};
+
+// Dense weights: a unit is 16 bytes; x in shared memory in the weight's 16-bit type (f32 as is).
+template <class E>
+struct G1Dense {
+    using Unit = uint4;
+    static constexpr int kPer = 4 * E::kPerWord;  // elements per unit
+    static constexpr int kMaxUnits = 8;           // per thread and item: 128 bytes in flight
+    static __host__ __device__ int units(int cols) { return cols / kPer; }
+    static __host__ __device__ bool shape_ok(int cols) { return cols % kPer == 0; }
+    static __host__ __device__ int x_bytes(int cols) { return (cols * int(sizeof(typename E::Raw)) + 15) / 16 * 16; }
+    static __device__ __forceinline__ Unit load(const G1Matrix& m, int upr, int row, int u) {
+        return __ldg(static_cast<const uint4*>(m.w) + int64_t(row) * upr + u);
+    }
+    static __device__ __forceinline__ float dot(const Unit& w, const uint8_t* xs, int u) {
+        const uint4 xv = reinterpret_cast<const uint4*>(xs)[u];
+        float wf[kPer], xf[kPer];
+        DenseFormat<E>::widen(w, wf);
+        DenseFormat<E>::widen(xv, xf);
+        float acc = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) acc = fmaf(wf[e], xf[e], acc);
+        return acc;
+    }
+    // value(c): x[c] after the optional norm. All threads call.
+    template <class V>
+    static __device__ __forceinline__ void stage(int cols, uint8_t* xs, V value) {
+        auto* out = reinterpret_cast<typename E::Raw*>(xs);
+        for (int c = threadIdx.x; c < cols; c += kG1Threads) out[c] = E::from_float(value(c));
+    }
+};
+
+__device__ __forceinline__ const G1Matrix& g1_matrix(const G1Params& p, int i) {
+    return i == 0 ? p.m[0] : i == 1 ? p.m[1] : p.m[2];
+}
+
+// The matrix and first row of an item.
+__device__ __forceinline__ void g1_item(const G1Params& p, int item, int& mi, int& row0) {
+    mi = 0;
+    while (mi + 1 < p.count && item >= g1_matrix(p, mi + 1).first_item) ++mi;
+    row0 = (item - g1_matrix(p, mi).first_item) * p.rows_per_item;
+}
+
+// Loads the units of `item` that this thread takes (rows past a matrix's end re-read its last).
+template <class F>
+__device__ __forceinline__ void g1_load(const G1Params& p, int item, const int (&slot)[F::kMaxUnits],
+                                        const int (&unit)[F::kMaxUnits], int n_units, typename F::Unit (&w)[F::kMaxUnits]) {
+    int mi, row0;
+    g1_item(p, item, mi, row0);
+#pragma unroll
+    for (int j = 0; j < F::kMaxUnits; ++j) {
+        if (j >= n_units) break;
+        int m = mi, r = row0 + slot[j];
+        if (p.swiglu) {
+            m = slot[j] >= p.rows_per_item ? 1 : 0;
+            r = row0 + slot[j] - m * p.rows_per_item;
+        }
+        const G1Matrix& M = g1_matrix(p, m);
+        w[j] = F::load(M, p.upr, min(r, M.rows - 1), unit[j]);
+    }
+}
+
+// The sum of a slot's unit partials (the whole warp calls; every lane gets it).
+__device__ __forceinline__ float g1_slot_sum(const float* red, int slot, int upr, int lane) {
+    float a = 0.0f;
+    for (int c = lane; c < upr; c += 32) a += red[slot * upr + c];
+    return warp_sum(a);
+}
+
+template <class F>
+__global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) {
+    constexpr int L = F::kMaxUnits;
+    extern __shared__ uint4 g1_smem[];
+    uint8_t* xs = reinterpret_cast<uint8_t*>(g1_smem);
+    float* red = reinterpret_cast<float*>(xs + p.x_bytes);          // [2][L * kG1Threads]
+    double* partial = reinterpret_cast<double*>(red + 2 * L * kG1Threads);  // [kG1Threads]
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+    const int total = p.slots * p.upr;
+    int slot[L], unit[L];
+    int n_units = 0;  // this thread's units per item: j < n_units
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+        const int idx = tid + kG1Threads * j;
+        if (idx < total) n_units = j + 1;
+        slot[j] = idx < total ? idx / p.upr : 0;
+        unit[j] = idx < total ? idx - slot[j] * p.upr : 0;
+    }
+    typename F::Unit w[L];
+    int item = blockIdx.x;  // the grid never exceeds n_items
+    g1_load<F>(p, item, slot, unit, n_units, w);  // weights: written by no kernel, so before the wait
+
+    pdl_wait();
+    pdl_launch_dependents();
+    float scale = 1.0f;
+    if (p.norm_w) {
+        scale = block_rms_scale(p.x, p.cols, p.eps, partial);
+        if (blockIdx.x == 0) {
+            for (int c = tid; c < p.cols; c += kG1Threads) p.norm_out[c] = rms_apply(p.x[c], scale, p.norm_w[c]);
+        }
+        F::stage(p.cols, xs, [&](int c) { return rms_apply(p.x[c], scale, p.norm_w[c]); });
+    } else {
+        F::stage(p.cols, xs, [&](int c) { return p.x[c]; });
+    }
+    __syncthreads();
+
+    for (int buf = 0; item < p.n_items; item += gridDim.x, buf ^= 1) {
+        float acc[L];
+#pragma unroll
+        for (int j = 0; j < L; ++j) acc[j] = j < n_units ? F::dot(w[j], xs, unit[j]) : 0.0f;
+        const int next = item + int(gridDim.x);
+        if (next < p.n_items) g1_load<F>(p, next, slot, unit, n_units, w);  // in flight while this item is reduced
+        float* r = red + buf * L * kG1Threads;
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+            if (j < n_units) r[j * kG1Threads + tid] = acc[j];
+        }
+        // One barrier per item: red is double-buffered, and a buffer is written again only after
+        // the next barrier, which every warp passes after its reads of this one.
+        __syncthreads();
+        int mi, row0;
+        g1_item(p, item, mi, row0);
+        if (p.swiglu) {
+            const G1Matrix &gate = g1_matrix(p, 0), &up = g1_matrix(p, 1);
+            for (int s = warp; s < p.rows_per_item; s += kG1Warps) {
+                const float g = g1_slot_sum(r, s, p.upr, lane), u = g1_slot_sum(r, p.rows_per_item + s, p.upr, lane);
+                if (lane == 0 && row0 + s < gate.rows) {
+                    gate.y[row0 + s] = silu_mul(g, u);
+                    up.y[row0 + s] = u;
+                }
+            }
+        } else {
+            const G1Matrix& M = g1_matrix(p, mi);
+            for (int s = warp; s < p.slots; s += kG1Warps) {
+                const float v = g1_slot_sum(r, s, p.upr, lane);
+                if (lane == 0 && row0 + s < M.rows) {
+                    M.y[row0 + s] = v;
+                    if (p.resid) p.resid[row0 + s] += v;
+                }
+            }
+        }
+    }
+}
+
+constexpr int kG1BlocksPerSmDefault = 2;
+
+int g1_blocks_per_sm() {
+    static const int v = [] {
+        const char* e = std::getenv("VXQ_GEMV1_BLOCKS_PER_SM");  // benchmark sweeps only
+        const int b = e ? std::atoi(e) : kG1BlocksPerSmDefault;
+        return std::clamp(b, 1, 8);
+    }();
+    return v;
+}
+
+// Shared memory of a block: x, the double-buffered unit partials, the norm's reduction.
+template <class F>
+size_t g1_smem_bytes(size_t x_bytes) {
+    return x_bytes + 2 * size_t(F::kMaxUnits) * kG1Threads * sizeof(float) + kG1Threads * sizeof(double);
+}
+
+// Fills p (all but x, norm and resid) for ws; false where the batch-1 kernel cannot take them.
+template <class F>
+bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool swiglu, G1Params& p, int& grid) {
+    const DeviceWeight& w0 = *ws[0];
+    if (count < 1 || count > kGemvGroupMax || w0.cols > INT_MAX || !F::shape_ok(int(w0.cols))) return false;
+    if (swiglu && (count != 2 || ws[1]->rows != w0.rows)) return false;
+    for (int i = 0; i < count; ++i) {
+        if (ws[i]->type != w0.type || ws[i]->cols != w0.cols || ws[i]->rows > INT_MAX) return false;
+    }
+    const int cols = int(w0.cols), upr = F::units(cols);
+    const int max_slots = F::kMaxUnits * kG1Threads / upr;
+    if (max_slots < (swiglu ? 2 : 1)) return false;
+    if (size_t(F::x_bytes(cols)) > kG1MaxXBytes) return false;
+    // Rows per item: the most that still divide into whole rounds of the grid (>= 90 % of the
+    // last round busy), else the best balance; fewer rows per item = fewer loads in flight.
+    const int cap = sm_count() * g1_blocks_per_sm();
+    const auto items_for = [&](int per) {
+        int64_t n = 0;
+        for (int i = 0; i < (swiglu ? 1 : count); ++i) n += (ws[i]->rows + per - 1) / per;
+        return n;
+    };
+    const auto balance = [&](int64_t items) {
+        const int64_t g = std::min<int64_t>(items, cap);
+        const int64_t rounds = (items + g - 1) / g;
+        return double(items) / double(rounds * g);
+    };
+    int best = 1;
+    double best_balance = -1.0;
+    for (int per = swiglu ? max_slots / 2 : max_slots; per >= 1; per = per > 1 ? per / 2 : 0) {
+        const double b = balance(items_for(per));
+        if (b >= 0.9) {
+            best = per;
+            break;
+        }
+        if (b > best_balance + 1e-9) {
+            best_balance = b;
+            best = per;
+        }
+    }
+    p = G1Params{};
+    p.count = count;
+    int64_t items = 0;
+    for (int i = 0; i < count; ++i) {
+        // swiglu: every item is (gate, up) rows; matrix 1 owns none of its own.
+        p.m[i] = G1Matrix{ws[i]->data, ws[i]->scales, ys ? ys[i] : nullptr, int(ws[i]->rows),
+                          swiglu && i > 0 ? INT_MAX : int(items)};
+        if (!swiglu) items += (ws[i]->rows + best - 1) / best;
+    }
+    if (swiglu) items = (w0.rows + best - 1) / best;
+    if (items > INT_MAX) return false;
+    p.n_items = int(items);
+    p.swiglu = swiglu ? 1 : 0;
+    p.cols = cols;
+    p.upr = upr;
+    p.rows_per_item = best;
+    p.slots = swiglu ? 2 * best : best;
+    p.x_bytes = F::x_bytes(cols);
+    grid = int(std::min<int64_t>(items, cap));
+    return true;
+}
+
+template <class F>
+void g1_launch(const G1Params& p, int grid, cudaStream_t st) {
+    static const bool attr_set = [] {  // the most any call asks for (once per kernel, before any launch)
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(g1_smem_bytes<F>(kG1MaxXBytes))));
+        return true;
+    }();
+    (void)attr_set;
+    launch_pdl(gemv1_kernel<F>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes)), st, p);
+}
+
+// The batch-1 kernel for ws (one type) with `f`: whether it can run, and with `st` it runs
+// (x: the input, or the norm's output with f.norm_weight).
+template <class F>
+bool g1_run(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const GemvFusion& f,
+            const cudaStream_t* st) {
+    G1Params p;
+    int grid = 0;
+    if (!g1_plan<F>(ws, ys, count, f.swiglu, p, grid)) return false;
+    if (f.resid && count != 1) return false;
+    if (f.norm_weight && !f.norm_in) return false;
+    if (!st) return true;
+    p.x = f.norm_weight ? f.norm_in : x;
+    p.norm_w = f.norm_weight;
+    p.norm_out = const_cast<float*>(x);
+    p.eps = f.norm_eps;
+    p.resid = f.resid;
+    g1_launch<F>(p, grid, *st);
+    return true;
+}
+
+// Dense weights only: for Q8_0/Q4_0 this design measured slower on the H200 than the kernel
+// above with its quantize kernel (bench/gpu_gemv.cu, docs/gpu.md), so they keep that one.
+bool g1_dispatch(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, const GemvFusion& f,
+                 const cudaStream_t* st) {
+    switch (ws[0]->type) {
+        case GgmlType::F32: return g1_run<G1Dense<F32Elem>>(ws, ys, count, x, f, st);
+        case GgmlType::F16: return g1_run<G1Dense<F16Elem>>(ws, ys, count, x, f, st);
+        case GgmlType::BF16: return g1_run<G1Dense<BF16Elem>>(ws, ys, count, x, f, st);
+        default: return false;
+    }
+}
+
+// Whether a plain gemv/gemv_group at n = 1 takes the batch-1 kernel.
+bool g1_takes(const DeviceWeight* const* ws, int count) { return g1_dispatch(ws, nullptr, count, nullptr, GemvFusion{}, nullptr); }
+
+// The plan of gemv(w, ..., 1, ...) for gemv_describe.
+bool g1_describe(const DeviceWeight& w, G1Params& p, int& grid) {
+    const DeviceWeight* ws[] = {&w};
+    switch (w.type) {
+        case GgmlType::F32: return g1_plan<G1Dense<F32Elem>>(ws, nullptr, 1, false, p, grid);
+        case GgmlType::F16: return g1_plan<G1Dense<F16Elem>>(ws, nullptr, 1, false, p, grid);
+        case GgmlType::BF16: return g1_plan<G1Dense<BF16Elem>>(ws, nullptr, 1, false, p, grid);
+        default: return false;
+    }
+}
+
 unsigned grid_for(int64_t n, int threads) {
     return unsigned(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65535));
 }
@@ -704,6 +1029,8 @@ MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path) {
 size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (n <= 0) return 0;
     if (gemv_path(w, n, path) == MatmulPath::Gemm) return gemm_layout(w, n).total;
+    const DeviceWeight* ws[] = {&w};
+    if (n == 1 && g1_takes(ws, 1)) return 0;  // x is converted in shared memory
     switch (w.type) {
         case GgmlType::F16:
         case GgmlType::BF16: return size_t(n * w.cols) * sizeof(__half);
@@ -732,6 +1059,16 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             std::snprintf(line, sizeof line, "cublasGemmEx %s x %s -> f32 (COMPUTE_32F)", type, type);
         }
         return line;
+    }
+    if (n == 1) {
+        G1Params p;
+        int grid = 0;
+        if (g1_describe(w, p, grid)) {
+            std::snprintf(line, sizeof line,
+                          "gemv1 %s, x converted in shared memory, %d blocks x %d items of %d rows, PDL %s", type, grid,
+                          (p.n_items + grid - 1) / grid, p.rows_per_item, pdl_enabled() ? "on" : "off");
+            return line;
+        }
     }
     int64_t units = 0, per_iter = 0;
     bool vector = true;
@@ -762,6 +1099,8 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
           MatmulPath path) {
     if (n <= 0 || w.rows == 0) return;
     if (gemv_path(w, n, path) == MatmulPath::Gemm) return gemm(w, x, n, y, s, st);
+    const DeviceWeight* ws[] = {&w};
+    if (n == 1 && g1_dispatch(ws, &y, 1, x, GemvFusion{}, &st)) return;
     switch (w.type) {
         case GgmlType::F32: return gemv_dense<F32Elem>(w, x, n, y, s, st);
         case GgmlType::F16: return gemv_dense<F16Elem>(w, x, n, y, s, st);
@@ -827,12 +1166,29 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
         for (int i = 0; i < count; ++i) gemv(*ws[i], x, n, ys[i], s, st);
         return;
     }
+    if (n == 1 && g1_dispatch(ws, ys, count, x, GemvFusion{}, &st)) return;
     switch (ws[0]->type) {
         case GgmlType::F32: return gemv_group_dense<F32Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
         default: return gemv_quant_group(ws, ys, count, x, n, s, st);
     }
+}
+
+bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion) {
+    if (count < 1 || count > kGemvGroupMax) return false;
+    for (int i = 0; i < count; ++i) {
+        if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
+    }
+    return g1_dispatch(ws, nullptr, count, nullptr, fusion, nullptr);
+}
+
+void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, float* x, GemvScratch& /*s*/,
+                cudaStream_t st, const GemvFusion& fusion) {
+    if (!gemv_fusable(ws, count, fusion)) {
+        throw_cuda_error(cudaErrorInvalidValue, "gemv_group: a fusion that gemv_fusable refuses", __FILE__, __LINE__);
+    }
+    g1_dispatch(ws, ys, count, x, fusion, &st);
 }
 
 void embed_rows(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out, cudaStream_t st) {

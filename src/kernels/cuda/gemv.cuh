@@ -130,6 +130,27 @@ bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n);
 void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n, GemvScratch& s,
                 cudaStream_t stream);
 
+// The batch-1 GEMV (n == 1, the decode step) is its own kernel (gemv.cu, "batch-1 GEMV"): each
+// block converts x to the dot type in shared memory itself (no conversion kernel), and it can
+// take the neighbouring element-wise work of a layer, so a decode step runs fewer kernels:
+struct GemvFusion {
+    // RMSNorm first: x = rms_norm(norm_in) * norm_weight, written to x (an output then) and used
+    // as the input. The same arithmetic as cuda::rms_norm (device_math.cuh): the same bits.
+    const float* norm_in = nullptr;
+    const float* norm_weight = nullptr;
+    float norm_eps = 0.0f;
+    // One matrix: resid[r] += y[r] after y is computed (the residual add), as cuda::add.
+    float* resid = nullptr;
+    // Two matrices (gate, up) of equal rows: y0 = silu(y0) * y1 as cuda::swiglu; y1 keeps up.
+    bool swiglu = false;
+};
+// Whether gemv_group(ws, ys, count, x, 1, s, stream, fusion) runs the batch-1 kernel with this
+// fusion (the matrices' type and cols, and for swiglu two matrices of equal rows).
+bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion);
+// gemv_group at n = 1 with `fusion` (gemv_fusable must accept it).
+void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, float* x, GemvScratch& s,
+                cudaStream_t stream, const GemvFusion& fusion);
+
 // out[i] = row ids[i] of table, widened to f32.  ids: [n] (device); out: [n, table.cols] (device)
 void embed_rows(const DeviceWeight& table, const int32_t* ids, int64_t n, float* out, cudaStream_t stream);
 
