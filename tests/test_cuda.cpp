@@ -32,6 +32,7 @@
 #include "support/tiny_model.h"
 
 #if VXQ_HAVE_CUDA
+#include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -666,8 +667,13 @@ TEST(Cuda, AttentionF16MatchesCpu) {
     std::mt19937 rng(seed);
     auto cpu = make_backend("cpu", 2);
     struct Case { int64_t kv_len, head_dim, n_head, n_head_kv, n_q; };
-    const Case cases[] = {{1, 64, 4, 4, 1},    {31, 64, 3, 1, 1},   {97, 128, 8, 2, 4},
-                          {1000, 128, 4, 1, 1}, {1000, 64, 12, 4, 7}, {200, 64, 4, 4, 200}};
+    // n_q < 16 runs the decode kernel (15: the last batch below the GEMM path), n_q >= 16 the
+    // batched GEMMs (attention.cuh): exactly 16, odd sizes, kv_len above n_q (earlier tokens
+    // before the queries) and equal to it, and a Llama-3-8B prefill chunk (32/8 heads of 128).
+    const Case cases[] = {{1, 64, 4, 4, 1},       {31, 64, 3, 1, 1},    {97, 128, 8, 2, 4},
+                          {1000, 128, 4, 1, 1},   {1000, 64, 12, 4, 7}, {50, 64, 4, 2, 15},
+                          {200, 64, 4, 4, 200},   {100, 64, 4, 1, 16},  {300, 64, 12, 4, 37},
+                          {33, 128, 8, 8, 33},    {1000, 128, 6, 3, 97}, {600, 128, 32, 8, 512}};
     for (const Case& c : cases) {
         for (bool flash : {true, false}) {
             SCOPED_TRACE(testing::Message() << "kv_len " << c.kv_len << " head_dim " << c.head_dim << " heads " << c.n_head
@@ -702,13 +708,130 @@ TEST(Cuda, AttentionF16MatchesCpu) {
             cpu->attention(cache->view(0), q.data(), c.n_q, pos0, ref.data());
             be->attention(dev_cache->view(0), q.data(), c.n_q, pos0, got.data());
             // flash: f32 q, scores, softmax and V sum on both, in other orders: 2e-5 on outputs
-            // of size ~1. Without flash both round q and the probabilities to fp16 (llama.cpp's
-            // numerics); a probability whose f32 value differs in its last bits (expf ulps,
-            // summation order) can round to the neighbouring fp16, 2^-11 of it: 1e-3.
+            // of size ~1 (the GEMM path's hi/lo splits hold q and the probabilities to 2^-22).
+            // Without flash both round q and the probabilities to fp16 (llama.cpp's numerics); a
+            // probability whose f32 value differs in its last bits (expf ulps, summation order)
+            // can round to the neighbouring fp16, 2^-11 of it: 1e-3.
             const float tol = flash ? 2e-5f : 1e-3f;
             for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
         }
     }
+}
+
+#if VXQ_HAVE_CUDA
+// C = alpha op(A) op(B) + beta C for every batch entry, as cuBLAS defines it (column-major, A/B
+// fp16, C f32), on host memory: the test below runs the GEMM path's calls through it.
+void host_gemm_batched(const cuda::AttnGemmCall& c, const void* const* ptrs, int64_t batch) {
+    for (int64_t e = 0; e < batch; ++e) {
+        const auto* a = static_cast<const f16_t*>(ptrs[c.a * batch + e]);
+        const auto* b = static_cast<const f16_t*>(ptrs[c.b * batch + e]);
+        auto* out = static_cast<float*>(const_cast<void*>(ptrs[c.c * batch + e]));
+        for (int j = 0; j < c.n; ++j) {
+            for (int i = 0; i < c.m; ++i) {
+                double acc = 0.0;
+                for (int l = 0; l < c.k; ++l) {
+                    const f16_t av = c.trans_a == CUBLAS_OP_T ? a[size_t(i) * c.lda + l] : a[size_t(l) * c.lda + i];
+                    const f16_t bv = c.trans_b == CUBLAS_OP_T ? b[size_t(l) * c.ldb + j] : b[size_t(j) * c.ldb + l];
+                    acc += double(fp16_to_fp32(av)) * double(fp16_to_fp32(bv));
+                }
+                float& y = out[size_t(j) * c.ldc + i];
+                y = float(c.alpha * acc + (c.beta != 0.0f ? double(c.beta) * y : 0.0));
+            }
+        }
+    }
+}
+#endif
+
+// The GEMM path's host side (scratch layout, operand pointers, the cuBLAS calls' arguments) run
+// on the CPU: the split and softmax kernels written again on host memory, the calls through
+// host_gemm_batched. Catches a wrong leading dimension, operand or transposition without a GPU
+// (this test needs none); the kernels and cuBLAS itself are checked by AttentionF16MatchesCpu.
+TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
+#if !VXQ_HAVE_CUDA
+    GTEST_SKIP() << "this build has no CUDA backend";
+#else
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    const int64_t kv_len = 45, head_dim = 16, n_head = 6, n_head_kv = 2, n_q = 17, stride = 64;
+    for (bool flash : {true, false}) {
+        SCOPED_TRACE(testing::Message() << "flash " << flash << " seed " << seed);
+        KvCacheOptions opts;
+        opts.flash_attn = flash;
+        auto cache = make_kv_cache(KvShape{1, n_head, n_head_kv, head_dim, kv_len}, KvSpec{}, opts);
+        const auto k = random_floats(size_t(kv_len * n_head_kv * head_dim), rng);
+        const auto v = random_floats(k.size(), rng);
+        const auto q = random_floats(size_t(n_q * n_head * head_dim), rng);
+        cache->write(0, 0, k.data(), v.data(), kv_len);
+        cache->commit(kv_len);
+        const int64_t pos0 = kv_len - n_q - 3;  // the last 3 stored tokens are seen by no query
+        std::vector<float> ref(q.size());
+        cpu->attention(cache->view(0), q.data(), n_q, pos0, ref.data());
+
+        // The pages of each KV head as the device holds them: [kv_len, head_dim] fp16.
+        std::vector<std::vector<f16_t>> kh(static_cast<size_t>(n_head_kv)), vh(static_cast<size_t>(n_head_kv));
+        std::vector<cuda::KvHeadDev> heads(static_cast<size_t>(n_head_kv));
+        for (int64_t g = 0; g < n_head_kv; ++g) {
+            for (int64_t t = 0; t < kv_len; ++t) {
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    const size_t at = size_t((t * n_head_kv + g) * head_dim + d);
+                    kh[size_t(g)].push_back(fp32_to_fp16(k[at]));
+                    vh[size_t(g)].push_back(fp32_to_fp16(v[at]));
+                }
+            }
+            heads[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(kh[size_t(g)].data())),
+                                uint64_t(reinterpret_cast<uintptr_t>(vh[size_t(g)].data())), kv_len};
+        }
+        cuda::F16AttentionGemmParams p{};
+        std::vector<float> got(q.size(), NAN);
+        p.out = got.data();
+        p.n_q = n_q;
+        p.n_head = n_head;
+        p.n_head_kv = n_head_kv;
+        p.head_dim = head_dim;
+        p.n_kv = kv_len;
+        p.stride = stride;
+        p.scale = 1.0f / std::sqrt(float(head_dim));
+        p.round_f16 = !flash;
+        ASSERT_TRUE(cuda::attention_gemm_fits(n_q, n_head, head_dim, kv_len, stride, p.out));
+        const cuda::AttnGemmLayout l = cuda::attn_gemm_layout(p);
+        std::vector<uint64_t> scratch(l.workspace / 8 + 1);  // the cuBLAS workspace is not needed here
+        auto* base = reinterpret_cast<uint8_t*>(scratch.data());
+        p.scratch = base;
+        std::vector<const void*> ptrs(size_t(cuda::kAttnGemmOperands * n_head));
+        cuda::attn_gemm_operands(p, heads.data(), ptrs.data());
+
+        auto* q_hi = reinterpret_cast<f16_t*>(base + l.q_hi);
+        auto* q_lo = reinterpret_cast<f16_t*>(base + l.q_lo);
+        for (size_t i = 0; i < q.size(); ++i) {
+            q_hi[i] = fp32_to_fp16(q[i]);
+            if (flash) q_lo[i] = fp32_to_fp16((q[i] - fp16_to_fp32(q_hi[i])) * cuda::kAttnLoScale);
+        }
+        const cuda::AttnGemmPlan plan = cuda::attn_gemm_plan(p);
+        ASSERT_EQ(plan.n_calls, flash ? 4 : 2);
+        for (int c = 0; c < plan.n_scores; ++c) host_gemm_batched(plan.calls[c], ptrs.data(), n_head);
+        auto* scores = reinterpret_cast<float*>(base + l.scores);
+        auto* p_hi = reinterpret_cast<f16_t*>(base + l.p_hi);
+        auto* p_lo = reinterpret_cast<f16_t*>(base + l.p_lo);
+        for (int64_t r = 0; r < n_head * n_q; ++r) {
+            const int64_t n_vis = std::clamp<int64_t>(pos0 + r % n_q + 1, 0, kv_len);
+            float* sc = scores + r * stride;
+            float m = -INFINITY, sum = 0.0f;
+            for (int64_t t = 0; t < n_vis; ++t) m = std::max(m, sc[t] * p.scale);
+            for (int64_t t = 0; t < n_vis; ++t) sum += (sc[t] = std::exp(sc[t] * p.scale - m));
+            const float inv = float(1.0 / double(sum));
+            for (int64_t t = 0; t < kv_len; ++t) {
+                const float pr = t < n_vis ? sc[t] * inv : 0.0f;
+                p_hi[r * stride + t] = fp32_to_fp16(pr);
+                if (flash) p_lo[r * stride + t] = fp32_to_fp16((pr - fp16_to_fp32(p_hi[r * stride + t])) * cuda::kAttnLoScale);
+            }
+        }
+        for (int c = plan.n_scores; c < plan.n_calls; ++c) host_gemm_batched(plan.calls[c], ptrs.data(), n_head);
+        // The tolerances of AttentionF16MatchesCpu (std::exp and double sums here).
+        const float tol = flash ? 2e-5f : 1e-3f;
+        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
+    }
+#endif
 }
 
 // What the CUDA backend cannot read is an error naming it, never a slow path: a compressed
@@ -792,6 +915,44 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
         model->forward(*plain, *caches[1], batch, false, b.data());
         ASSERT_EQ(a, b) << "step " << step;
         batch = {TokenId(std::max_element(a.begin(), a.end()) - a.begin())};
+    }
+}
+
+// A prefill that comes again (a perplexity chunk, a benchmark repetition) is captured as a graph
+// too, with its cuBLAS calls (the matmuls' GEMMs and the attention's batched GEMMs): its logits
+// must be those of plain launches, bit for bit, with and without -fa. Four repetitions: a pass
+// that grows the step block drops the graphs, so the first capture may come one pass later.
+TEST(Cuda, PrefillGraphReplayEqualsPlainLaunches) {
+    VXQ_REQUIRE_CUDA(graphs);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    setenv("VXQ_CUDA_GRAPHS", "0", 1);
+    auto plain = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_GRAPHS");
+    const ModelConfig& c = model->config();
+    const auto ids = model->tokenizer().encode(
+        "The driver reads the table of registers, checks every value against the limits that the hardware "
+        "reports, and writes the new settings back.",
+        true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+#if VXQ_HAVE_CUDA
+    ASSERT_GE(prompt.size(), size_t(cuda::kAttnGemmMinQueries));
+#endif
+    for (bool flash : {true, false}) {
+        std::vector<std::unique_ptr<KvCache>> caches;
+        for (Backend* be : {graphs.get(), plain.get()}) {
+            KvCacheOptions opts;
+            opts.flash_attn = flash;
+            opts.memory = be->kv_memory();
+            caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
+        }
+        std::vector<float> a(size_t(c.n_vocab)), b(a.size());
+        for (int rep = 0; rep < 4; ++rep) {
+            for (auto& cache : caches) cache->truncate(0);
+            model->forward(*graphs, *caches[0], prompt, false, a.data());
+            model->forward(*plain, *caches[1], prompt, false, b.data());
+            ASSERT_EQ(a, b) << "repetition " << rep << ", flash " << flash;
+        }
     }
 }
 
@@ -924,11 +1085,15 @@ TEST_P(CudaForwardTiny, LogitsCloseToCpu) {
 }
 
 // A 40-token prompt: the prefill's matmuls take the cuBLAS GEMM (n >= 16 for these F32/F16
-// weights), whose numerics are the GEMV's up to the summation order, so the same tolerances hold.
+// weights), whose numerics are the GEMV's up to the summation order, and its attention the
+// batched GEMMs (n_q >= 16), whose numerics are the decode kernel's up to the summation order:
+// the same tolerances hold, with and without -fa. The decode steps after it run the decode kernel.
 TEST_P(CudaForwardTiny, LongPromptPrefillsThroughGemm) {
     VXQ_REQUIRE_CUDA(cuda);
     const TinyRun r = tiny_run(GetParam(), 40);
-    EXPECT_LT(forward_difference(*r.model, r.prompt, 2, true), logit_tolerance(r.spec.weight_type)) << "seed " << r.spec.seed;
+    const double tol = logit_tolerance(r.spec.weight_type);
+    EXPECT_LT(forward_difference(*r.model, r.prompt, 2, true), tol) << "-fa, seed " << r.spec.seed;
+    EXPECT_LT(forward_difference(*r.model, r.prompt, 2, false), std::max(tol, kNonFlashTolerance)) << "seed " << r.spec.seed;
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CudaForwardTiny,
@@ -988,7 +1153,8 @@ TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
     }
 }
 
-// A prompt of >= 32 tokens: every prefill matmul takes the cuBLAS GEMM. For f16 weights its
+// A prompt of >= 32 tokens: every prefill matmul takes the cuBLAS GEMM, and the attention its
+// batched GEMMs (n_q >= 16; f32-exact products with -fa, see attention.cuh). For f16 weights its
 // numerics are the GEMV's up to the summation order: the same tolerance. For q8_0/q4_0 weights
 // the activations are rounded to f16 instead of quantized to q8_0 as on the CPU, so every
 // element differs from the CPU's by up to 1/254 of its block's max (not only the occasional

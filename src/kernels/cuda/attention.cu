@@ -1,8 +1,10 @@
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
+#include <climits>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cublas_api.h"
 
 namespace vxq::cuda {
 
@@ -92,6 +94,57 @@ __global__ void store_f16_kernel(F16StoreParams p) {
     }
 }
 
+// ---- the GEMM path's kernels ---------------------------------------------------------------------
+
+// q into fp16 hi and, where lo is given, the scaled rest (attention.cuh: the split's numerics).
+__global__ void split_q_kernel(const float* __restrict__ q, __half* __restrict__ hi, __half* __restrict__ lo, int64_t n) {
+    for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < n; idx += int64_t(gridDim.x) * blockDim.x) {
+        const float x = q[idx];
+        const __half h = __float2half_rn(x);
+        hi[idx] = h;
+        if (lo) lo[idx] = __float2half_rn((x - __half2float(h)) * kAttnLoScale);
+    }
+}
+
+// Block r = h * n_q + i: the score row of query i and query head h, turned into its probabilities
+// over the GEMM's n_kv tokens (0 for the ones query i does not see). __fmul_rn keeps the products
+// s = dot * scale and p = e * inv rounded on their own, as the decode kernel's (no FMA contraction
+// into the subtraction that follows).
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    softmax_rows_kernel(F16AttentionGemmParams p, float* scores, __half* p_hi, __half* p_lo) {
+    __shared__ float red[kAttnWarps];
+    const int64_t r = blockIdx.x;
+    const int64_t h = r / p.n_q, i = r % p.n_q;
+    const int64_t g = h / (p.n_head / p.n_head_kv);
+    const int64_t n_tokens = p.heads[g].n_tokens < p.n_kv ? p.heads[g].n_tokens : p.n_kv;
+    const int64_t seen = *p.pos0 + i + 1;  // positions <= pos0 + i
+    const int64_t n_vis = seen < 0 ? 0 : (seen < n_tokens ? seen : n_tokens);
+    float* sc = scores + r * p.stride;
+    __half* hi = p_hi + r * p.stride;
+    __half* lo = p_lo ? p_lo + r * p.stride : nullptr;
+
+    float m = -INFINITY;
+    for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) m = fmaxf(m, __fmul_rn(sc[t], p.scale));
+    m = block_reduce(m, red, true);
+    float sum = 0.0f;
+    for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) {
+        const float e = expf(__fmul_rn(sc[t], p.scale) - m);
+        sc[t] = e;  // read back below by this same thread
+        sum += e;
+    }
+    sum = block_reduce(sum, red, false);
+    // ggml_soft_max: p = e * float(1 / sum) with the reciprocal taken in double.
+    const float inv = n_vis > 0 ? float(1.0 / double(sum)) : 0.0f;
+    for (int64_t t = threadIdx.x; t < p.n_kv; t += blockDim.x) {
+        const float pr = t < n_vis ? __fmul_rn(sc[t], inv) : 0.0f;
+        const __half ph = __float2half_rn(pr);
+        hi[t] = ph;
+        if (lo) lo[t] = __float2half_rn((pr - __half2float(ph)) * kAttnLoScale);
+    }
+}
+
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+
 }  // namespace
 
 void store_f16(const F16StoreParams& p, cudaStream_t st) {
@@ -106,6 +159,134 @@ void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;
     attention_f16_kernel<<<unsigned(p.n_q * p.n_head), kAttnWarps * 32, 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
+}
+
+AttnGemmLayout attn_gemm_layout(const F16AttentionGemmParams& p) {
+    const size_t q_bytes = size_t(p.n_q * p.n_head * p.head_dim) * sizeof(__half);
+    const size_t rows = size_t(p.n_head * p.n_q * p.stride);
+    const bool split = !p.round_f16;
+    AttnGemmLayout l{};
+    l.q_hi = 0;
+    l.q_lo = align256(q_bytes);
+    l.scores = l.q_lo + (split ? align256(q_bytes) : 0);
+    l.p_hi = l.scores + align256(rows * sizeof(float));
+    l.p_lo = l.p_hi + align256(rows * sizeof(__half));
+    l.workspace = l.p_lo + (split ? align256(rows * sizeof(__half)) : 0);
+    l.total = l.workspace + kAttnCublasWorkspaceBytes;
+    return l;
+}
+
+bool attention_gemm_fits(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t n_kv, int64_t stride, const float* out) {
+    return n_q >= kAttnGemmMinQueries && n_kv >= 1 && n_kv <= stride && stride <= INT_MAX && stride % 8 == 0 &&
+           n_q * n_head <= INT_MAX && n_head * head_dim <= INT_MAX && head_dim % 8 == 0 &&
+           reinterpret_cast<uintptr_t>(out) % 16 == 0;
+}
+
+void attn_gemm_operands(const F16AttentionGemmParams& p, const KvHeadDev* heads, const void** ptrs) {
+    const AttnGemmLayout l = attn_gemm_layout(p);
+    const auto* base = static_cast<const uint8_t*>(p.scratch);
+    const auto* q_hi = reinterpret_cast<const __half*>(base + l.q_hi);
+    const auto* q_lo = reinterpret_cast<const __half*>(base + l.q_lo);
+    const auto* scores = reinterpret_cast<const float*>(base + l.scores);
+    const auto* p_hi = reinterpret_cast<const __half*>(base + l.p_hi);
+    const auto* p_lo = reinterpret_cast<const __half*>(base + l.p_lo);
+    const int64_t group = p.n_head / p.n_head_kv;
+    const auto at = [&](AttnGemmOperand o, int64_t h) -> const void*& { return ptrs[o * p.n_head + h]; };
+    for (int64_t h = 0; h < p.n_head; ++h) {
+        const KvHeadDev& kv = heads[h / group];
+        const int64_t row0 = h * p.n_q * p.stride;  // head h's first score / probability row
+        at(kOpKeys, h) = reinterpret_cast<const void*>(uintptr_t(kv.k));
+        at(kOpValues, h) = reinterpret_cast<const void*>(uintptr_t(kv.v));
+        at(kOpQHi, h) = q_hi + h * p.head_dim;
+        at(kOpQLo, h) = q_lo + h * p.head_dim;
+        at(kOpScores, h) = scores + row0;
+        at(kOpPHi, h) = p_hi + row0;
+        at(kOpPLo, h) = p_lo + row0;
+        at(kOpOut, h) = p.out + h * p.head_dim;
+    }
+}
+
+// Column-major, as cuBLAS sees the row-major arrays:
+//   keys of head g, [n_kv, head_dim] row-major = a head_dim x n_kv matrix (ld head_dim); op T
+//     gives K_g (n_kv x head_dim);
+//   q of head h, rows i at n_head * head_dim apart = a head_dim x n_q matrix (ld n_head * head_dim)
+//     starting at head h's channels: Q_h^T;
+//   scores of head h, [n_q, stride] row-major = an n_kv x n_q matrix (ld stride): S_h^T = K_g Q_h^T;
+//   values of head g = a head_dim x n_kv matrix (ld head_dim): V_g^T; probabilities of head h
+//     (ld stride) = an n_kv x n_q matrix P_h^T; out of head h (ld n_head * head_dim) = a
+//     head_dim x n_q matrix O_h^T = V_g^T P_h^T.
+AttnGemmPlan attn_gemm_plan(const F16AttentionGemmParams& p) {
+    const int n_kv = int(p.n_kv), n_q = int(p.n_q), hd = int(p.head_dim), stride = int(p.stride);
+    const int q_ld = int(p.n_head * p.head_dim);
+    const float lo_alpha = 1.0f / kAttnLoScale;
+    AttnGemmPlan plan{};
+    int n = 0;
+    plan.calls[n++] = {CUBLAS_OP_T, CUBLAS_OP_N, n_kv, n_q, hd, 1.0f, 0.0f, kOpKeys, kOpQHi, kOpScores, hd, q_ld, stride};
+    if (!p.round_f16) {
+        plan.calls[n++] = {CUBLAS_OP_T, CUBLAS_OP_N, n_kv, n_q, hd, lo_alpha, 1.0f, kOpKeys, kOpQLo, kOpScores, hd, q_ld, stride};
+    }
+    plan.n_scores = n;
+    plan.calls[n++] = {CUBLAS_OP_N, CUBLAS_OP_N, hd, n_q, n_kv, 1.0f, 0.0f, kOpValues, kOpPHi, kOpOut, hd, stride, q_ld};
+    if (!p.round_f16) {
+        plan.calls[n++] = {CUBLAS_OP_N, CUBLAS_OP_N, hd, n_q, n_kv, lo_alpha, 1.0f, kOpValues, kOpPLo, kOpOut, hd, stride, q_ld};
+    }
+    plan.n_calls = n;
+    return plan;
+}
+
+AttnGemmScratch::~AttnGemmScratch() {
+    // Destructor path: nothing useful to do with an error here. The handle is detached from the
+    // last call's stream first, which its owner may already have destroyed.
+    if (cublas) {
+        cublas_api().set_stream(cublas, nullptr);
+        cublas_api().destroy(cublas);
+    }
+    cudaFree(buf);
+}
+
+void AttnGemmScratch::reserve(size_t n) {
+    if (n > bytes) {
+        VXQ_CUDA_CHECK(cudaFree(buf));
+        buf = nullptr;
+        bytes = 0;
+        VXQ_CUDA_CHECK(cudaMalloc(&buf, n));
+        bytes = n;
+    }
+    if (!cublas) {
+        VXQ_CUBLAS_CHECK(cublas_api().create(&cublas));
+        VXQ_CUBLAS_CHECK(cublas_api().set_math_mode(cublas, CUBLAS_DEFAULT_MATH));
+    }
+}
+
+void attention_f16_gemm(const F16AttentionGemmParams& p, AttnGemmScratch& s, cudaStream_t st) {
+    const AttnGemmLayout l = attn_gemm_layout(p);
+    if (!s.cublas || p.scratch != s.buf || s.bytes < l.total) {
+        throw_cuda_error(cudaErrorInvalidValue, "attention_f16_gemm: scratch not reserved for this call", __FILE__, __LINE__);
+    }
+    auto* base = static_cast<uint8_t*>(p.scratch);
+    const bool split = !p.round_f16;
+    auto* q_hi = reinterpret_cast<__half*>(base + l.q_hi);
+    const int64_t n = p.n_q * p.n_head * p.head_dim;
+    const unsigned blocks = unsigned(std::min<int64_t>((n + 255) / 256, 65535));
+    split_q_kernel<<<blocks, 256, 0, st>>>(p.q, q_hi, split ? reinterpret_cast<__half*>(base + l.q_lo) : nullptr, n);
+    VXQ_CUDA_CHECK_LAUNCH();
+    // cublasSetStream resets the workspace to cuBLAS's own pool (which allocates): set ours after.
+    VXQ_CUBLAS_CHECK(cublas_api().set_stream(s.cublas, st));
+    VXQ_CUBLAS_CHECK(cublas_api().set_workspace(s.cublas, base + l.workspace, kAttnCublasWorkspaceBytes));
+    const AttnGemmPlan plan = attn_gemm_plan(p);
+    const auto operand = [&](AttnGemmOperand o) { return p.operands + o * p.n_head; };
+    const auto gemm = [&](const AttnGemmCall& c) {
+        VXQ_CUBLAS_CHECK(cublas_api().gemm_batched_ex(
+            s.cublas, c.trans_a, c.trans_b, c.m, c.n, c.k, &c.alpha, operand(c.a), CUDA_R_16F, c.lda, operand(c.b),
+            CUDA_R_16F, c.ldb, &c.beta, const_cast<void* const*>(operand(c.c)), CUDA_R_32F, c.ldc, int(p.n_head),
+            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    for (int c = 0; c < plan.n_scores; ++c) gemm(plan.calls[c]);
+    softmax_rows_kernel<<<unsigned(p.n_head * p.n_q), kAttnWarps * 32, 0, st>>>(
+        p, reinterpret_cast<float*>(base + l.scores), reinterpret_cast<__half*>(base + l.p_hi),
+        split ? reinterpret_cast<__half*>(base + l.p_lo) : nullptr);
+    VXQ_CUDA_CHECK_LAUNCH();
+    for (int c = plan.n_scores; c < plan.n_calls; ++c) gemm(plan.calls[c]);
 }
 
 }  // namespace vxq::cuda

@@ -3,14 +3,20 @@
 // the next (positions, token counts, page addresses) is read from a small device table, not
 // passed as a kernel argument, so a captured CUDA graph of the step stays valid as the cache grows.
 //
-// Attention is the foundation's simple kernel (one block per query token and head, scores in
-// device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
-// llama.cpp's non-flash path). Not yet the split-K online-softmax kernel with per-format readers:
-// compressed formats have no CUDA reader, and the backend refuses them by name.
+// Attention takes one of two paths:
+//   decode (n_q < kAttnGemmMinQueries): the foundation's simple kernel (one block per query token
+//     and head, scores in device scratch, softmax and the V sum in f32; with round_f16 the two
+//     fp16 roundings of llama.cpp's non-flash path);
+//   prefill (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the scores and the V sum
+//     around a softmax kernel (attention_f16_gemm below).
+// Not yet the split-K online-softmax kernel with per-format readers: compressed formats have no
+// CUDA reader, and the backend refuses them by name.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -47,5 +53,99 @@ struct F16AttentionParams {
 };
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t stream);
+
+// ---- prefill: batched cuBLAS GEMMs ----------------------------------------------------------
+// Per query head h (KV head g = h / (n_head / n_head_kv)), one batch entry of each GEMM:
+//   S_h = Q_h K_g^T                       [n_q, n_kv] f32: every query against every stored token
+//   P_h = softmax(scale S_h), causal      [n_q, n_kv]: 0 past a query's position
+//   O_h = P_h V_g                         [n_q, head_dim] f32, into out
+// Keys and values are read in place from the pages. Tensor cores multiply fp16 numbers, so q and
+// P are fp16 on the GEMMs' input side:
+//   -fa: each is split into hi = fp16(x) and lo = fp16((x - hi) * kAttnLoScale), and each GEMM
+//     runs twice: hi (beta 0), then lo with alpha 1 / kAttnLoScale (beta 1). x - hi is exact in
+//     f32; the power-of-two scale keeps lo out of fp16's subnormals (x - hi is about 2^-12 x) and
+//     is undone exactly, so hi + lo / kAttnLoScale is x within 2^-22 |x| + 2^-36. Products of fp16
+//     numbers are exact in f32 and cuBLAS sums them in f32 (CUBLAS_COMPUTE_32F): f32 numerics
+//     up to the summation order and the split's 2^-22. |q| must stay below 65504 (fp16's range).
+//   without -fa (round_f16): q and P rounded to fp16, llama.cpp's non-flash numerics; hi only.
+// The softmax is the decode kernel's: s = dot * scale, m = max, e = expf(s - m), p = e * float(1 /
+// double(sum)) (ggml's), over the tokens a query sees; a query that sees none gets a zero row.
+// The GEMMs cover n_kv tokens, so every head must hold n_kv tokens (the backend checks it).
+// Scratch (one device buffer, attn_gemm_layout): q hi/lo, the scores [n_head, n_q, stride] f32,
+// P hi/lo [n_head, n_q, stride] fp16 and the cuBLAS workspace; the batched GEMMs' operand
+// pointers are a device array the caller fills from attn_gemm_operands (the backend puts it in
+// its step block).
+constexpr int64_t kAttnGemmMinQueries = 16;
+constexpr float kAttnLoScale = 2048.0f;  // 2^11: lo = (x - hi) * 2^11 is about as large as hi's last bit
+constexpr size_t kAttnCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommendation for Hopper
+
+struct F16AttentionGemmParams {
+    const float* q;              // [n_q, n_head, head_dim] after RoPE (device)
+    const int64_t* pos0;         // position of query 0 (device); query i sees positions <= pos0 + i
+    const KvHeadDev* heads;      // [n_head_kv] (device); every head holds n_kv tokens
+    const void* const* operands; // [kAttnGemmOperands, n_head] (device): attn_gemm_operands' pointers
+    void* scratch;               // attn_gemm_layout(*this).total bytes (device), 256-byte aligned
+    float* out;                  // [n_q, n_head, head_dim] (device), 16-byte aligned
+    int64_t n_q, n_head, n_head_kv, head_dim;
+    int64_t n_kv;                // tokens of every head: the GEMMs' token range
+    int64_t stride;              // elements per score / probability row: >= n_kv, a multiple of 8
+    float scale;                 // 1 / sqrt(head_dim)
+    bool round_f16;              // as F16AttentionParams (false: the hi/lo split)
+};
+
+// Byte offsets into the scratch, each 256-byte aligned; q_lo and p_lo are empty with round_f16.
+struct AttnGemmLayout {
+    size_t q_hi, q_lo;      // [n_q, n_head, head_dim] fp16 (q's layout)
+    size_t scores;          // [n_head, n_q, stride] f32
+    size_t p_hi, p_lo;      // [n_head, n_q, stride] fp16
+    size_t workspace;       // kAttnCublasWorkspaceBytes for cuBLAS
+    size_t total;
+};
+AttnGemmLayout attn_gemm_layout(const F16AttentionGemmParams& p);
+
+// Whether the GEMM path takes a call of this shape: n_q >= kAttnGemmMinQueries, n_kv >= 1, every
+// GEMM dimension within cuBLAS's int (and n_head * n_q, the softmax's grid), and 16-byte aligned
+// operands (head_dim and stride multiples of 8, out 16-byte aligned): cuBLAS cannot see the
+// alignment of the pointers it reads from device memory.
+bool attention_gemm_fits(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t n_kv, int64_t stride, const float* out);
+
+// The GEMMs' operands, one array of n_head pointers each (operands[o * n_head + h]).
+enum AttnGemmOperand : int { kOpKeys, kOpValues, kOpQHi, kOpQLo, kOpScores, kOpPHi, kOpPLo, kOpOut, kAttnGemmOperands };
+// Fills ptrs[kAttnGemmOperands * n_head] from a host copy of the heads table (each head's key and
+// value page addresses), p.scratch and p.out (p.operands is not read).
+void attn_gemm_operands(const F16AttentionGemmParams& p, const KvHeadDev* heads_host, const void** ptrs);
+
+// One cublasGemmBatchedEx call (cuBLAS's column-major terms; a, b, c name operand arrays):
+// C = alpha op(A) op(B) + beta C, op(A) m x k, op(B) k x n, A/B fp16, C f32, batch n_head.
+struct AttnGemmCall {
+    cublasOperation_t trans_a, trans_b;
+    int m, n, k;
+    float alpha, beta;
+    AttnGemmOperand a, b, c;
+    int lda, ldb, ldc;
+};
+// The calls in launch order: calls[0, n_scores) before the softmax, calls[n_scores, n_calls) after.
+struct AttnGemmPlan {
+    AttnGemmCall calls[4];
+    int n_scores, n_calls;
+};
+AttnGemmPlan attn_gemm_plan(const F16AttentionGemmParams& p);
+
+// The GEMM path's device scratch and its own cuBLAS handle. Grows, never shrinks; reserve also
+// creates the handle, so after reserve(attn_gemm_layout(p).total) attention_f16_gemm allocates
+// and creates nothing and can be captured in a CUDA graph.
+struct AttnGemmScratch {
+    void* buf = nullptr;
+    size_t bytes = 0;
+    cublasHandle_t cublas = nullptr;
+    AttnGemmScratch() = default;
+    AttnGemmScratch(const AttnGemmScratch&) = delete;
+    AttnGemmScratch& operator=(const AttnGemmScratch&) = delete;
+    ~AttnGemmScratch();
+    void reserve(size_t n);
+};
+
+// p.scratch is s.buf, reserved for p; p.operands holds attn_gemm_operands(p, ...) by launch time.
+void attention_f16_gemm(const F16AttentionGemmParams& p, AttnGemmScratch& s, cudaStream_t stream);
 
 }  // namespace vxq::cuda

@@ -84,8 +84,10 @@ T zeroed() {
     return a;
 }
 
-enum class Op : uint64_t { Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut };
-constexpr const char* kOpNames[] = {"gemv", "embed", "rms_norm", "rope", "swiglu", "add", "add_bias", "kv store", "attention", "copy out"};
+enum class Op : uint64_t { Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm };
+constexpr const char* kOpNames[] = {"gemv",     "embed",     "rms_norm", "rope",     "swiglu",         "add",
+                                    "add_bias", "kv store",  "attention", "copy out", "attention gemm"};
+static_assert(std::size(kOpNames) == size_t(Op::AttentionGemm) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -348,7 +350,7 @@ public:
         }
         require_device(view);
         heads_.resize(size_t(view.n_head_kv));
-        int64_t max_tokens = 1;
+        int64_t max_tokens = 1, min_tokens = INT64_MAX;
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             const KvHeadView& h = view.heads[g];
             require_f16(h.k, "keys");
@@ -356,6 +358,7 @@ public:
             if (h.pos != nullptr) fail("per-head token positions (eviction) have no CUDA attention yet; use --device cpu");
             heads_[size_t(g)] = head_dev(h, h.n_tokens);
             max_tokens = std::max(max_tokens, h.n_tokens);
+            min_tokens = std::min(min_tokens, h.n_tokens);
         }
         // The score rows' stride grows in steps, so a decode step's graph stays valid for
         // thousands of steps (a new stride is a new argument, hence one new capture).
@@ -364,9 +367,17 @@ public:
             scores_stride_ = (max_tokens + step - 1) / step * step;
         }
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        float* dev_out = out(o, n_out);
+        // Prefill: the batched GEMMs, which cover the same n_kv tokens in every head (a head with
+        // fewer would have its keys read past its last mapped page).
+        if (min_tokens == max_tokens &&
+            attention_gemm_fits(n_q, view.n_head, view.head_dim, max_tokens, scores_stride_, dev_out)) {
+            attention_gemm(view, q, n_q, pos0, o, dev_out, max_tokens);
+            return;
+        }
         F16AttentionParams p = zeroed<F16AttentionParams>();
         p.scores = grow(scores_, size_t(n_q * view.n_head * scores_stride_));
-        p.out = out(o, n_out);
+        p.out = dev_out;
         step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);
         p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
@@ -390,11 +401,50 @@ public:
                 }
             }
         }
-        return view.flash_attn ? "cuda f16 pages on the device, f32 softmax (-fa)"
-                               : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash)";
+        return view.flash_attn
+                   ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "
+                     "fp16 splits of q and the probabilities"
+                   : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
+                     "queries: cuBLAS batched fp16 GEMMs";
     }
 
 private:
+    // The prefill path (attention.cuh): split q, batched score GEMMs, softmax, batched P V GEMMs.
+    // The scratch, the cuBLAS handle and the operand pointers are made here, at record time, so
+    // the launch allocates nothing and can be captured. The operand pointers (page addresses,
+    // scratch, out) travel in the step block like the heads table.
+    void attention_gemm(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o, float* dev_out,
+                        int64_t n_kv) {
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        F16AttentionGemmParams p = zeroed<F16AttentionGemmParams>();
+        p.out = dev_out;
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.n_kv = n_kv;
+        p.stride = scores_stride_;
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        p.round_f16 = !view.flash_attn;
+        const size_t need = attn_gemm_layout(p).total;
+        if (need > attn_scratch_.bytes || !attn_scratch_.cublas) {
+            drain();  // queued or recorded work may use the old allocation
+            attn_scratch_.reserve(need);
+        }
+        p.scratch = attn_scratch_.buf;
+        attn_operands_.resize(size_t(kAttnGemmOperands * view.n_head));
+        attn_gemm_operands(p, heads_.data(), attn_operands_.data());
+        const size_t operand_bytes = attn_operands_.size() * sizeof(const void*);
+        step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev), operand_bytes});
+        p.q = in(q, n_out);
+        p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+        p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        p.operands = static_cast<const void* const*>(step_put(attn_operands_.data(), operand_bytes));
+        record(Op::AttentionGemm, p,
+               [this](const F16AttentionGemmParams& p, cudaStream_t st) { attention_f16_gemm(p, attn_scratch_, st); });
+        finish(o, p.out, n_out);
+    }
+
     static constexpr const char* kHostCache =
         "this KV cache is in host memory; a cache that the CUDA backend reads is made with "
         "KvCacheOptions::memory = Backend::kv_memory()";
@@ -749,6 +799,8 @@ private:
     DeviceArray<float> scores_;
     int64_t scores_stride_ = 0;
     std::vector<KvHeadDev> heads_;
+    AttnGemmScratch attn_scratch_;            // the prefill attention's scratch and cuBLAS handle
+    std::vector<const void*> attn_operands_;  // its GEMMs' operand pointers, host side
     struct GemvGroupArgs {
         const DeviceWeight* w[kGemvGroupMax];
         float* y[kGemvGroupMax];

@@ -23,3 +23,13 @@ namespace vxq::cuda {
 // After a kernel launch: a bad configuration shows up here, a fault inside the kernel at the
 // next synchronizing call.
 #define VXQ_CUDA_CHECK_LAUNCH() VXQ_CUDA_CHECK(cudaGetLastError())
+
+// The same for a cuBLAS call (call: an expression of type cublasStatus_t). gemv.cu defines the
+// same macro, token for token (a permitted redefinition).
+#define VXQ_CUBLAS_CHECK(call)                                                                 \
+    do {                                                                                       \
+        const cublasStatus_t vxq_cublas_status_ = (call);                                      \
+        if (vxq_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
+            ::vxq::cuda::throw_cublas_error(int(vxq_cublas_status_), #call, __FILE__, __LINE__); \
+        }                                                                                      \
+    } while (0)

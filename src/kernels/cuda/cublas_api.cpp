@@ -34,6 +34,7 @@ CublasApi open_cublas() {
     load(lib, "cublasSetWorkspace_v2", api.set_workspace);
     load(lib, "cublasSetMathMode", api.set_math_mode);
     load(lib, "cublasGemmEx", api.gemm_ex);
+    load(lib, "cublasGemmBatchedEx", api.gemm_batched_ex);
     load(lib, "cublasGetStatusString", api.status_string);
     return api;  // the library stays loaded for the process's life
 }

@@ -19,6 +19,11 @@ struct CublasApi {
     cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
                               const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
                               cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    // The same for cublasGemmBatchedEx (the attention's per-head GEMMs: arrays of device pointers).
+    cublasStatus_t (*gemm_batched_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                      const void* const[], cudaDataType, int, const void* const[], cudaDataType, int,
+                                      const void*, void* const[], cudaDataType, int, int, cublasComputeType_t,
+                                      cublasGemmAlgo_t);
     decltype(&cublasGetStatusString) status_string;
 };
 

@@ -13,14 +13,6 @@
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 
-#define VXQ_CUBLAS_CHECK(call)                                                                 \
-    do {                                                                                       \
-        const cublasStatus_t vxq_cublas_status_ = (call);                                      \
-        if (vxq_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                     \
-            ::vxq::cuda::throw_cublas_error(int(vxq_cublas_status_), #call, __FILE__, __LINE__); \
-        }                                                                                      \
-    } while (0)
-
 namespace vxq::cuda {
 
 namespace {
