@@ -610,6 +610,62 @@ TEST(Cuda, RopeMatchesCpuNormalAndNeox) {
     }
 }
 
+// RoPE of q, RoPE of k and the KV store, recorded in that order on device buffers, run as one
+// kernel (rope_store_f16); split by a host read in between, as three. Both give the same bits.
+TEST(Cuda, RopeAndStoreFuseBitExact) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct Case { int64_t head_dim, n_rot, n, n_head, n_head_kv, pos0; bool neox; };
+    const Case cases[] = {{128, 128, 1, 32, 8, 0, false}, {64, 64, 3, 12, 4, 17, true}, {128, 64, 2, 4, 2, 70000, true}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << " n " << c.n << " pos0 " << c.pos0 << " seed " << seed);
+        const int64_t qd = c.n_head * c.head_dim, kd = c.n_head_kv * c.head_dim;
+        const auto q = random_floats(size_t(c.n * qd), rng), k = random_floats(size_t(c.n * kd), rng),
+                   v = random_floats(size_t(c.n * kd), rng);
+        const RopeParams rp{c.n_rot, 10000.0f, c.neox};
+        std::vector<float> outs[2][2];
+        std::vector<float> pages[2][2];
+        for (int fused = 0; fused < 2; ++fused) {
+            auto be = make_backend("cuda", 1);
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.pos0 + c.n + 8};
+            KvCacheOptions opts;
+            opts.memory = be->kv_memory();
+            auto cache = make_kv_cache(shape, KvSpec{}, opts);
+            if (c.pos0 > 0) {  // earlier tokens, so the store appends
+                const auto pre = random_floats(size_t(c.pos0 * kd), rng);
+                be->kv_write(*cache, 0, 0, pre.data(), pre.data(), c.pos0);
+                cache->commit(c.pos0);
+            }
+            float* qb = be->activation_buffer(0, size_t(c.n * qd));
+            float* kb = be->activation_buffer(1, size_t(c.n * kd));
+            float* vb = be->activation_buffer(2, size_t(c.n * kd));
+            std::vector<int32_t> ids(size_t(c.n));
+            std::iota(ids.begin(), ids.end(), 0);
+            const WeightView tq{GgmlType::F32, q.data(), c.n, qd, size_t(qd) * sizeof(float)};
+            const WeightView tk{GgmlType::F32, k.data(), c.n, kd, size_t(kd) * sizeof(float)};
+            const WeightView tv{GgmlType::F32, v.data(), c.n, kd, size_t(kd) * sizeof(float)};
+            be->embed(tq, ids.data(), c.n, qb);
+            be->embed(tk, ids.data(), c.n, kb);
+            be->embed(tv, ids.data(), c.n, vb);
+            be->rope(qb, c.n, c.n_head, c.head_dim, c.pos0, rp);
+            if (!fused) be->to_host(qb, 1, 2);  // runs what is recorded: the pattern is broken
+            be->rope(kb, c.n, c.n_head_kv, c.head_dim, c.pos0, rp);
+            be->kv_write(*cache, 0, c.pos0, kb, vb, c.n);
+            cache->commit(c.pos0 + c.n);
+            const float* hq = be->to_host(qb, size_t(c.n * qd), 0);
+            outs[fused][0].assign(hq, hq + c.n * qd);
+            const float* hk = be->to_host(kb, size_t(c.n * kd), 1);
+            outs[fused][1].assign(hk, hk + c.n * kd);
+            cache->dequantize(0, c.n_head_kv - 1, c.pos0 + c.n, pages[fused][0], pages[fused][1]);
+        }
+        for (int i = 0; i < 2; ++i) {
+            EXPECT_EQ(outs[0][i], outs[1][i]) << (i ? "k" : "q") << " after RoPE";
+            EXPECT_EQ(pages[0][i], pages[1][i]) << (i ? "values" : "keys") << " stored";
+        }
+    }
+}
+
 TEST(Cuda, SwigluAddAndBiasMatchCpu) {
     VXQ_REQUIRE_CUDA(cuda);
     const uint32_t seed = fresh_seed();
@@ -673,7 +729,8 @@ TEST(Cuda, AttentionF16MatchesCpu) {
     const Case cases[] = {{1, 64, 4, 4, 1},       {31, 64, 3, 1, 1},    {97, 128, 8, 2, 4},
                           {1000, 128, 4, 1, 1},   {1000, 64, 12, 4, 7}, {50, 64, 4, 2, 15},
                           {200, 64, 4, 4, 200},   {100, 64, 4, 1, 16},  {300, 64, 12, 4, 37},
-                          {33, 128, 8, 8, 33},    {1000, 128, 6, 3, 97}, {600, 128, 32, 8, 512}};
+                          {33, 128, 8, 8, 33},    {1000, 128, 6, 3, 97}, {600, 128, 32, 8, 512},
+                          {5000, 128, 32, 4, 1},  {300, 256, 8, 4, 2},  {129, 64, 8, 8, 3}};
     for (const Case& c : cases) {
         for (bool flash : {true, false}) {
             SCOPED_TRACE(testing::Message() << "kv_len " << c.kv_len << " head_dim " << c.head_dim << " heads " << c.n_head

@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/cublas_api.h"
 
 namespace vxq::cuda {
@@ -94,6 +95,187 @@ __global__ void store_f16_kernel(F16StoreParams p) {
     }
 }
 
+// ---- decode with -fa: split-K ------------------------------------------------------------------
+
+constexpr int kSplitThreads = 128;
+constexpr int kSplitWarps = kSplitThreads / 32;
+constexpr int kSplitChunk = 128;  // tokens per sub-chunk (scores in shared memory)
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_add(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block (g, i, z): KV head g, query i, split z; REP query heads g * REP + r.
+template <int REP>
+__global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F16SplitAttentionParams p) {
+    __shared__ float qs[REP][kAttnSplitMaxHeadDim];
+    __shared__ float sc[REP][kSplitChunk];
+    __shared__ float m_run[REP], l_run[REP], factor[REP];
+    pdl_wait();
+    pdl_launch_dependents();
+    const int g = blockIdx.x, i = blockIdx.y, z = blockIdx.z;
+    const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const KvHeadDev head = p.heads[g];
+    const int64_t seen = *p.pos0 + i + 1;
+    const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
+    const int64_t per = (n_vis + p.splits - 1) / p.splits;
+    const int64_t t_begin = min(n_vis, int64_t(z) * per), t_end = min(n_vis, t_begin + per);
+    for (int e = tid; e < REP * hd; e += kSplitThreads) {
+        const int r = e / hd, d = e - r * hd;
+        qs[r][d] = p.q[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d];
+    }
+    if (tid < REP) {
+        m_run[tid] = -INFINITY;
+        l_run[tid] = 0.0f;
+    }
+    float o[REP][kAttnSplitMaxHeadDim / kSplitThreads];
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+#pragma unroll
+        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) o[r][j] = 0.0f;
+    }
+    __syncthreads();
+    const __half* kp = reinterpret_cast<const __half*>(head.k);
+    const __half* vp = reinterpret_cast<const __half*>(head.v);
+    for (int64_t c0 = t_begin; c0 < t_end; c0 += kSplitChunk) {
+        const int len = int(min(int64_t(kSplitChunk), t_end - c0));
+        // Scores: a warp per token, lanes over head_dim (two elements at a time), every query head.
+        for (int tt = warp; tt < len; tt += kSplitWarps) {
+            const __half2* kr = reinterpret_cast<const __half2*>(kp + (c0 + tt) * hd);
+            float dot[REP];
+#pragma unroll
+            for (int r = 0; r < REP; ++r) dot[r] = 0.0f;
+            for (int d2 = lane; d2 < hd / 2; d2 += 32) {
+                const float2 kv = __half22float2(kr[d2]);
+#pragma unroll
+                for (int r = 0; r < REP; ++r) dot[r] += qs[r][2 * d2] * kv.x + qs[r][2 * d2 + 1] * kv.y;
+            }
+#pragma unroll
+            for (int r = 0; r < REP; ++r) {
+                const float s = warp_add(dot[r]);
+                if (lane == 0) sc[r][tt] = s * p.scale;
+            }
+        }
+        __syncthreads();
+        // Online softmax per query head: a warp per head.
+        for (int r = warp; r < REP; r += kSplitWarps) {
+            float mx = -INFINITY;
+            for (int tt = lane; tt < len; tt += 32) mx = fmaxf(mx, sc[r][tt]);
+            mx = warp_max(mx);
+            const float m_new = fmaxf(m_run[r], mx);
+            float sum = 0.0f;
+            for (int tt = lane; tt < len; tt += 32) {
+                const float e = expf(sc[r][tt] - m_new);
+                sc[r][tt] = e;
+                sum += e;
+            }
+            sum = warp_add(sum);
+            if (lane == 0) {
+                const float f = expf(m_run[r] - m_new);  // 0 while m_run is -inf
+                factor[r] = f;
+                l_run[r] = l_run[r] * f + sum;
+                m_run[r] = m_new;
+            }
+        }
+        __syncthreads();
+        // V: thread d (and d + 128) for every query head, each value read once.
+#pragma unroll
+        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) {
+            const int d = tid + j * kSplitThreads;
+            if (d >= hd) break;
+            float acc[REP];
+#pragma unroll
+            for (int r = 0; r < REP; ++r) acc[r] = o[r][j] * factor[r];
+            for (int tt = 0; tt < len; ++tt) {
+                const float v = __half2float(vp[(c0 + tt) * hd + d]);
+#pragma unroll
+                for (int r = 0; r < REP; ++r) acc[r] += sc[r][tt] * v;
+            }
+#pragma unroll
+            for (int r = 0; r < REP; ++r) o[r][j] = acc[r];
+        }
+        __syncthreads();  // sc is rewritten by the next sub-chunk
+    }
+    const int64_t stride = hd + 2;
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+        float* part = p.partial + ((int64_t(i) * p.n_head + int64_t(g) * REP + r) * p.splits + z) * stride;
+#pragma unroll
+        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) {
+            const int d = tid + j * kSplitThreads;
+            if (d < hd) part[d] = o[r][j];
+        }
+        if (tid == 0) {
+            part[hd] = m_run[r];
+            part[hd + 1] = l_run[r];
+        }
+    }
+}
+
+// Block (h, i): merges the splits of query head h, token i. No visible token: 0.
+__global__ void attention_merge_kernel(const F16SplitAttentionParams p) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t h = blockIdx.x, i = blockIdx.y, hd = p.head_dim, stride = hd + 2;
+    const float* part = p.partial + (i * p.n_head + h) * p.splits * stride;
+    float m = -INFINITY;
+    for (int64_t z = 0; z < p.splits; ++z) m = fmaxf(m, part[z * stride + hd]);
+    float l = 0.0f;
+    for (int64_t z = 0; z < p.splits; ++z) {
+        const float mz = part[z * stride + hd];
+        if (mz != -INFINITY) l += part[z * stride + hd + 1] * expf(mz - m);
+    }
+    // ggml_soft_max: the reciprocal taken in double.
+    const float inv = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
+    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t z = 0; z < p.splits; ++z) {
+            const float mz = part[z * stride + hd];
+            if (mz != -INFINITY) acc += part[z * stride + d] * expf(mz - m);
+        }
+        p.out[(i * p.n_head + h) * hd + d] = acc * inv;
+    }
+}
+
+// Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as
+// rope_kernel does (the same recurrence and products); then a k head's threads store its row of
+// k and v as store_f16_kernel does.
+__global__ void rope_store_kernel(const RopeStoreParams p) {
+    pdl_wait();
+    pdl_launch_dependents();
+    const int64_t t = blockIdx.x / (p.n_head + p.n_head_kv), hh = blockIdx.x % (p.n_head + p.n_head_kv);
+    const bool is_k = hh >= p.n_head;
+    const int64_t head = is_k ? hh - p.n_head : hh;
+    float* row = is_k ? p.k + (t * p.n_head_kv + head) * p.head_dim : p.q + (t * p.n_head + head) * p.head_dim;
+    const int64_t half = p.n_rot / 2;
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = float(*p.pos0 + t);
+        for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, p.theta_scale);
+        const float c = cosf(theta), s = sinf(theta);
+        const int64_t a = p.neox ? i : 2 * i;
+        const int64_t b = p.neox ? i + half : 2 * i + 1;
+        const float x0 = row[a], x1 = row[b];
+        row[a] = fmaf(x0, c, -__fmul_rn(x1, s));
+        row[b] = fmaf(x0, s, __fmul_rn(x1, c));
+    }
+    if (!is_k) return;
+    __syncthreads();  // the rotated row, written by other threads of the block
+    const KvHeadDev h = p.heads[head];
+    const float* vrow = p.v + (t * p.n_head_kv + head) * p.head_dim;
+    for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
+        const int64_t slot = (h.n_tokens + t) * p.head_dim + d;
+        reinterpret_cast<__half*>(h.k)[slot] = __float2half_rn(row[d]);
+        reinterpret_cast<__half*>(h.v)[slot] = __float2half_rn(vrow[d]);
+    }
+}
+
 // ---- the GEMM path's kernels ---------------------------------------------------------------------
 
 // q into fp16 hi and, where lo is given, the scaled rest (attention.cuh: the split's numerics).
@@ -159,6 +341,48 @@ void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;
     attention_f16_kernel<<<unsigned(p.n_q * p.n_head), kAttnWarps * 32, 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
+}
+
+bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+    if (n_head_kv <= 0 || n_head % n_head_kv != 0) return false;
+    const int64_t rep = n_head / n_head_kv;
+    return (rep == 1 || rep == 2 || rep == 4 || rep == 8) && head_dim % 2 == 0 && head_dim <= kAttnSplitMaxHeadDim;
+}
+
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
+    const int64_t want = (int64_t(2) * sms + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
+    int64_t s = 1;
+    while (s < want && s < kAttnSplitMaxSplits) s *= 2;
+    return s;
+}
+
+size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
+    return size_t(n_q * n_head * splits * (head_dim + 2));
+}
+
+void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t st) {
+    if (p.n_q * p.n_head == 0) return;
+    const dim3 grid(unsigned(p.n_head_kv), unsigned(p.n_q), unsigned(p.splits));
+    switch (p.n_head / p.n_head_kv) {
+        case 1: launch_pdl(attention_split_kernel<1>, grid, dim3(kSplitThreads), 0, st, p); break;
+        case 2: launch_pdl(attention_split_kernel<2>, grid, dim3(kSplitThreads), 0, st, p); break;
+        case 4: launch_pdl(attention_split_kernel<4>, grid, dim3(kSplitThreads), 0, st, p); break;
+        default: launch_pdl(attention_split_kernel<8>, grid, dim3(kSplitThreads), 0, st, p); break;
+    }
+    launch_pdl(attention_merge_kernel, dim3(unsigned(p.n_head), unsigned(p.n_q)), dim3(128), 0, st, p);
+}
+
+void rope_store_f16(const RopeStoreParams& p, cudaStream_t st) {
+    const int64_t blocks = p.n * (p.n_head + p.n_head_kv);
+    if (blocks == 0) return;
+    const int threads = int(std::clamp<int64_t>((p.head_dim + 31) / 32 * 32, 32, 256));
+    launch_pdl(rope_store_kernel, dim3(unsigned(blocks)), dim3(threads), 0, st, p);
 }
 
 AttnGemmLayout attn_gemm_layout(const F16AttentionGemmParams& p) {

@@ -54,6 +54,51 @@ struct F16AttentionParams {
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t stream);
 
+// ---- decode with -fa: split-K over the tokens ------------------------------------------------
+// Few queries (decode) with flash-attention numerics (f32 throughout): block (KV head g, query
+// i, split z) reads its stretch of g's tokens once for all the query heads that share g (GQA),
+// with an online softmax over sub-chunks, and writes an unnormalized partial (o, max, sum); a
+// second kernel merges the splits with their log-sum-exp weights. The split count is fixed per
+// call (a graph argument) and each split's stretch follows from the token count on the device,
+// so a captured step stays valid at any depth. Against the one-kernel path: the same products,
+// exponentials of (s - m_split) rescaled by exp(m_split - m) instead of exp(s - m): ~1e-7
+// relative.
+constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
+constexpr int kAttnSplitMaxHeadDim = 256;
+constexpr int kAttnSplitMaxSplits = 64;
+
+struct F16SplitAttentionParams {
+    const float* q;           // [n_q, n_head, head_dim] after RoPE (device)
+    const int64_t* pos0;      // as F16AttentionParams
+    const KvHeadDev* heads;   // [n_head_kv] (device)
+    float* partial;           // [n_q, n_head, splits, head_dim + 2] scratch: o, then max and sum
+    float* out;               // [n_q, n_head, head_dim] (device)
+    int64_t n_q, n_head, n_head_kv, head_dim;
+    int64_t splits;
+    float scale;
+};
+// Whether the split kernel takes this shape (GQA group, head_dim).
+bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+// Splits for a call: enough blocks for the SMs (a power of two, at most kAttnSplitMaxSplits).
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
+size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
+void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t stream);
+
+// RoPE of q and k and the f16 store of k and v in one kernel (the decode step's three ops): the
+// arithmetic of cuda::rope and store_f16, the same bits. q: [n, n_head, head_dim], k, v: [n,
+// n_head_kv, head_dim] (device); q and k are rotated in place.
+struct RopeStoreParams {
+    float* q;
+    float* k;
+    const float* v;
+    const KvHeadDev* heads;   // as F16StoreParams
+    const int64_t* pos0;      // position of token 0 (device)
+    int64_t n, n_head, n_head_kv, head_dim, n_rot;
+    float theta_scale;        // freq_base^(-2 / n_rot), as cuda::rope computes it
+    bool neox;
+};
+void rope_store_f16(const RopeStoreParams& p, cudaStream_t stream);
+
 // ---- prefill: batched cuBLAS GEMMs ----------------------------------------------------------
 // Per query head h (KV head g = h / (n_head / n_head_kv)), one batch entry of each GEMM:
 //   S_h = Q_h K_g^T                       [n_q, n_kv] f32: every query against every stored token

@@ -84,10 +84,13 @@ T zeroed() {
     return a;
 }
 
-enum class Op : uint64_t { Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm };
-constexpr const char* kOpNames[] = {"gemv",     "embed",     "rms_norm", "rope",     "swiglu",         "add",
-                                    "add_bias", "kv store",  "attention", "copy out", "attention gemm"};
-static_assert(std::size(kOpNames) == size_t(Op::AttentionGemm) + 1);
+enum class Op : uint64_t {
+    Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore
+};
+constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
+                                    "add",      "add_bias", "kv store",  "attention", "copy out",
+                                    "attention gemm", "attention split-K", "rope + kv store"};
+static_assert(std::size(kOpNames) == size_t(Op::RopeStore) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -132,6 +135,7 @@ public:
         for (DeviceArray<float>& b : activations_) b.release();
         out_stage_.release();
         scores_.release();
+        split_partial_.release();
         step_dev_.release();
         step_host_.release();
         out_host_.release();
@@ -248,6 +252,8 @@ public:
         record(Op::Rope, a, [](const A& a, cudaStream_t st) {
             cuda::rope(a.x, a.n_tokens, a.n_heads, a.head_dim, a.pos0, RopeParams{a.n_rot, float(a.freq_base), a.neox != 0}, st);
         });
+        ropes_[0] = ropes_[1];
+        ropes_[1] = RopeArgs{pending_.size() - 1, a.x, n_tokens, n_heads, head_dim, pos0, p};
         finish(x, a.x, n);
     }
     void swiglu(float* gate, const float* up, int64_t n_rows, int64_t n_ff) override {
@@ -331,7 +337,7 @@ public:
             const KvHeadDev* heads;
             int64_t n, n_head_kv, head_dim;
         } a = zeroed<A>();
-        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev)});
+        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev), sizeof pos0});
         a.k = in(k, count);
         a.v = in(v, count);
         a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
@@ -341,6 +347,33 @@ public:
         record(Op::Store, a, [](const A& a, cudaStream_t st) {
             store_f16(F16StoreParams{a.k, a.v, a.heads, a.n, a.n_head_kv, a.head_dim}, st);
         });
+        // RoPE of q, RoPE of k, then this store (the model's order): one kernel, the same bits.
+        const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
+        const size_t at = pending_.size() - 1;
+        if (rq.op != SIZE_MAX && rq.op + 2 == at && rk.op + 1 == at && rk.x == a.k && rk.n_tokens == n &&
+            rk.n_heads == s.n_head_kv && rk.head_dim == s.head_dim && rq.n_tokens == n && rq.head_dim == s.head_dim &&
+            rq.pos0 == pos0 && rk.pos0 == pos0 && rq.p.n_rot == rk.p.n_rot && rq.p.freq_base == rk.p.freq_base &&
+            rq.p.neox == rk.p.neox && !overlaps(rq.x, size_t(n * rq.n_heads * s.head_dim), a.k, count) &&
+            !overlaps(a.v, count, a.k, count)) {
+            RopeStoreParams f{};
+            f.q = rq.x;
+            f.k = rk.x;
+            f.v = a.v;
+            f.heads = a.heads;
+            f.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+            f.n = n;
+            f.n_head = rq.n_heads;
+            f.n_head_kv = s.n_head_kv;
+            f.head_dim = s.head_dim;
+            f.n_rot = rk.p.n_rot;
+            f.theta_scale = std::pow(rk.p.freq_base, -2.0f / float(rk.p.n_rot));  // as cuda::rope computes it
+            f.neox = rk.p.neox;
+            pending_[rq.op] = [](cudaStream_t) {};
+            pending_[rk.op] = [](cudaStream_t) {};
+            labels_[rq.op] = labels_[rk.op] = nullptr;
+            pending_.back() = [f](cudaStream_t st) { rope_store_f16(f, st); };
+            labels_.back() = kOpNames[size_t(Op::RopeStore)];
+        }
     }
 
     void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o,
@@ -373,6 +406,25 @@ public:
         if (min_tokens == max_tokens &&
             attention_gemm_fits(n_q, view.n_head, view.head_dim, max_tokens, scores_stride_, dev_out)) {
             attention_gemm(view, q, n_q, pos0, o, dev_out, max_tokens);
+            return;
+        }
+        // Decode with -fa: split-K over the tokens.
+        if (view.flash_attn && attention_split_fits(view.n_head, view.n_head_kv, view.head_dim)) {
+            F16SplitAttentionParams p = zeroed<F16SplitAttentionParams>();
+            p.splits = attention_splits(n_q, view.n_head_kv);
+            p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+            p.out = dev_out;
+            step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
+            p.q = in(q, n_out);
+            p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+            p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+            p.n_q = n_q;
+            p.n_head = view.n_head;
+            p.n_head_kv = view.n_head_kv;
+            p.head_dim = view.head_dim;
+            p.scale = 1.0f / std::sqrt(float(view.head_dim));
+            record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
+            finish(o, p.out, n_out);
             return;
         }
         F16AttentionParams p = zeroed<F16AttentionParams>();
@@ -656,6 +708,7 @@ private:
     void clear_pass() {
         group_op_ = SIZE_MAX;
         norm_ = NormArgs{};
+        ropes_[0] = ropes_[1] = RopeArgs{};
         labels_.clear();
         pending_.clear();
         key_.clear();
@@ -797,6 +850,7 @@ private:
     std::unordered_map<const float*, DeviceParam> params_;
     GemvScratch gemv_scratch_;
     DeviceArray<float> scores_;
+    DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     int64_t scores_stride_ = 0;
     std::vector<KvHeadDev> heads_;
     AttnGemmScratch attn_scratch_;            // the prefill attention's scratch and cuBLAS handle
@@ -818,6 +872,13 @@ private:
         float eps = 0.0f;
     };
     NormArgs norm_;
+    struct RopeArgs {  // a recorded RoPE (the last two are candidates for the KV store's kernel)
+        size_t op = SIZE_MAX;
+        float* x = nullptr;
+        int64_t n_tokens = 0, n_heads = 0, head_dim = 0, pos0 = 0;
+        RopeParams p{};
+    };
+    RopeArgs ropes_[2];
     GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)
     size_t group_op_ = SIZE_MAX;    // its index in pending_
     // The pass being recorded.
