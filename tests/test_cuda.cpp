@@ -473,10 +473,14 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
 #if VXQ_HAVE_CUDA
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    enum Kind { Norm, NormSwiglu, Resid, NormResid };
+    enum Kind { Norm, NormSwiglu, Resid, NormResid, SwigluBeforeResid };
     struct FuseCase { GgmlType type; Kind kind; int64_t rows[3]; int count; int64_t cols; };
-    // F32/F16/BF16 (Q8_0/Q4_0 keep the multi-token kernel at n = 1 and are not fusable: below).
-    const FuseCase cases[] = {{GgmlType::F16, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::BF16, Norm, {97, 33, 0}, 2, 256},
+    // F32/F16/BF16: the batch-1 kernel; Q8_0/Q4_0: their quantize kernel and the GEMV's store.
+    const FuseCase cases[] = {{GgmlType::Q4_0, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::Q8_0, Norm, {97, 33, 0}, 2, 256},
+                              {GgmlType::Q4_0, Resid, {4096, 0, 0}, 1, 14336},     {GgmlType::Q8_0, NormResid, {129, 0, 0}, 1, 96},
+                              {GgmlType::Q4_0, SwigluBeforeResid, {4096, 0, 0}, 1, 14336},
+                              {GgmlType::Q8_0, SwigluBeforeResid, {65, 0, 0}, 1, 160},
+                              {GgmlType::F16, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::BF16, Norm, {97, 33, 0}, 2, 256},
                               {GgmlType::BF16, Norm, {65, 0, 0}, 1, 1056},        {GgmlType::F32, Norm, {31, 17, 9}, 3, 160},
                               {GgmlType::F16, NormSwiglu, {14336, 14336, 0}, 2, 4096}, {GgmlType::F16, NormSwiglu, {1001, 1001, 0}, 2, 512},
                               {GgmlType::F32, NormSwiglu, {37, 37, 0}, 2, 2048},  {GgmlType::F16, Resid, {4096, 0, 0}, 1, 14336},
@@ -499,13 +503,17 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
             sp[i] = sep.back()->p;
             fp[i] = fus.back()->p;
         }
-        const bool norm = fc.kind != Resid, resid = fc.kind == Resid || fc.kind == NormResid;
+        const bool norm = fc.kind != Resid && fc.kind != SwigluBeforeResid, before = fc.kind == SwigluBeforeResid;
+        const bool resid = fc.kind == Resid || fc.kind == NormResid || before;
         const std::vector<float> x = random_floats(size_t(fc.cols), rng, 3.0f);
         std::vector<float> nw = random_floats(size_t(fc.cols), rng);
         const std::vector<float> r0 = random_floats(size_t(fc.rows[0]), rng);
         DeviceFloats xd(x.size()), nwd(nw.size()), sep_x(x.size()), fus_x(x.size()), sep_r(r0.size()), fus_r(r0.size());
         xd.upload(x);
         nwd.upload(nw);
+        DeviceFloats up(x.size()), fus_in(x.size());  // SwigluBeforeResid: x = silu(x) * up first
+        up.upload(random_floats(x.size(), rng));
+        fus_in.upload(x);
         sep_r.upload(r0);
         fus_r.upload(r0);
         cuda::GemvScratch scratch;
@@ -515,6 +523,7 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
             cuda::rms_norm(xd.p, nwd.p, 1, fc.cols, 1e-5f, sep_x.p, st.s);
             in = sep_x.p;
         }
+        if (before) cuda::swiglu(xd.p, up.p, fc.cols, st.s);  // in place, as the model does
         cuda::gemv_group(wp, sp, fc.count, in, 1, scratch, st.s);
         if (fc.kind == NormSwiglu) cuda::swiglu(sp[0], sp[1], fc.rows[0], st.s);
         if (resid) cuda::add(sep_r.p, sp[0], fc.rows[0], st.s);
@@ -527,8 +536,9 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
         }
         f.swiglu = fc.kind == NormSwiglu;
         if (resid) f.resid = fus_r.p;
+        if (before) f.swiglu_up = up.p;
         ASSERT_TRUE(cuda::gemv_fusable(wp, fc.count, f));
-        cuda::gemv_group(wp, fp, fc.count, norm ? fus_x.p : xd.p, scratch, st.s, f);
+        cuda::gemv_group(wp, fp, fc.count, norm ? fus_x.p : before ? fus_in.p : xd.p, scratch, st.s, f);
         VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
         for (int i = 0; i < fc.count; ++i) {
             const std::vector<float> a = sep[size_t(i)]->download(), b = fus[size_t(i)]->download();
@@ -538,6 +548,10 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
         if (norm) {
             const std::vector<float> a = sep_x.download(), b = fus_x.download();
             EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "the normalized x";
+        }
+        if (before) {
+            const std::vector<float> a = xd.download(), b = fus_in.download();
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "x after the SwiGLU";
         }
         if (resid) {
             const std::vector<float> a = sep_r.download(), b = fus_r.download();
@@ -558,8 +572,8 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
     EXPECT_FALSE(cuda::gemv_fusable(two, 2, res));
     const Weights q = random_weights(GgmlType::Q4_0, 64, 256, rng);
     UploadedWeight dq(q.view());
-    const cuda::DeviceWeight* quant[] = {&dq.w};
-    EXPECT_FALSE(cuda::gemv_fusable(quant, 1, cuda::GemvFusion{}));
+    const cuda::DeviceWeight* quant[] = {&dq.w, &dq.w};
+    EXPECT_FALSE(cuda::gemv_fusable(quant, 2, sw));  // the SwiGLU epilogue is the batch-1 kernel's
 #endif
 }
 
@@ -626,6 +640,7 @@ TEST(Cuda, RopeAndStoreFuseBitExact) {
         const RopeParams rp{c.n_rot, 10000.0f, c.neox};
         std::vector<float> outs[2][2];
         std::vector<float> pages[2][2];
+        const auto pre = random_floats(size_t(c.pos0 * kd), rng);
         for (int fused = 0; fused < 2; ++fused) {
             auto be = make_backend("cuda", 1);
             const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.pos0 + c.n + 8};
@@ -633,7 +648,6 @@ TEST(Cuda, RopeAndStoreFuseBitExact) {
             opts.memory = be->kv_memory();
             auto cache = make_kv_cache(shape, KvSpec{}, opts);
             if (c.pos0 > 0) {  // earlier tokens, so the store appends
-                const auto pre = random_floats(size_t(c.pos0 * kd), rng);
                 be->kv_write(*cache, 0, 0, pre.data(), pre.data(), c.pos0);
                 cache->commit(c.pos0);
             }

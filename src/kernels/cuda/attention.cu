@@ -219,28 +219,41 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
     }
 }
 
-// Block (h, i): merges the splits of query head h, token i. No visible token: 0.
+// Block (h, i): merges the splits of query head h, token i. No visible token: 0. The splits'
+// maxima and sums are read in parallel first (a chain of dependent loads would cost a memory
+// latency per split).
 __global__ void attention_merge_kernel(const F16SplitAttentionParams p) {
+    __shared__ float wz[kAttnSplitMaxSplits], lz[kAttnSplitMaxSplits];
+    __shared__ float inv_s;
     pdl_wait();
     pdl_launch_dependents();
     const int64_t h = blockIdx.x, i = blockIdx.y, hd = p.head_dim, stride = hd + 2;
+    const int splits = int(p.splits);
     const float* part = p.partial + (i * p.n_head + h) * p.splits * stride;
-    float m = -INFINITY;
-    for (int64_t z = 0; z < p.splits; ++z) m = fmaxf(m, part[z * stride + hd]);
-    float l = 0.0f;
-    for (int64_t z = 0; z < p.splits; ++z) {
-        const float mz = part[z * stride + hd];
-        if (mz != -INFINITY) l += part[z * stride + hd + 1] * expf(mz - m);
+    if (threadIdx.x < 32) {
+        float m = -INFINITY;
+        for (int z = threadIdx.x; z < splits; z += 32) {
+            wz[z] = part[z * stride + hd];
+            lz[z] = part[z * stride + hd + 1];
+            m = fmaxf(m, wz[z]);
+        }
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int z = threadIdx.x; z < splits; z += 32) {
+            const float w = wz[z] == -INFINITY ? 0.0f : expf(wz[z] - m);
+            wz[z] = w;
+            l += lz[z] * w;
+        }
+        l = warp_add(l);
+        // ggml_soft_max: the reciprocal taken in double.
+        if (threadIdx.x == 0) inv_s = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
     }
-    // ggml_soft_max: the reciprocal taken in double.
-    const float inv = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
+    __syncthreads();
     for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int64_t z = 0; z < p.splits; ++z) {
-            const float mz = part[z * stride + hd];
-            if (mz != -INFINITY) acc += part[z * stride + d] * expf(mz - m);
-        }
-        p.out[(i * p.n_head + h) * hd + d] = acc * inv;
+#pragma unroll 8
+        for (int z = 0; z < splits; ++z) acc += part[z * stride + d] * wz[z];
+        p.out[(i * p.n_head + h) * hd + d] = acc * inv_s;
     }
 }
 

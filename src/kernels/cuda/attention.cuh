@@ -65,7 +65,7 @@ void attention_f16(const F16AttentionParams& p, cudaStream_t stream);
 // relative.
 constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
 constexpr int kAttnSplitMaxHeadDim = 256;
-constexpr int kAttnSplitMaxSplits = 64;
+constexpr int kAttnSplitMaxSplits = 32;
 
 struct F16SplitAttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device)

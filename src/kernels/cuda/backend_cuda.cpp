@@ -273,6 +273,8 @@ public:
             GemvFusion f = group_.fusion;
             f.swiglu = true;
             fuse_into_group(f, "gemv (swiglu)");
+        } else if (n_rows == 1) {
+            swiglu_ = SwigluArgs{pending_.size() - 1, a.gate, a.up, n_ff};  // a candidate for the next matmul
         }
         finish(gate, a.gate, n);
     }
@@ -291,7 +293,8 @@ public:
         // (every block reads its input, and the norm's, before any adds).
         if (group_just_before() && group_.count == 1 && group_.n == 1 && group_.y[0] == a.y && group_.w[0]->rows == n &&
             !group_.fusion.swiglu && !overlaps(a.x, size_t(n), group_.x, size_t(group_.w[0]->cols)) &&
-            !(group_.fusion.norm_in && overlaps(a.x, size_t(n), group_.fusion.norm_in, size_t(group_.w[0]->cols)))) {
+            !(group_.fusion.norm_in && overlaps(a.x, size_t(n), group_.fusion.norm_in, size_t(group_.w[0]->cols))) &&
+            !(group_.fusion.swiglu_up && overlaps(a.x, size_t(n), group_.fusion.swiglu_up, size_t(group_.w[0]->cols)))) {
             GemvFusion f = group_.fusion;
             f.resid = a.x;
             fuse_into_group(f, "gemv (+ residual)");
@@ -638,7 +641,7 @@ private:
     void group_gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, size_t x_len, size_t y_len) {
         bool extend = group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size() && group_.x == x && group_.n == n &&
                       group_.count < kGemvGroupMax && gemv_groupable(*group_.w[0], w, n) && !group_.fusion.swiglu &&
-                      !group_.fusion.resid;
+                      !group_.fusion.resid && !group_.fusion.swiglu_up;
         for (int64_t i = 0; extend && i < group_.count; ++i) {
             extend = !overlaps(group_.y[i], size_t(n * group_.w[i]->rows), x, x_len);
         }
@@ -672,6 +675,19 @@ private:
                     set_group_launch("gemv (rms_norm)");
                 }
             }
+            // The SwiGLU right before, whose output (gate) this reads: Q8_0/Q4_0 quantize it on the way.
+            if (n == 1 && swiglu_.op != SIZE_MAX && swiglu_.op + 2 == pending_.size() && swiglu_.gate == x &&
+                swiglu_.n == w.cols && !overlaps(swiglu_.up, size_t(swiglu_.n), x, size_t(swiglu_.n))) {
+                GemvFusion f;
+                f.swiglu_up = swiglu_.up;
+                const DeviceWeight* ws[] = {&w};
+                if (gemv_fusable(ws, 1, f)) {
+                    pending_[swiglu_.op] = [](cudaStream_t) {};
+                    labels_[swiglu_.op] = nullptr;
+                    group_.fusion = f;
+                    set_group_launch("gemv (swiglu before)");
+                }
+            }
             return;
         }
         pending_.pop_back();
@@ -694,7 +710,7 @@ private:
     }
     void set_group_launch(const char* label) {
         labels_[group_op_] = label;
-        const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu;
+        const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu || group_.fusion.swiglu_up;
         pending_[group_op_] = [g = group_, fused, this](cudaStream_t st) {
             if (fused) {
                 gemv_group(g.w, g.y, int(g.count), const_cast<float*>(g.x), gemv_scratch_, st, g.fusion);
@@ -708,6 +724,7 @@ private:
     void clear_pass() {
         group_op_ = SIZE_MAX;
         norm_ = NormArgs{};
+        swiglu_ = SwigluArgs{};
         ropes_[0] = ropes_[1] = RopeArgs{};
         labels_.clear();
         pending_.clear();
@@ -872,6 +889,13 @@ private:
         float eps = 0.0f;
     };
     NormArgs norm_;
+    struct SwigluArgs {  // the last one-row SwiGLU recorded unfused (a candidate for a Q8_0/Q4_0 matmul's quantize)
+        size_t op = SIZE_MAX;
+        float* gate = nullptr;
+        const float* up = nullptr;
+        int64_t n = 0;
+    };
+    SwigluArgs swiglu_;
     struct RopeArgs {  // a recorded RoPE (the last two are candidates for the KV store's kernel)
         size_t op = SIZE_MAX;
         float* x = nullptr;

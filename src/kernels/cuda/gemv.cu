@@ -98,6 +98,45 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
     if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
 }
 
+// quantize_q8_0_kernel for one row with the op before it done on the way (GemvFusion, n = 1):
+// the RMSNorm (every block computes the row's scale as cuda::rms_norm does; block 0 writes the
+// normalized row to x) or the SwiGLU x = silu(x) * up (each element written back to x). A warp
+// per 32-element block, as quantize_q8_0_kernel: the same quants and scales, bit for bit.
+constexpr int kQuantFusedThreads = 256;
+static_assert(kQuantFusedThreads == kNormThreads, "the RMSNorm prologue reduces over the block");
+__global__ void __launch_bounds__(kQuantFusedThreads)
+quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ norm_w, float eps, const float* __restrict__ up,
+                      float* x, int64_t cols, int8_t* __restrict__ qs, Q8Scale* __restrict__ s) {
+    __shared__ double partial[kNormThreads];
+    pdl_wait();
+    pdl_launch_dependents();
+    const int lane = threadIdx.x & 31;
+    const int64_t b = int64_t(blockIdx.x) * (kQuantFusedThreads / 32) + (threadIdx.x >> 5);
+    float scale = 1.0f;
+    if (norm_w) {
+        scale = block_rms_scale(in, cols, eps, partial);
+        if (blockIdx.x == 0) {
+            for (int64_t c = threadIdx.x; c < cols; c += kQuantFusedThreads) x[c] = rms_apply(in[c], scale, norm_w[c]);
+        }
+    }
+    if (b >= cols / kQBlock) return;  // after the block-wide norm
+    const int64_t c = b * kQBlock + lane;
+    float v = in[c];
+    if (norm_w) v = rms_apply(v, scale, norm_w[c]);
+    if (up) {
+        v = silu_mul(v, up[c]);
+        x[c] = v;
+    }
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int q = __float2int_rn(__fmul_rn(v, id));
+    qs[c] = int8_t(q);
+    const int sum = __reduce_add_sync(0xffffffffu, q);
+    if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
+}
+
 // ---- GEMV --------------------------------------------------------------------------------------
 // A block is kGemvWarps warps. Warps are grouped `split` to a row group of kGemvRowsPerWarp rows:
 // split 1 = each warp has its own rows; split 2 or 4 = that many warps share the rows and take
@@ -127,6 +166,7 @@ struct GemvParams {
     float* y;                  // [n, rows]
     int rows, cols, n;         // below 2^31 (gemv checks); element offsets are int64
     int split;                 // warps sharing a row group: 1, 2 or 4
+    float* resid;              // resid[i] += y[i] as y is stored (GemvFusion::resid), or nullptr
 };
 
 // F32/F16/BF16: a unit is 16 bytes; f32 products and sums (f16/bf16 products are exact in f32).
@@ -315,6 +355,7 @@ __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
         for (int t = 0; t < NT; ++t) {
             if (lane == r * NT + t && row0 + r < p.rows && t0 + t < p.n) {
                 p.y[int64_t(t0 + t) * p.rows + row0 + r] = acc[r][t];
+                if (p.resid) p.resid[int64_t(t0 + t) * p.rows + row0 + r] += acc[r][t];
             }
         }
     }
@@ -380,7 +421,7 @@ GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, 
     if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX) {
         throw_cuda_error(cudaErrorInvalidValue, "gemv: a dimension above INT_MAX", __FILE__, __LINE__);
     }
-    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1};
+    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1, nullptr};
 }
 
 // Sets p.split and returns the matrix's blocks along x.
@@ -802,6 +843,31 @@ void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count
     }
 }
 
+// n = 1 with a fusion (gemv_fusable): the norm or SwiGLU before, in the quantize kernel; the
+// residual add in the GEMV's store.
+void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count, float* x, const GemvFusion& f,
+                      GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    const int64_t nb = w.cols / kQBlock;
+    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, 1)));
+    int8_t* xq = reinterpret_cast<int8_t*>(base);
+    Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(w.cols)));
+    const float* in = f.norm_weight ? f.norm_in : x;
+    const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
+    launch_pdl(quantize_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
+               f.swiglu_up, x, w.cols, xq, xs);
+    GemvParams ps[kGemvGroupMax];
+    for (int i = 0; i < count; ++i) {
+        ps[i] = gemv_params(*ws[i], xq, xs, 1, ys[i]);
+        ps[i].resid = f.resid;
+    }
+    if (w.type == GgmlType::Q8_0) {
+        launch_gemv_group<Q8Format>(ps, count, st);
+    } else {
+        launch_gemv_group<Q4Format>(ps, count, st);
+    }
+}
+
 void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
     const DeviceWeight* ws[] = {&w};
     gemv_quant_group(ws, &y, 1, x, n, s, st);
@@ -1171,15 +1237,21 @@ bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fu
     if (count < 1 || count > kGemvGroupMax) return false;
     for (int i = 0; i < count; ++i) {
         if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
+        if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;
     }
-    return g1_dispatch(ws, nullptr, count, nullptr, fusion, nullptr);
+    if (fusion.norm_weight && !fusion.norm_in) return false;
+    if (is_quant(ws[0]->type)) {  // the quantize kernel's prologue and the GEMV's store
+        return !fusion.swiglu && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up);
+    }
+    return !fusion.swiglu_up && g1_dispatch(ws, nullptr, count, nullptr, fusion, nullptr);
 }
 
-void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, float* x, GemvScratch& /*s*/,
-                cudaStream_t st, const GemvFusion& fusion) {
+void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, float* x, GemvScratch& s, cudaStream_t st,
+                const GemvFusion& fusion) {
     if (!gemv_fusable(ws, count, fusion)) {
         throw_cuda_error(cudaErrorInvalidValue, "gemv_group: a fusion that gemv_fusable refuses", __FILE__, __LINE__);
     }
+    if (is_quant(ws[0]->type)) return gemv_quant_fused(ws, ys, count, x, fusion, s, st);
     g1_dispatch(ws, ys, count, x, fusion, &st);
 }
 

@@ -130,9 +130,11 @@ bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n);
 void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n, GemvScratch& s,
                 cudaStream_t stream);
 
-// The batch-1 GEMV (n == 1, the decode step) is its own kernel (gemv.cu, "batch-1 GEMV"): each
-// block converts x to the dot type in shared memory itself (no conversion kernel), and it can
-// take the neighbouring element-wise work of a layer, so a decode step runs fewer kernels:
+// At n == 1 (the decode step) a matmul can take the neighbouring element-wise work of a layer,
+// so a decode step runs fewer kernels. F32/F16/BF16 run the batch-1 kernel (gemv.cu, "batch-1
+// GEMV": each block converts x in shared memory, the norm is its prologue, SwiGLU or the residual
+// add its epilogue); Q8_0/Q4_0 run their quantize kernel with the norm or SwiGLU in it, and the
+// residual add in the GEMV's store:
 struct GemvFusion {
     // RMSNorm first: x = rms_norm(norm_in) * norm_weight, written to x (an output then) and used
     // as the input. The same arithmetic as cuda::rms_norm (device_math.cuh): the same bits.
@@ -142,7 +144,11 @@ struct GemvFusion {
     // One matrix: resid[r] += y[r] after y is computed (the residual add), as cuda::add.
     float* resid = nullptr;
     // Two matrices (gate, up) of equal rows: y0 = silu(y0) * y1 as cuda::swiglu; y1 keeps up.
+    // F32/F16/BF16 only.
     bool swiglu = false;
+    // Q8_0/Q4_0 only (their activations are quantized by a kernel of their own, which takes the
+    // op before): x = silu(x) * swiglu_up first, as cuda::swiglu (x written back).
+    const float* swiglu_up = nullptr;
 };
 // Whether gemv_group(ws, ys, count, x, 1, s, stream, fusion) runs the batch-1 kernel with this
 // fusion (the matrices' type and cols, and for swiglu two matrices of equal rows).
