@@ -173,6 +173,7 @@ struct GemvParams {
 template <class E>
 struct DenseFormat {
     using Unit = uint4;
+    static constexpr int kRows = kGemvRowsPerWarp;
     static constexpr int kPer16 = 4 * E::kPerWord;  // elements per unit
     static constexpr int kUnitsPerIter = kGemvLoadsPerRow;
     static __host__ __device__ int units(int cols) { return cols / kPer16; }
@@ -210,6 +211,7 @@ __device__ __forceinline__ int dp4a_16(const int4& a, const int4& b, int acc) {
 
 // Q8_0 weights x q8_0 activations: per block the integer dot (dp4a) times d_w * d_x.
 struct Q8Format {
+    static constexpr int kRows = kGemvRowsPerWarp;
     struct Unit {
         int4 lo, hi;  // quants 0-15, 16-31
         float d;
@@ -240,6 +242,7 @@ struct Q8Format {
 // byte j and element j + 16 in the high nibble; values are nibble - 8. The integer block dot is
 // sum (nib - 8) x = sum nib x - 8 sum x, the same integer without a per-byte subtraction.
 struct Q4Format {
+    static constexpr int kRows = kGemvRowsPerWarp;
     struct Unit {
         int4 q;
         float d;
@@ -272,13 +275,28 @@ struct Q4Format {
     }
 };
 
+// Q4_0 with R rows per warp: each 40-byte activation load (32 quants, scale, sum) feeds R rows
+// of 18-byte blocks. 4 by default; VXQ_GEMV_Q4_ROWS=2 runs the 2-row layout (measurements).
+template <int R>
+struct Q4FormatR : Q4Format {
+    static constexpr int kRows = R;
+};
+
+int q4_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("VXQ_GEMV_Q4_ROWS");
+        return e && std::atoi(e) == 2 ? 2 : 4;  // 4: measured 7 % faster decode on the H200 (docs/gpu.md)
+    }();
+    return v;
+}
+
 // __launch_bounds__(..., 1): no register cap. Without it ptxas aimed at lower counts and
 // spilled 8-24 bytes in some instantiations; with it none spills (registers per thread for
 // NT = 1: f16 64, q8_0 56, q4_0 66, i.e. 7-9 blocks = 28-36 warps per SM).
 // Block bx of the matrix p (the kernels below give it its block index).
 template <class F, int NT>
 __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
-    constexpr int R = kGemvRowsPerWarp, U = F::kUnitsPerIter;
+    constexpr int R = F::kRows, U = F::kUnitsPerIter;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int group = warp / p.split, part = warp - group * p.split;
     const int row0 = (bx * (kGemvWarps / p.split) + group) * R;
@@ -406,8 +424,8 @@ int sm_count() {
 
 // Warps per row group (gemv_group_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
 // warps per SM and every warp of the group keeps at least one full iteration of units.
-int gemv_split(int64_t rows, int64_t units, int units_per_iter) {
-    const int64_t row_warps = (rows + kGemvRowsPerWarp - 1) / kGemvRowsPerWarp;
+int gemv_split(int64_t rows, int64_t units, int units_per_iter, int rows_per_warp) {
+    const int64_t row_warps = (rows + rows_per_warp - 1) / rows_per_warp;
     const int64_t target = int64_t(sm_count()) * kGemvTargetWarpsPerSm;
     const int64_t per_warp_iter = int64_t(32) * units_per_iter;
     int split = 1;
@@ -427,8 +445,8 @@ GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, 
 // Sets p.split and returns the matrix's blocks along x.
 template <class F>
 int64_t plan_gemv(GemvParams& p) {
-    p.split = gemv_split(p.rows, F::units(p.cols), F::kUnitsPerIter);
-    const int64_t rows_per_block = int64_t(kGemvWarps / p.split) * kGemvRowsPerWarp;
+    p.split = gemv_split(p.rows, F::units(p.cols), F::kUnitsPerIter, F::kRows);
+    const int64_t rows_per_block = int64_t(kGemvWarps / p.split) * F::kRows;
     return (p.rows + rows_per_block - 1) / rows_per_block;
 }
 
@@ -839,7 +857,11 @@ void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count
     if (w.type == GgmlType::Q8_0) {
         launch_gemv_group<Q8Format>(ps, count, st);
     } else {
-        launch_gemv_group<Q4Format>(ps, count, st);
+        if (q4_rows() == 4) {
+            launch_gemv_group<Q4FormatR<4>>(ps, count, st);
+        } else {
+            launch_gemv_group<Q4Format>(ps, count, st);
+        }
     }
 }
 
@@ -864,7 +886,11 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
     if (w.type == GgmlType::Q8_0) {
         launch_gemv_group<Q8Format>(ps, count, st);
     } else {
-        launch_gemv_group<Q4Format>(ps, count, st);
+        if (q4_rows() == 4) {
+            launch_gemv_group<Q4FormatR<4>>(ps, count, st);
+        } else {
+            launch_gemv_group<Q4Format>(ps, count, st);
+        }
     }
 }
 
@@ -1129,6 +1155,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         }
     }
     int64_t units = 0, per_iter = 0;
+    const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : kGemvRowsPerWarp;
     bool vector = true;
     switch (w.type) {
         case GgmlType::F32: units = DenseFormat<F32Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
@@ -1144,8 +1171,8 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     std::snprintf(line, sizeof line, "gemv %s%s, %d tok/pass, %d rows/warp, split %d", type,
-                  is_quant(w.type) ? " x q8_0 dp4a" : "", gemv_tokens_per_pass(n), kGemvRowsPerWarp,
-                  gemv_split(w.rows, units, int(per_iter)));
+                  is_quant(w.type) ? " x q8_0 dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
+                  gemv_split(w.rows, units, int(per_iter), rows_per_warp));
     return line;
 }
 
