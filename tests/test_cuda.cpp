@@ -961,13 +961,19 @@ TEST(Cuda, DeviceKvCacheHoldsMemoryOnlyForItsTokens) {
 
 // A decode step is captured as a CUDA graph the second time it comes and replayed after that:
 // the logits must be those of plain launches, bit for bit (same kernels, same arguments).
+// A CUDA backend that runs every pass as plain launches (VXQ_CUDA_GRAPHS=0 at its creation).
+std::unique_ptr<Backend> plain_cuda_backend() {
+    setenv("VXQ_CUDA_GRAPHS", "0", 1);
+    auto plain = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_GRAPHS");
+    return plain;
+}
+
 TEST(Cuda, GraphReplayEqualsPlainLaunches) {
     VXQ_REQUIRE_CUDA(graphs);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
     auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
-    setenv("VXQ_CUDA_GRAPHS", "0", 1);
-    auto plain = make_backend("cuda", 1);
-    unsetenv("VXQ_CUDA_GRAPHS");
+    auto plain = plain_cuda_backend();
     EXPECT_NE(graphs->describe().find("graphs on"), std::string::npos) << graphs->describe();
     EXPECT_NE(plain->describe().find("graphs off"), std::string::npos) << plain->describe();
     const ModelConfig& c = model->config();
@@ -997,9 +1003,7 @@ TEST(Cuda, PrefillGraphReplayEqualsPlainLaunches) {
     VXQ_REQUIRE_CUDA(graphs);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
     auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
-    setenv("VXQ_CUDA_GRAPHS", "0", 1);
-    auto plain = make_backend("cuda", 1);
-    unsetenv("VXQ_CUDA_GRAPHS");
+    auto plain = plain_cuda_backend();
     const ModelConfig& c = model->config();
     const auto ids = model->tokenizer().encode(
         "The driver reads the table of registers, checks every value against the limits that the hardware "

@@ -471,30 +471,6 @@ AttnGemmPlan attn_gemm_plan(const F16AttentionGemmParams& p) {
     return plan;
 }
 
-AttnGemmScratch::~AttnGemmScratch() {
-    // Destructor path: nothing useful to do with an error here. The handle is detached from the
-    // last call's stream first, which its owner may already have destroyed.
-    if (cublas) {
-        cublas_api().set_stream(cublas, nullptr);
-        cublas_api().destroy(cublas);
-    }
-    cudaFree(buf);
-}
-
-void AttnGemmScratch::reserve(size_t n) {
-    if (n > bytes) {
-        VXQ_CUDA_CHECK(cudaFree(buf));
-        buf = nullptr;
-        bytes = 0;
-        VXQ_CUDA_CHECK(cudaMalloc(&buf, n));
-        bytes = n;
-    }
-    if (!cublas) {
-        VXQ_CUBLAS_CHECK(cublas_api().create(&cublas));
-        VXQ_CUBLAS_CHECK(cublas_api().set_math_mode(cublas, CUBLAS_DEFAULT_MATH));
-    }
-}
-
 void attention_f16_gemm(const F16AttentionGemmParams& p, AttnGemmScratch& s, cudaStream_t st) {
     const AttnGemmLayout l = attn_gemm_layout(p);
     if (!s.cublas || p.scratch != s.buf || s.bytes < l.total) {

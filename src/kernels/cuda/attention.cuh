@@ -20,6 +20,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/gemv.cuh"
+
 namespace vxq::cuda {
 
 // The per-head table both kernels read (device memory), one entry per KV head.
@@ -179,16 +181,9 @@ AttnGemmPlan attn_gemm_plan(const F16AttentionGemmParams& p);
 // The GEMM path's device scratch and its own cuBLAS handle. Grows, never shrinks; reserve also
 // creates the handle, so after reserve(attn_gemm_layout(p).total) attention_f16_gemm allocates
 // and creates nothing and can be captured in a CUDA graph.
-struct AttnGemmScratch {
-    void* buf = nullptr;
-    size_t bytes = 0;
-    cublasHandle_t cublas = nullptr;
-    AttnGemmScratch() = default;
-    AttnGemmScratch(const AttnGemmScratch&) = delete;
-    AttnGemmScratch& operator=(const AttnGemmScratch&) = delete;
-    ~AttnGemmScratch();
-    void reserve(size_t n);
-};
+// The prefill attention's device scratch and its own cuBLAS handle: a GemvScratch (reserving
+// attn_gemm_layout's total, which holds a cuBLAS workspace, also creates the handle).
+using AttnGemmScratch = GemvScratch;
 
 // p.scratch is s.buf, reserved for p; p.operands holds attn_gemm_operands(p, ...) by launch time.
 void attention_f16_gemm(const F16AttentionGemmParams& p, AttnGemmScratch& s, cudaStream_t stream);

@@ -416,22 +416,25 @@ public:
             F16SplitAttentionParams p = zeroed<F16SplitAttentionParams>();
             p.splits = attention_splits(n_q, view.n_head_kv);
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
-            p.out = dev_out;
-            step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
-            p.q = in(q, n_out);
-            p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
-            p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
-            p.n_q = n_q;
-            p.n_head = view.n_head;
-            p.n_head_kv = view.n_head_kv;
-            p.head_dim = view.head_dim;
-            p.scale = 1.0f / std::sqrt(float(view.head_dim));
+            attention_inputs(p, view, q, n_q, pos0, dev_out);
             record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
             finish(o, p.out, n_out);
             return;
         }
         F16AttentionParams p = zeroed<F16AttentionParams>();
         p.scores = grow(scores_, size_t(n_q * view.n_head * scores_stride_));
+        attention_inputs(p, view, q, n_q, pos0, dev_out);
+        p.max_tokens = scores_stride_;
+        p.round_f16 = !view.flash_attn;  // the CPU backend's (llama.cpp's) non-flash numerics
+        record(Op::Attention, p, [](const F16AttentionParams& p, cudaStream_t st) { attention_f16(p, st); });
+        finish(o, p.out, n_out);
+    }
+
+    // The fields both decode attention kernels take: output, inputs (q, the step's position and
+    // heads table in the step block), shape and score scale. Called after every grow of the call.
+    template <class P>
+    void attention_inputs(P& p, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* dev_out) {
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         p.out = dev_out;
         step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);
@@ -441,11 +444,7 @@ public:
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
         p.head_dim = view.head_dim;
-        p.max_tokens = scores_stride_;
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
-        p.round_f16 = !view.flash_attn;  // the CPU backend's (llama.cpp's) non-flash numerics
-        record(Op::Attention, p, [](const F16AttentionParams& p, cudaStream_t st) { attention_f16(p, st); });
-        finish(o, p.out, n_out);
     }
 
     std::string attention_path(const KvLayerView& view) const override {

@@ -842,6 +842,17 @@ size_t gemv_quant_scratch_bytes(const DeviceWeight& w, int64_t n) {
     return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQBlock)) * sizeof(Q8Scale);
 }
 
+// The Q8_0 or Q4_0 GEMV of ps (x already quantized).
+void launch_quant_group(GgmlType type, const GemvParams* ps, int count, cudaStream_t st) {
+    if (type == GgmlType::Q8_0) {
+        launch_gemv_group<Q8Format>(ps, count, st);
+    } else if (q4_rows() == 4) {
+        launch_gemv_group<Q4FormatR<4>>(ps, count, st);
+    } else {
+        launch_gemv_group<Q4Format>(ps, count, st);
+    }
+}
+
 // ws[0..count) share x (same type and cols): x quantized to q8_0 once, then one launch.
 void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                       GemvScratch& s, cudaStream_t st) {
@@ -854,15 +865,7 @@ void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count
     VXQ_CUDA_CHECK_LAUNCH();
     GemvParams ps[kGemvGroupMax];
     for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xq, xs, n, ys[i]);
-    if (w.type == GgmlType::Q8_0) {
-        launch_gemv_group<Q8Format>(ps, count, st);
-    } else {
-        if (q4_rows() == 4) {
-            launch_gemv_group<Q4FormatR<4>>(ps, count, st);
-        } else {
-            launch_gemv_group<Q4Format>(ps, count, st);
-        }
-    }
+    launch_quant_group(w.type, ps, count, st);
 }
 
 // n = 1 with a fusion (gemv_fusable): the norm or SwiGLU before, in the quantize kernel; the
@@ -883,15 +886,7 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
         ps[i] = gemv_params(*ws[i], xq, xs, 1, ys[i]);
         ps[i].resid = f.resid;
     }
-    if (w.type == GgmlType::Q8_0) {
-        launch_gemv_group<Q8Format>(ps, count, st);
-    } else {
-        if (q4_rows() == 4) {
-            launch_gemv_group<Q4FormatR<4>>(ps, count, st);
-        } else {
-            launch_gemv_group<Q4Format>(ps, count, st);
-        }
-    }
+    launch_quant_group(w.type, ps, count, st);
 }
 
 void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
