@@ -125,6 +125,11 @@ const BadInput kBadInputs[] = {
     {"BinaryPromptFile", [] { return Args{"generate", "-m", M(), "-f", tmp_file("binary.txt", std::string("\x7f" "ELF\x02\x01\x01\0\xff\xfe", 10) + std::string(3000, '\x90'))}; }, "UTF-8"},
     // perplexity and eval print nothing before a refusal.
     {"EvalTextTooShort", [] { return Args{"eval", "-m", M(), "-f", tmp_file("short_eval.txt", "Just a few words."), "--kv", "q8_0", "-c", "64"}; }, "needs at least"},
+    // vxq passkey: the set file is checked before the model loads.
+    {"PasskeyNotJson", [] { return Args{"passkey", "-m", M(), "-f", T()}; }, "not a pass-key set: invalid JSON"},
+    {"PasskeyCaseWithoutAnswer", [] { return Args{"passkey", "-m", M(), "-f", tmp_file("pk.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p"}]})")}; }, "case 0 has no \"answer\""},
+    {"PasskeyNoCaseOfLength", [] { return Args{"passkey", "-m", M(), "-f", tmp_file("pk1.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--lengths", "4000"}; }, "no case of length 4000"},
+    {"PasskeyMissingFile", [] { return Args{"passkey", "-m", M(), "-f", "/nonexistent/pk.json"}; }, "/nonexistent/pk.json"},
     // -f DIRECTORY is not an empty text.
     {"GeneratePromptFileIsDirectory", [] { return Args{"generate", "-m", M(), "-f", "/tmp"}; }, "is a directory"},
     {"PerplexityTextIsDirectory", [] { return Args{"perplexity", "-m", M(), "-f", "/tmp"}; }, "is a directory"},

@@ -1,0 +1,55 @@
+// Pass-key retrieval (../shared/assets/passkey/): a 5-digit key hidden at some depth of filler
+// text, asked for at the end. A case is right when greedy decoding of up to 8 new tokens, with
+// leading whitespace removed, starts with the answer (the set's own "check" rule). It measures
+// whether a KV method (or an eviction policy) keeps one far-away token usable.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace vxq {
+
+class Model;
+class Backend;
+class KvCache;
+
+struct PasskeyCase {
+    std::string id;
+    std::string prompt;
+    std::string answer;
+    int64_t target_tokens = 0;  // the prompt length class (1024, 2048, 4000)
+    int64_t prompt_tokens = 0;  // the file's count with BOS (the vxq tokenizer's)
+    double depth = 0.0;         // where the key sits, as a fraction of the filler
+};
+
+struct PasskeySet {
+    std::string name;
+    std::vector<PasskeyCase> cases;
+};
+
+// Parses the set's JSON; vxq::Error naming `where` and the field for anything missing or malformed.
+PasskeySet parse_passkey_set(std::string_view json_text, const std::string& where);
+
+// Whether generated text answers: leading whitespace removed, it starts with the answer.
+bool passkey_correct(std::string_view text, std::string_view answer);
+
+struct PasskeyOutcome {
+    const PasskeyCase* c = nullptr;
+    int64_t prompt_tokens = 0;  // as tokenized now (differs from the file's only with another tokenizer)
+    std::string text;           // the greedy continuation
+    bool correct = false;
+    double seconds = 0.0;
+};
+
+constexpr int32_t kPasskeyNewTokens = 8;
+
+// Runs the cases (greedy, kPasskeyNewTokens new tokens each) with `cache`, which must hold the
+// longest prompt plus those tokens; `progress(done, total)` after each case.
+std::vector<PasskeyOutcome> run_passkey(const Model& model, Backend& be, KvCache& cache,
+                                        const std::vector<const PasskeyCase*>& cases,
+                                        const std::function<void(size_t, size_t)>& progress = {});
+
+}  // namespace vxq
