@@ -15,6 +15,7 @@
 #include "kernels/cpu/attention_fused.h"
 #include "kv/codec.h"
 #include "kv/kv_cache.h"
+#include "kv/memory.h"
 #include "support/attend.h"
 
 namespace vxq {
@@ -184,6 +185,36 @@ TEST(PagedCache, ResidentBytesMatchFormula) {
     const double k_bytes = streams * (double(n) * 64 * 3.0 / 8.0 + 128 * 64 * 2);
     const double v_bytes = streams * (double(n - 128) * 64 * 3.0 / 8.0 + 129 * 64 * 2);
     EXPECT_NEAR(double(kivi->resident_bytes()) / (k_bytes + v_bytes), 1.0, 0.01);
+}
+
+// A memory that commits in coarse chunks (CUDA's 2 MiB): bytes_for_tokens, the memory check's
+// figure, counts each stream's bytes rounded up to whole chunks.
+TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
+    struct Chunky final : KvMemory {
+        size_t g;
+        explicit Chunky(size_t granularity) : g(granularity) {}
+        std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
+            return host_kv_memory().reserve(page_bytes, max_pages);
+        }
+        bool host_accessible() const override { return true; }
+        void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+        std::string name() const override { return "chunky host RAM"; }
+        size_t commit_granularity() const override { return g; }
+    };
+    const KvShape shape{2, 4, 2, 64, 4096};
+    auto fine = make_kv_cache(shape, KvSpec{});
+    for (const int64_t n : {int64_t(1), int64_t(100), int64_t(4096)}) {
+        for (const size_t g : {size_t(1) << 20, size_t(2) << 20}) {
+            Chunky mem(g);
+            KvCacheOptions o;
+            o.memory = &mem;
+            auto coarse = make_kv_cache(shape, KvSpec{}, o);
+            const size_t streams = 2 * 2 * 2;  // layers x KV heads x (K, V)
+            const size_t per_stream = fine->bytes_for_tokens(n) / streams;  // f16: no window, no state
+            EXPECT_EQ(coarse->bytes_for_tokens(n), streams * ((per_stream + g - 1) / g * g)) << n << " tokens, chunk " << g;
+            EXPECT_GE(coarse->bytes_for_tokens(n), streams * g);
+        }
+    }
 }
 
 TEST(PagedCache, TruncateFreesPagesAndKeepsPrefix) {

@@ -457,7 +457,10 @@ size_t KvCache::resident_bytes() const {
 size_t KvCache::bytes_for_tokens(int64_t n) const {
     const Impl& m = *impl_;
     const size_t pages = size_t((n + m.page_tokens - 1) / m.page_tokens);
-    size_t per_head = pages * (m.k_page_bytes + m.v_page_bytes);
+    // Each stream holds whole commits of its memory (2 MiB chunks on a GPU).
+    const size_t g = std::max<size_t>(1, m.mem->commit_granularity());
+    const auto held = [g](size_t bytes) { return (bytes + g - 1) / g * g; };
+    size_t per_head = held(pages * m.k_page_bytes) + held(pages * m.v_page_bytes);
     const Head& h0 = m.heads.front();
     for (const Codec* c : {&h0.k.codec(), &h0.v.codec()}) {
         if (c->flush_at() > 1) per_head += size_t(c->flush_at() * shape_.head_dim) * sizeof(f16_t);

@@ -38,6 +38,9 @@ public:
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) const = 0;
     // e.g. "host RAM", "GPU 0 (NVIDIA H200)"
     virtual std::string name() const = 0;
+    // Bytes a stream commits at a time: what it holds is its pages' bytes rounded up to this
+    // (CUDA's virtual memory maps 2 MiB chunks). 1 where commits are as fine as pages.
+    virtual size_t commit_granularity() const { return 1; }
 };
 
 // Host RAM through anonymous mappings (MAP_NORESERVE; madvise(DONTNEED) gives pages back).

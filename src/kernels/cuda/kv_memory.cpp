@@ -139,6 +139,7 @@ public:
         VXQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     }
     std::string name() const override { return name_; }
+    size_t commit_granularity() const override { return chunk_; }
 
 private:
     std::string name_;
