@@ -15,6 +15,7 @@ void add_methods(CLI::App& app, int& rc);
 void add_plot(CLI::App& app, int& rc);
 void add_eval(CLI::App& app, int& rc);
 void add_synth(CLI::App& app, int& rc);
+void add_calibrate(CLI::App& app, int& rc);
 
 inline void add_commands(CLI::App& app, int& rc) {
     add_inspect(app, rc);
@@ -26,6 +27,7 @@ inline void add_commands(CLI::App& app, int& rc) {
     add_eval(app, rc);
     add_plot(app, rc);
     add_synth(app, rc);
+    add_calibrate(app, rc);
 }
 
 }  // namespace vxq::tools
