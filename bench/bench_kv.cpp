@@ -1,5 +1,5 @@
 // KV-cache microbenchmarks at head_dim 128 and 8 KV heads for the codecs f16, bf16, q8_0, q4_0,
-// fp8 and kivi:bits=8/4/2, decode also turbo:bits=3/4 and turbo-rvq:bits=2 (the benchmark name
+// fp8 and kivi:bits=8/4/2, decode also turbo:bits=3/4, turbo-rvq:bits=2 and vecinfer:n=4,m=8 (the benchmark name
 // carries the spec string):
 //
 //   BM_KvEncode/<codec>[/key|/value]  The codec's scalar reference encoder (Codec::encode, the one
@@ -86,11 +86,13 @@ const char* const kCodecs[] = {"f16",         "bf16",        "q8_0",        "q4_
                                "fp8",         "kivi:bits=8", "kivi:bits=4", "kivi:bits=2"};
 
 // Decode adds the f16 cache read by the fused kernel (--flash-attn), the fastest f16 path of the
-// kernel family every compressed codec uses, and TurboQuant (turbo at 3 and 4 bits, turbo-rvq at
-// 2 x 2 bits: about q4_0's bits/element).
+// kernel family every compressed codec uses, TurboQuant (turbo at 3 and 4 bits, turbo-rvq at
+// 2 x 2 bits: about q4_0's bits/element) and VecInfer at 2 bits (seeded random codebooks: the
+// reader's work does not depend on their values).
 const char* const kDecodeCodecs[] = {"f16",          "f16+fa",       "bf16",           "q8_0",
                                      "q4_0",         "fp8",          "kivi:bits=8",    "kivi:bits=4",
-                                     "kivi:bits=2",  "turbo:bits=3", "turbo:bits=4",   "turbo-rvq:bits=2"};
+                                     "kivi:bits=2",  "turbo:bits=3", "turbo:bits=4",   "turbo-rvq:bits=2",
+                                     "vecinfer:n=4,m=8,calib=random"};
 
 using vxq::bench::next;
 using vxq::bench::unit;

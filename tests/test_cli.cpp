@@ -13,6 +13,9 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "core/sha256.h"
+#include "kv/calibration.h"
+#include "model/model.h"
 #include "support/assets.h"
 #include "support/run_cli.h"
 #include "support/tiny_model.h"
@@ -76,6 +79,35 @@ TEST_P(CliBadInput, OneErrorLineOnStderrNothingOnStdout) {
 std::string M() { return test::shared_path(kModelRel); }
 std::string T() { return test::shared_path("assets/text/tinystories_valid_head.txt"); }
 using Args = std::vector<std::string>;
+
+// A VecInfer calibration of M()'s shape (n=4, m=8, constant codebooks): made for M() itself when
+// `for_this_model`, else for a model whose sha256 is all zeros. Written once per name.
+std::string vecinfer_calib(const std::string& name, bool for_this_model) {
+    const auto p = std::filesystem::temp_directory_path() / ("vxq_cli_calib_" + name + ".gguf");
+    if (std::filesystem::exists(p)) return p.string();
+    const auto model = Model::load(M());
+    const ModelConfig& cfg = model->config();
+    VecinferCalibration c;
+    c.model_sha256 = for_this_model ? sha256_file(M()) : std::string(64, '0');
+    c.model_file = "other.gguf";
+    c.tokens = 1;
+    c.n_layer = cfg.n_layer, c.n_head_kv = cfg.n_head_kv, c.head_dim = cfg.head_dim;
+    for (int64_t l = 0; l < cfg.n_layer; ++l) {
+        VecinferCalibration::Layer L;
+        L.key_lambda.assign(size_t(cfg.head_dim), 1.0f);
+        L.key_codebook.assign(size_t(cfg.head_dim * 256), 0.5f);
+        L.value_codebook = L.key_codebook;
+        c.layers.push_back(L);
+    }
+    save_vecinfer_calibration(p.string(), c);
+    return p.string();
+}
+std::string calib_prefix(size_t n) {
+    std::ifstream in(vecinfer_calib("this_model", true), std::ios::binary);
+    std::string s(n, '\0');
+    in.read(s.data(), std::streamsize(n));
+    return s;
+}
 
 const BadInput kBadInputs[] = {
     {"UnknownFlag", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--bogus"}; }, "--bogus"},
@@ -186,10 +218,46 @@ const BadInput kBadInputs[] = {
      "missing tensor 'blk.1.ffn_down.weight'"},
     {"WrongTensorShape", [] { return Args{"generate", "-m", broken_model("shape", [](test::TinyModelSpec& s) { s.reshape["blk.0.attn_v.weight"] = {64, 48}; }), "-p", "x"}; },
      "tensor 'blk.0.attn_v.weight' has shape [64, 48], expected [64, 32]"},
+    // VecInfer calibration: the command's inputs, and a calibration file that is missing, of
+    // another model, not a GGUF or truncated, in every command that takes --kv.
+    {"CalibrateUnknownMethod", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "q4_0", "-o", "/tmp/vxq_c.gguf"}; }, "method 'q4_0' has no calibration"},
+    {"CalibrateCalibOption", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "vecinfer:calib=x", "-o", "/tmp/vxq_c.gguf"}; }, "no option 'calib'"},
+    {"CalibrateBadN", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "vecinfer:n=3", "-o", "/tmp/vxq_c.gguf"}; }, "power of two"},
+    {"CalibrateMissingText", [] { return Args{"calibrate", "-m", M(), "-f", "/nonexistent_calib.txt", "--method", "vecinfer", "-o", "/tmp/vxq_c.gguf"}; }, "/nonexistent_calib.txt"},
+    {"CalibrateTextTooShort", [] { return Args{"calibrate", "-m", M(), "-f", tmp_file("calib_short.txt", "Just a few words."), "--method", "vecinfer", "-o", "/tmp/vxq_c.gguf"}; }, "fewer than the 2^8 = 256 centroids"},
+    {"CalibrateOutputUnwritable", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "vecinfer", "-o", "/nonexistent_dir/c.gguf"}; }, "/nonexistent_dir/c.gguf"},
+    {"CalibrateTooManyIterations", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "vecinfer", "-o", "/tmp/vxq_c.gguf", "--iterations", "31"}; }, "--iterations"},
+    {"VecinferWithoutCalibration", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer"}; }, "calib=FILE"},
+    {"VecinferCalibrationMissing", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=/nonexistent_calib.gguf"}; }, "/nonexistent_calib.gguf"},
+    {"VecinferCalibrationOtherModel", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + vecinfer_calib("other_model", false)}; }, "calibration of another model"},
+    {"VecinferCalibrationOtherModelEval", [] { return Args{"eval", "-m", M(), "-f", T(), "-c", "64", "--chunks", "1", "--kv", "q8_0,vecinfer:calib=" + vecinfer_calib("other_model", false)}; }, "calibration of another model"},
+    {"VecinferCalibrationOtherModelBench", [] { return Args{"bench", "-m", M(), "-p", "0", "-n", "1", "-r", "1", "--kv", "vecinfer:calib=" + vecinfer_calib("other_model", false)}; }, "calibration of another model"},
+    {"VecinferCalibrationOtherModelGenerate", [] { return Args{"generate", "-m", M(), "-p", "x", "-n", "1", "-ctk", "vecinfer:calib=" + vecinfer_calib("other_model", false)}; }, "calibration of another model"},
+    {"VecinferCalibrationNotGguf", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_junk.gguf", "not a calibration at all")}; }, "bad magic"},
+    {"VecinferCalibrationIsAModel", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + M()}; }, "vxq.calibration.method"},
+    {"VecinferCalibrationTruncatedHeader", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc100.gguf", calib_prefix(100))}; }, "calib_trunc100.gguf: invalid GGUF"},
+    {"VecinferCalibrationTruncatedData", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc20k.gguf", calib_prefix(20000))}; }, "calib_trunc20k.gguf"},
+    {"VecinferCalibrationWrongShape", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:n=8,calib=" + vecinfer_calib("this_model", true)}; }, "not n=8,m=8"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Table, CliBadInput, ::testing::ValuesIn(kBadInputs),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// vxq calibrate writes a file that perplexity then runs with; the summary names the model's sha256.
+TEST(Cli, CalibrateThenRunWithTheCalibration) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const std::string out = (std::filesystem::temp_directory_path() / "vxq_cli_calibrated.gguf").string();
+    std::filesystem::remove(out);
+    const auto c = test::run_cli({"calibrate", "-m", M(), "-f", T(), "--method", "vecinfer:n=4,m=6", "--tokens", "160",
+                                  "--iterations", "5", "-t", "2", "-o", out});
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_NE(c.out.find(sha256_file(M())), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find("use --kv vecinfer:n=4,m=6,calib=" + out), std::string::npos) << c.out;
+    const auto r = test::run_cli({"perplexity", "-m", M(), "-f", T(), "-c", "64", "--chunks", "1", "-t", "2", "--kv",
+                                  "vecinfer:n=4,m=6,calib=" + out});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("Final estimate: PPL = "), std::string::npos) << r.out;
+}
 
 TEST(Cli, InspectNamesEveryTensorTypeOfATernaryFile) {
     const std::string rel = "assets/models/vxq-ternary-h64-tq2_0.gguf";

@@ -320,7 +320,9 @@ TEST(PagedCache, RaggedHeadsAttendToTheirKeptTokens) {
             cache->retain(0, g, keep);
             ASSERT_EQ(cache->head_positions(0, g), kept[size_t(g)]);
         }
-        EXPECT_LT(cache->resident_bytes(), full * 3 / 4) << "evicted pages were not freed";
+        // Per-layer codec state (codebooks, rotations) stays whatever is evicted: compare the rest.
+        const size_t state = make_kv_cache(shape, m, m)->resident_bytes();
+        EXPECT_LT(cache->resident_bytes() - state, (full - state) * 3 / 4) << "evicted pages were not freed";
         auto check = [&](int64_t n_q, int64_t pos0, const char* what) {
             SCOPED_TRACE(what);
             std::vector<std::vector<float>> dk(H), dv(H);

@@ -20,8 +20,9 @@ enum class KvFormatKind : uint8_t {
     TurboMse,   // TurboQuant_mse: one token, fp16 norm + rotated Lloyd-Max indices (kv/formats/turbo.h)
     TurboProd,  // TurboQuant_prod keys: TurboMse at b-1 bits + fp16 residual norm + QJL sign bits
     TurboRvq,   // TurboQuant_rvq: two Lloyd-Max stages, the second on the first one's residual
+    VecInfer,   // VecInfer: one token, d/n product-quantizer indices of m bits (kv/formats/vecinfer.h)
 };
-constexpr int kKvFormatKinds = 11;
+constexpr int kKvFormatKinds = 12;
 
 const char* kv_format_kind_name(KvFormatKind k);
 
@@ -29,8 +30,8 @@ struct KvFormatParams {
     KvFormatKind kind = KvFormatKind::F32;
     int64_t block_tokens = 1;     // tokens per packed block
     size_t block_bytes = 0;       // bytes per packed block at this head_dim
-    int32_t bits = 0;             // KIVI: bits per code; TurboQuant: first-stage index bits
-    int32_t group = 0;            // KIVI: G
+    int32_t bits = 0;             // KIVI: bits per code; TurboQuant: first-stage index bits; VecInfer: m
+    int32_t group = 0;            // KIVI: G; VecInfer: n
     int64_t rows = 0;             // KIVI: quantization rows per block
     float scale = 1.0f;           // fp8: x = e4m3(code) * scale
     const void* layer_state = nullptr;  // per-layer state shared by the heads (rotations, codebooks)

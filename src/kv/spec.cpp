@@ -6,9 +6,30 @@
 
 namespace vxq {
 
+namespace {
+
+// The '/' that separates K from V in a pair, or npos. A file path option (`calib=PATH`, a
+// calibration file) may hold '/': its value runs to the next ',' and its slashes are not
+// separators (a pair with a calibrated K is written with calib= before another option, or with
+// -ctk / -ctv).
+size_t pair_slash(const std::string& text) {
+    bool in_path = false;
+    for (size_t i = 0; i < text.size(); ++i) {
+        const char c = text[i];
+        if (c == ',' || c == ':') {
+            in_path = text.compare(i + 1, 6, "calib=") == 0;
+        } else if (c == '/' && !in_path) {
+            return i;
+        }
+    }
+    return std::string::npos;
+}
+
+}  // namespace
+
 CodecSpec CodecSpec::parse(const std::string& text) {
     CodecSpec s;
-    if (text.find('/') != std::string::npos) fail("KV cache method '{}' names two methods where one is expected", text);
+    if (pair_slash(text) != std::string::npos) fail("KV cache method '{}' names two methods where one is expected", text);
     const size_t colon = text.find(':');
     s.name = text.substr(0, colon);
     if (s.name.empty()) fail("empty KV cache method in '{}'", text);
@@ -41,7 +62,7 @@ std::string CodecSpec::str() const {
 }
 
 KvSpec KvSpec::parse(const std::string& text) {
-    const size_t slash = text.find('/');
+    const size_t slash = pair_slash(text);
     if (slash == std::string::npos) {
         if (text.empty()) fail("empty KV cache method (e.g. f16, q4_0, kivi:bits=2; vxq methods lists them)");
         const CodecSpec m = CodecSpec::parse(text);

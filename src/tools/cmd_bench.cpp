@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "kv/calibration.h"
 #include "model/model.h"
 #include "runtime/bench.h"
 #include "tools/commands.h"
@@ -85,6 +86,7 @@ void run_bench_cmd(BenchOptions o) {
     std::vector<BenchConfig> configs;
     for (const auto& path : o.models) {
         models.push_back(Model::load(path, o.p.device));
+        for (const KvSpec& kv : specs) check_calibration_model(kv, path);
         const std::string stem = std::filesystem::path(path).stem().string();
         for (const KvSpec& kv : specs) {
             const std::string spec = kv.str();

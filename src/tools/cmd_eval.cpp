@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "kv/calibration.h"
 #include "model/model.h"
 #include "runtime/eval.h"
 #include "runtime/quality_gate.h"
@@ -126,6 +127,7 @@ void run_eval_cmd(EvalOptions o) {
     for (const EvalMethod& m : p.methods) specs.push_back(m.spec);
     check_device(o.device, specs, p.prefill_exact);
     const auto model = Model::load(o.model, o.device);
+    for (const KvSpec& s : specs) check_calibration_model(s, o.model);
     const auto be = make_backend(o.device, resolve_threads(o.threads));
     const bool tty = stderr_is_tty();
     const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "kv/calibration.h"
 #include "kv/codec.h"
 
 #include <fmt/format.h>
@@ -119,6 +120,7 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     const KvSpec spec = o.kv_spec();  // a bad method or device fails before the model loads
     check_device(o.device, std::span(&spec, 1), o.prefill_exact);
     e.model = Model::load(o.model, o.device);
+    check_calibration_model(spec, o.model);
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.context(c.n_ctx_train);
     e.backend = make_backend(o.device, resolve_threads(o.threads));

@@ -295,6 +295,7 @@ const KvReader* baseline_reader(KvFormatKind kind, KvIsa isa) {
 const KvReader* kv_reader(KvFormatKind kind, KvIsa isa) {
     if (const KvReader* r = baseline_reader(kind, isa)) return r;
     if (const KvReader* r = kivi_reader(kind, isa)) return r;
+    if (const KvReader* r = vecinfer_reader(kind, isa)) return r;
     return turbo_reader(kind, isa);
 }
 

@@ -24,4 +24,8 @@ std::unique_ptr<KvLayerState> make_turbo_state(const CodecSpec&, KvRole, int64_t
 std::unique_ptr<KvLayerState> make_turbo_prod_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 std::unique_ptr<KvLayerState> make_turbo_rvq_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 
+// vecinfer.cpp: VecInfer product quantization, its per-layer state from a calibration file.
+std::unique_ptr<Codec> make_vecinfer(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<KvLayerState> make_vecinfer_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+
 }  // namespace vxq::codecs

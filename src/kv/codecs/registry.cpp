@@ -49,6 +49,12 @@ std::vector<Entry> builtin_entries() {
           "TurboQuant_rvq: two Lloyd-Max stages of b bits, the second fitted to the first one's residual",
           "2b + 16/d (+ per layer: rotation, two codebooks)", {"cpu"}, {"turbo-rvq:bits=3", "turbo-rvq:bits=1"}},
          codecs::make_turbo_rvq, codecs::make_turbo_rvq_state},
+        {{"vecinfer", "n=1..64 (4), m=1..8 (8), calib=FILE (vxq calibrate) | random (tests only)",
+          "VecInfer: keys smoothed by calibrated lambda, Walsh-Hadamard, product quantizer of n-element sub-vectors "
+          "with 2^m k-means centroids per sub-space; values the same without smoothing",
+          "m/n (+ per layer and role: codebooks d*2^m fp32, keys' lambda d fp32)", {"cpu"},
+          {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random"}},
+         codecs::make_vecinfer, codecs::make_vecinfer_state},
     };
     // Without the CUDA backend in the build (VXQ_CUDA) no row names it, as in the weight-format
     // table: every name listed is one make_backend accepts.
@@ -118,6 +124,7 @@ const char* kv_format_kind_name(KvFormatKind k) {
         case KvFormatKind::TurboMse: return "turbo-mse";
         case KvFormatKind::TurboProd: return "turbo-prod";
         case KvFormatKind::TurboRvq: return "turbo-rvq";
+        case KvFormatKind::VecInfer: return "vecinfer";
     }
     return "?";
 }

@@ -1,0 +1,150 @@
+#include "kv/calibration.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
+
+namespace vxq {
+
+namespace {
+
+constexpr const char* kMethod = "vxq.calibration.method";
+constexpr const char* kSha = "vxq.calibration.model_sha256";
+constexpr const char* kModelFile = "vxq.calibration.model_file";
+constexpr const char* kTokens = "vxq.calibration.tokens";
+
+std::string tensor_name(int64_t layer, const char* what) { return "blk." + std::to_string(layer) + "." + what; }
+
+bool is_sha256_hex(const std::string& s) {
+    if (s.size() != 64) return false;
+    for (char c : s) {
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+    }
+    return true;
+}
+
+int64_t int_key(const GgufFile& f, const char* key, int64_t lo, int64_t hi) {
+    const std::optional<int64_t> v = f.get_int(key);
+    if (!v) fail("{}: calibration key '{}' is missing", f.path(), key);
+    if (*v < lo || *v > hi) fail("{}: calibration key '{}' = {} is out of range [{}, {}]", f.path(), key, *v, lo, hi);
+    return *v;
+}
+
+std::string string_key(const GgufFile& f, const char* key) {
+    const std::optional<std::string> v = f.get_string(key);
+    if (!v) fail("{}: calibration key '{}' is missing", f.path(), key);
+    return *v;
+}
+
+// The F32 tensor `name` of exactly shape ne, copied; vxq::Error naming it otherwise.
+std::vector<float> f32_tensor(const GgufFile& f, const std::string& name, const std::vector<int64_t>& ne) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (!t) fail("{}: calibration tensor '{}' is missing", f.path(), name);
+    if (t->type != GgmlType::F32) fail("{}: calibration tensor '{}' is {}, expected F32", f.path(), name, ggml_type_name(t->type));
+    if (t->ne != ne) {
+        std::string got, want;
+        for (int64_t v : t->ne) got += (got.empty() ? "" : ", ") + std::to_string(v);
+        for (int64_t v : ne) want += (want.empty() ? "" : ", ") + std::to_string(v);
+        fail("{}: calibration tensor '{}' has shape [{}], expected [{}]", f.path(), name, got, want);
+    }
+    std::vector<float> out(static_cast<size_t>(t->n_elements));
+    std::memcpy(out.data(), f.tensor_data(*t), out.size() * sizeof(float));
+    for (float v : out) {
+        if (!std::isfinite(v)) fail("{}: calibration tensor '{}' holds a non-finite value", f.path(), name);
+    }
+    return out;
+}
+
+}  // namespace
+
+void save_vecinfer_calibration(const std::string& path, const VecinferCalibration& c) {
+    const int64_t d = c.head_dim, J = d / c.n, K = int64_t(1) << c.m;
+    VXQ_ASSERT(int64_t(c.layers.size()) == c.n_layer && is_sha256_hex(c.model_sha256));
+    GgufStreamWriter w;
+    w.add_string(kMethod, "vecinfer");
+    w.add_string(kSha, c.model_sha256);
+    w.add_string(kModelFile, c.model_file);
+    w.add(kTokens, GgufWriterValue::i64(c.tokens));
+    w.add("vecinfer.n", GgufWriterValue::i64(c.n));
+    w.add("vecinfer.m", GgufWriterValue::i64(c.m));
+    w.add("vecinfer.layers", GgufWriterValue::i64(c.n_layer));
+    w.add("vecinfer.kv_heads", GgufWriterValue::i64(c.n_head_kv));
+    w.add("vecinfer.head_dim", GgufWriterValue::i64(d));
+    w.add("vecinfer.iterations", GgufWriterValue::i64(c.iterations));
+    w.add("vecinfer.seed", GgufWriterValue::u64(c.seed));
+    std::vector<const std::vector<float>*> data;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        const VecinferCalibration::Layer& L = c.layers[size_t(l)];
+        VXQ_ASSERT(int64_t(L.key_lambda.size()) == d && int64_t(L.key_codebook.size()) == d * K &&
+                   int64_t(L.value_codebook.size()) == d * K);
+        w.add_tensor(tensor_name(l, "key_lambda"), {d}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "key_codebook"), {c.n, K, J}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "value_codebook"), {c.n, K, J}, GgmlType::F32);
+        data.insert(data.end(), {&L.key_lambda, &L.key_codebook, &L.value_codebook});
+    }
+    w.write(path, [&](size_t tensor, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
+        const int64_t row = w.tensors()[tensor].ne[0];
+        std::memcpy(out.data(), data[tensor]->data() + row0 * row, size_t(n_rows * row) * sizeof(float));
+    });
+}
+
+VecinferCalibration load_vecinfer_calibration(const std::string& path) {
+    const GgufFile f = GgufFile::open(path);
+    VecinferCalibration c;
+    const std::string method = string_key(f, kMethod);
+    if (method != "vecinfer") fail("{}: a calibration for '{}', not for vecinfer", path, method);
+    c.model_sha256 = string_key(f, kSha);
+    if (!is_sha256_hex(c.model_sha256)) fail("{}: '{}' is not a sha256 (64 lowercase hex digits)", path, kSha);
+    c.model_file = string_key(f, kModelFile);
+    c.tokens = int_key(f, kTokens, 1, INT64_MAX);
+    c.n = int(int_key(f, "vecinfer.n", 1, 64));
+    c.m = int(int_key(f, "vecinfer.m", 1, 8));
+    c.n_layer = int_key(f, "vecinfer.layers", 1, 4096);
+    c.n_head_kv = int_key(f, "vecinfer.kv_heads", 1, 4096);
+    c.head_dim = int_key(f, "vecinfer.head_dim", 1, 1024);
+    c.iterations = int(int_key(f, "vecinfer.iterations", 0, 1000));
+    c.seed = uint64_t(int_key(f, "vecinfer.seed", INT64_MIN, INT64_MAX));
+    if (!std::has_single_bit(uint64_t(c.head_dim)) || !std::has_single_bit(unsigned(c.n)) || c.head_dim % c.n != 0) {
+        fail("{}: head_dim {} and n {} must be powers of two, n dividing head_dim", path, c.head_dim, c.n);
+    }
+    const int64_t d = c.head_dim, J = d / c.n, K = int64_t(1) << c.m;
+    if (int64_t(f.tensors().size()) != 3 * c.n_layer) {
+        fail("{}: {} tensors, expected 3 per layer for {} layers", path, f.tensors().size(), c.n_layer);
+    }
+    c.layers.resize(size_t(c.n_layer));
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        VecinferCalibration::Layer& L = c.layers[size_t(l)];
+        L.key_lambda = f32_tensor(f, tensor_name(l, "key_lambda"), {d});
+        L.key_codebook = f32_tensor(f, tensor_name(l, "key_codebook"), {c.n, K, J});
+        L.value_codebook = f32_tensor(f, tensor_name(l, "value_codebook"), {c.n, K, J});
+        for (float v : L.key_lambda) {
+            if (!(v > 0.0f)) fail("{}: calibration tensor '{}' holds a factor <= 0", path, tensor_name(l, "key_lambda"));
+        }
+    }
+    return c;
+}
+
+void check_calibration_model(const KvSpec& spec, const std::string& model_path) {
+    std::string model_sha;
+    for (const CodecSpec* s : {&spec.k, &spec.v}) {
+        const auto it = s->options.find("calib");
+        if (it == s->options.end() || it->second == "random") continue;
+        if (s->name != "vecinfer") continue;  // the codec refuses an option it does not have
+        const VecinferCalibration c = load_vecinfer_calibration(it->second);
+        if (model_sha.empty()) model_sha = sha256_file(model_path);
+        if (c.model_sha256 != model_sha) {
+            fail("{}: calibration of another model ({}, sha256 {}...), not {} (sha256 {}...); run vxq calibrate on this model",
+                 it->second, c.model_file, c.model_sha256.substr(0, 12),
+                 std::filesystem::path(model_path).filename().string(), model_sha.substr(0, 12));
+        }
+    }
+}
+
+}  // namespace vxq

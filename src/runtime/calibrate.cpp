@@ -1,0 +1,133 @@
+#include "runtime/calibrate.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "core/thread_pool.h"
+#include "kv/formats/vecinfer.h"
+#include "kv/kv_cache.h"
+
+namespace vxq {
+
+namespace {
+
+namespace vi = codecs::vecinfer;
+
+// Keeps every K/V the model writes, per layer, in arrival order.   [layer][token, n_head_kv, head_dim]
+class KvCollector final : public KvObserver {
+public:
+    explicit KvCollector(int64_t n_layer) : k(size_t(n_layer)), v(size_t(n_layer)) {}
+    void on_write(int64_t layer, int64_t pos0, const float* kk, const float* vv, int64_t n) override {
+        const size_t count = size_t(n) * row;
+        k[size_t(layer)].insert(k[size_t(layer)].end(), kk, kk + count);
+        v[size_t(layer)].insert(v[size_t(layer)].end(), vv, vv + count);
+    }
+    void on_attention(int64_t, const float*, int64_t, int64_t, const float*) override {}
+    size_t row = 0;
+    std::vector<std::vector<float>> k, v;
+};
+
+}  // namespace
+
+VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::string_view text,
+                                       const VecinferCalibrateParams& p, VecinferCalibrateStats* stats,
+                                       const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    const int64_t d = cfg.head_dim, H = cfg.n_head_kv, L = cfg.n_layer;
+    vi::parse_params(CodecSpec{"vecinfer", {{"n", std::to_string(p.n)}, {"m", std::to_string(p.m)}}}, d);  // n, m, d valid
+    const vi::Layout layout{d, p.n, p.m};
+    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    if (p.iterations < 1 || p.iterations > 30) fail("calibrate: --iterations {} is out of range [1, 30]", p.iterations);
+    std::vector<TokenId> tokens = model.tokenizer().encode(text, /*add_special=*/true);
+    if (int64_t(tokens.size()) > p.max_tokens) tokens.resize(size_t(p.max_tokens));
+    const int64_t N = int64_t(tokens.size()) * H;  // points per sub-space and layer
+    if (N < layout.centroids()) {
+        fail("calibrate: the text gives {} tokens x {} KV heads = {} vectors, fewer than the 2^{} = {} centroids",
+             tokens.size(), H, N, p.m, layout.centroids());
+    }
+
+    const int64_t n_ctx = std::min<int64_t>(p.n_ctx, int64_t(tokens.size()));
+    auto cache = make_kv_cache(KvShape{L, cfg.n_head, H, d, n_ctx}, "f16", "f16");
+    KvCollector col(L);
+    col.row = size_t(H * d);
+    cache->set_observer(&col);
+    std::vector<float> logits(size_t(cfg.n_vocab));
+    const bool add_bos = model.tokenizer().vocab().add_bos;
+    const TokenId bos = model.tokenizer().vocab().bos;
+    for (int64_t t0 = 0; t0 < int64_t(tokens.size()); t0 += n_ctx) {
+        std::vector<TokenId> chunk(tokens.begin() + t0, tokens.begin() + std::min<int64_t>(t0 + n_ctx, tokens.size()));
+        if (t0 > 0 && add_bos && bos >= 0) chunk[0] = bos;  // each chunk a fresh context, as perplexity's
+        cache->truncate(0);
+        model.forward(be, *cache, chunk, int64_t(1), logits.data());
+        if (progress) progress("tokens", t0 + int64_t(chunk.size()), int64_t(tokens.size()));
+    }
+    cache->set_observer(nullptr);
+
+    VecinferCalibration c;
+    c.model_sha256 = sha256_file(model.file().path());
+    c.model_file = std::filesystem::path(model.file().path()).filename().string();
+    c.tokens = int64_t(tokens.size());
+    c.n = p.n;
+    c.m = p.m;
+    c.n_layer = L;
+    c.n_head_kv = H;
+    c.head_dim = d;
+    c.iterations = p.iterations;
+    c.seed = p.seed;
+    c.layers.resize(size_t(L));
+    if (stats) {
+        stats->key_rel_mse.assign(size_t(L), 0.0);
+        stats->value_rel_mse.assign(size_t(L), 0.0);
+    }
+    for (int64_t l = 0; l < L; ++l) {  // lambda, then both roles into the coded domain in place
+        std::vector<float>& K = col.k[size_t(l)];
+        VXQ_ASSERT(int64_t(K.size()) == N * d);
+        std::vector<float>& lambda = c.layers[size_t(l)].key_lambda;
+        lambda.assign(size_t(d), 0.0f);
+        for (int64_t t = 0; t < N; ++t)
+            for (int64_t i = 0; i < d; ++i) lambda[size_t(i)] = std::max(lambda[size_t(i)], std::abs(K[size_t(t * d + i)]));
+        for (float& x : lambda) x = x > 0.0f ? std::sqrt(x) : 1.0f;
+        for (int64_t t = 0; t < N; ++t) {
+            float* k = &K[size_t(t * d)];
+            for (int64_t i = 0; i < d; ++i) k[i] /= lambda[size_t(i)];
+            vi::hadamard(k, d);
+            vi::hadamard(&col.v[size_t(l)][size_t(t * d)], d);
+        }
+    }
+
+    // One job per (layer, role), taken in order by whichever worker is free.
+    ThreadPool pool(std::max(1, p.threads));
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mu;
+    pool.run([&](int, int) {
+        for (int64_t job; (job = next.fetch_add(1)) < 2 * L;) {
+            const int64_t l = job / 2;
+            const bool key = job % 2 == 0;
+            const std::vector<float>& y = key ? col.k[size_t(l)] : col.v[size_t(l)];
+            const uint64_t seed = p.seed * 0x9E3779B97F4A7C15ull + uint64_t(job);
+            std::vector<float> books = vi::train_codebooks(layout, y.data(), N, p.iterations, seed);
+            if (stats) {
+                double ms = 0;
+                for (float x : y) ms += double(x) * x;
+                ms /= double(y.size());
+                const double rel = ms > 0 ? vi::coding_mse(layout, books.data(), y.data(), N) / ms : 0.0;
+                (key ? stats->key_rel_mse : stats->value_rel_mse)[size_t(l)] = rel;
+            }
+            (key ? c.layers[size_t(l)].key_codebook : c.layers[size_t(l)].value_codebook) = std::move(books);
+            const int64_t finished = done.fetch_add(1) + 1;
+            if (progress) {
+                std::lock_guard<std::mutex> lock(mu);
+                progress("k-means", finished, 2 * L);
+            }
+        }
+    });
+    return c;
+}
+
+}  // namespace vxq

@@ -1,0 +1,41 @@
+// `vxq calibrate`: runs a model over a text and computes a KV method's calibration artifact
+// (kv/calibration.h). Today VecInfer: per layer, the keys' smoothing factors and the keys' and
+// values' product-quantizer codebooks (METHODS.md "VecInfer").
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+#include "backend/backend.h"
+#include "kv/calibration.h"
+#include "model/model.h"
+
+namespace vxq {
+
+struct VecinferCalibrateParams {
+    int n = 4, m = 8;
+    int64_t max_tokens = 2048;  // tokens of the text's start run through the model
+    int64_t n_ctx = 512;        // tokens per forward pass; each chunk starts a fresh context
+    int iterations = 30;        // k-means rounds at most (METHODS.md: <= 30)
+    uint64_t seed = 0;          // k-means initialisation
+    int threads = 1;            // k-means runs (layer, role) jobs in parallel
+};
+
+struct VecinferCalibrateStats {
+    // Per layer, the in-sample coding error of the calibration vectors relative to their mean
+    // square (in the coded domain, where the transform is orthonormal).   [n_layer]
+    std::vector<double> key_rel_mse, value_rel_mse;
+};
+
+// Collects the post-RoPE K and V of every layer and KV head (a KvObserver on an f16 cache) over
+// the first max_tokens tokens of `text`, then per layer: lambda_i = sqrt(max over tokens and KV
+// heads of |K_i|) (1 where that is 0), keys y = H (k / lambda) / sqrt(d), values y = H v / sqrt(d),
+// and one k-means per (role, sub-space) over all the layer's tokens and KV heads, seeded with
+// (seed, layer, role, sub-space). vxq::Error when the text gives fewer points than centroids.
+// progress(stage, done, total): stage "tokens" while the model runs, "k-means" per (layer, role).
+VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::string_view text,
+                                       const VecinferCalibrateParams& p, VecinferCalibrateStats* stats = nullptr,
+                                       const std::function<void(const char*, int64_t, int64_t)>& progress = {});
+
+}  // namespace vxq

@@ -1,0 +1,87 @@
+// vxq calibrate -m MODEL -f TEXT --method vecinfer[:n=4,m=8] -o FILE: a KV method's calibration
+// artifact (kv/calibration.h) from a model run over a text, on the CPU backend.
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kv/codecs/option_parse.h"
+#include "model/model.h"
+#include "runtime/calibrate.h"
+#include "tools/commands.h"
+#include "tools/common.h"
+
+namespace vxq::tools {
+
+namespace {
+
+struct CalibrateOptions {
+    std::string model, file, method, out;
+    int64_t tokens = 2048;
+    int64_t n_ctx = 512;
+    int iterations = 30;
+    uint64_t seed = 0;
+    int threads = 0;
+};
+
+void run_calibrate(const CalibrateOptions& o) {
+    const CodecSpec spec = CodecSpec::parse(o.method);
+    if (spec.name != "vecinfer") fail("calibrate: method '{}' has no calibration (vecinfer has)", spec.name);
+    codecs::check_known_options(spec, {"n", "m"});
+    VecinferCalibrateParams p;
+    p.n = int(codecs::int_option(spec, "n", 4, 1, 64));
+    p.m = int(codecs::int_option(spec, "m", 8, 1, 8));
+    p.max_tokens = o.tokens;
+    p.n_ctx = o.n_ctx;
+    p.iterations = o.iterations;
+    p.seed = o.seed;
+    p.threads = resolve_threads(o.threads);
+    check_writable(o.out);  // before the run: a typo in the path does not cost it
+    const std::string text = read_file(o.file);
+    const auto model = Model::load(o.model, "cpu");
+    const auto be = make_backend("cpu", p.threads);
+    const bool tty = stderr_is_tty();
+    VecinferCalibrateStats stats;
+    const VecinferCalibration c = calibrate_vecinfer(*model, *be, text, p, &stats, [&](const char* stage, int64_t done, int64_t total) {
+        if (tty) fmt::print(stderr, "\rcalibrate: {} {}/{}   ", stage, done, total);
+    });
+    if (tty) fmt::print(stderr, "\n");
+    save_vecinfer_calibration(o.out, c);
+    const std::string method = fmt::format("vecinfer:n={},m={}", c.n, c.m);
+    fmt::print("calibrate: {} | model {} (sha256 {}) | {} tokens x {} KV heads, {} layers, head_dim {} | k-means <= {} "
+               "rounds, seed {}\n",
+               method, c.model_file, c.model_sha256, c.tokens, c.n_head_kv, c.n_layer, c.head_dim, c.iterations, c.seed);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        fmt::print("layer {}: relative MSE (in-sample) keys {:.4f}, values {:.4f}\n", l, stats.key_rel_mse[size_t(l)],
+                   stats.value_rel_mse[size_t(l)]);
+    }
+    fmt::print("wrote {}: use --kv {},calib={}\n", o.out, method, o.out);
+}
+
+}  // namespace
+
+void add_calibrate(CLI::App& app, int& rc) {
+    auto* sub = app.add_subcommand("calibrate",
+                                   "Calibrate a KV method on a model and a text (CPU): VecInfer's smoothing factors and "
+                                   "codebooks, saved as one GGUF file that names the model by its sha256");
+    auto o = std::make_shared<CalibrateOptions>();
+    sub->add_option("-m,--model", o->model, "model GGUF file")->required();
+    sub->add_option("-f,--file", o->file, "calibration text file")->required();
+    sub->add_option("--method", o->method, "method and its options: vecinfer[:n=N,m=M] (n=4, m=8)")->required();
+    sub->add_option("-o,--output", o->out, "calibration file to write (atomically)")->required();
+    sub->add_option("--tokens", o->tokens, "tokens of the text run through the model (default 2048)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
+    sub->add_option("-c,--ctx-size", o->n_ctx, "tokens per forward pass, each a fresh context (default 512)")
+        ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+    sub->add_option("--iterations", o->iterations, "k-means rounds at most (default 30)")->check(CLI::Range(1, 30));
+    sub->add_option("--seed", o->seed, "k-means initialisation seed (default 0)");
+    sub->add_option("-t,--threads", o->threads, "threads (default: all)");
+    sub->callback([o, &rc] {
+        run_calibrate(*o);
+        rc = 0;
+    });
+}
+
+}  // namespace vxq::tools
