@@ -20,8 +20,9 @@ enum class KvFormatKind : uint8_t {
     TurboMse,   // TurboQuant_mse: one token, fp16 norm + rotated Lloyd-Max indices (kv/formats/turbo.h)
     TurboProd,  // TurboQuant_prod keys: TurboMse at b-1 bits + fp16 residual norm + QJL sign bits
     TurboRvq,   // TurboQuant_rvq: two Lloyd-Max stages, the second on the first one's residual
+    Qjl,        // QJL keys: 32 tokens, sign(S k) sketches + norms, outlier channels apart (kv/formats/qjl.h)
 };
-constexpr int kKvFormatKinds = 11;
+constexpr int kKvFormatKinds = 12;
 
 const char* kv_format_kind_name(KvFormatKind k);
 

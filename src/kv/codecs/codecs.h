@@ -24,4 +24,8 @@ std::unique_ptr<KvLayerState> make_turbo_state(const CodecSpec&, KvRole, int64_t
 std::unique_ptr<KvLayerState> make_turbo_prod_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 std::unique_ptr<KvLayerState> make_turbo_rvq_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 
+// qjl.cpp: QJL keys (1-bit JL sketch + norms, outlier channels apart) with KIVI-2 per-token values.
+std::unique_ptr<Codec> make_qjl(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<KvLayerState> make_qjl_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+
 }  // namespace vxq::codecs
