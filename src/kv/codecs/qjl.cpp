@@ -18,12 +18,15 @@ namespace vxq::codecs {
 
 namespace qjl {
 
+// The default sketch sizes, 2d and d, rounded up to whole sign bytes.
+int64_t default_rows(int64_t n) { return (n + 7) / 8 * 8; }
+
 Params parse_params(const CodecSpec& spec, int64_t d) {
     check_known_options(spec, {"m", "mo", "outliers", "residual", "seed"});
     if (d < 1 || d > 256) fail("KV method '{}': head_dim {} is out of range [1, 256]", spec.name, d);
     Params p;
-    p.m = int_option(spec, "m", 2 * d, 8, 8192);
-    p.mo = int_option(spec, "mo", d, 8, 8192);
+    p.m = int_option(spec, "m", default_rows(2 * d), 8, 8192);
+    p.mo = int_option(spec, "mo", default_rows(d), 8, 8192);
     for (const auto& [name, v] : {std::pair{"m", p.m}, std::pair{"mo", p.mo}}) {
         if (v % 8 != 0) fail("KV method '{}': {}={} is not a multiple of 8", spec.name, name, v);
     }
@@ -119,8 +122,8 @@ namespace {
 std::string spec_string(const qjl::Params& p, int64_t d) {
     std::string s = "qjl";
     std::vector<std::string> opts;
-    if (p.m != 2 * d) opts.push_back(fmt::format("m={}", p.m));
-    if (p.outliers > 0 && p.mo != d) opts.push_back(fmt::format("mo={}", p.mo));
+    if (p.m != qjl::default_rows(2 * d)) opts.push_back(fmt::format("m={}", p.m));
+    if (p.outliers > 0 && p.mo != qjl::default_rows(d)) opts.push_back(fmt::format("mo={}", p.mo));
     if (p.outliers != std::min<int64_t>(8, d)) opts.push_back(fmt::format("outliers={}", p.outliers));
     if (p.residual != qjl::kBlockTokens) opts.push_back(fmt::format("residual={}", p.residual));
     if (p.seed != 0) opts.push_back(fmt::format("seed={}", p.seed));

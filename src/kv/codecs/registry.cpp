@@ -49,7 +49,7 @@ std::vector<Entry> builtin_entries() {
           "TurboQuant_rvq: two Lloyd-Max stages of b bits, the second fitted to the first one's residual",
           "2b + 16/d (+ per layer: rotation, two codebooks)", {"cpu"}, {"turbo-rvq:bits=3", "turbo-rvq:bits=1"}},
          codecs::make_turbo_rvq, codecs::make_turbo_rvq_state},
-        {{"qjl", "m=M (2d, multiple of 8), mo=M_o (d), outliers=O (8), residual=R (32, multiple of 32), seed=S (0)",
+        {{"qjl", "m=M (2d), mo=M_o (d) (multiples of 8; defaults rounded up), outliers=O (8), residual=R (32, multiple of 32), seed=S (0)",
           "QJL keys: per 32-token block the O largest-norm channels apart; per token fp16 norms of both parts + "
           "sign(S k_in) (m bits) + sign(S_o k_out) (m_o bits), unbiased scores; values: KIVI-2 per token, G=32",
           "keys (m + m_o + 32 + O/4)/d, values 3 (+ fp16 window of R tokens; + per layer: keys' (m + m_o) d fp32 "

@@ -51,8 +51,8 @@ namespace vxq::codecs::qjl {
 constexpr int64_t kBlockTokens = 32;  // METHODS.md: outliers are chosen per block of 32 tokens
 
 struct Params {
-    int64_t m = 0;          // inlier sketch rows (default 2d), a multiple of 8
-    int64_t mo = 0;         // outlier sketch rows (default d), a multiple of 8
+    int64_t m = 0;          // inlier sketch rows (default 2d, rounded up to a multiple of 8), a multiple of 8
+    int64_t mo = 0;         // outlier sketch rows (default d, rounded up likewise), a multiple of 8
     int outliers = 8;       // O outlier channels per block, 0 .. min(d, 64)
     int64_t residual = 32;  // R: keys are encoded R at a time; values keep the R newest in fp16
     uint64_t seed = 0;      // with the layer, seeds S and S_o
@@ -61,6 +61,7 @@ struct Params {
 // Reads and validates m / mo / outliers / residual / seed at head_dim d (vxq::Error on a bad
 // value, an unknown option, or d outside [1, 256]: outlier channels are stored as one byte).
 Params parse_params(const CodecSpec& spec, int64_t d);
+int64_t default_rows(int64_t n);
 
 struct Layout {
     int64_t d = 0, m = 0, mo = 0;  // mo = 0 when outliers = 0
