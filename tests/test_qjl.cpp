@@ -161,7 +161,8 @@ TEST(QjlFormat, OutliersAreTheLoudestChannelsOfTheBlock) {
 // The reader's scores equal <q, decode(block)> (in double) within 1e-5 relative (max error over
 // max |reference| per block and query head: float sums of m + m_o signed terms against double),
 // on odd shapes: d not a power of two (100: the default m_o rounded up to 104), m and m_o not
-// multiples of 32, 0 / 3 / 5 / 8 outliers, GQA 1, 3, 4 and runs of 1 and 3 blocks.
+// multiples of 32, 0 / 3 / 5 / 8 outliers, GQA 1, 3, 4 and runs of 1 and 3 blocks; for the scalar
+// reader and the AVX2 one (which sums the signs in 8 lanes; skipped on a CPU without AVX2).
 TEST(QjlReader, ScoresEqualTheDotWithDecodedVectors) {
     const uint32_t seed = std::random_device{}();
     std::mt19937 rng(seed);
@@ -172,7 +173,7 @@ TEST(QjlReader, ScoresEqualTheDotWithDecodedVectors) {
         for (const int64_t d : {64, 128, 100, 40}) {
             const BoundKeys key(opts, d);
             const KvFormatParams f = key.codec->params(d);
-            const cpu::KvReader& reader = cpu::kv_reader(f.kind);
+            for (const cpu::KvIsa isa : {cpu::KvIsa::Scalar, cpu::KvIsa::Avx2})
             for (const int64_t blocks : {1, 3})
                 for (const int64_t n_q : {1, 3, 4}) {
                     const int64_t n = blocks * B;
@@ -186,7 +187,13 @@ TEST(QjlReader, ScoresEqualTheDotWithDecodedVectors) {
                         key.codec->encode(k.data() + b * B * d, d, blk.data() + size_t(b) * f.block_bytes);
                         key.codec->decode(blk.data() + size_t(b) * f.block_bytes, d, x.data() + b * B * d);
                     }
-                    reader.scores_of(f, q.data(), n_q, blk.data(), n, d, s.data());
+                    const cpu::KvReader* reader = cpu::kv_reader(f.kind, isa);
+                    if (!reader) {  // no AVX2 + FMA + F16C on this CPU
+                        ASSERT_EQ(isa, cpu::KvIsa::Avx2);
+                        ASSERT_FALSE(cpu::kv_avx2_available());
+                        continue;
+                    }
+                    reader->scores_of(f, q.data(), n_q, blk.data(), n, d, s.data());
                     for (int64_t h = 0; h < n_q; ++h)
                         for (int64_t b = 0; b < blocks; ++b) {
                             double max_ref = 0, max_err = 0;
@@ -198,7 +205,8 @@ TEST(QjlReader, ScoresEqualTheDotWithDecodedVectors) {
                             }
                             worst = std::max(worst, max_err / max_ref);
                             ASSERT_LT(max_err / max_ref, 1e-5)
-                                << opts << " d=" << d << " blocks=" << blocks << " n_q=" << n_q << " seed=" << seed;
+                                << opts << " d=" << d << " blocks=" << blocks << " n_q=" << n_q << " seed=" << seed
+                                << (isa == cpu::KvIsa::Avx2 ? " avx2" : " scalar");
                         }
                 }
         }

@@ -1,5 +1,5 @@
-// CPU reader of the QJL key format (kv/formats/qjl.h), scalar (no AVX2 version yet: the fused
-// kernel runs this one under every VXQ_KV_ISA). prepare_query projects each query head once per
+// CPU readers of the QJL key format (kv/formats/qjl.h): the scalar reference, and the AVX2 one,
+// which differs only in the sign sums (kv_read_qjl_avx2.cpp, 8 lanes). prepare_query projects each query head once per
 // (query, KV head group, split): u = S q, the only m x d product of a step. A block of 32 tokens then restricts the projections to its channel split with its O
 // outlier columns, S q_in = u - sum_{c in O} q_c S[:, c] and S_o q_out = sum_{c in O} q_c S_o[:, c]
 // (O (m + m_o) multiply-adds per block and query head), and scores each token as
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/fp16.h"
+#include "kernels/cpu/kv_read_qjl.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/formats/qjl.h"
 
@@ -38,6 +39,7 @@ float signed_sum(const float* v, const uint8_t* bits, int64_t m) {
     return s;
 }
 
+template <bool Avx2>
 class QjlReader final : public KvReader {
 public:
     // pq.q: the query (the blocks need its outlier channels); pq.data: [n_q, m] u = S q. (S_o q
@@ -85,16 +87,21 @@ public:
                 for (int64_t t = 0; t < B; ++t) {
                     const float n_in = f16_at(blkb + l.norm_in_offset() + 2 * size_t(t));
                     float score = st.inliers.scale() * n_in *
-                                  signed_sum(v_in.data(), blkb + l.signs_in_offset() + size_t(t * m / 8), m);
+                                  sum(v_in.data(), blkb + l.signs_in_offset() + size_t(t * m / 8), m);
                     if (O > 0) {
                         const float n_out = f16_at(blkb + l.norm_out_offset() + 2 * size_t(t));
                         score += st.outliers.scale() * n_out *
-                                 signed_sum(v_out.data(), blkb + l.signs_out_offset() + size_t(t * mo / 8), mo);
+                                 sum(v_out.data(), blkb + l.signs_out_offset() + size_t(t * mo / 8), mo);
                     }
                     s[h * n + b * B + t] = score;
                 }
             }
         }
+    }
+
+    // m and m_o are multiples of 8 (parse_params), as the AVX2 sum needs.
+    static float sum(const float* v, const uint8_t* bits, int64_t m) {
+        return Avx2 ? qjl_avx2::signed_sum(v, bits, m) : signed_sum(v, bits, m);
     }
 
     void accumulate(const KvFormatParams&, const float*, int64_t, const uint8_t*, int64_t, int64_t, float*) const override {
@@ -105,9 +112,11 @@ public:
 }  // namespace
 
 const KvReader* qjl_reader(KvFormatKind kind, KvIsa isa) {
-    static const QjlReader scalar;
-    if (kind != KvFormatKind::Qjl || isa != KvIsa::Scalar) return nullptr;
-    return &scalar;
+    static const QjlReader<false> scalar;
+    static const QjlReader<true> avx2;
+    if (kind != KvFormatKind::Qjl) return nullptr;
+    if (isa == KvIsa::Scalar) return &scalar;
+    return kv_avx2_available() ? &avx2 : nullptr;
 }
 
 }  // namespace vxq::cpu
