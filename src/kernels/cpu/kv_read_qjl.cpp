@@ -1,6 +1,7 @@
 // CPU readers of the QJL key format (kv/formats/qjl.h): the scalar reference, and the AVX2 one,
-// which differs only in the sign sums (kv_read_qjl_avx2.cpp, 8 lanes). prepare_query projects each query head once per
-// (query, KV head group, split): u = S q, the only m x d product of a step. A block of 32 tokens then restricts the projections to its channel split with its O
+// which differs only in the sign sums (kv_read_qjl_avx2.cpp, 8 lanes). prepare_query projects
+// each query head once per (query, KV head group, split): u = S q, the only m x d product of a
+// step. A block of 32 tokens then restricts the projections to its channel split with its O
 // outlier columns, S q_in = u - sum_{c in O} q_c S[:, c] and S_o q_out = sum_{c in O} q_c S_o[:, c]
 // (O (m + m_o) multiply-adds per block and query head), and scores each token as
 //   (sqrt(pi/2)/m) ||k_in|| <S q_in, sign(S k_in)> + (sqrt(pi/2)/m_o) ||k_out|| <S_o q_out, sign(S_o k_out)>,
