@@ -21,6 +21,7 @@ enum class KvFormatKind : uint8_t {
     TurboProd,  // TurboQuant_prod keys: TurboMse at b-1 bits + fp16 residual norm + QJL sign bits
     TurboRvq,   // TurboQuant_rvq: two Lloyd-Max stages, the second on the first one's residual
     VecInfer,   // VecInfer: one token, d/n product-quantizer indices of m bits (kv/formats/vecinfer.h)
+    Qjl,        // QJL keys: 32 tokens, sign(S k) sketches + norms, outlier channels apart (kv/formats/qjl.h)
 };
 constexpr int kKvFormatKinds = 12;
 

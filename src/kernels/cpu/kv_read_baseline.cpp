@@ -296,7 +296,8 @@ const KvReader* kv_reader(KvFormatKind kind, KvIsa isa) {
     if (const KvReader* r = baseline_reader(kind, isa)) return r;
     if (const KvReader* r = kivi_reader(kind, isa)) return r;
     if (const KvReader* r = vecinfer_reader(kind, isa)) return r;
-    return turbo_reader(kind, isa);
+    if (const KvReader* r = turbo_reader(kind, isa)) return r;
+    return qjl_reader(kind, isa);
 }
 
 bool kv_scalar_forced() {

@@ -52,13 +52,7 @@ public:
             std::copy_n(q + h * d, d, qh);
             st.rot.apply(qh);
             if (!qjl) continue;
-            float* uh = qr + (n_q + h) * d;
-            for (int64_t i = 0; i < d; ++i) {
-                const float* row = &st.sketch[size_t(i * d)];
-                float u = 0;
-                for (int64_t c = 0; c < d; ++c) u += row[c] * qh[c];
-                uh[i] = u;
-            }
+            st.sketch.project(qh, qr + (n_q + h) * d);
         }
         pq.data = qr;
     }

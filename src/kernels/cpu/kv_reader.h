@@ -69,10 +69,11 @@ bool kv_scalar_forced();
 bool kv_avx2_available();
 
 // Per-kind reader tables, one per reader file (kv_read_baseline.cpp, kv_read_kivi.cpp,
-// kv_read_turbo.cpp, kv_read_vecinfer.cpp).
+// kv_read_turbo.cpp, kv_read_vecinfer.cpp, kv_read_qjl.cpp).
 const KvReader* baseline_reader(KvFormatKind kind, KvIsa isa);
 const KvReader* kivi_reader(KvFormatKind kind, KvIsa isa);
 const KvReader* turbo_reader(KvFormatKind kind, KvIsa isa);
 const KvReader* vecinfer_reader(KvFormatKind kind, KvIsa isa);  // kv_read_vecinfer.cpp
+const KvReader* qjl_reader(KvFormatKind kind, KvIsa isa);       // kv_read_qjl.cpp
 
 }  // namespace vxq::cpu

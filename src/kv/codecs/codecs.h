@@ -27,5 +27,8 @@ std::unique_ptr<KvLayerState> make_turbo_rvq_state(const CodecSpec&, KvRole, int
 // vecinfer.cpp: VecInfer product quantization, its per-layer state from a calibration file.
 std::unique_ptr<Codec> make_vecinfer(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
 std::unique_ptr<KvLayerState> make_vecinfer_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
+// qjl.cpp: QJL keys (1-bit JL sketch + norms, outlier channels apart) with KIVI-2 per-token values.
+std::unique_ptr<Codec> make_qjl(const CodecSpec&, KvRole, int64_t head_dim, const KvLayerState*);
+std::unique_ptr<KvLayerState> make_qjl_state(const CodecSpec&, KvRole, int64_t head_dim, int64_t layer);
 
 }  // namespace vxq::codecs

@@ -55,6 +55,14 @@ std::vector<Entry> builtin_entries() {
           "m/n (+ per layer and role: codebooks d*2^m fp32, keys' lambda d fp32)", {"cpu"},
           {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random"}},
          codecs::make_vecinfer, codecs::make_vecinfer_state},
+        {{"qjl", "m=M (2d), mo=M_o (d) (multiples of 8; defaults rounded up), outliers=O (8), residual=R (32, multiple of 32), seed=S (0)",
+          "QJL keys: per 32-token block the O largest-norm channels apart; per token fp16 norms of both parts + "
+          "sign(S k_in) (m bits) + sign(S_o k_out) (m_o bits), unbiased scores; values: KIVI-2 per token, G=32",
+          "keys (m + m_o + 32 + O/4)/d, values 3 (+ fp16 window of R tokens; + per layer: keys' (m + m_o) d fp32 "
+          "sketches)",
+          {"cpu"},
+          {"qjl", "qjl:outliers=0", "qjl:m=72,mo=24,outliers=3,seed=7", "qjl:residual=64"}},
+         codecs::make_qjl, codecs::make_qjl_state},
     };
     // Without the CUDA backend in the build (VXQ_CUDA) no row names it, as in the weight-format
     // table: every name listed is one make_backend accepts.
@@ -125,6 +133,7 @@ const char* kv_format_kind_name(KvFormatKind k) {
         case KvFormatKind::TurboProd: return "turbo-prod";
         case KvFormatKind::TurboRvq: return "turbo-rvq";
         case KvFormatKind::VecInfer: return "vecinfer";
+        case KvFormatKind::Qjl: return "qjl";
     }
     return "?";
 }

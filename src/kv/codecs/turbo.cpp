@@ -27,13 +27,7 @@ const char* family_name(Family f) {
     return f == Family::Mse ? "turbo" : f == Family::Prod ? "turbo-prod" : "turbo-rvq";
 }
 
-// One seed per (user seed, layer, role, purpose): splitmix64 of their combination.
-uint64_t mix_seed(uint64_t seed, int64_t layer, KvRole role, uint64_t purpose) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(layer) * 4 + (role == KvRole::Key ? 0 : 2) + purpose;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+using qjl::mix_seed;
 
 // ---- Lloyd-Max ----------------------------------------------------------------------------
 // The solver: a density tabulated on a uniform grid of the line (kGrid points on [-kRange,
@@ -263,18 +257,14 @@ State::State(const Params& p, KvRole role, int64_t d, int64_t layer)
     cb1 = codebook_of(lloyd_max_gaussian(layout.bits1), unit);
     if (layout.bits2 > 0) cb2 = codebook_of(lloyd_max_residual(layout.bits1, layout.bits2), unit);
     if (layout.qjl) {
-        std::mt19937_64 rng(mix_seed(p.seed, layer, role, 1));
-        std::normal_distribution<float> nd;
-        sketch.resize(size_t(d * d));
-        for (auto& v : sketch) v = nd(rng);
-        qjl_scale = float(std::sqrt(std::numbers::pi / 2) / double(d));
+        sketch = qjl::Sketch(d, d, mix_seed(p.seed, layer, role, 1));
+        qjl_scale = sketch.scale();
     }
 }
 
 size_t State::bytes() const {
-    const size_t floats = cb1.centroids.size() + cb1.thresholds.size() + cb2.centroids.size() + cb2.thresholds.size() +
-                          sketch.size();
-    return rot.bytes() + floats * sizeof(float);
+    const size_t floats = cb1.centroids.size() + cb1.thresholds.size() + cb2.centroids.size() + cb2.thresholds.size();
+    return rot.bytes() + floats * sizeof(float) + sketch.bytes();
 }
 
 // ---- the scalar reference ---------------------------------------------------------------------
@@ -317,13 +307,7 @@ void encode(const State& s, const float* x, uint8_t* block) {
     if (!l.qjl) return;
     const f16_t g16 = fp32_to_fp16(float(std::sqrt(rr)));
     std::memcpy(block + l.gamma_offset(), &g16, 2);
-    uint8_t* signs = block + l.sign_offset();
-    for (int64_t i = 0; i < d; ++i) {
-        const float* row = &s.sketch[size_t(i * d)];
-        float dot = 0;
-        for (int64_t c = 0; c < d; ++c) dot += row[c] * r[c];
-        if (dot >= 0) signs[i >> 3] = uint8_t(signs[i >> 3] | (1u << (i & 7)));
-    }
+    s.sketch.signs(r, block + l.sign_offset());
 }
 
 void rotated_codes(const State& s, const uint8_t* block, float* y) {
@@ -341,12 +325,7 @@ void decode(const State& s, const uint8_t* block, float* x) {
     rotated_codes(s, block, x);
     if (l.qjl) {
         const float k = s.qjl_scale * load_f16(block + l.gamma_offset());
-        const uint8_t* signs = block + l.sign_offset();
-        for (int64_t i = 0; i < l.d; ++i) {
-            const float z = ((signs[i >> 3] >> (i & 7)) & 1) ? k : -k;
-            const float* row = &s.sketch[size_t(i * l.d)];
-            for (int64_t c = 0; c < l.d; ++c) x[c] += z * row[c];
-        }
+        s.sketch.add_transposed(block + l.sign_offset(), k, x);
     }
     s.rot.apply_t(x);
     const float n = load_f16(block);

@@ -31,6 +31,7 @@
 
 #include "core/fp16.h"
 #include "kv/codec.h"
+#include "kv/formats/qjl_sketch.h"
 
 namespace vxq::codecs::turbo {
 
@@ -114,7 +115,7 @@ struct State final : KvLayerState {
     Layout layout;
     Rotation rot;
     Codebook cb1, cb2;             // in unit-sphere units (N(0,1) values / sqrt(d)); cb2: rvq
-    std::vector<float> sketch;     // turbo-prod keys: S [d, d] row-major, N(0, 1) entries
+    qjl::Sketch sketch;            // turbo-prod keys: S [d, d], N(0, 1) entries (kv/formats/qjl_sketch.h)
     float qjl_scale = 0.0f;        // sqrt(pi/2) / d
 };
 
