@@ -25,6 +25,7 @@
 #include "kv/formats/qjl.h"
 #include "kv/kv_cache.h"
 #include "support/attend.h"
+#include "support/bound_codec.h"
 #include "support/run_cli.h"
 
 namespace vxq {
@@ -33,12 +34,8 @@ namespace {
 namespace qjl = codecs::qjl;
 
 // A key codec of `spec` with its layer state, as a cache builds them.
-struct BoundKeys {
-    std::unique_ptr<KvLayerState> state;
-    std::unique_ptr<Codec> codec;
-    BoundKeys(const std::string& spec, int64_t d, int64_t layer = 0)
-        : state(make_layer_state(CodecSpec::parse(spec), KvRole::Key, d, layer)),
-          codec(make_codec(CodecSpec::parse(spec), KvRole::Key, d, state.get())) {}
+struct BoundKeys : test::BoundCodec {
+    BoundKeys(const std::string& spec, int64_t d, int64_t layer = 0) : BoundCodec(spec, KvRole::Key, d, layer) {}
     const qjl::State& st() const { return *static_cast<const qjl::State*>(state.get()); }
 };
 

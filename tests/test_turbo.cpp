@@ -21,6 +21,7 @@
 #include "kv/formats/turbo.h"
 #include "kv/kv_cache.h"
 #include "support/attend.h"
+#include "support/bound_codec.h"
 #include "support/run_cli.h"
 
 namespace vxq {
@@ -28,14 +29,7 @@ namespace {
 
 namespace turbo = codecs::turbo;
 
-// A codec of `spec` with its layer state, as a cache builds them.
-struct Bound {
-    std::unique_ptr<KvLayerState> state;
-    std::unique_ptr<Codec> codec;
-    Bound(const std::string& spec, KvRole role, int64_t d, int64_t layer = 0)
-        : state(make_layer_state(CodecSpec::parse(spec), role, d, layer)),
-          codec(make_codec(CodecSpec::parse(spec), role, d, state.get())) {}
-};
+using Bound = test::BoundCodec;
 
 std::vector<float> random_unit(std::mt19937& rng, int64_t d) {
     std::normal_distribution<float> nd;

@@ -1,7 +1,8 @@
 // AVX2 + FMA + F16C readers of the baseline KV codecs (formats: kv/formats/baseline.h). Compiled with
 // -mavx2 -mfma -mf16c; called only after kv_avx2_available(). To keep AVX2 code out
 // of functions shared with other translation units (the linker keeps one copy of each inline
-// function or template instantiation), this file includes no project header, instantiates no std
+// function or template instantiation), this file includes no project header but kv_avx2_inl.h
+// (intrinsics-only helpers with internal linkage), instantiates no std
 // template, and keeps everything but the entry points in an anonymous namespace.
 //
 // Every loader below yields 8 values of one token exactly as decode() computes them (same
@@ -15,6 +16,8 @@
 // to 8 heads.
 #include <immintrin.h>
 
+#include "kernels/cpu/kv_avx2_inl.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -24,12 +27,6 @@ namespace vxq::cpu::baseline_avx2 {
 
 namespace {
 
-inline float hsum(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 inline float fp16_scalar(const uint8_t* p) {
     uint16_t h;

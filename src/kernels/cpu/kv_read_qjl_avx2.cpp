@@ -1,6 +1,6 @@
 // AVX2 kernel of the QJL key reader (kv_read_qjl.cpp): the signed sum of a projected query over a
 // token's packed sign bits. Compiled with -mavx2 -mfma -mf16c and called only after
-// kv_avx2_available(); includes no project header and keeps its helpers in an anonymous
+// kv_avx2_available(); includes no project header but kv_avx2_inl.h and keeps its helpers in an anonymous
 // namespace (see kv_read_baseline_avx2.cpp). Each sign byte is broadcast to 8 lanes, tested
 // against the lane's bit, and a clear bit flips the sign of the lane's value (xor of the IEEE sign
 // bit: exact), so only the summation order differs from the scalar reader.
@@ -8,16 +8,12 @@
 
 #include <immintrin.h>
 
+#include "kernels/cpu/kv_avx2_inl.h"
+
 namespace vxq::cpu::qjl_avx2 {
 
 namespace {
 
-inline float hsum(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 // The 8 values v[0..8) with the sign of lane j flipped where bit j of `byte` is clear.
 inline __m256 signed8(const float* v, uint8_t byte) {

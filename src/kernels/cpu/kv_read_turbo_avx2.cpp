@@ -14,6 +14,8 @@
 //           token, exactly the scalar reader's operations in its order: equal bit for bit.
 #include <immintrin.h>
 
+#include "kernels/cpu/kv_avx2_inl.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -37,12 +39,6 @@ inline float f16_at(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
-inline float hsum(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 // Index j of a packed area (LSB first, may straddle a byte): turbo.h's index_at.
 inline int index_at(const uint8_t* area, int64_t j, int bits) {

@@ -269,14 +269,6 @@ size_t State::bytes() const {
 
 // ---- the scalar reference ---------------------------------------------------------------------
 
-namespace {
-void put_index(uint8_t* area, int64_t j, int bits, int v) {
-    const int64_t bit = j * bits;
-    const unsigned w = unsigned(v) << (bit & 7);
-    area[bit >> 3] = uint8_t(area[bit >> 3] | (w & 0xff));
-    if ((bit & 7) + bits > 8) area[(bit >> 3) + 1] = uint8_t(area[(bit >> 3) + 1] | (w >> 8));
-}
-}  // namespace
 
 void encode(const State& s, const float* x, uint8_t* block) {
     const Layout& l = s.layout;

@@ -34,13 +34,6 @@ uint64_t mix_seed(uint64_t seed, int64_t layer, int role, int64_t j) {
     return z ^ (z >> 31);
 }
 
-void put_index(uint8_t* area, int64_t j, int bits, int v) {
-    const int64_t bit = j * bits;
-    const unsigned w = unsigned(v) << (bit & 7);
-    area[bit >> 3] = uint8_t(area[bit >> 3] | (w & 0xff));
-    if ((bit & 7) + bits > 8) area[(bit >> 3) + 1] = uint8_t(area[(bit >> 3) + 1] | (w >> 8));
-}
-
 }  // namespace
 
 Params parse_params(const CodecSpec& spec, int64_t d) {

@@ -126,11 +126,19 @@ inline float load_f16(const uint8_t* p) {
     std::memcpy(&h, p, sizeof h);
     return fp16_to_fp32(h);
 }
+// Index j of `bits` bits (1..8), packed LSB first: index_at reads it, put_index ORs it into a
+// zeroed area.
 inline int index_at(const uint8_t* area, int64_t j, int bits) {
     const int64_t bit = j * bits;
     unsigned w = area[bit >> 3];
     if ((bit & 7) + bits > 8) w |= unsigned(area[(bit >> 3) + 1]) << 8;
     return int(w >> (bit & 7)) & ((1 << bits) - 1);
+}
+inline void put_index(uint8_t* area, int64_t j, int bits, int v) {
+    const int64_t bit = j * bits;
+    const unsigned w = unsigned(v) << (bit & 7);
+    area[bit >> 3] = uint8_t(area[bit >> 3] | (w & 0xff));
+    if ((bit & 7) + bits > 8) area[(bit >> 3) + 1] = uint8_t(area[(bit >> 3) + 1] | (w >> 8));
 }
 
 // Rotate + quantize + pack one token in one pass.   x: [d]

@@ -82,6 +82,7 @@ int nearest(const float* c, int64_t k, int n, const float* v);
 
 // Index j of a code area (m bits each, LSB first): TurboQuant's packing.
 using turbo::index_at;
+using turbo::put_index;
 
 // ---- the scalar reference of one block ----
 void encode(const State& s, const float* x, uint8_t* block);           // x: [d]

@@ -1,0 +1,22 @@
+// Internal, AVX2 only: included from the kv_read_*_avx2.cpp files exclusively, which keep every
+// helper out of functions shared with other translation units (kv_read_baseline_avx2.cpp says
+// why). So this header holds intrinsics-only helpers with internal linkage (an anonymous
+// namespace: each of those files gets its own copy), includes only <immintrin.h>, and
+// instantiates no template.
+#pragma once
+
+#include <immintrin.h>
+
+namespace vxq::cpu {
+namespace {
+
+// The sum of the 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
+inline float hsum(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+}  // namespace
+}  // namespace vxq::cpu
