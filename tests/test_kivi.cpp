@@ -26,6 +26,7 @@
 #include "kernels/cpu/kv_read_kivi.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/formats/kivi.h"
+#include "support/attend.h"
 
 #pragma GCC optimize("fp-contract=off")  // the reference below rounds every operation on its own
 
@@ -630,7 +631,7 @@ TEST(KiviReader, ValueAccumulateMatchesDecodeThenSum) {
 // The AVX2 value dequant (one FMA) reproduces the decoder bit for bit: with p = one-hot rows the
 // accumulated output is exactly x^ (p * x^ + 0 with p = 1 is exact).
 TEST(KiviReader, Avx2ValueDequantIsBitExact) {
-    if (!cpu::kv_avx2_available()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_KV_AVX2();
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     for (const int bits : {2, 4, 8})

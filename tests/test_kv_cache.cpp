@@ -67,24 +67,15 @@ TEST_P(FusedAttention, EqualsDequantizeThenAttend) {
         cache->commit(pos);
     }
     ASSERT_EQ(cache->size(), c.len);
-    std::vector<std::vector<float>> dk(static_cast<size_t>(H)), dv(static_cast<size_t>(H));
-    for (int64_t g = 0; g < H; ++g) cache->dequantize(0, g, cache->size(), dk[size_t(g)], dv[size_t(g)]);
 
     ThreadPool pool(2);
     for (int64_t n_q : {int64_t(1), std::min<int64_t>(c.len, 5)}) {
         const int64_t pos0 = c.len - n_q;
-        std::vector<float> q(size_t(n_q * c.n_head * d)), out(q.size()), ref(q.size());
+        std::vector<float> q(size_t(n_q * c.n_head * d));
         for (auto& x : q) x = nd(rng);
-        test::attend(*cache, 0, q.data(), n_q, pos0, out.data(), pool);
-        cpu::attention_dequant_ref(q.data(), ref.data(), n_q, pos0, c.n_head, H, d, 1.0f / std::sqrt(float(d)),
-                                   [&](int64_t g, bool key) { return key ? dk[size_t(g)].data() : dv[size_t(g)].data(); });
-        double max_ref = 0, max_err = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-            max_ref = std::max(max_ref, std::abs(double(ref[i])));
-            max_err = std::max(max_err, std::abs(double(out[i]) - double(ref[i])));
-        }
+        const double rel = test::fused_vs_dequant_error(*cache, q.data(), n_q, pos0, pool);
         if (c.kv == "f16") {
-            EXPECT_LT(max_err / max_ref, 2e-3) << "llama.cpp-parity path rounds q and p to fp16";
+            EXPECT_LT(rel, 2e-3) << "llama.cpp-parity path rounds q and p to fp16";
         } else if (c.kv == "q8_0" || c.kv == "q4_0") {
             // q8_0 / q4_0 keys are scored as llama.cpp's CPU flash attention does: the query is
             // quantized to q8_0 first (test_codecs_baseline.cpp checks those scores bit for bit
@@ -94,9 +85,9 @@ TEST_P(FusedAttention, EqualsDequantizeThenAttend) {
             // cases, bound 5e-2. (Against the reference run with the q8_0-rounded query the
             // error is back at the float level, <= 2.2e-6 on these shapes; values are still
             // checked to 1e-5 by the accumulate test of test_codecs_baseline.cpp.)
-            EXPECT_LT(max_err / max_ref, 5e-2) << c.kv << " n_q=" << n_q << " len=" << c.len;
+            EXPECT_LT(rel, 5e-2) << c.kv << " n_q=" << n_q << " len=" << c.len;
         } else {
-            EXPECT_LT(max_err / max_ref, 1e-5) << c.kv << " n_q=" << n_q << " len=" << c.len;
+            EXPECT_LT(rel, 1e-5) << c.kv << " n_q=" << n_q << " len=" << c.len;
         }
     }
 }

@@ -381,7 +381,7 @@ namespace {
 //   values: the same operations in the same order per channel (fl(p n) * y added token after
 //     token), so bit for bit.
 TEST(TurboReader, Avx2MatchesTheScalarReference) {
-    if (!cpu::kv_avx2_available()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_KV_AVX2();
     const uint32_t seed = std::random_device{}();
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd;

@@ -227,23 +227,12 @@ TEST_P(VecinferAttention, FusedEqualsDequantizeThenAttend) {
     save_vecinfer_calibration(file, synthetic_calibration(1, c.n_head_kv, c.d, c.n, c.m, kZeroSha, 17));
     const std::string spec = "vecinfer:n=" + std::to_string(c.n) + ",m=" + std::to_string(c.m) + ",calib=" + file;
     auto cache = filled_cache(c, spec, uint32_t(c.len * 7 + c.n_head));
-    const int64_t H = c.n_head_kv, d = c.d;
-    std::vector<std::vector<float>> dk(static_cast<size_t>(H)), dv(static_cast<size_t>(H));
-    for (int64_t g = 0; g < H; ++g) cache->dequantize(0, g, cache->size(), dk[size_t(g)], dv[size_t(g)]);
+    const int64_t d = c.d;
     ThreadPool pool(2);
     for (int64_t n_q : {int64_t(1), std::min<int64_t>(c.len, 5)}) {
         const int64_t pos0 = c.len - n_q;
         const std::vector<float> q = gaussian(size_t(n_q * c.n_head * d), 23);
-        std::vector<float> out(q.size()), ref(q.size());
-        test::attend(*cache, 0, q.data(), n_q, pos0, out.data(), pool);
-        cpu::attention_dequant_ref(q.data(), ref.data(), n_q, pos0, c.n_head, H, d, 1.0f / std::sqrt(float(d)),
-                                   [&](int64_t g, bool key) { return key ? dk[size_t(g)].data() : dv[size_t(g)].data(); });
-        double max_ref = 0, max_err = 0;
-        for (size_t i = 0; i < ref.size(); ++i) {
-            max_ref = std::max(max_ref, std::abs(double(ref[i])));
-            max_err = std::max(max_err, std::abs(double(out[i]) - double(ref[i])));
-        }
-        EXPECT_LT(max_err / max_ref, 1e-5) << "n_q=" << n_q;
+        EXPECT_LT(test::fused_vs_dequant_error(*cache, q.data(), n_q, pos0, pool), 1e-5) << "n_q=" << n_q;
     }
 }
 

@@ -3,6 +3,7 @@
 // on a pool the test chooses.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -10,6 +11,7 @@
 
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_fused.h"
+#include "kernels/cpu/kv_reader.h"
 #include "kv/kv_cache.h"
 
 namespace vxq::test {
@@ -23,6 +25,25 @@ inline void attend(const KvCache& c, int64_t layer, const float* q, int64_t n_q,
     } else {
         cpu::attention_fused(v, q, n_q, pos0, scale, out, pool);
     }
+}
+
+// The fused attention of layer 0 against dequantize-then-attend (cpu::attention_dequant_ref over
+// the cache's decoded K/V, all heads): max |out - ref| / max |ref| over the outputs.
+inline double fused_vs_dequant_error(const KvCache& c, const float* q, int64_t n_q, int64_t pos0, ThreadPool& pool) {
+    const KvShape& s = c.shape();
+    std::vector<std::vector<float>> dk(size_t(s.n_head_kv)), dv(size_t(s.n_head_kv));
+    for (int64_t g = 0; g < s.n_head_kv; ++g) c.dequantize(0, g, c.size(), dk[size_t(g)], dv[size_t(g)]);
+    std::vector<float> out(size_t(n_q * s.n_head * s.head_dim)), ref(out.size());
+    attend(c, 0, q, n_q, pos0, out.data(), pool);
+    cpu::attention_dequant_ref(q, ref.data(), n_q, pos0, s.n_head, s.n_head_kv, s.head_dim,
+                               1.0f / std::sqrt(float(s.head_dim)),
+                               [&](int64_t g, bool key) { return key ? dk[size_t(g)].data() : dv[size_t(g)].data(); });
+    double max_ref = 0, max_err = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+        max_ref = std::max(max_ref, std::abs(double(ref[i])));
+        max_err = std::max(max_err, std::abs(double(out[i]) - double(ref[i])));
+    }
+    return max_err / max_ref;
 }
 
 // Standard-normal keys and values [n, n_head_kv, d] and queries [n, n_head, d] from one seed.
@@ -40,3 +61,13 @@ inline RandomKvq random_kvq(int64_t n, int64_t n_head_kv, int64_t n_head, int64_
 }
 
 }  // namespace vxq::test
+
+// Skips the current test, loudly, on a CPU without AVX2+FMA+F16C (the AVX2 KV readers cannot run
+// there; the scalar references are still tested by the other tests). CI's machine has them.
+#define VXQ_REQUIRE_KV_AVX2()                                                                        \
+    do {                                                                                             \
+        if (!::vxq::cpu::kv_avx2_available()) {                                                      \
+            GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was " \
+                            "not tested (the scalar reference was) ***";                             \
+        }                                                                                            \
+    } while (0)
