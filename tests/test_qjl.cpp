@@ -216,23 +216,11 @@ TEST(QjlReader, ScoresEqualTheDotWithDecodedVectors) {
 // only reads its O outlier columns of S and S_o; no code path projects per cached token.
 TEST(QjlAttention, QueryProjectedOncePerStepNotPerToken) {
     const KvShape shape{1, 4, 2, 64, 4096};
-    const int64_t d = 64;
-    std::mt19937 rng(3);
-    std::normal_distribution<float> nd;
     ThreadPool pool(2);
     uint64_t calls_at[2] = {0, 0};
     int i = 0;
     for (const int64_t n : {3000, 4000}) {
-        auto cache = make_kv_cache(shape, "qjl", "qjl");
-        std::vector<float> k(size_t(n * 2 * d)), v(k.size()), q(size_t(4 * d)), out(q.size());
-        for (auto& x : k) x = nd(rng);
-        for (auto& x : v) x = nd(rng);
-        for (auto& x : q) x = nd(rng);
-        cache->write(0, 0, k.data(), v.data(), n);
-        cache->commit(n);
-        const uint64_t before = qjl::projection_calls();
-        test::attend(*cache, 0, q.data(), 1, n - 1, out.data(), pool);
-        calls_at[i++] = qjl::projection_calls() - before;
+        calls_at[i++] = test::count_in_one_decode_step("qjl", shape, n, qjl::projection_calls, 3, pool);
     }
     EXPECT_GT(calls_at[0], 0u);
     EXPECT_LE(calls_at[0], uint64_t(shape.n_head * 32));

@@ -274,21 +274,9 @@ TEST(TurboRvq, DistortionBetweenTheOneStageQuantizers) {
 // is bounded by 2 x heads x the most splits the kernel makes (32), independent of the length.
 TEST(TurboAttention, RotationNeverRunsPerCachedToken) {
     const KvShape shape{1, 4, 2, 64, 4096};
-    const int64_t n = 3000, d = 64;
-    std::mt19937 rng(3);
-    std::normal_distribution<float> nd;
     ThreadPool pool(2);
     for (const char* m : {"turbo:bits=3", "turbo-prod:bits=3", "turbo-rvq:bits=2"}) {
-        auto cache = make_kv_cache(shape, m, m);
-        std::vector<float> k(size_t(n * 2 * d)), v(k.size()), q(size_t(4 * d)), out(q.size());
-        for (auto& x : k) x = nd(rng);
-        for (auto& x : v) x = nd(rng);
-        for (auto& x : q) x = nd(rng);
-        cache->write(0, 0, k.data(), v.data(), n);
-        cache->commit(n);
-        const uint64_t before = turbo::rotation_calls();
-        test::attend(*cache, 0, q.data(), 1, n - 1, out.data(), pool);
-        const uint64_t calls = turbo::rotation_calls() - before;
+        const uint64_t calls = test::count_in_one_decode_step(m, shape, 3000, turbo::rotation_calls, 3, pool);
         EXPECT_GT(calls, 0u) << m;
         EXPECT_LE(calls, uint64_t(2 * shape.n_head * 32)) << m;
     }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/attention.h"
@@ -46,6 +47,12 @@ inline double fused_vs_dequant_error(const KvCache& c, const float* q, int64_t n
     return max_err / max_ref;
 }
 
+// One decode step (the last token's query, every head) over layer 0 of a `spec` cache holding n
+// random tokens: how much a codec's work counter (`counter()`) grew during the step.
+template <class Counter>
+uint64_t count_in_one_decode_step(const std::string& spec, const KvShape& shape, int64_t n, Counter counter,
+                                  uint32_t seed, ThreadPool& pool);
+
 // Standard-normal keys and values [n, n_head_kv, d] and queries [n, n_head, d] from one seed.
 struct RandomKvq {
     std::vector<float> k, v, q;
@@ -58,6 +65,19 @@ inline RandomKvq random_kvq(int64_t n, int64_t n_head_kv, int64_t n_head, int64_
     for (auto* x : {&r.k, &r.v, &r.q})
         for (float& e : *x) e = nd(rng);
     return r;
+}
+
+template <class Counter>
+uint64_t count_in_one_decode_step(const std::string& spec, const KvShape& shape, int64_t n, Counter counter,
+                                  uint32_t seed, ThreadPool& pool) {
+    auto cache = make_kv_cache(shape, spec, spec);
+    const RandomKvq r = random_kvq(n, shape.n_head_kv, shape.n_head, shape.head_dim, seed);
+    cache->write(0, 0, r.k.data(), r.v.data(), n);
+    cache->commit(n);
+    std::vector<float> out(size_t(shape.n_head * shape.head_dim));
+    const uint64_t before = counter();
+    attend(*cache, 0, r.q.data(), 1, n - 1, out.data(), pool);
+    return counter() - before;
 }
 
 }  // namespace vxq::test
