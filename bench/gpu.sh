@@ -21,7 +21,8 @@
 #   VXQ_GPU_BENCH_ONLY=1  skip the tests, compute-sanitizer and the perplexity comparison (a
 #                    benchmark-only rerun)
 #   VXQ_GPU_BPS_SWEEP  e.g. "2 3": the end-to-end bench also with that many batch-1 GEMV blocks per SM
-#   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison
+#   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24, as prefill)
+#   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -70,7 +71,7 @@ if [ "$status_build" = ok ]; then
     if [ "${PIPESTATUS[0]}" -eq 0 ]; then status_tests=ok; fi
     summary_tests="$(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \] [0-9]' "$LOGS/cuda_tests.log" | tr '\n' ' ')"
 
-    if command -v compute-sanitizer >/dev/null; then
+    if [ "${VXQ_GPU_SKIP_SANITIZER:-}" != 1 ] && command -v compute-sanitizer >/dev/null; then
       step "compute-sanitizer memcheck (op-level CUDA tests)"
       if timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/tests/vxq_tests" \
            --gtest_filter='Cuda.*:Types/CudaGemv.*:Types/CudaGemm.*' >"$LOGS/sanitizer.log" 2>&1; then
@@ -86,7 +87,8 @@ if [ "$status_build" = ok ]; then
   if "$BUILD/bench/vxq_gpu_gemv" | tee "$LOGS/gemv.log"; then status_bench=ok; fi
 
   if [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ] && [ "${VXQ_GPU_SKIP_PPL:-}" != 1 ]; then
-    step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream 4)"
+    STREAM_CHUNKS="${VXQ_GPU_PPL_STREAM_CHUNKS:-24}"
+    step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream $STREAM_CHUNKS)"
     status_ppl=ok
     TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
     for w in f16 q8_0 q4_0; do
@@ -95,7 +97,7 @@ if [ "$status_build" = ok ]; then
       for mode in prefill stream; do
         for fa in "" "--flash-attn"; do
           line="$w $mode ${fa:-(no -fa)}"
-          chunks=24; [ "$mode" = stream ] && chunks=4
+          chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
           for dev in cpu cuda; do
             "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks $chunks --mode "$mode" $fa --device "$dev" \
               >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
@@ -139,7 +141,7 @@ if [ "$status_build" = ok ]; then
           >/dev/null 2>"$LOGS/profile_${t}_$1.txt" || true
         echo "profile $t $1 ($*, one repetition):"; grep 'vxq:' "$LOGS/profile_${t}_$1.txt" | head -20
       done
-      # Batch-1 GEMV blocks per SM (default 1).
+      # Batch-1 GEMV blocks per SM (default 2).
       for bps in ${VXQ_GPU_BPS_SWEEP:-}; do
         VXQ_GEMV1_BLOCKS_PER_SM=$bps "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 3 --no-aa --json \
           >"$LOGS/e2e_${t}_bps$bps.json" 2>/dev/null &&

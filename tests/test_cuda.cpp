@@ -624,21 +624,25 @@ TEST(Cuda, RopeMatchesCpuNormalAndNeox) {
     }
 }
 
-// RoPE of q, RoPE of k and the KV store, recorded in that order on device buffers, run as one
-// kernel (rope_store_f16); split by a host read in between, as three. Both give the same bits.
-TEST(Cuda, RopeAndStoreFuseBitExact) {
+// RoPE of q, RoPE of k, the KV store and (-fa) attention, recorded in that order on device
+// buffers: at one token the split attention kernel does all four, at more the RoPE + store kernel
+// runs before the attention kernel (attention.cuh). Split by a host read after RoPE(q), every op
+// runs on its own. Both give the same bits: q and k after RoPE, the pages, the attention output.
+TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
     VXQ_REQUIRE_CUDA(cuda);
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     struct Case { int64_t head_dim, n_rot, n, n_head, n_head_kv, pos0; bool neox; };
-    const Case cases[] = {{128, 128, 1, 32, 8, 0, false}, {64, 64, 3, 12, 4, 17, true}, {128, 64, 2, 4, 2, 70000, true}};
+    const Case cases[] = {{128, 128, 1, 32, 8, 0, false},   {64, 64, 3, 12, 4, 17, true},  {128, 64, 2, 4, 2, 70000, true},
+                          {128, 128, 1, 32, 4, 5000, false}, {64, 32, 1, 8, 8, 300, true}, {128, 128, 1, 16, 2, 70000, false}};
     for (const Case& c : cases) {
-        SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << " n " << c.n << " pos0 " << c.pos0 << " seed " << seed);
+        SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
+                                        << " n " << c.n << " pos0 " << c.pos0 << " seed " << seed);
         const int64_t qd = c.n_head * c.head_dim, kd = c.n_head_kv * c.head_dim;
         const auto q = random_floats(size_t(c.n * qd), rng), k = random_floats(size_t(c.n * kd), rng),
                    v = random_floats(size_t(c.n * kd), rng);
         const RopeParams rp{c.n_rot, 10000.0f, c.neox};
-        std::vector<float> outs[2][2];
+        std::vector<float> outs[2][3];
         std::vector<float> pages[2][2];
         const auto pre = random_floats(size_t(c.pos0 * kd), rng);
         for (int fused = 0; fused < 2; ++fused) {
@@ -646,6 +650,7 @@ TEST(Cuda, RopeAndStoreFuseBitExact) {
             const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.pos0 + c.n + 8};
             KvCacheOptions opts;
             opts.memory = be->kv_memory();
+            opts.flash_attn = true;
             auto cache = make_kv_cache(shape, KvSpec{}, opts);
             if (c.pos0 > 0) {  // earlier tokens, so the store appends
                 be->kv_write(*cache, 0, 0, pre.data(), pre.data(), c.pos0);
@@ -654,6 +659,7 @@ TEST(Cuda, RopeAndStoreFuseBitExact) {
             float* qb = be->activation_buffer(0, size_t(c.n * qd));
             float* kb = be->activation_buffer(1, size_t(c.n * kd));
             float* vb = be->activation_buffer(2, size_t(c.n * kd));
+            float* ob = be->activation_buffer(3, size_t(c.n * qd));
             std::vector<int32_t> ids(size_t(c.n));
             std::iota(ids.begin(), ids.end(), 0);
             const WeightView tq{GgmlType::F32, q.data(), c.n, qd, size_t(qd) * sizeof(float)};
@@ -667,16 +673,18 @@ TEST(Cuda, RopeAndStoreFuseBitExact) {
             be->rope(kb, c.n, c.n_head_kv, c.head_dim, c.pos0, rp);
             be->kv_write(*cache, 0, c.pos0, kb, vb, c.n);
             cache->commit(c.pos0 + c.n);
+            be->attention(cache->view(0), qb, c.n, c.pos0, ob);
             const float* hq = be->to_host(qb, size_t(c.n * qd), 0);
             outs[fused][0].assign(hq, hq + c.n * qd);
             const float* hk = be->to_host(kb, size_t(c.n * kd), 1);
             outs[fused][1].assign(hk, hk + c.n * kd);
+            const float* ho = be->to_host(ob, size_t(c.n * qd), 2);
+            outs[fused][2].assign(ho, ho + c.n * qd);
             cache->dequantize(0, c.n_head_kv - 1, c.pos0 + c.n, pages[fused][0], pages[fused][1]);
         }
-        for (int i = 0; i < 2; ++i) {
-            EXPECT_EQ(outs[0][i], outs[1][i]) << (i ? "k" : "q") << " after RoPE";
-            EXPECT_EQ(pages[0][i], pages[1][i]) << (i ? "values" : "keys") << " stored";
-        }
+        const char* names[] = {"q after RoPE", "k after RoPE", "attention output"};
+        for (int i = 0; i < 3; ++i) EXPECT_EQ(outs[0][i], outs[1][i]) << names[i];
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(pages[0][i], pages[1][i]) << (i ? "values" : "keys") << " stored";
     }
 }
 

@@ -112,21 +112,91 @@ __device__ __forceinline__ float warp_add(float v) {
     return v;
 }
 
+// Rotates pair i of a row at position pos as rope_kernel does (the same recurrence and products).
+__device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
+    const int64_t half = p.n_rot / 2;
+    float theta = float(pos);
+    for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, p.theta_scale);
+    const float c = cosf(theta), s = sinf(theta);
+    const int64_t a = p.neox ? i : 2 * i;
+    const int64_t b = p.neox ? i + half : 2 * i + 1;
+    const float x0 = row[a], x1 = row[b];
+    row[a] = fmaf(x0, c, -__fmul_rn(x1, s));
+    row[b] = fmaf(x0, s, __fmul_rn(x1, c));
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
+// The merge of (g, i)'s splits by the block that arrived last: for each of the REP query heads
+// the splits' maxima and sums (read in parallel: a chain of dependent loads would cost a memory
+// latency per split), then o = sum_z o_z exp(m_z - m) / sum_z l_z exp(m_z - m). No visible
+// token: 0. Partials of other blocks are read through L2 (__ldcg): L1 is not coherent.
+template <int REP>
+__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i) {
+    __shared__ float wz[REP][kAttnSplitMaxSplits], lz[REP][kAttnSplitMaxSplits];
+    __shared__ float inv_s[REP];
+    const int hd = int(p.head_dim), splits = int(p.splits), tid = threadIdx.x, lane = tid & 31;
+    const int64_t stride = hd + 2;
+    const auto part_of = [&](int r) { return p.partial + (int64_t(i) * p.n_head + int64_t(g) * REP + r) * p.splits * stride; };
+    for (int r = tid >> 5; r < REP; r += kSplitWarps) {
+        const float* part = part_of(r);
+        float m = -INFINITY;
+        for (int z = lane; z < splits; z += 32) {
+            wz[r][z] = __ldcg(part + z * stride + hd);
+            lz[r][z] = __ldcg(part + z * stride + hd + 1);
+            m = fmaxf(m, wz[r][z]);
+        }
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int z = lane; z < splits; z += 32) {
+            const float w = wz[r][z] == -INFINITY ? 0.0f : expf(wz[r][z] - m);
+            wz[r][z] = w;
+            l += lz[r][z] * w;
+        }
+        l = warp_add(l);
+        // ggml_soft_max: the reciprocal taken in double.
+        if (lane == 0) inv_s[r] = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
+    }
+    __syncthreads();
+    for (int e = tid; e < REP * hd; e += kSplitThreads) {
+        const int r = e / hd, d = e - r * hd;
+        const float* part = part_of(r);
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int z = 0; z < splits; ++z) acc += __ldcg(part + z * stride + d) * wz[r][z];
+        p.out[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d] = acc * inv_s[r];
+    }
+}
+
 // Block (g, i, z): KV head g, query i, split z; REP query heads g * REP + r.
 template <int REP>
 __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F16SplitAttentionParams p) {
     __shared__ float qs[REP][kAttnSplitMaxHeadDim];
+    __shared__ float kn[kAttnSplitMaxHeadDim];  // with rope: the new key, rotated
     __shared__ float sc[REP][kSplitChunk];
     __shared__ float m_run[REP], l_run[REP], factor[REP];
-    pdl_wait();
-    pdl_launch_dependents();
+    __shared__ bool merger;
     const int g = blockIdx.x, i = blockIdx.y, z = blockIdx.z;
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // The step block and the pages of earlier steps were written before this step's first kernel.
     const KvHeadDev head = p.heads[g];
     const int64_t seen = *p.pos0 + i + 1;
     const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
     const int64_t per = (n_vis + p.splits - 1) / p.splits;
     const int64_t t_begin = min(n_vis, int64_t(z) * per), t_end = min(n_vis, t_begin + per);
+    const __half* kp = reinterpret_cast<const __half*>(head.k);
+    const __half* vp = reinterpret_cast<const __half*>(head.v);
+    {
+        const int64_t row_bytes = int64_t(hd) * 2, lines = (min(t_end - t_begin, int64_t(kSplitChunk)) * row_bytes + 127) / 128;
+        for (int64_t l = tid; l < lines; l += kSplitThreads) {
+            prefetch_l2(reinterpret_cast<const char*>(kp + t_begin * hd) + 128 * l);
+            prefetch_l2(reinterpret_cast<const char*>(vp + t_begin * hd) + 128 * l);
+        }
+    }
+    pdl_wait();
+    pdl_launch_dependents();
     for (int e = tid; e < REP * hd; e += kSplitThreads) {
         const int r = e / hd, d = e - r * hd;
         qs[r][d] = p.q[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d];
@@ -135,15 +205,38 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
+    const bool rope = p.rope.q != nullptr;
+    if (rope) {  // n_q == 1: RoPE of q and k, the new token's store (attention.cuh)
+        const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
+        const int half = int(p.rope.n_rot / 2);
+        const bool owner = slot < n_vis ? (slot >= t_begin && slot < t_end) : z == 0;
+        float* kg = p.rope.k + int64_t(g) * hd;
+        if (owner) {
+            for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
+        }
+        __syncthreads();
+        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qs[e / half], e % half, pos, p.rope);
+        if (owner) {
+            for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
+        }
+        __syncthreads();
+        if (owner) {
+            const KvHeadDev sh = p.rope.heads[g];
+            const float* vg = p.rope.v + int64_t(g) * hd;
+            for (int d = tid; d < hd; d += kSplitThreads) {
+                kg[d] = kn[d];
+                reinterpret_cast<__half*>(sh.k)[slot * hd + d] = __float2half_rn(kn[d]);
+                reinterpret_cast<__half*>(sh.v)[slot * hd + d] = __float2half_rn(vg[d]);
+            }
+        }
+    }
     float o[REP][kAttnSplitMaxHeadDim / kSplitThreads];
 #pragma unroll
     for (int r = 0; r < REP; ++r) {
 #pragma unroll
         for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) o[r][j] = 0.0f;
     }
-    __syncthreads();
-    const __half* kp = reinterpret_cast<const __half*>(head.k);
-    const __half* vp = reinterpret_cast<const __half*>(head.v);
+    __syncthreads();  // q (and the new token's page writes) visible to the whole block
     for (int64_t c0 = t_begin; c0 < t_end; c0 += kSplitChunk) {
         const int len = int(min(int64_t(kSplitChunk), t_end - c0));
         // Scores: a warp per token, lanes over head_dim (two elements at a time), every query head.
@@ -217,49 +310,24 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
             part[hd + 1] = l_run[r];
         }
     }
-}
-
-// Block (h, i): merges the splits of query head h, token i. No visible token: 0. The splits'
-// maxima and sums are read in parallel first (a chain of dependent loads would cost a memory
-// latency per split).
-__global__ void attention_merge_kernel(const F16SplitAttentionParams p) {
-    __shared__ float wz[kAttnSplitMaxSplits], lz[kAttnSplitMaxSplits];
-    __shared__ float inv_s;
-    pdl_wait();
-    pdl_launch_dependents();
-    const int64_t h = blockIdx.x, i = blockIdx.y, hd = p.head_dim, stride = hd + 2;
-    const int splits = int(p.splits);
-    const float* part = p.partial + (i * p.n_head + h) * p.splits * stride;
-    if (threadIdx.x < 32) {
-        float m = -INFINITY;
-        for (int z = threadIdx.x; z < splits; z += 32) {
-            wz[z] = part[z * stride + hd];
-            lz[z] = part[z * stride + hd + 1];
-            m = fmaxf(m, wz[z]);
-        }
-        m = warp_max(m);
-        float l = 0.0f;
-        for (int z = threadIdx.x; z < splits; z += 32) {
-            const float w = wz[z] == -INFINITY ? 0.0f : expf(wz[z] - m);
-            wz[z] = w;
-            l += lz[z] * w;
-        }
-        l = warp_add(l);
-        // ggml_soft_max: the reciprocal taken in double.
-        if (threadIdx.x == 0) inv_s = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
-    }
+    // The last block of (g, i) to get here merges: each block's partial is published (fence)
+    // before its arrival is counted, and the merger fences again before reading them.
+    __threadfence();
     __syncthreads();
-    for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int z = 0; z < splits; ++z) acc += part[z * stride + d] * wz[z];
-        p.out[(i * p.n_head + h) * hd + d] = acc * inv_s;
+    unsigned* arrivals = p.arrivals + int64_t(i) * p.n_head_kv + g;
+    if (tid == 0) merger = atomicAdd(arrivals, 1u) == unsigned(p.splits - 1);
+    __syncthreads();
+    if (!merger) return;
+    __threadfence();
+    merge_splits<REP>(p, g, i);
+    if (rope) {  // every block of the group has read q: the rotated rows go back (as rope_store leaves them)
+        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qs[e / hd][e % hd];
     }
+    if (tid == 0) *arrivals = 0;  // ready for the next call (a kernel boundary orders it)
 }
 
 // Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as
-// rope_kernel does (the same recurrence and products); then a k head's threads store its row of
-// k and v as store_f16_kernel does.
+// rope_kernel does; then a k head's threads store its row of k and v as store_f16_kernel does.
 __global__ void rope_store_kernel(const RopeStoreParams p) {
     pdl_wait();
     pdl_launch_dependents();
@@ -267,17 +335,7 @@ __global__ void rope_store_kernel(const RopeStoreParams p) {
     const bool is_k = hh >= p.n_head;
     const int64_t head = is_k ? hh - p.n_head : hh;
     float* row = is_k ? p.k + (t * p.n_head_kv + head) * p.head_dim : p.q + (t * p.n_head + head) * p.head_dim;
-    const int64_t half = p.n_rot / 2;
-    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-        float theta = float(*p.pos0 + t);
-        for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, p.theta_scale);
-        const float c = cosf(theta), s = sinf(theta);
-        const int64_t a = p.neox ? i : 2 * i;
-        const int64_t b = p.neox ? i + half : 2 * i + 1;
-        const float x0 = row[a], x1 = row[b];
-        row[a] = fmaf(x0, c, -__fmul_rn(x1, s));
-        row[b] = fmaf(x0, s, __fmul_rn(x1, c));
-    }
+    for (int64_t i = threadIdx.x; i < p.n_rot / 2; i += blockDim.x) rope_pair(row, i, *p.pos0 + t, p);
     if (!is_k) return;
     __syncthreads();  // the rotated row, written by other threads of the block
     const KvHeadDev h = p.heads[head];
@@ -388,7 +446,11 @@ void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t st) {
         case 4: launch_pdl(attention_split_kernel<4>, grid, dim3(kSplitThreads), 0, st, p); break;
         default: launch_pdl(attention_split_kernel<8>, grid, dim3(kSplitThreads), 0, st, p); break;
     }
-    launch_pdl(attention_merge_kernel, dim3(unsigned(p.n_head), unsigned(p.n_q)), dim3(128), 0, st, p);
+}
+
+bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& r) {
+    return p.n_q == 1 && r.n == 1 && r.q == p.q && r.n_head == p.n_head && r.n_head_kv == p.n_head_kv &&
+           r.head_dim == p.head_dim && r.n_rot >= 0 && r.n_rot <= r.head_dim && r.n_rot % 2 == 0;
 }
 
 void rope_store_f16(const RopeStoreParams& p, cudaStream_t st) {

@@ -3,14 +3,15 @@
 // the next (positions, token counts, page addresses) is read from a small device table, not
 // passed as a kernel argument, so a captured CUDA graph of the step stays valid as the cache grows.
 //
-// Attention takes one of two paths:
-//   decode (n_q < kAttnGemmMinQueries): the foundation's simple kernel (one block per query token
-//     and head, scores in device scratch, softmax and the V sum in f32; with round_f16 the two
-//     fp16 roundings of llama.cpp's non-flash path);
+// Attention takes one of three paths:
+//   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/4/8): split-K over the tokens with an
+//     online softmax and an in-kernel merge (attention_f16_split below);
+//   decode without -fa, or other GQA groups: one block per query token and head, scores in
+//     device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
+//     llama.cpp's non-flash path (attention_f16);
 //   prefill (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the scores and the V sum
 //     around a softmax kernel (attention_f16_gemm below).
-// Not yet the split-K online-softmax kernel with per-format readers: compressed formats have no
-// CUDA reader, and the backend refuses them by name.
+// Only the f16 cache has CUDA readers: compressed formats are refused by name (backend_cuda.cpp).
 #pragma once
 
 #include <cstddef>
@@ -56,36 +57,6 @@ struct F16AttentionParams {
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t stream);
 
-// ---- decode with -fa: split-K over the tokens ------------------------------------------------
-// Few queries (decode) with flash-attention numerics (f32 throughout): block (KV head g, query
-// i, split z) reads its stretch of g's tokens once for all the query heads that share g (GQA),
-// with an online softmax over sub-chunks, and writes an unnormalized partial (o, max, sum); a
-// second kernel merges the splits with their log-sum-exp weights. The split count is fixed per
-// call (a graph argument) and each split's stretch follows from the token count on the device,
-// so a captured step stays valid at any depth. Against the one-kernel path: the same products,
-// exponentials of (s - m_split) rescaled by exp(m_split - m) instead of exp(s - m): ~1e-7
-// relative.
-constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
-constexpr int kAttnSplitMaxHeadDim = 256;
-constexpr int kAttnSplitMaxSplits = 32;
-
-struct F16SplitAttentionParams {
-    const float* q;           // [n_q, n_head, head_dim] after RoPE (device)
-    const int64_t* pos0;      // as F16AttentionParams
-    const KvHeadDev* heads;   // [n_head_kv] (device)
-    float* partial;           // [n_q, n_head, splits, head_dim + 2] scratch: o, then max and sum
-    float* out;               // [n_q, n_head, head_dim] (device)
-    int64_t n_q, n_head, n_head_kv, head_dim;
-    int64_t splits;
-    float scale;
-};
-// Whether the split kernel takes this shape (GQA group, head_dim).
-bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-// Splits for a call: enough blocks for the SMs (a power of two, at most kAttnSplitMaxSplits).
-int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
-size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
-void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t stream);
-
 // RoPE of q and k and the f16 store of k and v in one kernel (the decode step's three ops): the
 // arithmetic of cuda::rope and store_f16, the same bits. q: [n, n_head, head_dim], k, v: [n,
 // n_head_kv, head_dim] (device); q and k are rotated in place.
@@ -100,6 +71,49 @@ struct RopeStoreParams {
     bool neox;
 };
 void rope_store_f16(const RopeStoreParams& p, cudaStream_t stream);
+
+// ---- decode with -fa: split-K over the tokens ------------------------------------------------
+// Few queries (decode) with flash-attention numerics (f32 throughout): block (KV head g, query
+// i, split z) reads its stretch of g's tokens once for all the query heads that share g (GQA),
+// with an online softmax over sub-chunks, and writes an unnormalized partial (o, max, sum). The
+// last block of (g, i) to finish (an arrival counter per (i, g)) merges the splits with their
+// log-sum-exp weights, so the step runs one kernel, not two. The split count is fixed per call
+// (a graph argument) and each split's stretch follows from the token count on the device, so a
+// captured step stays valid at any depth. Before waiting for the previous kernel (PDL) a block
+// prefetches the first keys and values of its stretch into L2: tokens of earlier steps, written
+// before the step began. Against the one-kernel path: the same products, exponentials of
+// (s - m_split) rescaled by exp(m_split - m) instead of exp(s - m): ~1e-7 relative.
+//
+// With `rope` (one query, the decode step) the kernel also does the step's RoPE + KV store
+// (rope_store_f16's arithmetic, the same bits): every block rotates its group's q rows in shared
+// memory, the block whose stretch holds the new token's slot rotates k, stores k and v as fp16
+// and then reads them like any other token, and the merging block writes the rotated q back
+// (every block of the group has read q by then), so memory ends as after the separate ops.
+constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
+constexpr int kAttnSplitMaxHeadDim = 256;
+constexpr int kAttnSplitMaxSplits = 32;
+
+struct F16SplitAttentionParams {
+    const float* q;           // [n_q, n_head, head_dim] after RoPE (device); with rope.q: before
+    const int64_t* pos0;      // as F16AttentionParams
+    const KvHeadDev* heads;   // [n_head_kv] (device)
+    float* partial;           // [n_q, n_head, splits, head_dim + 2] scratch: o, then max and sum
+    unsigned* arrivals;       // [n_q, n_head_kv] (device): 0 before the call, 0 again after it
+    float* out;               // [n_q, n_head, head_dim] (device)
+    int64_t n_q, n_head, n_head_kv, head_dim;
+    int64_t splits;
+    float scale;
+    RopeStoreParams rope;     // n_q == 1 and rope.q == q: RoPE + KV store fused (above); else rope.q null
+};
+// Whether the split kernel takes this shape (GQA group, head_dim).
+bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+// Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
+// same heads and head_dim, full rotation pairs within head_dim).
+bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& rope);
+// Splits for a call: enough blocks for the SMs (a power of two, at most kAttnSplitMaxSplits).
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
+size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
+void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t stream);
 
 // ---- prefill: batched cuBLAS GEMMs ----------------------------------------------------------
 // Per query head h (KV head g = h / (n_head / n_head_kv)), one batch entry of each GEMM:

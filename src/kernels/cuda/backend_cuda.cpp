@@ -136,6 +136,7 @@ public:
         out_stage_.release();
         scores_.release();
         split_partial_.release();
+        split_arrivals_.release();
         step_dev_.release();
         step_host_.release();
         out_host_.release();
@@ -268,14 +269,16 @@ public:
         a.up = in(up, n);
         a.n = int64_t(n);
         record(Op::Swiglu, a, [](const A& a, cudaStream_t st) { cuda::swiglu(a.gate, a.up, a.n, st); });
+        bool fused = false;
         if (n_rows == 1 && group_just_before() && group_.count == 2 && group_.n == 1 && group_.y[0] == a.gate && group_.y[1] == a.up &&
             group_.w[0]->rows == n_ff && group_.w[1]->rows == n_ff && !group_.fusion.resid) {
             GemvFusion f = group_.fusion;
             f.swiglu = true;
-            fuse_into_group(f, "gemv (swiglu)");
-        } else if (n_rows == 1) {
-            swiglu_ = SwigluArgs{pending_.size() - 1, a.gate, a.up, n_ff};  // a candidate for the next matmul
+            fused = fuse_into_group(f, "gemv (swiglu)");
         }
+        // Not taken by the gate/up kernel (Q8_0/Q4_0 have no SwiGLU epilogue): a candidate for
+        // the next matmul's quantize kernel.
+        if (!fused && n_rows == 1) swiglu_ = SwigluArgs{pending_.size() - 1, a.gate, a.up, n_ff};
         finish(gate, a.gate, n);
     }
     void add(float* x, const float* y, int64_t n) override {
@@ -376,6 +379,7 @@ public:
             labels_[rq.op] = labels_[rk.op] = nullptr;
             pending_.back() = [f](cudaStream_t st) { rope_store_f16(f, st); };
             labels_.back() = kOpNames[size_t(Op::RopeStore)];
+            rope_store_ = RopeStoreRec{at, f, heads_};
         }
     }
 
@@ -416,8 +420,22 @@ public:
             F16SplitAttentionParams p = zeroed<F16SplitAttentionParams>();
             p.splits = attention_splits(n_q, view.n_head_kv);
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+            p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
             attention_inputs(p, view, q, n_q, pos0, dev_out);
+            // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
+            const RopeStoreRec& rs = rope_store_;
+            const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() &&
+                                   attention_split_rope_fits(p, rs.f) && rs.heads.size() == heads_.size() &&
+                                   std::equal(rs.heads.begin(), rs.heads.end(), heads_.begin(), [](const KvHeadDev& a, const KvHeadDev& b) {
+                                       return a.k == b.k && a.v == b.v;
+                                   });
+            if (fuse_rope) {
+                std::memcpy(&p.rope, &rs.f, sizeof p.rope);  // padding bytes too: they are part of the graph key
+                pending_.back() = [](cudaStream_t) {};
+                labels_.back() = nullptr;
+            }
             record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
+            if (fuse_rope) labels_.back() = "attention split-K (rope + kv store)";
             finish(o, p.out, n_out);
             return;
         }
@@ -699,13 +717,14 @@ private:
     // Whether the op just recorded comes right after the matmul group.
     bool group_just_before() const { return group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size(); }
     // The op just recorded runs inside the group's kernel (gemv_fusable permitting): its launch
-    // is dropped.
-    void fuse_into_group(const GemvFusion& f, const char* label) {
-        if (!gemv_fusable(group_.w, int(group_.count), f)) return;
+    // is dropped. Returns whether it was.
+    bool fuse_into_group(const GemvFusion& f, const char* label) {
+        if (!gemv_fusable(group_.w, int(group_.count), f)) return false;
         pending_.back() = [](cudaStream_t) {};
         labels_.back() = nullptr;
         group_.fusion = f;
         set_group_launch(label);
+        return true;
     }
     void set_group_launch(const char* label) {
         labels_[group_op_] = label;
@@ -725,6 +744,7 @@ private:
         norm_ = NormArgs{};
         swiglu_ = SwigluArgs{};
         ropes_[0] = ropes_[1] = RopeArgs{};
+        rope_store_ = RopeStoreRec{};
         labels_.clear();
         pending_.clear();
         key_.clear();
@@ -780,6 +800,14 @@ private:
             a.reserve(n);
         }
         return a.data;
+    }
+    // The split attention's arrival counters: zeroed when allocated, and each call leaves them 0.
+    unsigned* split_arrivals(size_t n) {
+        if (n > split_arrivals_.size) {
+            grow(split_arrivals_, n);
+            VXQ_CUDA_CHECK(cudaMemset(split_arrivals_.data, 0, n * sizeof(unsigned)));
+        }
+        return split_arrivals_.data;
     }
     void scratch_for(size_t bytes) {
         if (bytes > gemv_scratch_.bytes) {
@@ -867,6 +895,7 @@ private:
     GemvScratch gemv_scratch_;
     DeviceArray<float> scores_;
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
+    DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     int64_t scores_stride_ = 0;
     std::vector<KvHeadDev> heads_;
     AttnGemmScratch attn_scratch_;            // the prefill attention's scratch and cuBLAS handle
@@ -902,6 +931,12 @@ private:
         RopeParams p{};
     };
     RopeArgs ropes_[2];
+    struct RopeStoreRec {  // the last RoPE + KV store kernel recorded (a candidate for the split attention's kernel)
+        size_t op = SIZE_MAX;
+        RopeStoreParams f{};
+        std::vector<KvHeadDev> heads;  // the store's table (host copy): which layer's pages
+    };
+    RopeStoreRec rope_store_;
     GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)
     size_t group_op_ = SIZE_MAX;    // its index in pending_
     // The pass being recorded.

@@ -149,7 +149,8 @@ quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ no
 // with them), and only then reads the activations (L1/L2 hits: every block reads the same x)
 // and multiplies: each x load feeds the warp's kGemvRowsPerWarp rows, for NT tokens.
 // Rows past the matrix's end re-read its last row and tokens past the batch's end its last
-// token; neither is stored.
+// token; neither is stored. Launched with PDL (launch.cuh): a warp issues its first weight
+// loads (no kernel writes weights) before it waits for the kernel that wrote x.
 
 constexpr int kGemvThreads = kGemvWarps * 32;
 
@@ -310,6 +311,7 @@ __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
 
     float acc[R][NT] = {};
     const int units = F::units(p.cols);
+    bool waited = false;  // PDL: the first weights are loaded before waiting for the kernel that wrote x
     for (int u0 = part * 32 * U; u0 < units; u0 += p.split * 32 * U) {
         int u[U];
         bool valid[U];
@@ -324,6 +326,11 @@ __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
         for (int j = 0; j < U; ++j) {
 #pragma unroll
             for (int r = 0; r < R; ++r) w[j][r] = F::load(p, row[r], u[j]);
+        }
+        if (!waited) {
+            pdl_wait();
+            pdl_launch_dependents();
+            waited = true;
         }
 #pragma unroll
         for (int j = 0; j < U; ++j) {
@@ -340,6 +347,7 @@ __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
         }
     }
 
+    if (!waited) pdl_wait();  // a warp without units still stores
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -465,12 +473,11 @@ void launch_gemv_group(const GemvParams* ps, int count, cudaStream_t st) {
     const int nt = gemv_tokens_per_pass(ps[0].n);
     const dim3 grid(unsigned(blocks), unsigned((ps[0].n + nt - 1) / nt));
     switch (nt) {
-        case 1: gemv_group_kernel<F, 1><<<grid, kGemvThreads, 0, st>>>(g); break;
-        case 2: gemv_group_kernel<F, 2><<<grid, kGemvThreads, 0, st>>>(g); break;
-        case 4: gemv_group_kernel<F, 4><<<grid, kGemvThreads, 0, st>>>(g); break;
-        default: gemv_group_kernel<F, 8><<<grid, kGemvThreads, 0, st>>>(g); break;
+        case 1: launch_pdl(gemv_group_kernel<F, 1>, grid, dim3(kGemvThreads), 0, st, g); break;
+        case 2: launch_pdl(gemv_group_kernel<F, 2>, grid, dim3(kGemvThreads), 0, st, g); break;
+        case 4: launch_pdl(gemv_group_kernel<F, 4>, grid, dim3(kGemvThreads), 0, st, g); break;
+        default: launch_pdl(gemv_group_kernel<F, 8>, grid, dim3(kGemvThreads), 0, st, g); break;
     }
-    VXQ_CUDA_CHECK_LAUNCH();
 }
 
 // One matrix: the group kernel with one member (the same body as a group's).
