@@ -39,12 +39,6 @@ struct BoundKeys : test::BoundCodec {
     const qjl::State& st() const { return *static_cast<const qjl::State*>(state.get()); }
 };
 
-float f16_at(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_fp32(h);
-}
-
 struct Moments {
     double sum = 0, sum2 = 0, bound = 0, predicted = 0;
     int64_t n = 0;
@@ -150,8 +144,8 @@ TEST(QjlFormat, OutliersAreTheLoudestChannelsOfTheBlock) {
             const double v = k[size_t(t * d + c)];
             (std::find(loud.begin(), loud.end(), int(c)) != loud.end() ? out : in) += v * v;
         }
-        EXPECT_NEAR(f16_at(blk.data() + l.norm_in_offset() + 2 * size_t(t)), std::sqrt(in), std::sqrt(in) * 1e-3);
-        EXPECT_NEAR(f16_at(blk.data() + l.norm_out_offset() + 2 * size_t(t)), std::sqrt(out), std::sqrt(out) * 1e-3);
+        EXPECT_NEAR(load_fp16(blk.data() + l.norm_in_offset() + 2 * size_t(t)), std::sqrt(in), std::sqrt(in) * 1e-3);
+        EXPECT_NEAR(load_fp16(blk.data() + l.norm_out_offset() + 2 * size_t(t)), std::sqrt(out), std::sqrt(out) * 1e-3);
     }
 }
 

@@ -234,7 +234,7 @@ TEST(TurboProd, InnerProductsUnbiasedWithVarianceUnderTheBound) {
                 float est = 0;
                 reader.scores_of(f, q.data(), 1, blk.data(), 1, d, &est);
                 const double e = double(est) - truth;
-                const double n = turbo::load_f16(blk.data()), g = turbo::load_f16(blk.data() + 2);
+                const double n = load_fp16(blk.data()), g = load_fp16(blk.data() + 2);
                 sum += e;
                 sum2 += e * e;
                 norm_var += e * e / (n * n * g * g * qq);
@@ -415,7 +415,7 @@ TEST(TurboReader, Avx2MatchesTheScalarReference) {
                                 for (int64_t h = 0; h < n_q; ++h) {
                                     double qq = 0;
                                     for (int64_t c = 0; c < d; ++c) qq += double(q[size_t(h * d + c)]) * q[size_t(h * d + c)];
-                                    const double tol = 2.0 * double(d + 4) * u * turbo::load_f16(B) * std::sqrt(qq * yy);
+                                    const double tol = 2.0 * double(d + 4) * u * load_fp16(B) * std::sqrt(qq * yy);
                                     ASSERT_NEAR(s1[size_t(h * n + t)], s0[size_t(h * n + t)], tol) << at << " t=" << t << " h=" << h;
                                 }
                             }

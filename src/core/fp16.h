@@ -4,6 +4,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 
 namespace vxq {
 
@@ -64,5 +65,16 @@ inline bf16_t fp32_to_bf16(float f) {  // round to nearest even, as ggml's GGML_
 
 // Round-trip through fp16: what a value becomes when stored in an f16 cache or f16 activation.
 inline float round_fp16(float f) { return fp16_to_fp32(fp32_to_fp16(f)); }
+
+// An fp16 value at a byte address (packed KV blocks: any alignment).
+inline float load_fp16(const uint8_t* p) {
+    f16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return fp16_to_fp32(h);
+}
+inline void store_fp16(uint8_t* p, float f) {
+    const f16_t h = fp32_to_fp16(f);
+    std::memcpy(p, &h, sizeof h);
+}
 
 }  // namespace vxq

@@ -1,11 +1,13 @@
 // Internal, AVX2 only: included from the kv_read_*_avx2.cpp files exclusively, which keep every
 // helper out of functions shared with other translation units (kv_read_baseline_avx2.cpp says
 // why). So this header holds intrinsics-only helpers with internal linkage (an anonymous
-// namespace: each of those files gets its own copy), includes only <immintrin.h>, and
+// namespace: each of those files gets its own copy), includes only <immintrin.h> and <cstdint>, and
 // instantiates no template.
 #pragma once
 
 #include <immintrin.h>
+
+#include <cstdint>
 
 namespace vxq::cpu {
 namespace {
@@ -16,6 +18,13 @@ inline float hsum(__m256 v) {
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
     r = _mm_add_ss(r, _mm_movehdup_ps(r));
     return _mm_cvtss_f32(r);
+}
+
+// The fp16 value at a byte address (any alignment), by F16C: core/fp16.h's load_fp16, bit for bit.
+inline float fp16_at(const uint8_t* p) {
+    unsigned short h;
+    __builtin_memcpy(&h, p, sizeof h);
+    return _cvtsh_ss(h);
 }
 
 }  // namespace

@@ -27,13 +27,6 @@ namespace vxq::cpu::baseline_avx2 {
 
 namespace {
 
-
-inline float fp16_scalar(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 // ---- loaders: values [c, c + 8) of the token at tok, c % 8 == 0 ----------------------------------
 
 struct LoadF32 {
@@ -59,7 +52,7 @@ struct LoadBF16 {
 struct LoadQ8_0 {
     __m256 operator()(const uint8_t* tok, int64_t c) const {
         const uint8_t* b = tok + (c >> 5) * 34;
-        const __m256 d = _mm256_set1_ps(fp16_scalar(b));
+        const __m256 d = _mm256_set1_ps(fp16_at(b));
         const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (c & 31)));
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
     }
@@ -70,7 +63,7 @@ struct LoadQ8_0 {
 struct LoadQ4_0 {
     __m256 operator()(const uint8_t* tok, int64_t c) const {
         const uint8_t* b = tok + (c >> 5) * 18;
-        const __m256 d = _mm256_set1_ps(fp16_scalar(b));
+        const __m256 d = _mm256_set1_ps(fp16_at(b));
         const int64_t j = c & 31;
         __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + (j & 15))));
         if (j >= 16) w = _mm256_srli_epi32(w, 4);
@@ -231,7 +224,7 @@ void qdot_group(const uint8_t* qb, const float* qd, const uint8_t* blk, int64_t 
             const uint8_t* kb = tok + size_t(b) * C::kBlockBytes;
             const __m256i kx = codes(kb);
             const __m256i ax = _mm256_sign_epi8(kx, kx);
-            const __m256 dk = _mm256_set1_ps(fp16_scalar(kb));
+            const __m256 dk = _mm256_set1_ps(fp16_at(kb));
             for (int g = 0; g < G; ++g) {
                 const size_t qi = size_t(g * nb + b);
                 const __m256i qy = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + qi * kQ8BlockBytes + 2));

@@ -22,13 +22,6 @@ namespace kivi {
 using codecs::kivi::code_at;
 using codecs::kivi::dequantize;
 
-namespace {
-inline float load_f16(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, sizeof h);
-    return fp16_to_fp32(h);
-}
-}  // namespace
 
 void key_scores_scalar(const Layout& l, const float* q, int64_t n_q, const uint8_t* blk, int64_t n,
                        int64_t d, float* s) {
@@ -43,8 +36,8 @@ void key_scores_scalar(const Layout& l, const float* q, int64_t n_q, const uint8
             double cst = 0.0;  // sum_c q[c] * z[c]
             std::fill(acc, acc + G, 0.0f);
             for (int64_t c = 0; c < d; ++c) {
-                cst += double(qh[c]) * double(load_f16(B + l.zero_offset() + 2 * size_t(c)));
-                const float qs = qh[c] * load_f16(B + l.scale_offset() + 2 * size_t(c));
+                cst += double(qh[c]) * double(load_fp16(B + l.zero_offset() + 2 * size_t(c)));
+                const float qs = qh[c] * load_fp16(B + l.scale_offset() + 2 * size_t(c));
                 const uint8_t* row = codes + c * rb;
                 for (int64_t t = 0; t < G; ++t) acc[t] += qs * float(code_at(row, t, l.bits));
             }

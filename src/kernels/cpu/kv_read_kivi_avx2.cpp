@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/kv_avx2_inl.h"
 #include "kernels/cpu/kv_read_kivi.h"
 
 namespace vxq::cpu::kivi {
@@ -38,12 +39,6 @@ inline __m256 load8(const uint8_t* row, int64_t j) {
     }
 }
 
-inline float f16_at(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
 inline double hsum8_d(__m256 x) {
     alignas(32) float l[8];
     _mm256_store_ps(l, x);
@@ -70,8 +65,8 @@ void key_prepare(const Layout& l, const float* q, int64_t n_q, const uint8_t* B,
         }
         double c0 = hsum8_d(cz);
         for (int64_t c = d8; c < d; ++c) {
-            c0 += double(qh[c]) * double(f16_at(zp + 2 * c));
-            qsh[c] = qh[c] * f16_at(sp + 2 * c);
+            c0 += double(qh[c]) * double(fp16_at(zp + 2 * c));
+            qsh[c] = qh[c] * fp16_at(sp + 2 * c);
         }
         cst[h] = c0;
     }
@@ -163,14 +158,14 @@ void value_tile(const Layout& l, const float* p, const uint8_t* blk, int64_t n, 
         const uint8_t* Bt = blk + size_t(t) * bytes;
         __m256 x[NC];
         if (one_group) {  // the usual case (G >= 8 * NC): one zero/scale for the whole tile
-            const __m256 z = _mm256_set1_ps(f16_at(Bt + l.zero_offset() + 2 * g[0]));
-            const __m256 s = _mm256_set1_ps(f16_at(Bt + l.scale_offset() + 2 * g[0]));
+            const __m256 z = _mm256_set1_ps(fp16_at(Bt + l.zero_offset() + 2 * g[0]));
+            const __m256 s = _mm256_set1_ps(fp16_at(Bt + l.scale_offset() + 2 * g[0]));
             const uint8_t* row = Bt + l.codes_offset() + g[0] * rb;
             for (int k = 0; k < NC; ++k) x[k] = _mm256_fmadd_ps(load8<B>(row, j[k]), s, z);
         } else {
             for (int k = 0; k < NC; ++k) {
-                const __m256 z = _mm256_set1_ps(f16_at(Bt + l.zero_offset() + 2 * g[k]));
-                const __m256 s = _mm256_set1_ps(f16_at(Bt + l.scale_offset() + 2 * g[k]));
+                const __m256 z = _mm256_set1_ps(fp16_at(Bt + l.zero_offset() + 2 * g[k]));
+                const __m256 s = _mm256_set1_ps(fp16_at(Bt + l.scale_offset() + 2 * g[k]));
                 x[k] = _mm256_fmadd_ps(load8<B>(Bt + l.codes_offset() + g[k] * rb, j[k]), s, z);
             }
         }
@@ -197,7 +192,7 @@ void value_heads(const Layout& l, const float* p, const uint8_t* blk, int64_t n,
         const uint8_t* Bt = blk + size_t(t) * bytes;
         for (c = d8; c < d; ++c) {
             const int64_t g = c / G;
-            const float z = f16_at(Bt + l.zero_offset() + 2 * g), s = f16_at(Bt + l.scale_offset() + 2 * g);
+            const float z = fp16_at(Bt + l.zero_offset() + 2 * g), s = fp16_at(Bt + l.scale_offset() + 2 * g);
             const float x = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(float(code_at(Bt + l.codes_offset() + g * rb, c % G, B))),
                                                        _mm_set_ss(s), _mm_set_ss(z)));
             for (int h = 0; h < NH; ++h) acc_h[h][c] += p[h * n + t] * x;

@@ -27,12 +27,6 @@ const qjl::State& state_of(const KvFormatParams& f) {
     return *static_cast<const qjl::State*>(f.layer_state);
 }
 
-float f16_at(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, sizeof h);
-    return fp16_to_fp32(h);
-}
-
 // sum_i (bit i ? v_i : -v_i) over m packed sign bits.
 float signed_sum(const float* v, const uint8_t* bits, int64_t m) {
     float s = 0;
@@ -86,11 +80,11 @@ public:
                     for (int64_t i = 0; i < mo; ++i) v_out[size_t(i)] += qc * cols_out[size_t(j * mo + i)];
                 }
                 for (int64_t t = 0; t < B; ++t) {
-                    const float n_in = f16_at(blkb + l.norm_in_offset() + 2 * size_t(t));
+                    const float n_in = load_fp16(blkb + l.norm_in_offset() + 2 * size_t(t));
                     float score = st.inliers.scale() * n_in *
                                   sum(v_in.data(), blkb + l.signs_in_offset() + size_t(t * m / 8), m);
                     if (O > 0) {
-                        const float n_out = f16_at(blkb + l.norm_out_offset() + 2 * size_t(t));
+                        const float n_out = load_fp16(blkb + l.norm_out_offset() + 2 * size_t(t));
                         score += st.outliers.scale() * n_out *
                                  sum(v_out.data(), blkb + l.signs_out_offset() + size_t(t * mo / 8), mo);
                     }

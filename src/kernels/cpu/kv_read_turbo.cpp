@@ -68,10 +68,10 @@ public:
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
             turbo::rotated_codes(st, B, y);
-            const float nrm = turbo::load_f16(B);
+            const float nrm = load_fp16(B);
             float k = 0;
             if (l.qjl) {
-                k = st.qjl_scale * turbo::load_f16(B + l.gamma_offset());
+                k = st.qjl_scale * load_fp16(B + l.gamma_offset());
                 const uint8_t* signs = B + l.sign_offset();
                 for (int64_t i = 0; i < d; ++i) z[i] = ((signs[i >> 3] >> (i & 7)) & 1) ? 1.0f : -1.0f;
             }
@@ -100,7 +100,7 @@ public:
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
             turbo::rotated_codes(st, B, y);
-            const float nrm = turbo::load_f16(B);
+            const float nrm = load_fp16(B);
             for (int64_t h = 0; h < n_q; ++h) {
                 const float w = p[h * n + t] * nrm;
                 float* ah = acc + h * d;

@@ -33,13 +33,6 @@ namespace vxq::cpu::turbo_avx2 {
 
 namespace {
 
-inline float f16_at(const uint8_t* p) {
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-
 // Index j of a packed area (LSB first, may straddle a byte): turbo.h's index_at.
 inline int index_at(const uint8_t* area, int64_t j, int bits) {
     const int64_t bit = j * bits;
@@ -125,7 +118,7 @@ void key_tile(const Page<B, Rvq>& pg, const float* q, const uint8_t* blk, int64_
         }
     }
     for (int k = 0; k < NT; ++k) {
-        const float nrm = f16_at(T[k]);
+        const float nrm = fp16_at(T[k]);
         for (int h = 0; h < NH; ++h) {
             float dot = hsum(acc[h][k]);
             for (int64_t c = d8; c < d; ++c) dot += q[h * d + c] * pg.y1(T[k], c);
@@ -161,7 +154,7 @@ void value_tile(const Page<B, Rvq>& pg, const float* p, const uint8_t* blk, int6
         for (int k = 0; k < NC; ++k) a[h][k] = _mm256_loadu_ps(acc + h * d + c0 + 8 * k);
     for (int64_t t = 0; t < n; ++t) {
         const uint8_t* T = blk + size_t(t) * pg.c.block_bytes;
-        const float nrm = f16_at(T);
+        const float nrm = fp16_at(T);
         __m256 y[NC];
         for (int k = 0; k < NC; ++k) y[k] = pg.y8(T, c0 + 8 * k);
         for (int h = 0; h < NH; ++h) {
@@ -183,7 +176,7 @@ void value_heads(const Page<B, Rvq>& pg, const float* p, const uint8_t* blk, int
     if (d8 == d) return;
     for (int64_t t = 0; t < n; ++t) {  // the last d % 8 channels
         const uint8_t* T = blk + size_t(t) * pg.c.block_bytes;
-        const float nrm = f16_at(T);
+        const float nrm = fp16_at(T);
         for (c = d8; c < d; ++c) {
             const float y = pg.y1(T, c);
             for (int h = 0; h < NH; ++h) acc[h * d + c] += (p[h * n + t] * nrm) * y;

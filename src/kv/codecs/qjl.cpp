@@ -46,18 +46,6 @@ State::State(const Params& p, int64_t d, int64_t layer)
     if (p.outliers > 0) outliers = Sketch(p.mo, d, mix_seed(p.seed, layer, KvRole::Key, 1));
 }
 
-namespace {
-void store_f16(uint8_t* p, float x) {
-    const f16_t h = fp32_to_fp16(x);
-    std::memcpy(p, &h, 2);
-}
-float load_f16(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, 2);
-    return fp16_to_fp32(h);
-}
-}  // namespace
-
 void encode(const State& s, const float* x, uint8_t* block) {
     const Layout& l = s.layout;
     const int64_t d = l.d, B = kBlockTokens;
@@ -87,10 +75,10 @@ void encode(const State& s, const float* x, uint8_t* block) {
             kout[size_t(c)] = o ? k[c] : 0.0f;
             (o ? nout : nin) += double(k[c]) * k[c];
         }
-        store_f16(block + l.norm_in_offset() + 2 * size_t(t), float(std::sqrt(nin)));
+        store_fp16(block + l.norm_in_offset() + 2 * size_t(t), float(std::sqrt(nin)));
         s.inliers.signs(kin.data(), block + l.signs_in_offset() + size_t(t * l.m / 8));
         if (l.outliers == 0) continue;
-        store_f16(block + l.norm_out_offset() + 2 * size_t(t), float(std::sqrt(nout)));
+        store_fp16(block + l.norm_out_offset() + 2 * size_t(t), float(std::sqrt(nout)));
         s.outliers.signs(kout.data(), block + l.signs_out_offset() + size_t(t * l.mo / 8));
     }
 }
@@ -101,10 +89,10 @@ void decode(const State& s, const uint8_t* block, float* x) {
     for (int64_t t = 0; t < B; ++t) {
         float* xt = x + t * d;
         std::fill(xt, xt + d, 0.0f);
-        const float w_in = s.inliers.scale() * load_f16(block + l.norm_in_offset() + 2 * size_t(t));
+        const float w_in = s.inliers.scale() * load_fp16(block + l.norm_in_offset() + 2 * size_t(t));
         s.inliers.add_transposed(block + l.signs_in_offset() + size_t(t * l.m / 8), w_in, xt);
         if (l.outliers == 0) continue;
-        const float w_out = s.outliers.scale() * load_f16(block + l.norm_out_offset() + 2 * size_t(t));
+        const float w_out = s.outliers.scale() * load_fp16(block + l.norm_out_offset() + 2 * size_t(t));
         const uint8_t* bits = block + l.signs_out_offset() + size_t(t * l.mo / 8);
         for (int j = 0; j < l.outliers; ++j) {
             const int64_t c = block[j];

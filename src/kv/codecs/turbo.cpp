@@ -277,8 +277,7 @@ void encode(const State& s, const float* x, uint8_t* block) {
     double nn = 0;
     for (int64_t c = 0; c < d; ++c) nn += double(x[c]) * x[c];
     const float n = float(std::sqrt(nn));
-    const f16_t n16 = fp32_to_fp16(n);
-    std::memcpy(block, &n16, 2);
+    store_fp16(block, n);
     // A zero vector codes as y = 0 (every index at its middle; the norm makes it decode to 0).
     const float inv = n > 0.0f ? 1.0f / n : 0.0f;
     float y[1024], r[1024];
@@ -297,8 +296,7 @@ void encode(const State& s, const float* x, uint8_t* block) {
         rr += double(r[c]) * r[c];
     }
     if (!l.qjl) return;
-    const f16_t g16 = fp32_to_fp16(float(std::sqrt(rr)));
-    std::memcpy(block + l.gamma_offset(), &g16, 2);
+    store_fp16(block + l.gamma_offset(), float(std::sqrt(rr)));
     s.sketch.signs(r, block + l.sign_offset());
 }
 
@@ -316,11 +314,11 @@ void decode(const State& s, const uint8_t* block, float* x) {
     const Layout& l = s.layout;
     rotated_codes(s, block, x);
     if (l.qjl) {
-        const float k = s.qjl_scale * load_f16(block + l.gamma_offset());
+        const float k = s.qjl_scale * load_fp16(block + l.gamma_offset());
         s.sketch.add_transposed(block + l.sign_offset(), k, x);
     }
     s.rot.apply_t(x);
-    const float n = load_f16(block);
+    const float n = load_fp16(block);
     for (int64_t c = 0; c < l.d; ++c) x[c] *= n;
 }
 

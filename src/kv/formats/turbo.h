@@ -121,11 +121,6 @@ struct State final : KvLayerState {
 
 // ---- the scalar reference of one block ----
 
-inline float load_f16(const uint8_t* p) {
-    f16_t h;
-    std::memcpy(&h, p, sizeof h);
-    return fp16_to_fp32(h);
-}
 // Index j of `bits` bits (1..8), packed LSB first: index_at reads it, put_index ORs it into a
 // zeroed area.
 inline int index_at(const uint8_t* area, int64_t j, int bits) {
