@@ -274,7 +274,7 @@ public:
             group_.w[0]->rows == n_ff && group_.w[1]->rows == n_ff && !group_.fusion.resid) {
             GemvFusion f = group_.fusion;
             f.swiglu = true;
-            fused = fuse_into_group(f, "gemv (swiglu)");
+            fused = fuse_into_group(pending_.size() - 1, f, "gemv (swiglu)");
         }
         // Not taken by the gate/up kernel (Q8_0/Q4_0 have no SwiGLU epilogue): a candidate for
         // the next matmul's quantize kernel.
@@ -300,7 +300,7 @@ public:
             !(group_.fusion.swiglu_up && overlaps(a.x, size_t(n), group_.fusion.swiglu_up, size_t(group_.w[0]->cols)))) {
             GemvFusion f = group_.fusion;
             f.resid = a.x;
-            fuse_into_group(f, "gemv (+ residual)");
+            fuse_into_group(pending_.size() - 1, f, "gemv (+ residual)");
         }
         finish(x, a.x, size_t(n));
     }
@@ -374,9 +374,8 @@ public:
             f.n_rot = rk.p.n_rot;
             f.theta_scale = std::pow(rk.p.freq_base, -2.0f / float(rk.p.n_rot));  // as cuda::rope computes it
             f.neox = rk.p.neox;
-            pending_[rq.op] = [](cudaStream_t) {};
-            pending_[rk.op] = [](cudaStream_t) {};
-            labels_[rq.op] = labels_[rk.op] = nullptr;
+            drop_launch(rq.op);
+            drop_launch(rk.op);
             pending_.back() = [f](cudaStream_t st) { rope_store_f16(f, st); };
             labels_.back() = kOpNames[size_t(Op::RopeStore)];
             rope_store_ = RopeStoreRec{at, f, heads_};
@@ -431,8 +430,7 @@ public:
                                    });
             if (fuse_rope) {
                 std::memcpy(&p.rope, &rs.f, sizeof p.rope);  // padding bytes too: they are part of the graph key
-                pending_.back() = [](cudaStream_t) {};
-                labels_.back() = nullptr;
+                drop_launch(pending_.size() - 1);
             }
             record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
             if (fuse_rope) labels_.back() = "attention split-K (rope + kv store)";
@@ -684,26 +682,14 @@ private:
                 f.norm_in = norm_.x;
                 f.norm_weight = norm_.w;
                 f.norm_eps = norm_.eps;
-                const DeviceWeight* ws[] = {&w};
-                if (gemv_fusable(ws, 1, f)) {
-                    pending_[norm_.op] = [](cudaStream_t) {};
-                    labels_[norm_.op] = nullptr;
-                    group_.fusion = f;
-                    set_group_launch("gemv (rms_norm)");
-                }
+                fuse_into_group(norm_.op, f, "gemv (rms_norm)");
             }
             // The SwiGLU right before, whose output (gate) this reads: Q8_0/Q4_0 quantize it on the way.
             if (n == 1 && swiglu_.op != SIZE_MAX && swiglu_.op + 2 == pending_.size() && swiglu_.gate == x &&
                 swiglu_.n == w.cols && !overlaps(swiglu_.up, size_t(swiglu_.n), x, size_t(swiglu_.n))) {
                 GemvFusion f;
                 f.swiglu_up = swiglu_.up;
-                const DeviceWeight* ws[] = {&w};
-                if (gemv_fusable(ws, 1, f)) {
-                    pending_[swiglu_.op] = [](cudaStream_t) {};
-                    labels_[swiglu_.op] = nullptr;
-                    group_.fusion = f;
-                    set_group_launch("gemv (swiglu before)");
-                }
+                fuse_into_group(swiglu_.op, f, "gemv (swiglu before)");
             }
             return;
         }
@@ -716,15 +702,19 @@ private:
     }
     // Whether the op just recorded comes right after the matmul group.
     bool group_just_before() const { return group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size(); }
-    // The op just recorded runs inside the group's kernel (gemv_fusable permitting): its launch
-    // is dropped. Returns whether it was.
-    bool fuse_into_group(const GemvFusion& f, const char* label) {
+    // Recorded op `op` (right before or after the group) runs inside the group's kernel with
+    // fusion f, gemv_fusable permitting: its launch is dropped. Returns whether it was.
+    bool fuse_into_group(size_t op, const GemvFusion& f, const char* label) {
         if (!gemv_fusable(group_.w, int(group_.count), f)) return false;
-        pending_.back() = [](cudaStream_t) {};
-        labels_.back() = nullptr;
+        drop_launch(op);
         group_.fusion = f;
         set_group_launch(label);
         return true;
+    }
+    // An op fused into another's kernel: it stays in the pass (and the graph key), unlaunched.
+    void drop_launch(size_t op) {
+        pending_[op] = [](cudaStream_t) {};
+        labels_[op] = nullptr;
     }
     void set_group_launch(const char* label) {
         labels_[group_op_] = label;
