@@ -35,7 +35,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <ostream>
 #include <span>
 #include <string>
@@ -45,10 +44,13 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "support/text.h"
 #include "support/tiny_model.h"
 
 namespace vxq {
 namespace {
+
+using test::error_of;
 
 using test::TinyModel;
 using test::TinyModelSpec;
@@ -273,15 +275,6 @@ double max_abs(const std::vector<double>& l) {
     double m = 0.0;
     for (double x : l) m = std::max(m, std::fabs(x));
     return m;
-}
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "(no vxq::Error thrown)";
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,19 +16,13 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/memory_check.h"
+#include "support/text.h"
 #include "support/tiny_model.h"
 
 namespace vxq {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::error_of;
 
 TEST(BackendRegistry, MakesTheCpuBackend) {
     const std::vector<std::string> expected = VXQ_HAVE_CUDA ? std::vector<std::string>{"cpu", "cuda"}

@@ -15,9 +15,12 @@
 
 #include "support/assets.h"
 #include "support/run_cli.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
+
+using test::read_file;
 
 namespace fs = std::filesystem;
 
@@ -31,13 +34,6 @@ fs::path work_dir(const std::string& test) {
     fs::remove_all(d);
     fs::create_directories(d);
     return d;
-}
-
-std::string slurp(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
 }
 
 void write(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
@@ -139,7 +135,7 @@ TEST_F(PlotBenchJson, OneLinePerConfigurationWithDefaultLabels) {
     const fs::path svg = dir_ / "speed.svg";
     const auto r = test::run_cli({"plot", (dir_ / "run.json").string(), "-o", svg.string()});
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string s = slurp(svg);
+    const std::string s = read_file(svg);
     EXPECT_EQ(count(s, "<path "), 2u) << s;  // f16 and f32; the A/A row is not a series
     EXPECT_EQ(count(s, "<circle "), 4u) << s;  // 2 configurations x 2 depths
     EXPECT_NE(s.find(">stories260K kv=f16<"), std::string::npos) << s;
@@ -169,7 +165,7 @@ TEST_F(PlotBenchJson, MergesFilesAndHonoursLabelOverrides) {
     const auto r = test::run_cli({"plot", (dir_ / "d0.json").string(), (dir_ / "d8.json").string(), "-o", svg.string(), "--title",
                                   "my title", "--xlabel", "my x", "--ylabel", "my y"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string s = slurp(svg);
+    const std::string s = read_file(svg);
     EXPECT_EQ(count(s, "<path "), 2u) << s;
     EXPECT_EQ(count(s, "<circle "), 4u) << s;
     for (const char* label : {">my title<", ">my x<", ">my y<"}) EXPECT_NE(s.find(label), std::string::npos) << label << "\n" << s;
@@ -201,7 +197,7 @@ TEST_F(PlotBenchJson, TableInputStillPlotsAndCannotBeMixedWithJson) {
     const fs::path svg = dir_ / "t.svg";
     const auto r = test::run_cli({"plot", (dir_ / "t.tsv").string(), "-o", svg.string(), "--x", "1", "--y", "2", "--label", "0"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string s = slurp(svg);
+    const std::string s = read_file(svg);
     EXPECT_EQ(count(s, "<circle "), 2u) << s;
     EXPECT_EQ(count(s, "<path "), 0u) << s;  // --lines not given
     EXPECT_NE(s.find(">q4_0<"), std::string::npos) << s;

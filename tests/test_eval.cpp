@@ -6,9 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <random>
-#include <sstream>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -21,21 +19,17 @@
 #include "runtime/quality_gate.h"
 #include "support/assets.h"
 #include "support/run_cli.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
+
+using test::read_file;
 
 const char* const kStories = "assets/models/stories260K.gguf";
 const char* const kStoriesText = "assets/text/tinystories_valid_head.txt";
 const char* const kH64 = "assets/models/vxq-llama-h64-f16.gguf";
 const char* const kWiki = "assets/text/wikitext2_test.raw.crlf.txt";
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
 
 std::vector<EvalMethod> methods(std::initializer_list<const char*> names) {
     std::vector<EvalMethod> out;
@@ -122,7 +116,7 @@ TEST(Eval, KnownAnswersOnStories260K) {
     VXQ_REQUIRE_ASSET(kStoriesText);
     const auto model = Model::load(test::shared_path(kStories));
     const auto be = make_backend("cpu", 2);
-    const std::string text = slurp(test::shared_path(kStoriesText));
+    const std::string text = read_file(test::shared_path(kStoriesText));
     EvalParams p;
     p.n_ctx = 64;
     p.n_chunks = 3;
@@ -227,7 +221,7 @@ class GateFiles : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GateFiles, PassOnMain) {
     const std::string file = std::string(VXQ_TEST_DATA_DIR) + "/gate/" + GetParam();
-    const QualityGate g = QualityGate::parse(slurp(file), file);
+    const QualityGate g = QualityGate::parse(read_file(file), file);
     const std::string model = "assets/models/" + g.model, text = "assets/text/" + g.text;
     VXQ_REQUIRE_ASSET(model);
     VXQ_REQUIRE_ASSET(text);
@@ -263,7 +257,7 @@ private:
 
 TEST(QualityGate, FailsOnAnInjectedBias) {
     const std::string file = std::string(VXQ_TEST_DATA_DIR) + "/gate/vxq-llama-h64.json";
-    QualityGate g = QualityGate::parse(slurp(file), file);
+    QualityGate g = QualityGate::parse(read_file(file), file);
     VXQ_REQUIRE_ASSET("assets/models/" + g.model);
     VXQ_REQUIRE_ASSET("assets/text/" + g.text);
     static const bool registered = [] {
@@ -285,7 +279,7 @@ TEST(QualityGate, FailsOnAnInjectedBias) {
     g.limits = {q8, broken};
     const auto model = Model::load(test::shared_path("assets/models/" + g.model));
     const auto be = make_backend("cpu", 2);
-    const EvalResult r = run_eval(*model, *be, slurp(test::shared_path("assets/text/" + g.text)), g.eval_params());
+    const EvalResult r = run_eval(*model, *be, read_file(test::shared_path("assets/text/" + g.text)), g.eval_params());
     const auto violations = check_gate(g, r);
     ASSERT_FALSE(violations.empty()) << "the gate let a biased codec through";
     for (const auto& v : violations) {
@@ -310,7 +304,7 @@ TEST(QualityGate, NanLogitsFailTheGate) {
     const auto be = make_backend("cpu", 2);
     QualityGate g = QualityGate::parse(
         R"({"model":"stories260K.gguf","text":"t","ctx":64,"chunks":1,"mode":"stream","limits":{"nan_f32":{"kl_mean":1e9}}})", "nan.json");
-    const EvalResult r = run_eval(*model, *be, slurp(test::shared_path(kStoriesText)), g.eval_params());
+    const EvalResult r = run_eval(*model, *be, read_file(test::shared_path(kStoriesText)), g.eval_params());
     EXPECT_TRUE(std::isinf(r.methods[0].modes[0].kl.mean));
     EXPECT_EQ(r.methods[0].modes[0].kl.n, 64 - 1 - 32);
     EXPECT_FALSE(check_gate(g, r).empty());
@@ -330,7 +324,7 @@ TEST(Eval, KlOrderOnH64) {
     p.n_chunks = 2;
     p.methods = methods({"q8_0", "q4_0", "kivi:bits=2", "q4_0/f16"});
     p.attn_every = 0;
-    const EvalResult r = run_eval(*model, *be, slurp(test::shared_path(kWiki)), p);
+    const EvalResult r = run_eval(*model, *be, read_file(test::shared_path(kWiki)), p);
     auto kl = [&](size_t i, PplMode m) { return mode_of(r.methods[i], m).kl.mean; };
     EXPECT_LT(kl(0, PplMode::Prefill), kl(1, PplMode::Prefill));
     EXPECT_LT(kl(1, PplMode::Prefill), kl(2, PplMode::Prefill));

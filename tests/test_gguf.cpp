@@ -22,9 +22,12 @@
 #include "formats/gguf_writer.h"
 #include "support/assets.h"
 #include "support/gguf_writer.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
+
+using test::error_of;
 
 namespace fs = std::filesystem;
 using test::GgufWriter;
@@ -58,15 +61,6 @@ public:
 private:
     std::string path_;
 };
-
-std::string error_of(const std::function<void()>& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "<no vxq::Error thrown>";
-}
 
 // ---------------------------------------------------------------------------------------------
 // Round trip

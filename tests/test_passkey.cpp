@@ -1,7 +1,5 @@
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "backend/backend.h"
@@ -10,16 +8,12 @@
 #include "model/model.h"
 #include "runtime/passkey.h"
 #include "support/assets.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
 
-std::string read_all(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+using test::read_file;
 
 TEST(Passkey, CorrectWhenTheTextStartsWithTheAnswerAfterWhitespace) {
     EXPECT_TRUE(passkey_correct(" 28589. Remember", "28589"));
@@ -59,7 +53,7 @@ TEST(Passkey, TheModelRetrievesKeysWithAnF16Cache) {
     VXQ_REQUIRE_ASSET(set_rel);
     auto model = Model::load(test::shared_path(rel));
     auto be = make_backend("cpu", 2);
-    const PasskeySet set = parse_passkey_set(read_all(test::shared_path(set_rel)), set_rel);
+    const PasskeySet set = parse_passkey_set(read_file(test::shared_path(set_rel)), set_rel);
     ASSERT_EQ(set.cases.size(), 120u);
     std::vector<const PasskeyCase*> cases;
     for (const PasskeyCase& c : set.cases) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -12,16 +11,12 @@
 #include "model/model.h"
 #include "runtime/perplexity.h"
 #include "support/assets.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
 
-std::string read_text(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+using test::read_file;
 
 // llama.cpp's run of `model`, from the reference file.
 nlohmann::json llamacpp_run(const std::string& model) {
@@ -47,7 +42,7 @@ void expect_matches_llamacpp(const std::string& model, double tolerance) {
     const int64_t n_ctx = ref["ctx"];
     auto backend = make_backend("cpu", 2);
     auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx}, KvSpec{});
-    const PerplexityResult r = perplexity(*m, *backend, *cache, read_text(test::shared_path("assets/text/" + text)),
+    const PerplexityResult r = perplexity(*m, *backend, *cache, read_file(test::shared_path("assets/text/" + text)),
                                           PerplexityParams{n_ctx, ref["chunks"].get<int64_t>()});
     EXPECT_EQ(r.n_chunks, ref["n_chunks"].get<int64_t>());
     EXPECT_NEAR(r.ppl, ref["ppl"].get<double>(), tolerance);

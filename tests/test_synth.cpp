@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <set>
 
@@ -22,9 +21,12 @@
 #include "model/model.h"
 #include "model/synth.h"
 #include "support/run_cli.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
+
+using test::read_file;
 
 namespace fs = std::filesystem;
 
@@ -40,11 +42,6 @@ struct TempFile {
         fs::remove(path, ec);
     }
 };
-
-std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
@@ -214,8 +211,8 @@ TEST(Synth, SameSeedSameBytesWhateverTheThreadCount) {
     SynthModel(o).write(b.path);
     o.seed = 12;
     SynthModel(o).write(c.path);
-    EXPECT_EQ(slurp(a.path), slurp(b.path));
-    EXPECT_NE(slurp(a.path), slurp(c.path));
+    EXPECT_EQ(read_file(a.path), read_file(b.path));
+    EXPECT_NE(read_file(a.path), read_file(c.path));
 }
 
 TEST(Synth, AReducedVocabularyKeepsBosAndEos) {

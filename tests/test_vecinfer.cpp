@@ -27,20 +27,14 @@
 #include "runtime/calibrate.h"
 #include "support/assets.h"
 #include "support/attend.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
 
-namespace vi = codecs::vecinfer;
+using test::error_of;
 
-std::string error_of(const std::function<void()>& fn) {
-    try {
-        fn();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+namespace vi = codecs::vecinfer;
 
 std::string tmp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() / ("vxq_vecinfer_" + name)).string();

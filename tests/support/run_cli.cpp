@@ -1,4 +1,5 @@
 #include "support/run_cli.h"
+#include "support/text.h"
 
 #include <fcntl.h>
 #include <spawn.h>
@@ -6,21 +7,10 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 extern char** environ;
 
 namespace vxq::test {
-
-namespace {
-std::string slurp(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
-}  // namespace
 
 CliResult run_cli(const std::vector<std::string>& args) {
     char out_tmpl[] = "/tmp/vxq_cli_out_XXXXXX";
@@ -48,8 +38,8 @@ CliResult run_cli(const std::vector<std::string>& args) {
     posix_spawn_file_actions_destroy(&fa);
     close(out_fd);
     close(err_fd);
-    r.out = slurp(out_tmpl);
-    r.err = slurp(err_tmpl);
+    r.out = read_file(out_tmpl);
+    r.err = read_file(err_tmpl);
     std::remove(out_tmpl);
     std::remove(err_tmpl);
     return r;
