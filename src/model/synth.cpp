@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "core/thread_pool.h"
 #include "formats/ggml_quants.h"
 #include "formats/tokenizer.h"
@@ -52,13 +53,6 @@ uint32_t file_type_id(GgmlType t) {
             VXQ_ASSERT(t == GgmlType::Q8_0);
             return 7;
     }
-}
-
-uint64_t splitmix64(uint64_t& s) {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
 }
 
 uint64_t fnv1a(std::string_view s) {

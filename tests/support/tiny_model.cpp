@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "core/splitmix.h"
 #include "support/gguf_writer.h"
 
 namespace vxq::test {
@@ -15,13 +16,6 @@ namespace vxq::test {
 namespace {
 
 // ---- seeded random numbers: splitmix64, one stream per tensor (seed, name) ----
-
-uint64_t splitmix64(uint64_t& s) {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
 
 uint64_t fnv1a(const std::string& s) {
     uint64_t h = 0xCBF29CE484222325ull;

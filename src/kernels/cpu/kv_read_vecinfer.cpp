@@ -35,7 +35,7 @@ public:
         pq.q = q;
         pq.buf.resize(size_t(n_q * J * K) * sizeof(float));
         float* lut = reinterpret_cast<float*>(pq.buf.data());
-        float qt[1024];
+        float qt[vi::kMaxHeadDim];
         for (int64_t h = 0; h < n_q; ++h) {
             const float* qh = q + h * d;
             for (int64_t c = 0; c < d; ++c) qt[c] = st.lambda.empty() ? qh[c] : qh[c] * st.lambda[size_t(c)];
@@ -61,7 +61,7 @@ public:
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const int64_t J = l.subvectors(), K = l.centroids();
         const float* lut = static_cast<const float*>(q.data);
-        int32_t idx[1024];
+        int32_t idx[vi::kMaxHeadDim];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
             for (int64_t j = 0; j < J; ++j) idx[j] = int32_t(j * K + vi::index_at(B, j, l.m));
@@ -78,7 +78,7 @@ public:
                     float* acc) const override {
         const vi::State& st = state_of(f);
         VXQ_ASSERT(d == st.layout.d);
-        float y[1024];
+        float y[vi::kMaxHeadDim];
         for (int64_t t = 0; t < n; ++t) {
             vi::coded_vector(st, blk + size_t(t) * f.block_bytes, y);
             for (int64_t h = 0; h < n_q; ++h) {

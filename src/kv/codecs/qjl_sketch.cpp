@@ -2,6 +2,8 @@
 // their readers).
 #include "kv/formats/qjl_sketch.h"
 
+#include "core/splitmix.h"
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -15,10 +17,7 @@ std::atomic<uint64_t> g_projection_calls{0};
 }  // namespace
 
 uint64_t mix_seed(uint64_t seed, int64_t layer, KvRole role, uint64_t purpose) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(layer) * 4 + (role == KvRole::Key ? 0 : 2) + purpose;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return splitmix64_mix(seed * 0x9E3779B97F4A7C15ull + uint64_t(layer) * 4 + (role == KvRole::Key ? 0 : 2) + purpose);
 }
 
 Sketch::Sketch(int64_t m, int64_t d, uint64_t seed)

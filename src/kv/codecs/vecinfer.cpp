@@ -13,6 +13,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "kv/calibration.h"
 #include "kv/codecs/codecs.h"
 #include "kv/codecs/option_parse.h"
@@ -27,11 +28,8 @@ std::atomic<uint64_t> g_transform_calls{0};
 
 // One seed per (seed, layer, role, sub-space): splitmix64 of their combination.
 uint64_t mix_seed(uint64_t seed, int64_t layer, int role, int64_t j) {
-    uint64_t z = seed * 0x9E3779B97F4A7C15ull + uint64_t(layer) * 0x100000001B3ull + uint64_t(role) * 0x5851F42Dull +
-                 uint64_t(j) * 0xD1B54A32D192ED03ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return splitmix64_mix(seed * 0x9E3779B97F4A7C15ull + uint64_t(layer) * 0x100000001B3ull + uint64_t(role) * 0x5851F42Dull +
+                          uint64_t(j) * 0xD1B54A32D192ED03ull);
 }
 
 }  // namespace
@@ -42,8 +40,9 @@ Params parse_params(const CodecSpec& spec, int64_t d) {
     p.n = int(int_option(spec, "n", 4, 1, 64));
     p.m = int(int_option(spec, "m", 8, 1, 8));
     if (!std::has_single_bit(unsigned(p.n))) fail("KV method '{}': n={} must be a power of two", spec.name, p.n);
-    if (d < 1 || d > 1024 || !std::has_single_bit(uint64_t(d))) {
-        fail("KV method '{}': head_dim {} must be a power of two in [1, 1024] (Walsh-Hadamard transform)", spec.name, d);
+    if (d < 1 || d > kMaxHeadDim || !std::has_single_bit(uint64_t(d))) {
+        fail("KV method '{}': head_dim {} must be a power of two in [1, {}] (Walsh-Hadamard transform)", spec.name, d,
+             kMaxHeadDim);
     }
     if (d % p.n != 0) fail("KV method '{}': n={} does not divide head_dim {}", spec.name, p.n, d);
     if (auto it = spec.options.find("calib"); it != spec.options.end()) p.calib = it->second;
@@ -90,7 +89,7 @@ int nearest(const float* c, int64_t k, int n, const float* v) {
 void encode(const State& s, const float* x, uint8_t* block) {
     const Layout& l = s.layout;
     std::memset(block, 0, l.block_bytes());
-    float y[1024];
+    float y[kMaxHeadDim];
     forward_transform(s, x, y);
     for (int64_t j = 0; j < l.subvectors(); ++j) {
         put_index(block, j, l.m, nearest(s.centroids(j), l.centroids(), l.n, y + j * l.n));

@@ -1,7 +1,7 @@
 // KIVI (Liu et al., ICML 2024): asymmetric min/max integer quantization, keys per channel over
 // groups of G consecutive tokens, values per token over groups of G consecutive channels, with an
 // fp16 residual window of R tokens kept by the paged cache. The contract is
-// /work/shared/docs/METHODS.md, section "KIVI"; this header is the block layout and the scalar
+// ../shared/docs/METHODS.md, section "KIVI"; this header is the block layout and the scalar
 // reference of one group; the codec is kv/codecs/kivi.cpp, the CPU readers kernels/cpu/kv_read_kivi*.
 //
 // Precision (bit for bit): z = min, s = (max - min) / (2^b - 1) in f32, both rounded to fp16 and

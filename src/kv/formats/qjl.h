@@ -1,6 +1,6 @@
 // QJL (Zandieh et al., 2024) keys: a 1-bit Johnson-Lindenstrauss sketch of each key plus its norm,
 // with the outlier channels of each 32-token block sketched apart. The contract is
-// /work/shared/docs/METHODS.md, section "QJL"; this header is the block layout, the per-layer
+// ../shared/docs/METHODS.md, section "QJL"; this header is the block layout, the per-layer
 // state (the two sketches) and the scalar reference; the codec is kv/codecs/qjl.cpp (values:
 // KIVI-2 per token, kv/formats/kivi.h), the CPU reader kernels/cpu/kv_read_qjl.cpp.
 //

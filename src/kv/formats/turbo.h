@@ -1,7 +1,7 @@
 // TurboQuant (Zandieh et al., ICLR 2026): per vector x (one token of one KV head) store n = ||x||
 // in fp16, rotate y = Pi x / n with a seeded random orthogonal Pi, and code each coordinate of y
 // with a Lloyd-Max codebook for N(0, 1/d) (the coordinate density of a uniform point on the
-// sphere). The contract is /work/shared/docs/METHODS.md, section "TurboQuant"; this header is the
+// sphere). The contract is ../shared/docs/METHODS.md, section "TurboQuant"; this header is the
 // block layout, the per-layer state (rotation, codebooks, QJL sketch) and the scalar reference;
 // the codecs are kv/codecs/turbo.cpp, the CPU readers kernels/cpu/kv_read_turbo.cpp.
 //

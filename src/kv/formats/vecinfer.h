@@ -1,5 +1,5 @@
 // VecInfer (product vector quantization of the KV cache, 2025). The contract is
-// /work/shared/docs/METHODS.md, section "VecInfer"; this header is the block layout, the per-layer
+// ../shared/docs/METHODS.md, section "VecInfer"; this header is the block layout, the per-layer
 // state (smoothing factors and codebooks from a calibration file), the scalar reference and the
 // k-means that trains the codebooks; the codec is kv/codecs/vecinfer.cpp, the calibration file
 // kv/calibration.h, the CPU reader kernels/cpu/kv_read_vecinfer.cpp.
@@ -32,6 +32,10 @@
 #include "kv/formats/turbo.h"
 
 namespace vxq::codecs::vecinfer {
+
+// head_dim at most (a power of two: the Walsh-Hadamard transform); the reference and the reader
+// keep a token's coded vector on the stack.
+constexpr int64_t kMaxHeadDim = 1024;
 
 struct Params {
     int n = 4;          // elements per sub-vector, a power of two dividing head_dim
