@@ -14,7 +14,6 @@ namespace vxq::cpu::qjl_avx2 {
 
 namespace {
 
-
 // The 8 values v[0..8) with the sign of lane j flipped where bit j of `byte` is clear.
 inline __m256 signed8(const float* v, uint8_t byte) {
     const __m256i lane_bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);

@@ -421,13 +421,7 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
 }
 
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
-        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
-    const int64_t want = (int64_t(2) * sms + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
+    const int64_t want = (int64_t(2) * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
     return s;

@@ -192,11 +192,10 @@ struct AttnGemmPlan {
 };
 AttnGemmPlan attn_gemm_plan(const F16AttentionGemmParams& p);
 
-// The GEMM path's device scratch and its own cuBLAS handle. Grows, never shrinks; reserve also
-// creates the handle, so after reserve(attn_gemm_layout(p).total) attention_f16_gemm allocates
-// and creates nothing and can be captured in a CUDA graph.
-// The prefill attention's device scratch and its own cuBLAS handle: a GemvScratch (reserving
-// attn_gemm_layout's total, which holds a cuBLAS workspace, also creates the handle).
+// The prefill attention's device scratch and its own cuBLAS handle: a GemvScratch. Grows, never
+// shrinks; reserving attn_gemm_layout(p).total (which holds a cuBLAS workspace) also creates the
+// handle, after which attention_f16_gemm allocates and creates nothing and can be captured in a
+// CUDA graph.
 using AttnGemmScratch = GemvScratch;
 
 // p.scratch is s.buf, reserved for p; p.operands holds attn_gemm_operands(p, ...) by launch time.

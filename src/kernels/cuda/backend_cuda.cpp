@@ -378,7 +378,7 @@ public:
             drop_launch(rk.op);
             pending_.back() = [f](cudaStream_t st) { rope_store_f16(f, st); };
             labels_.back() = kOpNames[size_t(Op::RopeStore)];
-            rope_store_ = RopeStoreRec{at, f, heads_};
+            rope_store_ = RopeStoreRec{at, f};
         }
     }
 
@@ -423,11 +423,9 @@ public:
             attention_inputs(p, view, q, n_q, pos0, dev_out);
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
-            const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() &&
-                                   attention_split_rope_fits(p, rs.f) && rs.heads.size() == heads_.size() &&
-                                   std::equal(rs.heads.begin(), rs.heads.end(), heads_.begin(), [](const KvHeadDev& a, const KvHeadDev& b) {
-                                       return a.k == b.k && a.v == b.v;
-                                   });
+            const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() && attention_split_rope_fits(p, rs.f) &&
+                                   std::equal(heads_.begin(), heads_.end(), step_host(rs.f.heads),
+                                              [](const KvHeadDev& a, const KvHeadDev& b) { return a.k == b.k && a.v == b.v; });
             if (fuse_rope) {
                 std::memcpy(&p.rope, &rs.f, sizeof p.rope);  // padding bytes too: they are part of the graph key
                 drop_launch(pending_.size() - 1);
@@ -769,6 +767,11 @@ private:
         step_host_.reserve(cap);
         step_dev_.reserve(cap);
     }
+    // What step_put copied to `dev` (a pointer into this pass's step block), on the host.
+    template <class T>
+    const T* step_host(const T* dev) const {
+        return reinterpret_cast<const T*>(step_host_.data + (reinterpret_cast<const uint8_t*>(dev) - step_dev_.data));
+    }
     // Copies bytes into the step block (room made by step_reserve); returns where the kernels of
     // this pass find them.
     void* step_put(const void* src, size_t bytes) {
@@ -923,8 +926,7 @@ private:
     RopeArgs ropes_[2];
     struct RopeStoreRec {  // the last RoPE + KV store kernel recorded (a candidate for the split attention's kernel)
         size_t op = SIZE_MAX;
-        RopeStoreParams f{};
-        std::vector<KvHeadDev> heads;  // the store's table (host copy): which layer's pages
+        RopeStoreParams f{};   // f.heads: the store's table in the step block (which layer's pages)
     };
     RopeStoreRec rope_store_;
     GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)

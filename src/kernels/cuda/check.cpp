@@ -26,4 +26,14 @@ bool pdl_enabled() {
     return on;
 }
 
+int sm_count() {
+    static const int count = [] {
+        int dev = 0, n = 0;
+        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+        return n;
+    }();
+    return count;
+}
+
 }  // namespace vxq::cuda

@@ -80,14 +80,11 @@ struct __align__(8) Q8Scale {
     int sum;
 };
 
-// One warp per 32-element block, lane = element. ggml's AVX2 quantize_row_q8_0: amax over |x|,
-// id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x * id), d = fp16(amax / 127).
-__global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8Scale* __restrict__ s,
-                                     int64_t n_blocks) {
-    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;  // the same for the whole warp
-    const int lane = threadIdx.x & 31;
-    if (b >= n_blocks) return;
-    const float v = x[b * kQBlock + lane];
+// Block b of q8_0 activations from its 32 values, one per lane of a warp: ggml's AVX2
+// quantize_row_q8_0, amax over |x|, id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x *
+// id), d = fp16(amax / 127), and the quants' sum.
+__device__ __forceinline__ void quantize_block_q8_0(float v, int64_t b, int lane, int8_t* __restrict__ qs,
+                                                    Q8Scale* __restrict__ s) {
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -96,6 +93,15 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
     qs[b * kQBlock + lane] = int8_t(q);
     const int sum = __reduce_add_sync(0xffffffffu, q);
     if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
+}
+
+// One warp per 32-element block, lane = element.
+__global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8Scale* __restrict__ s,
+                                     int64_t n_blocks) {
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;  // the same for the whole warp
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    quantize_block_q8_0(x[b * kQBlock + lane], b, lane, qs, s);
 }
 
 // quantize_q8_0_kernel for one row with the op before it done on the way (GemvFusion, n = 1):
@@ -127,14 +133,7 @@ quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ no
         v = silu_mul(v, up[c]);
         x[c] = v;
     }
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const int q = __float2int_rn(__fmul_rn(v, id));
-    qs[c] = int8_t(q);
-    const int sum = __reduce_add_sync(0xffffffffu, q);
-    if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
+    quantize_block_q8_0(v, b, lane, qs, s);
 }
 
 // ---- GEMV --------------------------------------------------------------------------------------
@@ -420,16 +419,6 @@ gemv_dense_scalar_kernel(const typename E::Raw* __restrict__ w, const typename E
     }
 }
 
-int sm_count() {
-    static const int count = [] {
-        int dev = 0, n = 0;
-        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
-        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
-    return count;
-}
-
 // Warps per row group (gemv_group_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
 // warps per SM and every warp of the group keeps at least one full iteration of units.
 int gemv_split(int64_t rows, int64_t units, int units_per_iter, int rows_per_warp) {
@@ -511,8 +500,7 @@ constexpr int kG1Warps = kG1Threads / 32;
 constexpr size_t kG1MaxXBytes = size_t(64) << 10;  // x in shared memory: f16 cols up to 32768
 
 struct G1Matrix {
-    const void* w;          // as GemvParams::w
-    const __half* scale;    // Q8_0/Q4_0 block scales
+    const void* w;          // [rows, cols] as stored
     float* y;
     int rows, first_item;   // items [first_item, next matrix's first_item) are this matrix's
 };
@@ -733,7 +721,7 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     int64_t items = 0;
     for (int i = 0; i < count; ++i) {
         // swiglu: every item is (gate, up) rows; matrix 1 owns none of its own.
-        p.m[i] = G1Matrix{ws[i]->data, ws[i]->scales, ys ? ys[i] : nullptr, int(ws[i]->rows),
+        p.m[i] = G1Matrix{ws[i]->data, ys ? ys[i] : nullptr, int(ws[i]->rows),
                           swiglu && i > 0 ? INT_MAX : int(items)};
         if (!swiglu) items += (ws[i]->rows + best - 1) / best;
     }

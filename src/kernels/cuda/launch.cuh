@@ -33,6 +33,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // False when VXQ_CUDA_PDL=0 (read once).
 bool pdl_enabled();
 
+// The multiprocessors of the current device (read once): what grids are sized for.
+int sm_count();
+
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {
     cudaLaunchConfig_t cfg{};
