@@ -141,6 +141,10 @@ if [ "$status_build" = ok ]; then
           >/dev/null 2>"$LOGS/profile_${t}_$1.txt" || true
         echo "profile $t $1 ($*, one repetition):"; grep 'vxq:' "$LOGS/profile_${t}_$1.txt" | head -20
       done
+      # The host's share of a decode step: GPU time per graph launch against wall time, by phase.
+      VXQ_CUDA_PROFILE=graphs "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 128 -r 3 --no-aa \
+        >/dev/null 2>"$LOGS/profile_${t}_graphs.txt" || true
+      echo "host time $t (tg128, VXQ_CUDA_PROFILE=graphs):"; grep 'vxq:' "$LOGS/profile_${t}_graphs.txt"
       # Batch-1 GEMV blocks per SM (default 2).
       for bps in ${VXQ_GPU_BPS_SWEEP:-}; do
         VXQ_GEMV1_BLOCKS_PER_SM=$bps "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 3 --no-aa --json \

@@ -9,9 +9,11 @@
 //   GEMM, n = 512 (prefill): TFLOP/s, counting 2 * rows * cols * n per call.
 //   Crossover, ffn up/gate shape, n = 8, 16, 32, 64 with each path forced: where the GEMM starts
 //     to win (kGemmMinTokensDense / kGemmMinTokensQuant in gemv.cuh).
+//   Boundary, F16 and Q4_0 at n = 1: 8 back-to-back GEMVs of 8 distinct matrices against one
+//     GEMV of all their rows (same bytes): what each kernel boundary of a decode step costs.
 // Every line names the kernels that ran (gemv_describe).
 //
-//   vxq_gpu_gemv            prints three markdown tables, the copy first
+//   vxq_gpu_gemv            prints four markdown tables, the copy first
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -98,6 +100,7 @@ struct Shape {
 };
 
 struct GemvRow { std::string type, shape, kernels; int64_t rows, cols, n; size_t bytes; double us; };
+struct BoundaryRow { std::string type; int64_t rows, cols, k; double one_us, k_us; };
 struct GemmRow { std::string type, shape, kernels; int64_t rows, cols, n; double us; };
 struct CrossRow { std::string type; int64_t rows, cols, n; double gemv_us, gemm_us; MatmulPath picked; };
 
@@ -111,6 +114,31 @@ void check_finite(const float* y, size_t n, const char* what) {
             std::exit(1);
         }
     }
+}
+
+// The cost of a kernel boundary in a decode step: k back-to-back GEMVs of rows x cols (k distinct
+// matrices) against one GEMV of the same k * rows rows (the same bytes, one kernel). Both read
+// the weights from HBM (k * rows * cols > 8x the L2); the difference over k - 1 is what a
+// boundary costs beyond the bytes, PDL included.
+BoundaryRow time_boundary(GgmlType type, int64_t rows, int64_t cols, int k, cudaStream_t st, std::mt19937& rng,
+                          const float* x, float* y) {
+    using namespace vxq::cuda;
+    const std::vector<uint8_t> host = random_weights(type, k * rows, cols, rng);
+    const size_t rb = vxq::ggml_row_bytes(type, cols);
+    DeviceWeight big = upload_weight(vxq::WeightView{type, host.data(), k * rows, cols, rb});
+    std::vector<DeviceWeight> parts;
+    for (int j = 0; j < k; ++j) {
+        parts.push_back(upload_weight(vxq::WeightView{type, host.data() + size_t(j) * size_t(rows) * rb, rows, cols, rb}));
+    }
+    GemvScratch scratch;
+    scratch.reserve(std::max(gemv_scratch_bytes(big, 1), gemv_scratch_bytes(parts[0], 1)));
+    const double one = time_calls(st, 20, [&](int) { gemv(big, x, 1, y, scratch, st); });
+    const double many = time_calls(st, 20, [&](int) {
+        for (int j = 0; j < k; ++j) gemv(parts[size_t(j)], x, 1, y, scratch, st);
+    });
+    free_weight(big);
+    for (DeviceWeight& w : parts) free_weight(w);
+    return BoundaryRow{std::string(vxq::ggml_type_name(type)), rows, cols, k, one * 1e3, many * 1e3};
 }
 
 }  // namespace
@@ -214,6 +242,30 @@ int main() {
             std::printf("| gemv %s %s | %lld x %lld | %lld | %.1f | %.1f | %.0f | %.0f%% | %s |\n", r.type.c_str(),
                         r.shape.c_str(), (long long)r.rows, (long long)r.cols, (long long)r.n, double(r.bytes) / 1e6, r.us,
                         gbs, 100.0 * gbs / copy_gbs, r.kernels.c_str());
+        }
+
+        std::vector<BoundaryRow> boundary_rows;
+        {
+            float *x, *y;
+            VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(14336) * sizeof(float)));
+            VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(8 * 14336) * sizeof(float)));
+            std::vector<float> xh(14336);
+            std::normal_distribution<float> nd;
+            for (float& v : xh) v = nd(rng);
+            VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+            for (GgmlType type : {GgmlType::F16, GgmlType::Q4_0}) {
+                for (const Shape& shape : {shapes[2], shapes[0], shapes[1]}) {
+                    boundary_rows.push_back(time_boundary(type, shape.rows, shape.cols, 8, st, rng, x, y));
+                }
+            }
+            VXQ_CUDA_CHECK(cudaFree(x));
+            VXQ_CUDA_CHECK(cudaFree(y));
+        }
+        std::printf("\n| boundary | k x (rows x cols) | one kernel of k*rows rows, us | k kernels, us | per boundary, us |\n");
+        std::printf("| --- | --- | ---: | ---: | ---: |\n");
+        for (const BoundaryRow& r : boundary_rows) {
+            std::printf("| gemv %s n=1 | %lld x (%lld x %lld) | %.1f | %.1f | %.2f |\n", r.type.c_str(), (long long)r.k,
+                        (long long)r.rows, (long long)r.cols, r.one_us, r.k_us, (r.k_us - r.one_us) / double(r.k - 1));
         }
 
         std::printf("\n| case | rows x cols | n | us/call | TFLOP/s | kernels |\n");

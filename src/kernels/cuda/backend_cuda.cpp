@@ -1,6 +1,8 @@
 #include "kernels/cuda/backend_cuda.h"
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -120,6 +122,7 @@ public:
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
+        graph_timing_ = prof && std::string_view(prof) == "graphs";
         kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name), [this] { drain(); });
     }
     ~CudaBackend() override {
@@ -129,6 +132,7 @@ public:
         }
         cudaStreamSynchronize(stream_);
         print_profile();
+        print_graph_timing();
         drop_graphs();
         for (auto& [ptr, w] : weights_) free_weight(w);
         for (auto& [ptr, p] : params_) p.dev.release();
@@ -574,7 +578,10 @@ private:
         try {
             if (g && !g->exec) capture(*g);
             if (g) {
+                cudaEvent_t* ev = graph_timing_ ? graph_event_pair() : nullptr;
+                if (ev) VXQ_CUDA_CHECK(cudaEventRecord(ev[0], stream_));
                 VXQ_CUDA_CHECK(cudaGraphLaunch(g->exec, stream_));
+                if (ev) VXQ_CUDA_CHECK(cudaEventRecord(ev[1], stream_));
             } else {
                 run_pending();
             }
@@ -628,6 +635,38 @@ private:
         }
         for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
         prof_events_.clear();
+    }
+    // VXQ_CUDA_PROFILE=graphs (graphs and PDL as in a normal run): the GPU time of every graph
+    // launch (events around it) against the host's wall time over the same launches, and where
+    // the host's time goes between two outputs it waits for (finish): recording the ops, the
+    // flush (key, lookup, launch), waiting for the GPU, the copy into the caller's buffer. At exit.
+    cudaEvent_t* graph_event_pair() {
+        if (graph_events_.empty()) graph_wall0_ = std::chrono::steady_clock::now();
+        graph_events_.emplace_back();
+        for (cudaEvent_t& e : graph_events_.back()) VXQ_CUDA_CHECK(cudaEventCreate(&e));
+        return graph_events_.back().data();
+    }
+    void print_graph_timing() {
+        if (graph_events_.empty()) return;
+        const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - graph_wall0_).count();
+        double gpu_ms = 0.0;
+        for (auto& [a, b] : graph_events_) {
+            float ms = 0.0f;
+            if (cudaEventElapsedTime(&ms, a, b) == cudaSuccess) gpu_ms += ms;
+            cudaEventDestroy(a);
+            cudaEventDestroy(b);
+        }
+        const double n = double(graph_events_.size());
+        std::fprintf(stderr,
+                     "vxq: CUDA graphs (VXQ_CUDA_PROFILE=graphs): %zu launches, GPU %.1f us per launch, host wall %.1f us "
+                     "per launch (from the first launch on)\n",
+                     graph_events_.size(), 1e3 * gpu_ms / n, 1e3 * wall_ms / n);
+        graph_events_.clear();
+        if (host_outputs_ > 0) {
+            const double k = 1.0 / double(host_outputs_);
+            std::fprintf(stderr, "vxq: per host output (%lld): recording %.1f us, flush %.1f us, waiting %.1f us, copy %.1f us\n",
+                         (long long)host_outputs_, host_us_[0] * k, host_us_[1] * k, host_us_[2] * k, host_us_[3] * k);
+        }
     }
     void capture(Graph& g) {
         VXQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -748,6 +787,9 @@ private:
     // freed or overwritten).
     void drain() {
         flush();
+        wait_stream();
+    }
+    void wait_stream() {
         VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
         step_in_flight_ = false;
     }
@@ -845,8 +887,23 @@ private:
         record(Op::CopyOut, a, [](const A& a, cudaStream_t st) {
             VXQ_CUDA_CHECK(cudaMemcpyAsync(a.dst, a.src, a.bytes, cudaMemcpyDeviceToHost, st));
         });
-        drain();
+        using clk = std::chrono::steady_clock;
+        const auto t0 = clk::now();
+        flush();
+        const auto t1 = clk::now();
+        wait_stream();
+        const auto t2 = clk::now();
         std::memcpy(host, out_host_.data, n * sizeof(float));
+        if (graph_timing_) {
+            const auto t3 = clk::now();
+            const auto us = [](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
+            if (host_outputs_ > 0) host_us_[0] += us(host_mark_, t0);  // since the last output: recording the ops
+            host_us_[1] += us(t0, t1);
+            host_us_[2] += us(t1, t2);
+            host_us_[3] += us(t2, t3);
+            ++host_outputs_;
+            host_mark_ = clk::now();
+        }
     }
 
     const DeviceWeight& weight(const WeightView& w) {
@@ -875,6 +932,11 @@ private:
     cudaStream_t stream_ = nullptr;
     bool graphs_on_ = true;
     bool profile_ = false;
+    bool graph_timing_ = false;  // VXQ_CUDA_PROFILE=graphs
+    std::vector<std::array<cudaEvent_t, 2>> graph_events_;
+    std::chrono::steady_clock::time_point graph_wall0_, host_mark_;
+    double host_us_[4] = {};     // recording, flush, waiting, copy (print_graph_timing)
+    int64_t host_outputs_ = 0;
     std::vector<cudaEvent_t> prof_events_;
     std::map<std::string, std::pair<int64_t, double>> profile_by_op_;  // calls, ms
     std::unique_ptr<KvMemory> kv_memory_;

@@ -484,9 +484,13 @@ void launch_gemv(GemvParams p, cudaStream_t st) {
 //    over the whole GPU (the planner picks rows per item so that items divide evenly).
 //  - Each block first converts x to the dot type into shared memory (the f16/bf16 rounding of
 //    convert_kernel: the same numbers), optionally after an RMSNorm of it.
-//  - Launched with PDL (launch.cuh): the first item's weights are loaded before pdl_wait(), so
-//    they stream while the previous kernel finishes. Each item's loads are issued before the
-//    previous item is reduced, so a block always has loads in flight.
+//  - Weights go through a ring of S items in shared memory (cp.async, no registers held): a
+//    block has its next S items' weights in flight, S = 2 (kG1StagesDefault; 64 KB per block,
+//    128 KB per SM). Launched with PDL (launch.cuh): the first S items are requested before
+//    pdl_wait(), so they stream while the previous kernel finishes. On the H200 the ring took
+//    the ffn up/gate GEMV from 80 % to 88 % of copy bandwidth and the output head from 95 % to
+//    97 % against the register design it replaced (one item in flight per thread), at 64
+//    registers instead of 96 (docs/gpu.md).
 // F32/F16/BF16 weights (Q8_0/Q4_0 keep the kernel above: g1_dispatch). An item's units (16
 // weight bytes of a row) are
 // numbered idx = slot * units_per_row + unit; thread t takes idx = t + 256 j (j < kMaxUnits),
@@ -527,8 +531,8 @@ struct G1Dense {
     static __host__ __device__ int units(int cols) { return cols / kPer; }
     static __host__ __device__ bool shape_ok(int cols) { return cols % kPer == 0; }
     static __host__ __device__ int x_bytes(int cols) { return (cols * int(sizeof(typename E::Raw)) + 15) / 16 * 16; }
-    static __device__ __forceinline__ Unit load(const G1Matrix& m, int upr, int row, int u) {
-        return __ldg(static_cast<const uint4*>(m.w) + int64_t(row) * upr + u);
+    static __device__ __forceinline__ const Unit* address(const G1Matrix& m, int upr, int row, int u) {
+        return static_cast<const uint4*>(m.w) + int64_t(row) * upr + u;
     }
     static __device__ __forceinline__ float dot(const Unit& w, const uint8_t* xs, int u) {
         const uint4 xv = reinterpret_cast<const uint4*>(xs)[u];
@@ -559,23 +563,43 @@ __device__ __forceinline__ void g1_item(const G1Params& p, int item, int& mi, in
     row0 = (item - g1_matrix(p, mi).first_item) * p.rows_per_item;
 }
 
-// Loads the units of `item` that this thread takes (rows past a matrix's end re-read its last).
+// 16 bytes from global memory into shared memory, asynchronously (cp.async, sm_80+; the copy
+// bypasses L1). A thread reads back only what it copied itself, after cp_async_wait<N>: no
+// barrier is needed between the copy and the read.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Issues the copies of the units of `item` that this thread takes into its slots of a ring
+// stage (unit j of thread t at stage[j * kG1Threads + t]; rows past a matrix's end re-read its
+// last), then commits them as one group. Past the last item it commits an empty group, so that
+// every thread has committed the same number of groups at each step.
 template <class F>
-__device__ __forceinline__ void g1_load(const G1Params& p, int item, const int (&slot)[F::kMaxUnits],
-                                        const int (&unit)[F::kMaxUnits], int n_units, typename F::Unit (&w)[F::kMaxUnits]) {
-    int mi, row0;
-    g1_item(p, item, mi, row0);
+__device__ __forceinline__ void g1_issue(const G1Params& p, int item, const int (&slot)[F::kMaxUnits],
+                                         const int (&unit)[F::kMaxUnits], int n_units, typename F::Unit* stage) {
+    if (item < p.n_items) {
+        int mi, row0;
+        g1_item(p, item, mi, row0);
 #pragma unroll
-    for (int j = 0; j < F::kMaxUnits; ++j) {
-        if (j >= n_units) break;
-        int m = mi, r = row0 + slot[j];
-        if (p.swiglu) {
-            m = slot[j] >= p.rows_per_item ? 1 : 0;
-            r = row0 + slot[j] - m * p.rows_per_item;
+        for (int j = 0; j < F::kMaxUnits; ++j) {
+            if (j >= n_units) break;
+            int m = mi, r = row0 + slot[j];
+            if (p.swiglu) {
+                m = slot[j] >= p.rows_per_item ? 1 : 0;
+                r = row0 + slot[j] - m * p.rows_per_item;
+            }
+            const G1Matrix& M = g1_matrix(p, m);
+            cp_async16(stage + j * kG1Threads + threadIdx.x, F::address(M, p.upr, min(r, M.rows - 1), unit[j]));
         }
-        const G1Matrix& M = g1_matrix(p, m);
-        w[j] = F::load(M, p.upr, min(r, M.rows - 1), unit[j]);
     }
+    cp_async_commit();
 }
 
 // The sum of a slot's unit partials (the whole warp calls; every lane gets it).
@@ -585,11 +609,13 @@ __device__ __forceinline__ float g1_slot_sum(const float* red, int slot, int upr
     return warp_sum(a);
 }
 
-template <class F>
+template <class F, int S>
 __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) {
     constexpr int L = F::kMaxUnits;
+    using Unit = typename F::Unit;
     extern __shared__ uint4 g1_smem[];
-    uint8_t* xs = reinterpret_cast<uint8_t*>(g1_smem);
+    Unit* ring = reinterpret_cast<Unit*>(g1_smem);                    // [S][L * kG1Threads]
+    uint8_t* xs = reinterpret_cast<uint8_t*>(ring + S * L * kG1Threads);
     float* red = reinterpret_cast<float*>(xs + p.x_bytes);          // [2][L * kG1Threads]
     double* partial = reinterpret_cast<double*>(red + 2 * L * kG1Threads);  // [kG1Threads]
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -604,9 +630,10 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         slot[j] = idx < total ? idx / p.upr : 0;
         unit[j] = idx < total ? idx - slot[j] * p.upr : 0;
     }
-    typename F::Unit w[L];
-    int item = blockIdx.x;  // the grid never exceeds n_items
-    g1_load<F>(p, item, slot, unit, n_units, w);  // weights: written by no kernel, so before the wait
+    // The first S items' weights: written by no kernel, so before the wait.
+    const int grid = int(gridDim.x);
+#pragma unroll
+    for (int k = 0; k < S; ++k) g1_issue<F>(p, int(blockIdx.x) + k * grid, slot, unit, n_units, ring + k * L * kG1Threads);
 
     pdl_wait();
     pdl_launch_dependents();
@@ -622,12 +649,15 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     }
     __syncthreads();
 
-    for (int buf = 0; item < p.n_items; item += gridDim.x, buf ^= 1) {
+    int k = 0;  // ring stage of `item`
+    for (int item = blockIdx.x, buf = 0; item < p.n_items; item += grid, buf ^= 1) {
+        Unit* stage = ring + k * L * kG1Threads;
+        cp_async_wait<S - 1>();  // this item's group (the oldest of the S in flight)
         float acc[L];
 #pragma unroll
-        for (int j = 0; j < L; ++j) acc[j] = j < n_units ? F::dot(w[j], xs, unit[j]) : 0.0f;
-        const int next = item + int(gridDim.x);
-        if (next < p.n_items) g1_load<F>(p, next, slot, unit, n_units, w);  // in flight while this item is reduced
+        for (int j = 0; j < L; ++j) acc[j] = j < n_units ? F::dot(stage[j * kG1Threads + tid], xs, unit[j]) : 0.0f;
+        g1_issue<F>(p, item + S * grid, slot, unit, n_units, stage);  // the stage is free again: S items ahead
+        k = k + 1 == S ? 0 : k + 1;
         float* r = red + buf * L * kG1Threads;
 #pragma unroll
         for (int j = 0; j < L; ++j) {
@@ -658,6 +688,7 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
             }
         }
     }
+    cp_async_wait<0>();  // no copy outlives the block
 }
 
 constexpr int kG1BlocksPerSmDefault = 2;
@@ -671,10 +702,23 @@ int g1_blocks_per_sm() {
     return v;
 }
 
-// Shared memory of a block: x, the double-buffered unit partials, the norm's reduction.
+// Items whose weights a block has in flight: the stages of its shared-memory ring
+// (VXQ_GEMV1_STAGES, 1 to 3, for sweeps).
+constexpr int kG1StagesDefault = 2;
+int g1_stages() {
+    static const int v = [] {
+        const char* e = std::getenv("VXQ_GEMV1_STAGES");
+        return std::clamp(e ? std::atoi(e) : kG1StagesDefault, 1, 3);
+    }();
+    return v;
+}
+
+// Shared memory of a block: the ring of S items' weights, x, the double-buffered unit partials,
+// the norm's reduction.
 template <class F>
-size_t g1_smem_bytes(size_t x_bytes) {
-    return x_bytes + 2 * size_t(F::kMaxUnits) * kG1Threads * sizeof(float) + kG1Threads * sizeof(double);
+size_t g1_smem_bytes(size_t x_bytes, int stages) {
+    return size_t(stages) * F::kMaxUnits * kG1Threads * sizeof(typename F::Unit) + x_bytes +
+           2 * size_t(F::kMaxUnits) * kG1Threads * sizeof(float) + kG1Threads * sizeof(double);
 }
 
 // Fills p (all but x, norm and resid) for ws; false where the batch-1 kernel cannot take them.
@@ -738,15 +782,24 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     return true;
 }
 
-template <class F>
-void g1_launch(const G1Params& p, int grid, cudaStream_t st) {
+template <class F, int S>
+void g1_launch_stages(const G1Params& p, int grid, cudaStream_t st) {
     static const bool attr_set = [] {  // the most any call asks for (once per kernel, before any launch)
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(g1_smem_bytes<F>(kG1MaxXBytes))));
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(g1_smem_bytes<F>(kG1MaxXBytes, S))));
         return true;
     }();
     (void)attr_set;
-    launch_pdl(gemv1_kernel<F>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes)), st, p);
+    launch_pdl(gemv1_kernel<F, S>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st, p);
+}
+
+template <class F>
+void g1_launch(const G1Params& p, int grid, cudaStream_t st) {
+    switch (g1_stages()) {
+        case 1: return g1_launch_stages<F, 1>(p, grid, st);
+        case 3: return g1_launch_stages<F, 3>(p, grid, st);
+        default: return g1_launch_stages<F, 2>(p, grid, st);
+    }
 }
 
 // The batch-1 kernel for ws (one type) with `f`: whether it can run, and with `st` it runs
