@@ -182,6 +182,11 @@ const BadInput kBadInputs[] = {
     {"EvalPrefillExactF16Only", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--prefill-exact"}; }, "--prefill-exact changes nothing"},
     {"EvalPrefillExactStreamOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "stream", "--prefill-exact"}; }, "stream mode"},
     {"EvalAttnEveryPrefillOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "prefill", "--attn-every", "8"}; }, "--attn-every"},
+    // --evict: the spec and a Q-Filters calibration file are checked before any work.
+    {"EvictUnknownPolicy", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "lru:budget=64"}; }, "unknown policy 'lru'"},
+    {"EvictWithoutBudget", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "knorm"}; }, "exactly one of budget"},
+    {"EvictQFiltersWithoutCalib", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "qfilters:budget=64"}; }, "needs its calibration"},
+    {"EvictQFiltersMissingCalib", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "qfilters:budget=64,calib=/nonexistent/qf.gguf"}; }, "/nonexistent/qf.gguf"},
     // Thread counts.
     {"GenerateTooManyThreads", [] { return Args{"generate", "-m", M(), "-p", "x", "-t", too_many_threads()}; }, "threads"},
     {"PerplexityTooManyThreads", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-t", too_many_threads()}; }, "threads"},

@@ -10,6 +10,7 @@
 #include "core/sha256.h"
 #include "formats/gguf.h"
 #include "formats/gguf_writer.h"
+#include "kv/evict.h"
 
 namespace vxq {
 
@@ -131,6 +132,55 @@ VecinferCalibration load_vecinfer_calibration(const std::string& path) {
     return c;
 }
 
+void save_qfilters_calibration(const std::string& path, const QFiltersCalibration& c) {
+    VXQ_ASSERT(is_sha256_hex(c.model_sha256) && int64_t(c.filters.size()) == c.n_layer * c.n_head_kv * c.head_dim);
+    GgufStreamWriter w;
+    w.add_string(kMethod, "qfilters");
+    w.add_string(kSha, c.model_sha256);
+    w.add_string(kModelFile, c.model_file);
+    w.add(kTokens, GgufWriterValue::i64(c.tokens));
+    w.add("qfilters.layers", GgufWriterValue::i64(c.n_layer));
+    w.add("qfilters.kv_heads", GgufWriterValue::i64(c.n_head_kv));
+    w.add("qfilters.head_dim", GgufWriterValue::i64(c.head_dim));
+    w.add_tensor("qfilters", {c.head_dim, c.n_head_kv, c.n_layer}, GgmlType::F32);
+    w.write(path, [&](size_t, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
+        std::memcpy(out.data(), c.filters.data() + row0 * c.head_dim, size_t(n_rows * c.head_dim) * sizeof(float));
+    });
+}
+
+QFiltersCalibration load_qfilters_calibration(const std::string& path) {
+    const GgufFile f = GgufFile::open(path);
+    QFiltersCalibration c;
+    const std::string method = string_key(f, kMethod);
+    if (method != "qfilters") fail("{}: a calibration for '{}', not for qfilters", path, method);
+    c.model_sha256 = string_key(f, kSha);
+    if (!is_sha256_hex(c.model_sha256)) fail("{}: '{}' is not a sha256 (64 lowercase hex digits)", path, kSha);
+    c.model_file = string_key(f, kModelFile);
+    c.tokens = int_key(f, kTokens, 1, INT64_MAX);
+    c.n_layer = int_key(f, "qfilters.layers", 1, 4096);
+    c.n_head_kv = int_key(f, "qfilters.kv_heads", 1, 4096);
+    c.head_dim = int_key(f, "qfilters.head_dim", 1, 1024);
+    if (f.tensors().size() != 1) fail("{}: {} tensors, expected 1 (qfilters)", path, f.tensors().size());
+    c.filters = f32_tensor(f, "qfilters", {c.head_dim, c.n_head_kv, c.n_layer});
+    return c;
+}
+
+namespace {
+
+// vxq::Error unless the calibration (file `calib`, made from `calib_model` with sha `calib_sha`)
+// belongs to the model at model_path; `model_sha` caches the model's sha256 between calls.
+void check_model_sha(const std::string& calib, const std::string& calib_model, const std::string& calib_sha,
+                     const std::string& model_path, std::string& model_sha) {
+    if (model_sha.empty()) model_sha = sha256_file(model_path);
+    if (calib_sha != model_sha) {
+        fail("{}: calibration of another model ({}, sha256 {}...), not {} (sha256 {}...); run vxq calibrate on this model",
+             calib, calib_model, calib_sha.substr(0, 12), std::filesystem::path(model_path).filename().string(),
+             model_sha.substr(0, 12));
+    }
+}
+
+}  // namespace
+
 void check_calibration_model(const KvSpec& spec, const std::string& model_path) {
     std::string model_sha;
     for (const CodecSpec* s : {&spec.k, &spec.v}) {
@@ -138,13 +188,15 @@ void check_calibration_model(const KvSpec& spec, const std::string& model_path) 
         if (it == s->options.end() || it->second == "random") continue;
         if (s->name != "vecinfer") continue;  // the codec refuses an option it does not have
         const VecinferCalibration c = load_vecinfer_calibration(it->second);
-        if (model_sha.empty()) model_sha = sha256_file(model_path);
-        if (c.model_sha256 != model_sha) {
-            fail("{}: calibration of another model ({}, sha256 {}...), not {} (sha256 {}...); run vxq calibrate on this model",
-                 it->second, c.model_file, c.model_sha256.substr(0, 12),
-                 std::filesystem::path(model_path).filename().string(), model_sha.substr(0, 12));
-        }
+        check_model_sha(it->second, c.model_file, c.model_sha256, model_path, model_sha);
     }
+}
+
+void check_calibration_model(const EvictSpec& spec, const std::string& model_path) {
+    if (spec.policy != EvictPolicy::QFilters) return;
+    const QFiltersCalibration c = load_qfilters_calibration(spec.calib);
+    std::string model_sha;
+    check_model_sha(spec.calib, c.model_file, c.model_sha256, model_path, model_sha);
 }
 
 }  // namespace vxq

@@ -1,6 +1,6 @@
 // Calibration artifacts (METHODS.md "Calibration artifacts"): what `vxq calibrate` computes from a
 // model and a text, saved as ONE GGUF file that names the model by its sha256, the method and its
-// parameters, and holds the tensors. Today: VecInfer's smoothing factors and codebooks.
+// parameters, and holds the tensors: VecInfer's smoothing factors and codebooks, Q-Filters' filters.
 //
 // File layout (GGUF v3, our own keys; tensors F32, ne[0] contiguous):
 //   vxq.calibration.method        string  "vecinfer"
@@ -44,9 +44,25 @@ void save_vecinfer_calibration(const std::string& path, const VecinferCalibratio
 // Reads and validates a file; vxq::Error naming the file and what is wrong.
 VecinferCalibration load_vecinfer_calibration(const std::string& path);
 
+// Q-Filters (kv/evict.h): one unit filter per layer and KV head. Same header keys; then
+//   qfilters.layers / .kv_heads / .head_dim   int64
+//   qfilters                                  [n_layer, n_head_kv, head_dim] (head_dim contiguous)
+struct QFiltersCalibration {
+    std::string model_sha256;
+    std::string model_file;
+    int64_t tokens = 0;
+    int64_t n_layer = 0, n_head_kv = 0, head_dim = 0;
+    std::vector<float> filters;  // [n_layer][n_head_kv][head_dim]
+};
+void save_qfilters_calibration(const std::string& path, const QFiltersCalibration& c);
+QFiltersCalibration load_qfilters_calibration(const std::string& path);
+
 // Refuses (vxq::Error) a K/V spec whose calibration file (`calib=FILE`, any method that takes
 // one) was made from another model than the file at model_path (sha256 of the bytes), or is not
 // a valid calibration. Nothing is read when no method names a calibration file.
 void check_calibration_model(const KvSpec& spec, const std::string& model_path);
+// The same for an eviction policy's calibration file (calib=FILE of --evict).
+struct EvictSpec;
+void check_calibration_model(const EvictSpec& spec, const std::string& model_path);
 
 }  // namespace vxq

@@ -297,6 +297,10 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     }
     m.segs.resize(size_t(s.n_layer));
     m.head_views.resize(size_t(s.n_layer));
+    if (opts.evict.active()) {
+        if (!mem.host_accessible()) fail("eviction (--evict) of a cache in {} is not supported yet", mem.name());
+        evictor_ = std::make_unique<Evictor>(opts.evict, s);
+    }
 }
 
 KvCache::~KvCache() = default;
@@ -348,7 +352,9 @@ void KvCache::commit(int64_t n) {
     impl_->exact_layer = -1;
     std::vector<float>().swap(impl_->exact_k);
     std::vector<float>().swap(impl_->exact_v);
+    const int64_t added = n - size_;
     size_ = n;
+    if (evictor_) evictor_->after_commit(*this, added);
 }
 
 KvLayerView KvCache::view(int64_t layer) const {
@@ -406,6 +412,7 @@ void KvCache::truncate(int64_t n) {
     VXQ_ASSERT(n >= 0);
     for (Head& h : impl_->heads) h.truncate(h.below(n));
     size_ = std::min(size_, n);
+    if (evictor_) evictor_->after_truncate(*this);
 }
 
 void KvCache::shrink_to_fit() {
@@ -483,6 +490,15 @@ void KvCache::dequantize(int64_t layer, int64_t head, int64_t n, std::vector<flo
 
 void KvCache::observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const {
     if (observer_) observer_->on_attention(layer, q, n_q, pos0, out);
+}
+
+bool KvCache::wants_attention_mass(int64_t layer) const {
+    return (observer_ && observer_->wants_attention_mass(layer)) || (evictor_ && evictor_->wants_attention_mass());
+}
+
+void KvCache::on_attention_mass(int64_t layer, int64_t head, const float* mass, int64_t n_tokens) {
+    if (observer_ && observer_->wants_attention_mass(layer)) observer_->on_attention_mass(layer, head, mass, n_tokens);
+    if (evictor_ && evictor_->wants_attention_mass()) evictor_->add_attention_mass(layer, head, mass, n_tokens);
 }
 
 std::unique_ptr<KvCache> make_kv_cache(const KvShape& shape, const KvSpec& spec, const KvCacheOptions& opts) {

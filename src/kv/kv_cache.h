@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kv/evict.h"
 #include "kv/spec.h"
 #include "kv/kv_view.h"
 
@@ -38,6 +39,8 @@ struct KvCacheOptions {
     // Where the pages live: nullptr is host RAM; a device backend's memory (Backend::kv_memory)
     // keeps them on the device, written by that backend's kernels (reserve_write).
     KvMemory* memory = nullptr;
+    // Eviction (kv/evict.h): none by default. The cache applies it when a forward pass commits.
+    EvictSpec evict{};
 };
 
 // Sees what the model writes and what attention returns, e.g. to measure fidelity
@@ -76,7 +79,8 @@ public:
     // [pos0, pos0 + n), which the backend's kernel fills. Token-wise formats only (the cache
     // refuses others in device memory at construction).
     void reserve_write(int64_t layer, int64_t pos0, int64_t n);
-    // Makes positions [0, n) the cache's content once every layer has been written.
+    // Makes positions [0, n) the cache's content once every layer has been written; then the
+    // eviction policy, if any, evicts when due.
     void commit(int64_t n);
     // The layer as the backends read it; valid until the next write, retain or truncate.
     KvLayerView view(int64_t layer) const;
@@ -110,6 +114,12 @@ public:
     KvObserver* observer() const { return observer_; }
     // Called by the forward pass after each attention (forwards to the observer, if any).
     void observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const;
+    // Whether the forward pass should ask for the attention mass of this layer (the observer's or
+    // the eviction policy's wish), and where it goes.   mass: [head_tokens(layer, head)]
+    bool wants_attention_mass(int64_t layer) const;
+    void on_attention_mass(int64_t layer, int64_t head, const float* mass, int64_t n_tokens);
+    // The eviction policy (KvCacheOptions::evict), or nullptr.
+    Evictor* evictor() const { return evictor_.get(); }
 
 private:
     struct Impl;
@@ -119,6 +129,7 @@ private:
     std::unique_ptr<Impl> impl_;
     int64_t size_ = 0;
     KvObserver* observer_ = nullptr;
+    std::unique_ptr<Evictor> evictor_;
 };
 
 // A cache for a K/V spec; vxq::Error for an unknown method, option or unsupported head size.

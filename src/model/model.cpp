@@ -77,8 +77,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.rope(q, n, c.n_head, c.head_dim, pos0, rope);
         be.rope(k, n, c.n_head_kv, c.head_dim, pos0, rope);
         be.kv_write(cache, il, pos0, k, v, n);
-        KvObserver* obs = cache.observer();
-        if (obs && obs->wants_attention_mass(il)) {  // the score observer (H2O, SnapKV): per stored token
+        if (cache.wants_attention_mass(il)) {  // the score observer or the eviction policy (H2O): per stored token
             std::vector<std::vector<float>> mass(size_t(c.n_head_kv));
             std::vector<float*> heads;
             for (int64_t g = 0; g < c.n_head_kv; ++g) {
@@ -86,7 +85,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
                 heads.push_back(mass[size_t(g)].data());
             }
             be.attention(cache.view(il), q, n, pos0, attn, heads.data());
-            for (int64_t g = 0; g < c.n_head_kv; ++g) obs->on_attention_mass(il, g, heads[size_t(g)], int64_t(mass[size_t(g)].size()));
+            for (int64_t g = 0; g < c.n_head_kv; ++g) cache.on_attention_mass(il, g, heads[size_t(g)], int64_t(mass[size_t(g)].size()));
         } else {
             be.attention(cache.view(il), q, n, pos0, attn);
         }

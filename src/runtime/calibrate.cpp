@@ -33,30 +33,46 @@ public:
     std::vector<std::vector<float>> k, v;
 };
 
-}  // namespace
-
-VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::string_view text,
-                                       const VecinferCalibrateParams& p, VecinferCalibrateStats* stats,
-                                       const std::function<void(const char*, int64_t, int64_t)>& progress) {
-    const ModelConfig& cfg = model.config();
-    const int64_t d = cfg.head_dim, H = cfg.n_head_kv, L = cfg.n_layer;
-    vi::parse_params(CodecSpec{"vecinfer", {{"n", std::to_string(p.n)}, {"m", std::to_string(p.m)}}}, d);  // n, m, d valid
-    const vi::Layout layout{d, p.n, p.m};
-    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
-    if (p.iterations < 1 || p.iterations > 30) fail("calibrate: --iterations {} is out of range [1, 30]", p.iterations);
-    std::vector<TokenId> tokens = model.tokenizer().encode(text, /*add_special=*/true);
-    if (int64_t(tokens.size()) > p.max_tokens) tokens.resize(size_t(p.max_tokens));
-    const int64_t N = int64_t(tokens.size()) * H;  // points per sub-space and layer
-    if (N < layout.centroids()) {
-        fail("calibrate: the text gives {} tokens x {} KV heads = {} vectors, fewer than the 2^{} = {} centroids",
-             tokens.size(), H, N, p.m, layout.centroids());
+// Per layer and query head, the sums of q q^T (upper triangle not exploited: d is small) and of
+// q over every post-RoPE query the model attends with.
+class QueryMoments final : public KvObserver {
+public:
+    QueryMoments(int64_t n_layer, int64_t n_head, int64_t d)
+        : n_head(n_head), d(d), qq(size_t(n_layer * n_head * d * d), 0.0), qs(size_t(n_layer * n_head * d), 0.0) {}
+    void on_write(int64_t, int64_t, const float*, const float*, int64_t) override {}
+    void on_attention(int64_t layer, const float* q, int64_t n_q, int64_t, const float*) override {
+        for (int64_t t = 0; t < n_q; ++t) {
+            for (int64_t h = 0; h < n_head; ++h) {
+                const float* x = q + (t * n_head + h) * d;
+                double* c = &qq[size_t((layer * n_head + h) * d * d)];
+                double* s = &qs[size_t((layer * n_head + h) * d)];
+                for (int64_t i = 0; i < d; ++i) {
+                    s[i] += x[i];
+                    for (int64_t j = 0; j < d; ++j) c[i * d + j] += double(x[i]) * x[j];
+                }
+            }
+        }
+        n_queries += n_q;
     }
+    int64_t n_head, d, n_queries = 0;
+    std::vector<double> qq, qs;
+};
 
-    const int64_t n_ctx = std::min<int64_t>(p.n_ctx, int64_t(tokens.size()));
-    auto cache = make_kv_cache(KvShape{L, cfg.n_head, H, d, n_ctx}, "f16", "f16");
-    KvCollector col(L);
-    col.row = size_t(H * d);
-    cache->set_observer(&col);
+// The text's first max_tokens tokens (vxq::Error when it has none).
+std::vector<TokenId> calibration_tokens(const Model& model, std::string_view text, int64_t max_tokens) {
+    std::vector<TokenId> tokens = model.tokenizer().encode(text, /*add_special=*/true);
+    if (int64_t(tokens.size()) > max_tokens) tokens.resize(size_t(max_tokens));
+    if (tokens.empty()) fail("calibrate: the text has no tokens");
+    return tokens;
+}
+
+// Runs the model over `tokens` in fresh contexts of n_ctx tokens, an observer on an f16 cache.
+void run_tokens(const Model& model, Backend& be, const std::vector<TokenId>& tokens, int64_t n_ctx, KvObserver& observer,
+                const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    n_ctx = std::min<int64_t>(n_ctx, int64_t(tokens.size()));
+    auto cache = make_kv_cache(KvShape{cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx}, "f16", "f16");
+    cache->set_observer(&observer);
     std::vector<float> logits(size_t(cfg.n_vocab));
     const bool add_bos = model.tokenizer().vocab().add_bos;
     const TokenId bos = model.tokenizer().vocab().bos;
@@ -68,6 +84,94 @@ VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::str
         if (progress) progress("tokens", t0 + int64_t(chunk.size()), int64_t(tokens.size()));
     }
     cache->set_observer(nullptr);
+}
+
+}  // namespace
+
+QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::string_view text,
+                                       const QFiltersCalibrateParams& p, QFiltersCalibrateStats* stats,
+                                       const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    const int64_t d = cfg.head_dim, L = cfg.n_layer, nh = cfg.n_head, H = cfg.n_head_kv, rep = nh / H;
+    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    QueryMoments mom(L, nh, d);
+    const std::vector<TokenId> tokens = calibration_tokens(model, text, p.max_tokens);
+    run_tokens(model, be, tokens, p.n_ctx, mom, progress);
+
+    QFiltersCalibration c;
+    c.model_sha256 = sha256_file(model.file().path());
+    c.model_file = std::filesystem::path(model.file().path()).filename().string();
+    c.tokens = int64_t(tokens.size());
+    c.n_layer = L;
+    c.n_head_kv = H;
+    c.head_dim = d;
+    c.filters.assign(size_t(L * H * d), 0.0f);
+    if (stats) {
+        stats->explained.assign(size_t(L * nh), 0.0);
+        stats->mean_proj.assign(size_t(L * nh), 0.0);
+    }
+    std::vector<double> v(static_cast<size_t>(d)), w(static_cast<size_t>(d));
+    for (int64_t l = 0; l < L; ++l) {
+        for (int64_t h = 0; h < nh; ++h) {
+            const double* C = &mom.qq[size_t((l * nh + h) * d * d)];
+            const double* s = &mom.qs[size_t((l * nh + h) * d)];
+            // Power iteration on C from a start that is not orthogonal to a generic top vector.
+            for (int64_t i = 0; i < d; ++i) v[size_t(i)] = 1.0 + 0.01 * double(i);
+            double lambda = 0.0;
+            for (int it = 0; it < 1000; ++it) {
+                double norm = 0.0;
+                for (int64_t i = 0; i < d; ++i) {
+                    double a = 0.0;
+                    for (int64_t j = 0; j < d; ++j) a += C[i * d + j] * v[size_t(j)];
+                    w[size_t(i)] = a;
+                    norm += a * a;
+                }
+                norm = std::sqrt(norm);
+                if (norm == 0.0) break;
+                double change = 0.0;
+                for (int64_t i = 0; i < d; ++i) {
+                    const double x = w[size_t(i)] / norm;
+                    change = std::max(change, std::abs(x - v[size_t(i)]));
+                    v[size_t(i)] = x;
+                }
+                lambda = norm;
+                if (change < 1e-12) break;
+            }
+            double proj = 0.0;  // sum_i <q_i, v1>: the sign of sum_i u1_i
+            for (int64_t i = 0; i < d; ++i) proj += s[i] * v[size_t(i)];
+            const double sign = proj < 0.0 ? -1.0 : 1.0;
+            float* f = &c.filters[size_t((l * H + h / rep) * d)];
+            for (int64_t i = 0; i < d; ++i) f[i] += float(sign * v[size_t(i)] / double(rep));
+            if (stats) {
+                double trace = 0.0;
+                for (int64_t i = 0; i < d; ++i) trace += C[i * d + i];
+                stats->explained[size_t(l * nh + h)] = trace > 0.0 ? lambda / trace : 0.0;
+                stats->mean_proj[size_t(l * nh + h)] = trace > 0.0 ? std::abs(proj) / std::sqrt(trace * double(mom.n_queries)) : 0.0;
+            }
+        }
+    }
+    return c;
+}
+
+VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::string_view text,
+                                       const VecinferCalibrateParams& p, VecinferCalibrateStats* stats,
+                                       const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    const int64_t d = cfg.head_dim, H = cfg.n_head_kv, L = cfg.n_layer;
+    vi::parse_params(CodecSpec{"vecinfer", {{"n", std::to_string(p.n)}, {"m", std::to_string(p.m)}}}, d);  // n, m, d valid
+    const vi::Layout layout{d, p.n, p.m};
+    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    if (p.iterations < 1 || p.iterations > 30) fail("calibrate: --iterations {} is out of range [1, 30]", p.iterations);
+    const std::vector<TokenId> tokens = calibration_tokens(model, text, p.max_tokens);
+    const int64_t N = int64_t(tokens.size()) * H;  // points per sub-space and layer
+    if (N < layout.centroids()) {
+        fail("calibrate: the text gives {} tokens x {} KV heads = {} vectors, fewer than the 2^{} = {} centroids",
+             tokens.size(), H, N, p.m, layout.centroids());
+    }
+
+    KvCollector col(L);
+    col.row = size_t(H * d);
+    run_tokens(model, be, tokens, p.n_ctx, col, progress);
 
     VecinferCalibration c;
     c.model_sha256 = sha256_file(model.file().path());

@@ -1,11 +1,12 @@
 // `vxq calibrate`: runs a model over a text and computes a KV method's calibration artifact
-// (kv/calibration.h). Today VecInfer: per layer, the keys' smoothing factors and the keys' and
-// values' product-quantizer codebooks (METHODS.md "VecInfer").
+// (kv/calibration.h): VecInfer's per-layer smoothing factors and product-quantizer codebooks
+// (METHODS.md "VecInfer"), Q-Filters' per-head filter directions (METHODS.md "Eviction").
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <vector>
 
 #include "backend/backend.h"
 #include "kv/calibration.h"
@@ -36,6 +37,26 @@ struct VecinferCalibrateStats {
 // progress(stage, done, total): stage "tokens" while the model runs, "k-means" per (layer, role).
 VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::string_view text,
                                        const VecinferCalibrateParams& p, VecinferCalibrateStats* stats = nullptr,
+                                       const std::function<void(const char*, int64_t, int64_t)>& progress = {});
+
+struct QFiltersCalibrateParams {
+    int64_t max_tokens = 2048;  // tokens of the text's start run through the model
+    int64_t n_ctx = 512;        // tokens per forward pass; each chunk starts a fresh context
+};
+
+struct QFiltersCalibrateStats {
+    // Per layer and query head: the share of the queries' second moment along v1
+    // (sigma_1^2 / sum sigma^2), and the mean of <q, v1+> over the rms of |q| (>= 0 by the sign).
+    std::vector<double> explained, mean_proj;  // [n_layer * n_head]
+};
+
+// Q-Filters (METHODS.md "Eviction"): runs the model over the first max_tokens tokens of `text`
+// (an f16 cache, an observer on the post-RoPE queries), then per layer and query head the first
+// right singular vector v1 of the head's query matrix Q (the top eigenvector of Q^T Q by power
+// iteration, in double), its sign fixed so that sum_i <q_i, v1> >= 0 (the sign of sum_i u1_i),
+// and per KV head the mean of its query heads' v1+.
+QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::string_view text,
+                                       const QFiltersCalibrateParams& p, QFiltersCalibrateStats* stats = nullptr,
                                        const std::function<void(const char*, int64_t, int64_t)>& progress = {});
 
 }  // namespace vxq

@@ -1,4 +1,4 @@
-// vxq calibrate -m MODEL -f TEXT --method vecinfer[:n=4,m=8] -o FILE: a KV method's calibration
+// vxq calibrate -m MODEL -f TEXT --method vecinfer[:n=4,m=8]|qfilters -o FILE: a KV method's calibration
 // artifact (kv/calibration.h) from a model run over a text, on the CPU backend.
 #include <memory>
 #include <string>
@@ -26,9 +26,39 @@ struct CalibrateOptions {
     int threads = 0;
 };
 
+void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
+    codecs::check_known_options(spec, {});
+    QFiltersCalibrateParams p;
+    p.max_tokens = o.tokens;
+    p.n_ctx = o.n_ctx;
+    check_writable(o.out);
+    const std::string text = read_file(o.file);
+    const auto model = Model::load(o.model, "cpu");
+    const auto be = make_backend("cpu", resolve_threads(o.threads));
+    const bool tty = stderr_is_tty();
+    QFiltersCalibrateStats stats;
+    const QFiltersCalibration c = calibrate_qfilters(*model, *be, text, p, &stats, [&](const char* stage, int64_t done, int64_t total) {
+        if (tty) fmt::print(stderr, "\rcalibrate: {} {}/{}   ", stage, done, total);
+    });
+    if (tty) fmt::print(stderr, "\n");
+    save_qfilters_calibration(o.out, c);
+    fmt::print("calibrate: qfilters | model {} (sha256 {}) | {} tokens, {} layers x {} KV heads, head_dim {}\n",
+               c.model_file, c.model_sha256, c.tokens, c.n_layer, c.n_head_kv, c.head_dim);
+    const int64_t nh = int64_t(stats.explained.size()) / c.n_layer;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        std::string line;
+        for (int64_t h = 0; h < nh; ++h) {
+            line += fmt::format(" {:.2f}/{:.2f}", stats.explained[size_t(l * nh + h)], stats.mean_proj[size_t(l * nh + h)]);
+        }
+        fmt::print("layer {}: per query head, queries' second moment along v1 / mean projection on v1+:{}\n", l, line);
+    }
+    fmt::print("wrote {}: use --evict qfilters:budget=N,calib={}\n", o.out, o.out);
+}
+
 void run_calibrate(const CalibrateOptions& o) {
     const CodecSpec spec = CodecSpec::parse(o.method);
-    if (spec.name != "vecinfer") fail("calibrate: method '{}' has no calibration (vecinfer has)", spec.name);
+    if (spec.name == "qfilters") return run_calibrate_qfilters(o, spec);
+    if (spec.name != "vecinfer") fail("calibrate: method '{}' has no calibration (vecinfer and qfilters have)", spec.name);
     codecs::check_known_options(spec, {"n", "m"});
     VecinferCalibrateParams p;
     p.n = int(codecs::int_option(spec, "n", 4, 1, 64));
@@ -65,11 +95,12 @@ void run_calibrate(const CalibrateOptions& o) {
 void add_calibrate(CLI::App& app, int& rc) {
     auto* sub = app.add_subcommand("calibrate",
                                    "Calibrate a KV method on a model and a text (CPU): VecInfer's smoothing factors and "
-                                   "codebooks, saved as one GGUF file that names the model by its sha256");
+                                   "codebooks, or Q-Filters' filters (--evict qfilters), saved as one GGUF file that "
+                                   "names the model by its sha256");
     auto o = std::make_shared<CalibrateOptions>();
     sub->add_option("-m,--model", o->model, "model GGUF file")->required();
     sub->add_option("-f,--file", o->file, "calibration text file")->required();
-    sub->add_option("--method", o->method, "method and its options: vecinfer[:n=N,m=M] (n=4, m=8)")->required();
+    sub->add_option("--method", o->method, "method and its options: vecinfer[:n=N,m=M] (n=4, m=8), or qfilters")->required();
     sub->add_option("-o,--output", o->out, "calibration file to write (atomically)")->required();
     sub->add_option("--tokens", o->tokens, "tokens of the text run through the model (default 2048)")
         ->check(CLI::Range(int64_t(1), int64_t(1) << 24));

@@ -35,6 +35,9 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
     sub->add_flag("--flash-attn", flash_attn,
                   "-fa: read an f16 cache with the fused kernel, like every compressed one (default: llama.cpp's "
                   "non-flash-attention numerics for f16)");
+    sub->add_option("--evict", evict,
+                    "evict KV tokens per layer and KV head: streaming|knorm|h2o|qfilters, with budget=N or ratio=R "
+                    "[,sink=4,window=64,every=1,calib=FILE] (qfilters: calib= from vxq calibrate --method qfilters)");
     if (with_ctx) {
         sub->add_option("-c,--ctx-size", n_ctx,
                         fmt::format("context size in tokens (default {}, or the model's if smaller; 0: the model's)",
@@ -46,6 +49,14 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
 KvSpec RuntimeOptions::kv_spec() const {
     if (kv_opt && kv_opt->count() > 0 && kv.empty()) KvSpec::parse(kv);  // --kv "" is an error, not f16
     return KvSpec::from_flags(kv, kv_k, kv_v);
+}
+
+KvCacheOptions RuntimeOptions::cache_options() const {
+    KvCacheOptions o;
+    o.prefill_exact = prefill_exact;
+    o.flash_attn = flash_attn;
+    o.evict = EvictSpec::parse(evict);
+    return o;
 }
 
 int64_t RuntimeOptions::context(int64_t n_ctx_train) const {
@@ -119,13 +130,17 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     Engine e;
     const KvSpec spec = o.kv_spec();  // a bad method or device fails before the model loads
     check_device(o.device, std::span(&spec, 1), o.prefill_exact);
+    KvCacheOptions cache_opts = o.cache_options();
+    if (cache_opts.evict.active() && o.device != "cpu") {
+        fail("--device {}: eviction (--evict) has no {} path yet; use --device cpu", o.device, o.device);
+    }
     e.model = Model::load(o.model, o.device);
     check_calibration_model(spec, o.model);
+    check_calibration_model(cache_opts.evict, o.model);
     const ModelConfig& c = e.model->config();
     e.n_ctx = o.context(c.n_ctx_train);
     e.backend = make_backend(o.device, resolve_threads(o.threads));
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, e.n_ctx};
-    KvCacheOptions cache_opts = o.cache_options();
     cache_opts.memory = e.backend->kv_memory();  // where the backend's attention reads it
     e.cache = make_kv_cache(shape, spec, cache_opts);  // allocates nothing until tokens arrive
     const Model* models[] = {e.model.get()};

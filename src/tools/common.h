@@ -26,6 +26,7 @@ struct RuntimeOptions {
     std::string kv_v;     // -ctv / --cache-type-v
     bool prefill_exact = false;
     bool flash_attn = false;  // -fa
+    std::string evict;        // --evict POLICY:budget=N,... (kv/evict.h); empty: none
     CLI::Option* kv_opt = nullptr;
 
     static constexpr int64_t kDefaultCtx = 4096;  // as llama.cpp; capped at the model's
@@ -33,7 +34,8 @@ struct RuntimeOptions {
     void add_to(CLI::App* sub, bool with_ctx = true);
     // The K/V pair from --kv, -ctk, -ctv (vxq::Error on a bad or empty method).
     KvSpec kv_spec() const;
-    KvCacheOptions cache_options() const { return KvCacheOptions{prefill_exact, flash_attn}; }
+    // vxq::Error on a bad --evict.
+    KvCacheOptions cache_options() const;
     // The context size: -c, or the default capped at the model's; -c 0 is the model's.
     int64_t context(int64_t n_ctx_train) const;
 };
