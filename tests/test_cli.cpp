@@ -187,6 +187,8 @@ const BadInput kBadInputs[] = {
     {"EvictWithoutBudget", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "knorm"}; }, "exactly one of budget"},
     {"EvictQFiltersWithoutCalib", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "qfilters:budget=64"}; }, "needs its calibration"},
     {"EvictQFiltersMissingCalib", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "qfilters:budget=64,calib=/nonexistent/qf.gguf"}; }, "/nonexistent/qf.gguf"},
+    {"EvalEvictInPrefillMode", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16@knorm:budget=64"}; }, "use --mode stream"},
+    {"EvalEvictEmptyPolicy", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16@", "--mode", "stream"}; }, "no eviction policy after '@'"},
     // Thread counts.
     {"GenerateTooManyThreads", [] { return Args{"generate", "-m", M(), "-p", "x", "-t", too_many_threads()}; }, "threads"},
     {"PerplexityTooManyThreads", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-t", too_many_threads()}; }, "threads"},

@@ -50,37 +50,43 @@ void AttentionProbe::on_attention(int64_t layer, const float* q, int64_t n_q, in
     const KvShape& s = inner_->shape();
     const int64_t d = s.head_dim, H = s.n_head_kv, n_gqa = s.n_head / s.n_head_kv;
     const double scale = 1.0 / std::sqrt(double(d));
-    const int64_t n_max = pos0 + n_q;
     const float* ek = exact_k_[size_t(layer)].data();
     const float* ev = exact_v_[size_t(layer)].data();
     std::vector<float> kh, vh;
-    std::vector<double> s_exact, s_cache, o(static_cast<size_t>(d));
+    std::vector<double> s_exact, s_kept, s_cache, o(static_cast<size_t>(d));
     for (int64_t g = 0; g < H; ++g) {
-        inner_->dequantize(layer, g, n_max, kh, vh);
+        // The stored tokens and their positions (all of them unless a policy evicted some).
+        const int64_t n_stored = inner_->head_tokens(layer, g);
+        const std::vector<int32_t> pos = inner_->head_positions(layer, g);
+        inner_->dequantize(layer, g, n_stored, kh, vh);
         for (int64_t i = 0; i < n_q; ++i) {
             const int64_t len = pos0 + i + 1;
             for (int64_t h = g * n_gqa; h < (g + 1) * n_gqa; ++h) {
                 const float* qh = q + (i * s.n_head + h) * d;
                 s_exact.assign(size_t(len), 0.0);
-                s_cache.assign(size_t(len), 0.0);
                 double mx = -INFINITY;
                 for (int64_t t = 0; t < len; ++t) {
                     const float* k = ek + (t * H + g) * d;
-                    const float* kc = kh.data() + t * d;
-                    double a = 0, b = 0;
-                    for (int64_t c = 0; c < d; ++c) {
-                        a += double(qh[c]) * double(k[c]);
-                        b += double(qh[c]) * double(kc[c]);
-                    }
+                    double a = 0;
+                    for (int64_t c = 0; c < d; ++c) a += double(qh[c]) * double(k[c]);
                     s_exact[size_t(t)] = a * scale;
-                    s_cache[size_t(t)] = b * scale;
                     mx = std::max(mx, a * scale);
+                }
+                // Scores from the cache's codes against the exact ones, over the tokens it keeps.
+                s_kept.clear();
+                s_cache.clear();
+                for (int64_t j = 0; j < n_stored && pos[size_t(j)] < len; ++j) {
+                    const float* kc = kh.data() + j * d;
+                    double b = 0;
+                    for (int64_t c = 0; c < d; ++c) b += double(qh[c]) * double(kc[c]);
+                    s_kept.push_back(s_exact[size_t(pos[size_t(j)])]);
+                    s_cache.push_back(b * scale);
                 }
                 AttentionSample smp;
                 smp.layer = layer;
                 smp.head = h;
                 smp.len = len;
-                smp.score_corr = pearson(s_exact, s_cache);
+                smp.score_corr = pearson(s_kept, s_cache);
                 std::fill(o.begin(), o.end(), 0.0);
                 double sum = 0;
                 for (int64_t t = 0; t < len; ++t) {

@@ -16,7 +16,12 @@ namespace vxq {
 EvalMethod EvalMethod::parse(const std::string& text) {
     EvalMethod m;
     m.label = text;
-    m.spec = KvSpec::parse(text);
+    const size_t at = text.find('@');
+    m.spec = KvSpec::parse(text.substr(0, at));
+    if (at != std::string::npos) {
+        m.evict = EvictSpec::parse(text.substr(at + 1));
+        if (!m.evict.active()) fail("eval method '{}': no eviction policy after '@'", text);
+    }
     m.k = m.spec.k.str();
     m.v = m.spec.v.str();
     return m;
@@ -83,6 +88,14 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
     if (p.methods.empty()) fail("eval: no KV methods given");
     if (p.modes.empty()) fail("eval: no perplexity mode given");
     if (p.attn_every < 0) fail("eval: the attention sampling interval must be >= 0, got {}", p.attn_every);
+    for (const EvalMethod& m : p.methods) {
+        if (m.evict.active() && std::count(p.modes.begin(), p.modes.end(), PplMode::Prefill) > 0) {
+            fail("eval method '{}': eviction acts between forward passes, so a prefill chunk (one pass) never sees it; "
+                 "use --mode stream",
+                 m.label);
+        }
+        if (m.evict.active() && be.kv_memory()) fail("eval method '{}': eviction has no device path yet; use --device cpu", m.label);
+    }
     const ModelConfig& c = model.config();
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, p.n_ctx};
     const PplChunks plan = plan_chunks(model, text, p.n_ctx, p.n_chunks, shape.n_ctx);
@@ -96,7 +109,9 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
         ref = make_kv_cache(shape, p.reference.spec, opts);
         caches.clear();
         for (const EvalMethod& m : p.methods) {
-            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.spec, opts)));
+            KvCacheOptions mo = opts;
+            mo.evict = m.evict;
+            caches.push_back(std::make_unique<AttentionProbe>(make_kv_cache(shape, m.spec, mo)));
         }
     };
     std::unique_ptr<KvCache> ref;

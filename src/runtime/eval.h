@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kv/evict.h"
 #include "kv/spec.h"
 #include "runtime/perplexity.h"
 
@@ -20,10 +21,13 @@ namespace vxq {
 class Model;
 class Backend;
 
-// A KV method as eval names it: "q4_0" (K and V) or "q4_0/f16" (K q4_0, V f16).
+// A KV method as eval names it: "q4_0" (K and V) or "q4_0/f16" (K q4_0, V f16), optionally with
+// an eviction policy after '@' ("f16@knorm:budget=128", "kivi:bits=4@qfilters:budget=256,calib=F";
+// stream mode only: eviction acts between forward passes).
 struct EvalMethod {
     std::string label, k, v;  // as given; canonical K and V methods
     KvSpec spec;
+    EvictSpec evict;          // none unless '@' gives one
     static EvalMethod parse(const std::string& text);  // vxq::Error on an empty half or a bad method
 };
 

@@ -128,6 +128,7 @@ void run_eval_cmd(EvalOptions o) {
     check_device(o.device, specs, p.prefill_exact);
     const auto model = Model::load(o.model, o.device);
     for (const KvSpec& s : specs) check_calibration_model(s, o.model);
+    for (const EvalMethod& m : p.methods) check_calibration_model(m.evict, o.model);
     const auto be = make_backend(o.device, resolve_threads(o.threads));
     const bool tty = stderr_is_tty();
     const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
@@ -162,7 +163,8 @@ void add_eval(CLI::App& app, int& rc) {
     auto o = std::make_shared<EvalOptions>();
     sub->add_option("-m,--model", o->model, "GGUF model file")->required();
     sub->add_option("-f,--file", o->file, "text file")->required();
-    sub->add_option("--kv", o->kv, "KV methods, comma-separated; K/V pairs as KSPEC/VSPEC (q4_0/f16)");
+    sub->add_option("--kv", o->kv, "KV methods, comma-separated; K/V pairs as KSPEC/VSPEC (q4_0/f16); an eviction policy after @ "
+                                        "(f16@knorm:budget=128; stream mode only)");
     sub->add_option("--ref", o->ref, "reference method (default f16, the llama.cpp-parity cache)");
     sub->add_option("-c,--ctx-size", o->n_ctx, "context (chunk) size in tokens (default 512)")
         ->check(CLI::Range(int64_t(4), int64_t(1) << 20));
