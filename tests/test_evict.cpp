@@ -40,14 +40,20 @@ TEST(EvictSpec, ParsesPoliciesAndOptions) {
     EXPECT_EQ(b.budget_for(3), 4);  // at least sink + 2
     EXPECT_EQ(EvictSpec::parse(b.str()).str(), b.str());
     EXPECT_EQ(EvictSpec::parse("qfilters:budget=64,calib=f.gguf").calib, "f.gguf");
+    const EvictSpec sk = EvictSpec::parse("snapkv:budget=128,obs=32");
+    EXPECT_EQ(sk.policy, EvictPolicy::SnapKV);
+    EXPECT_EQ(sk.obs, 32);
+    EXPECT_EQ(sk.str(), "snapkv:budget=128,obs=32");
     // The window leaves half of the non-sink budget to the scores; streaming's window is all of it.
     EXPECT_EQ(a.window_for(256), 64);
     EXPECT_EQ(a.window_for(64), 30);
     EXPECT_EQ(EvictSpec::parse("streaming:budget=64").window_for(64), 60);
+    EXPECT_EQ(EvictSpec::parse("knorm:budget=64,window=48").window_for(64), 48);  // as given
+    EXPECT_EQ(EvictSpec::parse("knorm:budget=64,window=100").window_for(64), 60);
 }
 
 TEST(EvictSpec, RefusesBadSpecsByName) {
-    EXPECT_NE(error_of([] { EvictSpec::parse("snapkv:budget=64"); }).find("unknown policy 'snapkv'"), std::string::npos);
+    EXPECT_NE(error_of([] { EvictSpec::parse("knorm:budget=64,obs=8"); }).find("snapkv only"), std::string::npos);
     EXPECT_NE(error_of([] { EvictSpec::parse("lru:budget=64"); }).find("unknown policy"), std::string::npos);
     EXPECT_NE(error_of([] { EvictSpec::parse("knorm"); }).find("exactly one of budget"), std::string::npos);
     EXPECT_NE(error_of([] { EvictSpec::parse("knorm:budget=64,ratio=0.5"); }).find("exactly one"), std::string::npos);
@@ -170,6 +176,51 @@ TEST(Evictor, H2OSumsFollowTheirTokens) {
     EXPECT_EQ(sc, (std::vector<float>{0, 1, 2, 1, 2, 1, 0, 0}));
     f.cache->truncate(3);
     EXPECT_EQ(e->scores(*f.cache, 0, 0), (std::vector<float>{0, 1, 2}));
+}
+
+// SnapKV after a prompt: the prompt's last queries point at tokens 40 and 70, which stay (with
+// their pooled neighbours) while the other scored tokens go.
+TEST(Evictor, SnapKVKeepsWhatThePromptsLastQueriesAttendTo) {
+    const KvShape shape{1, 2, 1, 16, 256};
+    KvCacheOptions o;
+    o.evict = EvictSpec::parse("snapkv:budget=20,sink=4,window=8,obs=8");
+    auto cache = make_kv_cache(shape, KvSpec::parse("f16"), o);
+    const int64_t n = 100, d = 16;
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    std::vector<float> k(size_t(n * d)), v(size_t(n * d), 0.0f), q(size_t(n * 2 * d), 0.0f);
+    for (float& x : k) x = nd(rng);
+    k[size_t(40 * d)] = k[size_t(70 * d)] = 10.0f;
+    for (int64_t t = n - 8; t < n; ++t) q[size_t(t * 2 * d)] = q[size_t((t * 2 + 1) * d)] = 10.0f;  // both query heads
+    cache->write(0, 0, k.data(), v.data(), n);
+    cache->observe_attention(0, q.data(), n, 0, q.data());  // as the forward pass does (out unused)
+    cache->commit(n);
+    const std::vector<int32_t> pos = cache->head_positions(0, 0);
+    ASSERT_EQ(pos.size(), 20u);
+    EXPECT_NE(std::find(pos.begin(), pos.end(), 40), pos.end());
+    EXPECT_NE(std::find(pos.begin(), pos.end(), 70), pos.end());
+    for (int32_t p : pos) EXPECT_TRUE(p < 4 || p >= n - 8 || std::abs(p - 40) <= 2 || std::abs(p - 70) <= 2) << p;
+}
+
+// SnapKV over single-token steps: the votes are the last obs steps' attention mass.
+TEST(Evictor, SnapKVVotesWithTheLastObsSteps) {
+    const KvShape shape{1, 2, 1, 4, 64};
+    KvCacheOptions o;
+    o.evict = EvictSpec::parse("snapkv:budget=60,obs=2");
+    auto cache = make_kv_cache(shape, KvSpec::parse("f16"), o);
+    std::vector<float> kv(4, 1.0f), q(8, 0.0f);
+    for (int64_t t = 0; t < 12; ++t) {
+        cache->write(0, t, kv.data(), kv.data(), 1);
+        std::vector<float> mass(size_t(t + 1), 0.0f);
+        mass[size_t(t / 2)] = 1.0f;  // step t looks at token t / 2
+        cache->on_attention_mass(0, 0, mass.data(), t + 1);
+        cache->observe_attention(0, q.data(), 1, t, q.data());
+        cache->commit(t + 1);
+    }
+    // The last two steps (10, 11) both voted for token 5; pooled over 5 neighbours: 2 / 5 at 3..7.
+    const std::vector<float> s = cache->evictor()->scores(*cache, 0, 0);
+    ASSERT_EQ(s.size(), 12u);
+    for (int64_t t = 0; t < 12; ++t) EXPECT_FLOAT_EQ(s[size_t(t)], t >= 3 && t <= 7 ? 0.4f : 0.0f) << t;
 }
 
 // Spearman's rank correlation (average ranks for ties).

@@ -3,7 +3,7 @@
 // tokens' pages back at once (KvCache::retain). Kept tokens keep their positions (RoPE was applied
 // at write time) and their causal visibility. Orthogonal to the codec: any --kv composes.
 //
-//   --evict POLICY[:budget=N | ratio=R][,sink=4][,window=64][,every=1][,calib=FILE]
+//   --evict POLICY[:budget=N | ratio=R][,sink=4][,window=64][,every=1][,calib=FILE][,obs=64]
 //
 // Policies (higher score = kept; the window and the sinks are kept whatever their score):
 //   streaming  StreamingLLM: the sinks and the most recent tokens (score = position)
@@ -14,11 +14,16 @@
 //              (calib=FILE from `vxq calibrate --method qfilters`)
 //   h2o        H2O: the tokens with the largest attention accumulated over every query so far
 //              (the backend's attention mass output, summed over the group's query heads)
+//   snapkv     SnapKV: the votes of the last `obs` queries (default 64): the attention each token
+//              gets from them (softmax per query and query head, summed over the group's heads),
+//              average-pooled over 5 neighbouring tokens. After a prompt the votes are computed
+//              from the prompt's last queries and the cache's keys; after single-token steps they
+//              are the backend's attention mass of those steps, kept per step.
 // When: after every batch of more than one token (a prompt) and every `every` single-token
 // steps. Between evictions a head holds at most budget + every - 1 tokens.
-// Budget: tokens kept per head, sinks and window included; the window shrinks to
-// (budget - sink) / 2 where the default would leave fewer scored tokens than that. `ratio=R`
-// keeps ceil(R x tokens seen) instead (at least sink + 2).
+// Budget: tokens kept per head, sinks and window included; the default window (64) shrinks to
+// (budget - sink) / 2 where it would leave fewer scored tokens than that; a window= given is kept
+// (up to budget - sink). `ratio=R` keeps ceil(R x tokens seen) instead (at least sink + 2).
 #pragma once
 
 #include <cstdint>
@@ -32,14 +37,17 @@ namespace vxq {
 class KvCache;
 struct KvShape;
 
-enum class EvictPolicy { None, Streaming, KNorm, QFilters, H2O };
+enum class EvictPolicy { None, Streaming, KNorm, QFilters, H2O, SnapKV };
 
 struct EvictSpec {
     EvictPolicy policy = EvictPolicy::None;
     int64_t budget = 0;   // tokens kept per (layer, KV head); 0 when ratio is given
     double ratio = 0.0;   // or this fraction of the tokens seen
     int64_t sink = 4, window = 64, every = 1;
+    bool window_given = false;  // window= was set: kept as given (up to budget - sink)
     std::string calib;    // qfilters: the calibration file
+    int64_t obs = 64;     // snapkv: the observation window (queries that vote)
+    static constexpr int64_t kPool = 5;  // snapkv: the votes' average-pooling kernel
 
     bool active() const { return policy != EvictPolicy::None; }
     // "" is no eviction; vxq::Error on an unknown policy or option, or an out-of-range value.
@@ -65,9 +73,12 @@ public:
     Evictor(const EvictSpec& spec, const KvShape& shape);
     ~Evictor();
     const EvictSpec& spec() const { return spec_; }
-    // H2O reads the attention mass of every step.
-    bool wants_attention_mass() const { return spec_.policy == EvictPolicy::H2O; }
+    // H2O and SnapKV read the attention mass of every step; SnapKV also the queries.
+    bool wants_attention_mass() const { return spec_.policy == EvictPolicy::H2O || spec_.policy == EvictPolicy::SnapKV; }
     void add_attention_mass(int64_t layer, int64_t head, const float* mass, int64_t n_tokens);
+    bool wants_queries() const { return spec_.policy == EvictPolicy::SnapKV; }
+    //   q: [n_q, n_head, head_dim] after RoPE, positions pos0 ...
+    void on_queries(int64_t layer, const float* q, int64_t n_q, int64_t pos0);
     // After a forward pass committed n_new tokens: evicts when due (see above).
     void after_commit(KvCache& cache, int64_t n_new);
     // After a rollback (KvCache::truncate): H2O's sums of dropped tokens go with them.
@@ -82,9 +93,22 @@ public:
 private:
     EvictSpec spec_;
     int64_t n_layer_, n_head_kv_, head_dim_;
+    // SnapKV: the votes of a prompt's last queries, per stored token (a forward pass's queries
+    // are kept until the cache commits).
+    void vote_from_queries(const KvCache& cache, int64_t layer);
+    // Applies a keep mask (of n stored tokens) to a per-token vector.
+    static void compact(std::vector<float>& x, std::span<const uint8_t> keep, int64_t n);
+
+    int64_t n_head_ = 0;
     int64_t steps_ = 0;                       // single-token steps since the last eviction
     std::vector<std::vector<float>> mass_;    // H2O: [layer * n_head_kv + head][stored token]
     std::vector<float> filters_;              // Q-Filters: [layer][head][head_dim]
+    // SnapKV, per (layer, head): the votes of the last obs queries, one vector per query (oldest
+    // first), and the mass of the step in flight; per layer the queries of a prompt in flight.
+    std::vector<std::vector<std::vector<float>>> votes_;
+    std::vector<std::vector<float>> step_mass_;
+    std::vector<std::vector<float>> prompt_q_;   // [layer][query][n_head][head_dim]
+    std::vector<int64_t> prompt_pos0_;           // [layer]: position of prompt_q_'s first query
 };
 
 }  // namespace vxq

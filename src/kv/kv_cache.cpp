@@ -488,8 +488,11 @@ void KvCache::dequantize(int64_t layer, int64_t head, int64_t n, std::vector<flo
     v.resize(size_t(n * shape_.head_dim));
 }
 
+bool KvCache::observes_attention() const { return observer_ || (evictor_ && evictor_->wants_queries()); }
+
 void KvCache::observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const {
     if (observer_) observer_->on_attention(layer, q, n_q, pos0, out);
+    if (evictor_ && evictor_->wants_queries()) evictor_->on_queries(layer, q, n_q, pos0);
 }
 
 bool KvCache::wants_attention_mass(int64_t layer) const {

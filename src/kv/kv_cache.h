@@ -112,7 +112,9 @@ public:
 
     void set_observer(KvObserver* o) { observer_ = o; }
     KvObserver* observer() const { return observer_; }
-    // Called by the forward pass after each attention (forwards to the observer, if any).
+    // Called by the forward pass after each attention when observes_attention(): forwards the
+    // queries and the output to the observer, the queries to the eviction policy (SnapKV).
+    bool observes_attention() const;
     void observe_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) const;
     // Whether the forward pass should ask for the attention mass of this layer (the observer's or
     // the eviction policy's wish), and where it goes.   mass: [head_tokens(layer, head)]

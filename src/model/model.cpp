@@ -89,7 +89,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         } else {
             be.attention(cache.view(il), q, n, pos0, attn);
         }
-        if (cache.observer()) {
+        if (cache.observes_attention()) {
             cache.observe_attention(il, be.to_host(q, size_t(n * c.q_dim()), 0), n, pos0,
                                     be.to_host(attn, size_t(n * c.q_dim()), 1));
         }

@@ -36,8 +36,8 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
                   "-fa: read an f16 cache with the fused kernel, like every compressed one (default: llama.cpp's "
                   "non-flash-attention numerics for f16)");
     sub->add_option("--evict", evict,
-                    "evict KV tokens per layer and KV head: streaming|knorm|h2o|qfilters, with budget=N or ratio=R "
-                    "[,sink=4,window=64,every=1,calib=FILE] (qfilters: calib= from vxq calibrate --method qfilters)");
+                    "evict KV tokens per layer and KV head: streaming|knorm|h2o|snapkv|qfilters, with budget=N or ratio=R "
+                    "[,sink=4,window=64,every=1,obs=64,calib=FILE] (qfilters: calib= from vxq calibrate --method qfilters)");
     if (with_ctx) {
         sub->add_option("-c,--ctx-size", n_ctx,
                         fmt::format("context size in tokens (default {}, or the model's if smaller; 0: the model's)",
