@@ -183,10 +183,11 @@ const BadInput kBadInputs[] = {
     {"EvalPrefillExactStreamOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "stream", "--prefill-exact"}; }, "stream mode"},
     {"EvalAttnEveryPrefillOnly", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--mode", "prefill", "--attn-every", "8"}; }, "--attn-every"},
     // --evict: the spec and a Q-Filters calibration file are checked before any work.
-    {"EvictUnknownPolicy", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "lru:budget=64"}; }, "unknown policy 'lru'"},
+    {"EvictUnknownPolicy", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--mode", "stream", "--evict", "lru:budget=64"}; }, "unknown policy 'lru'"},
     {"EvictWithoutBudget", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "knorm"}; }, "exactly one of budget"},
     {"EvictQFiltersWithoutCalib", [] { return Args{"generate", "-m", M(), "-p", "x", "--evict", "qfilters:budget=64"}; }, "needs its calibration"},
-    {"EvictQFiltersMissingCalib", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "qfilters:budget=64,calib=/nonexistent/qf.gguf"}; }, "/nonexistent/qf.gguf"},
+    {"EvictQFiltersMissingCalib", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--mode", "stream", "--evict", "qfilters:budget=64,calib=/nonexistent/qf.gguf"}; }, "/nonexistent/qf.gguf"},
+    {"PerplexityEvictInPrefillMode", [] { return Args{"perplexity", "-m", M(), "-f", T(), "--evict", "knorm:budget=64"}; }, "use --mode stream"},
     {"EvalEvictInPrefillMode", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16@knorm:budget=64"}; }, "use --mode stream"},
     {"EvalEvictEmptyPolicy", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16@", "--mode", "stream"}; }, "no eviction policy after '@'"},
     // Thread counts.

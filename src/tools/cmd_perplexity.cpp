@@ -9,6 +9,7 @@
 
 #include "runtime/perplexity.h"
 #include "tools/commands.h"
+#include "core/error.h"
 #include "tools/common.h"
 
 namespace vxq::tools {
@@ -24,6 +25,10 @@ struct PerplexityOptions {
 void run_perplexity(PerplexityOptions o) {
     const PplMode mode = o.mode == "stream" ? PplMode::Stream : PplMode::Prefill;
     if (o.rt.prefill_exact) check_prefill_exact(mode == PplMode::Prefill, !is_f16_cache(o.rt.kv_spec()));
+    if (mode == PplMode::Prefill && o.rt.cache_options().evict.active()) {
+        fail("--evict acts between forward passes and a prefill chunk is one pass, so it would change nothing: "
+             "use --mode stream");
+    }
     const std::string text = read_file(o.file);
     if (o.rt.n_ctx < 0) o.rt.n_ctx = 512;  // llama-perplexity's default (-c 0: the model's)
     // A prefill chunk is one batch of the whole context (logits for its second half, counted as
@@ -36,7 +41,8 @@ void run_perplexity(PerplexityOptions o) {
                               });
     if (tty) fmt::print(stderr, "\n");
     // What ran is printed with the results, not before: a refused input prints only its error.
-    fmt::print("perplexity: {} | ctx {} | kv {} | {}\n", o.rt.model, e.n_ctx, e.cache->format(), e.backend->describe());
+    fmt::print("perplexity: {} | ctx {} | kv {}{} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),
+               e.cache->evictor() ? " | evict " + e.cache->evictor()->spec().str() : "", e.backend->describe());
     fmt::print("chunks: {} x {} tokens, {} scored, {:.1f} s ({:.0f} tokens/s)\n", r.n_chunks, e.n_ctx, r.n_scored,
                r.seconds, double(r.n_chunks * e.n_ctx) / r.seconds);
     fmt::print("mode: {} ({})\n", o.mode,
