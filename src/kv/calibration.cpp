@@ -63,16 +63,33 @@ std::vector<float> f32_tensor(const GgufFile& f, const std::string& name, const 
     return out;
 }
 
+// The keys every calibration file starts with (method, model sha256 and file name, tokens).
+template <class C>
+void write_common(GgufStreamWriter& w, const char* method, const C& c) {
+    w.add_string(kMethod, method);
+    w.add_string(kSha, c.model_sha256);
+    w.add_string(kModelFile, c.model_file);
+    w.add(kTokens, GgufWriterValue::i64(c.tokens));
+}
+
+// Reads them back; vxq::Error unless the file is a calibration for `method`.
+template <class C>
+void read_common(const GgufFile& f, const char* method, C& c) {
+    const std::string m = string_key(f, kMethod);
+    if (m != method) fail("{}: a calibration for '{}', not for {}", f.path(), m, method);
+    c.model_sha256 = string_key(f, kSha);
+    if (!is_sha256_hex(c.model_sha256)) fail("{}: '{}' is not a sha256 (64 lowercase hex digits)", f.path(), kSha);
+    c.model_file = string_key(f, kModelFile);
+    c.tokens = int_key(f, kTokens, 1, INT64_MAX);
+}
+
 }  // namespace
 
 void save_vecinfer_calibration(const std::string& path, const VecinferCalibration& c) {
     const int64_t d = c.head_dim, J = d / c.n, K = int64_t(1) << c.m;
     VXQ_ASSERT(int64_t(c.layers.size()) == c.n_layer && is_sha256_hex(c.model_sha256));
     GgufStreamWriter w;
-    w.add_string(kMethod, "vecinfer");
-    w.add_string(kSha, c.model_sha256);
-    w.add_string(kModelFile, c.model_file);
-    w.add(kTokens, GgufWriterValue::i64(c.tokens));
+    write_common(w, "vecinfer", c);
     w.add("vecinfer.n", GgufWriterValue::i64(c.n));
     w.add("vecinfer.m", GgufWriterValue::i64(c.m));
     w.add("vecinfer.layers", GgufWriterValue::i64(c.n_layer));
@@ -99,12 +116,7 @@ void save_vecinfer_calibration(const std::string& path, const VecinferCalibratio
 VecinferCalibration load_vecinfer_calibration(const std::string& path) {
     const GgufFile f = GgufFile::open(path);
     VecinferCalibration c;
-    const std::string method = string_key(f, kMethod);
-    if (method != "vecinfer") fail("{}: a calibration for '{}', not for vecinfer", path, method);
-    c.model_sha256 = string_key(f, kSha);
-    if (!is_sha256_hex(c.model_sha256)) fail("{}: '{}' is not a sha256 (64 lowercase hex digits)", path, kSha);
-    c.model_file = string_key(f, kModelFile);
-    c.tokens = int_key(f, kTokens, 1, INT64_MAX);
+    read_common(f, "vecinfer", c);
     c.n = int(int_key(f, "vecinfer.n", 1, 64));
     c.m = int(int_key(f, "vecinfer.m", 1, 8));
     c.n_layer = int_key(f, "vecinfer.layers", 1, 4096);
@@ -135,10 +147,7 @@ VecinferCalibration load_vecinfer_calibration(const std::string& path) {
 void save_qfilters_calibration(const std::string& path, const QFiltersCalibration& c) {
     VXQ_ASSERT(is_sha256_hex(c.model_sha256) && int64_t(c.filters.size()) == c.n_layer * c.n_head_kv * c.head_dim);
     GgufStreamWriter w;
-    w.add_string(kMethod, "qfilters");
-    w.add_string(kSha, c.model_sha256);
-    w.add_string(kModelFile, c.model_file);
-    w.add(kTokens, GgufWriterValue::i64(c.tokens));
+    write_common(w, "qfilters", c);
     w.add("qfilters.layers", GgufWriterValue::i64(c.n_layer));
     w.add("qfilters.kv_heads", GgufWriterValue::i64(c.n_head_kv));
     w.add("qfilters.head_dim", GgufWriterValue::i64(c.head_dim));
@@ -151,12 +160,7 @@ void save_qfilters_calibration(const std::string& path, const QFiltersCalibratio
 QFiltersCalibration load_qfilters_calibration(const std::string& path) {
     const GgufFile f = GgufFile::open(path);
     QFiltersCalibration c;
-    const std::string method = string_key(f, kMethod);
-    if (method != "qfilters") fail("{}: a calibration for '{}', not for qfilters", path, method);
-    c.model_sha256 = string_key(f, kSha);
-    if (!is_sha256_hex(c.model_sha256)) fail("{}: '{}' is not a sha256 (64 lowercase hex digits)", path, kSha);
-    c.model_file = string_key(f, kModelFile);
-    c.tokens = int_key(f, kTokens, 1, INT64_MAX);
+    read_common(f, "qfilters", c);
     c.n_layer = int_key(f, "qfilters.layers", 1, 4096);
     c.n_head_kv = int_key(f, "qfilters.kv_heads", 1, 4096);
     c.head_dim = int_key(f, "qfilters.head_dim", 1, 1024);

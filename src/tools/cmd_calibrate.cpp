@@ -1,5 +1,6 @@
 // vxq calibrate -m MODEL -f TEXT --method vecinfer[:n=4,m=8]|qfilters -o FILE: a KV method's calibration
 // artifact (kv/calibration.h) from a model run over a text, on the CPU backend.
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,16 @@ struct CalibrateOptions {
     int threads = 0;
 };
 
+// "calibrate: STAGE done/total" on a terminal (nothing otherwise); end_progress closes the line.
+std::function<void(const char*, int64_t, int64_t)> stage_progress(bool tty) {
+    return [tty](const char* stage, int64_t done, int64_t total) {
+        if (tty) fmt::print(stderr, "\rcalibrate: {} {}/{}   ", stage, done, total);
+    };
+}
+void end_progress(bool tty) {
+    if (tty) fmt::print(stderr, "\n");
+}
+
 void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
     codecs::check_known_options(spec, {});
     QFiltersCalibrateParams p;
@@ -37,10 +48,8 @@ void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
     const auto be = make_backend("cpu", resolve_threads(o.threads));
     const bool tty = stderr_is_tty();
     QFiltersCalibrateStats stats;
-    const QFiltersCalibration c = calibrate_qfilters(*model, *be, text, p, &stats, [&](const char* stage, int64_t done, int64_t total) {
-        if (tty) fmt::print(stderr, "\rcalibrate: {} {}/{}   ", stage, done, total);
-    });
-    if (tty) fmt::print(stderr, "\n");
+    const QFiltersCalibration c = calibrate_qfilters(*model, *be, text, p, &stats, stage_progress(tty));
+    end_progress(tty);
     save_qfilters_calibration(o.out, c);
     fmt::print("calibrate: qfilters | model {} (sha256 {}) | {} tokens, {} layers x {} KV heads, head_dim {}\n",
                c.model_file, c.model_sha256, c.tokens, c.n_layer, c.n_head_kv, c.head_dim);
@@ -74,10 +83,8 @@ void run_calibrate(const CalibrateOptions& o) {
     const auto be = make_backend("cpu", p.threads);
     const bool tty = stderr_is_tty();
     VecinferCalibrateStats stats;
-    const VecinferCalibration c = calibrate_vecinfer(*model, *be, text, p, &stats, [&](const char* stage, int64_t done, int64_t total) {
-        if (tty) fmt::print(stderr, "\rcalibrate: {} {}/{}   ", stage, done, total);
-    });
-    if (tty) fmt::print(stderr, "\n");
+    const VecinferCalibration c = calibrate_vecinfer(*model, *be, text, p, &stats, stage_progress(tty));
+    end_progress(tty);
     save_vecinfer_calibration(o.out, c);
     const std::string method = fmt::format("vecinfer:n={},m={}", c.n, c.m);
     fmt::print("calibrate: {} | model {} (sha256 {}) | {} tokens x {} KV heads, {} layers, head_dim {} | k-means <= {} "
