@@ -120,7 +120,9 @@ float hsum_float_8(const float l[8]) {
 }
 
 // The n_q query heads quantized to q8_0 (ggml's quantize_row_q8_0: the AVX2 version when
-// `avx2`), laid out as n_q * d/32 blocks followed by their scales as f32, in pq.buf.
+// `avx2`), laid out as n_q * d/32 blocks, then their scales as f32, then the QueryQ8 view, each
+// part at an 8-byte boundary of pq.buf (34-byte blocks: an odd count left the floats and the
+// view's pointers misaligned, which UBSan reported).
 struct QueryQ8 {
     const BlockQ8_0* qb;
     const float* qd;
@@ -128,16 +130,19 @@ struct QueryQ8 {
 
 void quantize_query(const float* q, int64_t n_q, int64_t d, bool avx2, PreparedQuery& pq) {
     const size_t nb = size_t(n_q * (d / kQK8_0));
-    pq.buf.resize(nb * sizeof(BlockQ8_0) + nb * sizeof(float) + sizeof(QueryQ8));
+    const auto align8 = [](size_t b) { return (b + 7) / 8 * 8; };
+    const size_t qd_at = align8(nb * sizeof(BlockQ8_0)), view_at = align8(qd_at + nb * sizeof(float));
+    static_assert(alignof(QueryQ8) <= 8 && alignof(float) <= 8);
+    pq.buf.resize(view_at + sizeof(QueryQ8));  // vector storage: aligned for any fundamental type
     auto* qb = reinterpret_cast<BlockQ8_0*>(pq.buf.data());
-    auto* qd = reinterpret_cast<float*>(pq.buf.data() + nb * sizeof(BlockQ8_0));
+    auto* qd = reinterpret_cast<float*>(pq.buf.data() + qd_at);
     if (avx2) {
         avx2::quantize_q8_0(q, qb, qd, n_q * d);  // d % 32 == 0: blocks stay per head
     } else {
         quantize_row_q8_0(q, qb, n_q * d);
         for (size_t i = 0; i < nb; ++i) qd[i] = fp16_to_fp32(qb[i].d);
     }
-    auto* view = reinterpret_cast<QueryQ8*>(pq.buf.data() + nb * (sizeof(BlockQ8_0) + sizeof(float)));
+    auto* view = reinterpret_cast<QueryQ8*>(pq.buf.data() + view_at);
     *view = QueryQ8{qb, qd};
     pq.q = q;
     pq.data = view;
