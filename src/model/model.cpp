@@ -77,7 +77,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.rope(q, n, c.n_head, c.head_dim, pos0, rope);
         be.rope(k, n, c.n_head_kv, c.head_dim, pos0, rope);
         be.kv_write(cache, il, pos0, k, v, n);
-        if (cache.wants_attention_mass(il)) {  // the score observer or the eviction policy (H2O): per stored token
+        if (cache.wants_attention_mass(il)) {  // the score observer or the eviction policy (H2O, SnapKV): per stored token
             std::vector<std::vector<float>> mass(size_t(c.n_head_kv));
             std::vector<float*> heads;
             for (int64_t g = 0; g < c.n_head_kv; ++g) {
