@@ -86,6 +86,44 @@ void run_tokens(const Model& model, Backend& be, const std::vector<TokenId>& tok
     cache->set_observer(nullptr);
 }
 
+// The model a calibration belongs to (sha256 and file name) and the tokens it saw.
+template <class C>
+void stamp(C& c, const Model& model, const std::vector<TokenId>& tokens) {
+    c.model_sha256 = sha256_file(model.file().path());
+    c.model_file = std::filesystem::path(model.file().path()).filename().string();
+    c.tokens = int64_t(tokens.size());
+}
+
+// The top eigenvector of the symmetric positive semi-definite d x d matrix C (power iteration in
+// double from a start that is not orthogonal to a generic top vector, to a change below 1e-12),
+// into v; returns its eigenvalue.
+double top_eigenvector(const double* C, int64_t d, std::vector<double>& v) {
+    std::vector<double> w(static_cast<size_t>(d));
+    v.resize(static_cast<size_t>(d));
+    for (int64_t i = 0; i < d; ++i) v[size_t(i)] = 1.0 + 0.01 * double(i);
+    double lambda = 0.0;
+    for (int it = 0; it < 1000; ++it) {
+        double norm = 0.0;
+        for (int64_t i = 0; i < d; ++i) {
+            double a = 0.0;
+            for (int64_t j = 0; j < d; ++j) a += C[i * d + j] * v[size_t(j)];
+            w[size_t(i)] = a;
+            norm += a * a;
+        }
+        norm = std::sqrt(norm);
+        if (norm == 0.0) break;
+        double change = 0.0;
+        for (int64_t i = 0; i < d; ++i) {
+            const double x = w[size_t(i)] / norm;
+            change = std::max(change, std::abs(x - v[size_t(i)]));
+            v[size_t(i)] = x;
+        }
+        lambda = norm;
+        if (change < 1e-12) break;
+    }
+    return lambda;
+}
+
 }  // namespace
 
 QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::string_view text,
@@ -99,9 +137,7 @@ QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::str
     run_tokens(model, be, tokens, p.n_ctx, mom, progress);
 
     QFiltersCalibration c;
-    c.model_sha256 = sha256_file(model.file().path());
-    c.model_file = std::filesystem::path(model.file().path()).filename().string();
-    c.tokens = int64_t(tokens.size());
+    stamp(c, model, tokens);
     c.n_layer = L;
     c.n_head_kv = H;
     c.head_dim = d;
@@ -110,33 +146,12 @@ QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::str
         stats->explained.assign(size_t(L * nh), 0.0);
         stats->mean_proj.assign(size_t(L * nh), 0.0);
     }
-    std::vector<double> v(static_cast<size_t>(d)), w(static_cast<size_t>(d));
+    std::vector<double> v;
     for (int64_t l = 0; l < L; ++l) {
         for (int64_t h = 0; h < nh; ++h) {
             const double* C = &mom.qq[size_t((l * nh + h) * d * d)];
             const double* s = &mom.qs[size_t((l * nh + h) * d)];
-            // Power iteration on C from a start that is not orthogonal to a generic top vector.
-            for (int64_t i = 0; i < d; ++i) v[size_t(i)] = 1.0 + 0.01 * double(i);
-            double lambda = 0.0;
-            for (int it = 0; it < 1000; ++it) {
-                double norm = 0.0;
-                for (int64_t i = 0; i < d; ++i) {
-                    double a = 0.0;
-                    for (int64_t j = 0; j < d; ++j) a += C[i * d + j] * v[size_t(j)];
-                    w[size_t(i)] = a;
-                    norm += a * a;
-                }
-                norm = std::sqrt(norm);
-                if (norm == 0.0) break;
-                double change = 0.0;
-                for (int64_t i = 0; i < d; ++i) {
-                    const double x = w[size_t(i)] / norm;
-                    change = std::max(change, std::abs(x - v[size_t(i)]));
-                    v[size_t(i)] = x;
-                }
-                lambda = norm;
-                if (change < 1e-12) break;
-            }
+            const double lambda = top_eigenvector(C, d, v);
             double proj = 0.0;  // sum_i <q_i, v1>: the sign of sum_i u1_i
             for (int64_t i = 0; i < d; ++i) proj += s[i] * v[size_t(i)];
             const double sign = proj < 0.0 ? -1.0 : 1.0;
@@ -174,9 +189,7 @@ VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::str
     run_tokens(model, be, tokens, p.n_ctx, col, progress);
 
     VecinferCalibration c;
-    c.model_sha256 = sha256_file(model.file().path());
-    c.model_file = std::filesystem::path(model.file().path()).filename().string();
-    c.tokens = int64_t(tokens.size());
+    stamp(c, model, tokens);
     c.n = p.n;
     c.m = p.m;
     c.n_layer = L;

@@ -94,7 +94,6 @@ EvalResult run_eval(const Model& model, Backend& be, std::string_view text, cons
                  "use --mode stream",
                  m.label);
         }
-        if (m.evict.active() && be.kv_memory()) fail("eval method '{}': eviction has no device path yet; use --device cpu", m.label);
     }
     const ModelConfig& c = model.config();
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, p.n_ctx};

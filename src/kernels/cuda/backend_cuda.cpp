@@ -665,7 +665,7 @@ private:
         if (host_outputs_ > 0) {
             const double k = 1.0 / double(host_outputs_);
             std::fprintf(stderr, "vxq: per host output (%lld): recording %.1f us, flush %.1f us, waiting %.1f us, copy %.1f us\n",
-                         (long long)host_outputs_, host_us_[0] * k, host_us_[1] * k, host_us_[2] * k, host_us_[3] * k);
+                         (long long)host_outputs_, host_us_.record * k, host_us_.flush * k, host_us_.wait * k, host_us_.copy * k);
         }
     }
     void capture(Graph& g) {
@@ -897,10 +897,10 @@ private:
         if (graph_timing_) {
             const auto t3 = clk::now();
             const auto us = [](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
-            if (host_outputs_ > 0) host_us_[0] += us(host_mark_, t0);  // since the last output: recording the ops
-            host_us_[1] += us(t0, t1);
-            host_us_[2] += us(t1, t2);
-            host_us_[3] += us(t2, t3);
+            if (host_outputs_ > 0) host_us_.record += us(host_mark_, t0);  // since the last output
+            host_us_.flush += us(t0, t1);
+            host_us_.wait += us(t1, t2);
+            host_us_.copy += us(t2, t3);
             ++host_outputs_;
             host_mark_ = clk::now();
         }
@@ -935,7 +935,9 @@ private:
     bool graph_timing_ = false;  // VXQ_CUDA_PROFILE=graphs
     std::vector<std::array<cudaEvent_t, 2>> graph_events_;
     std::chrono::steady_clock::time_point graph_wall0_, host_mark_;
-    double host_us_[4] = {};     // recording, flush, waiting, copy (print_graph_timing)
+    struct {
+        double record = 0, flush = 0, wait = 0, copy = 0;  // host microseconds per phase (print_graph_timing)
+    } host_us_;
     int64_t host_outputs_ = 0;
     std::vector<cudaEvent_t> prof_events_;
     std::map<std::string, std::pair<int64_t, double>> profile_by_op_;  // calls, ms
