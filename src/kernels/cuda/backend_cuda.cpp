@@ -116,7 +116,12 @@ public:
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         device_name_ = fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
         VXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-        VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&step_copied_, cudaEventDisableTiming));
+        for (StepBlock& b : steps_) VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+        const char* chunk = std::getenv("VXQ_CUDA_CHUNK_OPS");
+        chunk_ops_ = chunk ? size_t(std::max(0, std::atoi(chunk))) : kChunkOps;
+        const char* grow = std::getenv("VXQ_CUDA_CHUNK_GROW");
+        chunk_grow_ = !(grow && std::string_view(grow) == "0");
+        chunk_limit_ = chunk_ops_;
         const char* g = std::getenv("VXQ_CUDA_GRAPHS");
         graphs_on_ = !(g && std::string_view(g) == "0");
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
@@ -141,10 +146,12 @@ public:
         scores_.release();
         split_partial_.release();
         split_arrivals_.release();
-        step_dev_.release();
-        step_host_.release();
+        for (StepBlock& b : steps_) {
+            b.dev.release();
+            b.host.release();
+            cudaEventDestroy(b.done);
+        }
         out_host_.release();
-        cudaEventDestroy(step_copied_);
         cudaStreamDestroy(stream_);
     }
 
@@ -218,6 +225,10 @@ public:
         finish(o, a.out, size_t(n * table.cols));
     }
     void rms_norm(const float* x, const float* weight, int64_t n_rows, int64_t dim, float eps, float* y) override {
+        if (chunk_ops_ > 0 && pending_.size() >= chunk_limit_) {  // the GPU starts on what is recorded
+            flush();
+            if (chunk_grow_) chunk_limit_ *= 2;
+        }
         struct A {
             const float* x;
             const float* w;
@@ -559,7 +570,7 @@ private:
             step_used_ = 0;
             return;
         }
-        const uintptr_t tail[3] = {reinterpret_cast<uintptr_t>(step_host_.data), reinterpret_cast<uintptr_t>(step_dev_.data),
+        const uintptr_t tail[3] = {reinterpret_cast<uintptr_t>(sb().host.data), reinterpret_cast<uintptr_t>(sb().dev.data),
                                    step_used_};
         const auto* tb = reinterpret_cast<const uint8_t*>(tail);
         key_.insert(key_.end(), tb, tb + sizeof tail);
@@ -589,13 +600,14 @@ private:
             clear_pass();
             throw;
         }
-        VXQ_CUDA_CHECK(cudaEventRecord(step_copied_, stream_));
-        step_in_flight_ = true;
+        VXQ_CUDA_CHECK(cudaEventRecord(sb().done, stream_));
+        sb().in_flight = true;
+        step_at_ = (step_at_ + 1) % kStepBlocks;  // the next pass puts into the next block
         clear_pass();
     }
     void run_pending() {
         if (step_used_ > 0) {
-            VXQ_CUDA_CHECK(cudaMemcpyAsync(step_dev_.data, step_host_.data, step_used_, cudaMemcpyHostToDevice, stream_));
+            VXQ_CUDA_CHECK(cudaMemcpyAsync(sb().dev.data, sb().host.data, step_used_, cudaMemcpyHostToDevice, stream_));
         }
         if (!profile_) {
             for (const auto& launch : pending_) launch(stream_);
@@ -791,7 +803,9 @@ private:
     }
     void wait_stream() {
         VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        step_in_flight_ = false;
+        for (StepBlock& b : steps_) b.in_flight = false;
+        step_at_ = 0;  // each step's passes take the same blocks and ops, hence the same graphs
+        chunk_limit_ = chunk_ops_;
     }
 
     // Bytes a host input of n floats takes in the step block (0 for device memory).
@@ -802,30 +816,32 @@ private:
     void step_reserve(std::initializer_list<size_t> puts) {
         size_t need = (step_used_ + 15) / 16 * 16;
         for (const size_t b : puts) need += (b + 15) / 16 * 16;
-        if (need <= step_host_.size) return;
+        if (need <= sb().host.size) return;
         drain();
         drop_graphs();  // they copy from and read the old blocks
-        const size_t cap = std::max<size_t>({size_t(64) << 10, 2 * step_host_.size, need});
-        step_host_.reserve(cap);
-        step_dev_.reserve(cap);
+        const size_t cap = std::max<size_t>({size_t(64) << 10, 2 * sb().host.size, need});
+        for (StepBlock& b : steps_) {
+            b.host.reserve(cap);
+            b.dev.reserve(cap);
+        }
     }
     // What step_put copied to `dev` (a pointer into this pass's step block), on the host.
     template <class T>
     const T* step_host(const T* dev) const {
-        return reinterpret_cast<const T*>(step_host_.data + (reinterpret_cast<const uint8_t*>(dev) - step_dev_.data));
+        return reinterpret_cast<const T*>(sb().host.data + (reinterpret_cast<const uint8_t*>(dev) - sb().dev.data));
     }
     // Copies bytes into the step block (room made by step_reserve); returns where the kernels of
     // this pass find them.
     void* step_put(const void* src, size_t bytes) {
-        if (step_in_flight_) {  // the previous pass's copy may still be reading the block
-            VXQ_CUDA_CHECK(cudaEventSynchronize(step_copied_));
-            step_in_flight_ = false;
+        if (sb().in_flight) {  // the pass that used this block kStepBlocks passes ago may still copy from it
+            VXQ_CUDA_CHECK(cudaEventSynchronize(sb().done));
+            sb().in_flight = false;
         }
         const size_t at = (step_used_ + 15) / 16 * 16;
-        VXQ_ASSERT(at + bytes <= step_host_.size);
-        if (bytes > 0) std::memcpy(step_host_.data + at, src, bytes);
+        VXQ_ASSERT(at + bytes <= sb().host.size);
+        if (bytes > 0) std::memcpy(sb().host.data + at, src, bytes);
         step_used_ = at + bytes;
-        return step_dev_.data + at;
+        return sb().dev.data + at;
     }
 
     template <class T>
@@ -926,7 +942,7 @@ private:
         return dp.dev.data;
     }
 
-    static constexpr size_t kMaxGraphs = 16;
+    static constexpr size_t kMaxGraphs = 128;
 
     std::string device_name_;
     cudaStream_t stream_ = nullptr;
@@ -999,11 +1015,29 @@ private:
     std::vector<std::function<void(cudaStream_t)>> pending_;
     std::vector<const char*> labels_;  // per pending op, for VXQ_CUDA_PROFILE (nullptr: fused into another)
     std::vector<uint8_t> key_;
-    PinnedArray step_host_;
-    DeviceArray<uint8_t> step_dev_;
+    // A pass's step block: pinned host bytes, their device copy (the pass's first node), and an
+    // event after the pass. Passes take the blocks in turn, so the host records (and launches) the
+    // next passes while the GPU still runs earlier ones; it waits only for the pass that used a
+    // block kStepBlocks passes before.
+    struct StepBlock {
+        PinnedArray host;
+        DeviceArray<uint8_t> dev;
+        cudaEvent_t done = nullptr;
+        bool in_flight = false;
+    };
+    static constexpr size_t kStepBlocks = 4;
+    std::array<StepBlock, kStepBlocks> steps_;
+    size_t step_at_ = 0;   // the block this pass puts into
     size_t step_used_ = 0;
-    cudaEvent_t step_copied_ = nullptr;
-    bool step_in_flight_ = false;
+    StepBlock& sb() { return steps_[step_at_]; }
+    const StepBlock& sb() const { return steps_[step_at_]; }
+    // A pass is flushed (launched) before an RMSNorm once it holds chunk_ops_ ops (0: only when
+    // the host needs a result), so the GPU starts on the first layers of a step while the host
+    // records the rest. At a norm: every fusion of the recorder lies within a layer's halves.
+    static constexpr size_t kChunkOps = 8;
+    size_t chunk_ops_ = kChunkOps;
+    bool chunk_grow_ = true;   // each pass of a step may hold twice as many ops as the one before
+    size_t chunk_limit_ = kChunkOps;
     std::unordered_map<size_t, Graph> graphs_;  // by the hash of their key
 };
 
