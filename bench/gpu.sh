@@ -125,12 +125,16 @@ if [ "$status_build" = ok ]; then
       m="$SYNTH/llama3-8b-$t.gguf"
       [ -f "$m" ] || "$BUILD/src/vxq" synth --shape llama3-8b --type "$t" -o "$m" >"$LOGS/synth_$t.log" 2>&1 ||
         { echo "synth $t failed"; tail -5 "$LOGS/synth_$t.log"; status_e2e=FAIL; continue; }
-      # Arms: CUDA graphs with PDL (the default), graphs without PDL, plain launches.
-      for arm in graphs1 graphs1_pdl0 graphs0; do
-        g=1; pdl=1
+      # Arms: CUDA graphs with PDL and the step in passes (the default; also at depth 4096), one
+      # pass per step, graphs without PDL, plain launches.
+      for arm in graphs1 graphs1_pass1 graphs1_pdl0 graphs0; do
+        g=1; pdl=1; chunk=8; depth=0
+        [ "$arm" = graphs1 ] && depth=0,4096
         [ "$arm" = graphs0 ] && g=0
         [ "$arm" = graphs1_pdl0 ] && pdl=0
-        VXQ_CUDA_GRAPHS=$g VXQ_CUDA_PDL=$pdl "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 5 --no-aa --json \
+        [ "$arm" = graphs1_pass1 ] && chunk=0
+        VXQ_CUDA_GRAPHS=$g VXQ_CUDA_PDL=$pdl VXQ_CUDA_CHUNK_OPS=$chunk "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn \
+          -p 512 -n 128 -d $depth -r 5 --no-aa --json \
           >"$LOGS/e2e_${t}_$arm.json" 2>"$LOGS/e2e_${t}_$arm.err" ||
           { echo "vxq bench $t ($arm) failed:"; tail -3 "$LOGS/e2e_${t}_$arm.err"; status_e2e=FAIL; }
       done

@@ -56,12 +56,13 @@ def main():
     bw = copy_bw(logs)
     print(f"copy bandwidth measured in this run: {bw / 1e9:.0f} GB/s" if bw else "copy bandwidth: not measured")
     print()
-    print("| weights | engine | pp512 t/s | tg128 t/s | decode GB/s (weights) | of copy |")
-    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    print("| weights | engine | pp512 t/s | tg128 t/s | decode GB/s (weights) | of copy | tg128 at depth 4096 |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
     builds = set()
     for t in types:
         wb = weight_bytes(os.path.join(synth, f"llama3-8b-{t}.gguf"))
-        arms = [("vxq, CUDA graphs + PDL", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1.json"))),
+        arms = [("vxq, CUDA graphs + PDL, step in passes", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1.json"))),
+                ("vxq, CUDA graphs + PDL, one pass per step", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1_pass1.json"))),
                 ("vxq, CUDA graphs, no PDL", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs1_pdl0.json"))),
                 ("vxq, no graphs", vxq_rows(os.path.join(logs, f"e2e_{t}_graphs0.json")))]
         lrows, build = llama_rows(os.path.join(logs, f"llama_{t}.json"))
@@ -73,8 +74,10 @@ def main():
                 continue
             pp, tg = rows.get("pp512"), rows.get("tg128")
             got = wb * tg if tg else None
+            deep = rows.get("tg128@d4096")
             print(f"| {t.upper()} ({wb / 1e9:.2f} GB) | {name} | {pp or 0:.0f} | {tg or 0:.1f} | "
-                  f"{(got or 0) / 1e9:.0f} | {100 * got / bw if got and bw else 0:.0f}% |")
+                  f"{(got or 0) / 1e9:.0f} | {100 * got / bw if got and bw else 0:.0f}% | "
+                  f"{f'{deep:.1f}' if deep else '-'} |")
     for b in sorted(builds):
         print(f"\n{b}")
 

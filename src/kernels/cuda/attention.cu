@@ -129,15 +129,16 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 }
 
-// The merge of (g, i)'s splits by the block that arrived last: for each of the REP query heads
-// the splits' maxima and sums (read in parallel: a chain of dependent loads would cost a memory
-// latency per split), then o = sum_z o_z exp(m_z - m) / sum_z l_z exp(m_z - m). No visible
-// token: 0. Partials of other blocks are read through L2 (__ldcg): L1 is not coherent.
+// The merge of (g, i)'s first `splits` splits (those that hold tokens) by the block that arrived
+// last: for each of the REP query heads the splits' maxima and sums (read in parallel: a chain of
+// dependent loads would cost a memory latency per split), then o = sum_z o_z exp(m_z - m) /
+// sum_z l_z exp(m_z - m). No visible token: 0. Partials of other blocks are read through L2
+// (__ldcg): L1 is not coherent.
 template <int REP>
-__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i) {
+__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int splits) {
     __shared__ float wz[REP][kAttnSplitMaxSplits], lz[REP][kAttnSplitMaxSplits];
     __shared__ float inv_s[REP];
-    const int hd = int(p.head_dim), splits = int(p.splits), tid = threadIdx.x, lane = tid & 31;
+    const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31;
     const int64_t stride = hd + 2;
     const auto part_of = [&](int r) { return p.partial + (int64_t(i) * p.n_head + int64_t(g) * REP + r) * p.splits * stride; };
     for (int r = tid >> 5; r < REP; r += kSplitWarps) {
@@ -184,7 +185,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
     const KvHeadDev head = p.heads[g];
     const int64_t seen = *p.pos0 + i + 1;
     const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
-    const int64_t per = (n_vis + p.splits - 1) / p.splits;
+    // Stretches of at least kAttnSplitMinTokens: a short context leaves the last splits empty
+    // (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
+    const int64_t per = max((n_vis + p.splits - 1) / p.splits, int64_t(kAttnSplitMinTokens));
+    const int active = int((n_vis + per - 1) / per);  // splits holding tokens (0 when n_vis is 0)
     const int64_t t_begin = min(n_vis, int64_t(z) * per), t_end = min(n_vis, t_begin + per);
     const __half* kp = reinterpret_cast<const __half*>(head.k);
     const __half* vp = reinterpret_cast<const __half*>(head.v);
@@ -299,6 +303,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
     const int64_t stride = hd + 2;
 #pragma unroll
     for (int r = 0; r < REP; ++r) {
+        if (z >= active) break;  // no tokens: the merge does not read this split
         float* part = p.partial + ((int64_t(i) * p.n_head + int64_t(g) * REP + r) * p.splits + z) * stride;
 #pragma unroll
         for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) {
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
     __syncthreads();
     if (!merger) return;
     __threadfence();
-    merge_splits<REP>(p, g, i);
+    merge_splits<REP>(p, g, i, active);
     if (rope) {  // every block of the group has read q: the rotated rows go back (as rope_store leaves them)
         for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qs[e / hd][e % hd];
     }
@@ -421,7 +426,7 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
 }
 
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
-    const int64_t want = (int64_t(2) * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
+    const int64_t want = (int64_t(kAttnSplitBlocksPerSm) * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
     return s;

@@ -91,7 +91,13 @@ void rope_store_f16(const RopeStoreParams& p, cudaStream_t stream);
 // (every block of the group has read q by then), so memory ends as after the separate ops.
 constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
 constexpr int kAttnSplitMaxHeadDim = 256;
-constexpr int kAttnSplitMaxSplits = 32;
+constexpr int kAttnSplitMaxSplits = 128;
+// Splits are planned for the whole context (fixed per shape, so a step's graph holds at any
+// depth): kAttnSplitBlocksPerSm blocks per SM. A split's stretch holds at least
+// kAttnSplitMinTokens tokens, so at a short depth only the first splits hold any (the others
+// exit after the RoPE) and the merge reads those alone.
+constexpr int kAttnSplitBlocksPerSm = 4;
+constexpr int kAttnSplitMinTokens = 16;
 
 struct F16SplitAttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device); with rope.q: before
@@ -110,7 +116,7 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 // Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
 // same heads and head_dim, full rotation pairs within head_dim).
 bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& rope);
-// Splits for a call: enough blocks for the SMs (a power of two, at most kAttnSplitMaxSplits).
+// Splits for a call: kAttnSplitBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits).
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
 void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t stream);

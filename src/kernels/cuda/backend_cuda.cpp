@@ -1031,9 +1031,10 @@ private:
     size_t step_used_ = 0;
     StepBlock& sb() { return steps_[step_at_]; }
     const StepBlock& sb() const { return steps_[step_at_]; }
-    // A pass is flushed (launched) before an RMSNorm once it holds chunk_ops_ ops (0: only when
-    // the host needs a result), so the GPU starts on the first layers of a step while the host
-    // records the rest. At a norm: every fusion of the recorder lies within a layer's halves.
+    // A pass is flushed (launched) before an RMSNorm once it holds chunk_limit_ ops: chunk_ops_
+    // for a step's first pass, twice as many for each next one with chunk_grow_ (0: only when the
+    // host needs a result), so the GPU starts on the first layer of a step while the host records
+    // the rest, in few graphs. At a norm: every fusion of the recorder lies within a layer's halves.
     static constexpr size_t kChunkOps = 8;
     size_t chunk_ops_ = kChunkOps;
     bool chunk_grow_ = true;   // each pass of a step may hold twice as many ops as the one before
