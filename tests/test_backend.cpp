@@ -89,7 +89,8 @@ TEST(WeightFormats, RowsAgreeWithTheGgmlLayoutsAndTheRegistry) {
 TEST(WeightFormats, DotTypesAreGgmls) {
     const std::pair<GgmlType, GgmlType> expected[] = {
         {GgmlType::F32, GgmlType::F32},  {GgmlType::F16, GgmlType::F16},   {GgmlType::BF16, GgmlType::BF16},
-        {GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q4_0, GgmlType::Q8_0},
+        {GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q4_0, GgmlType::Q8_0}, {GgmlType::Q6_K, GgmlType::Q8_K},
+        {GgmlType::TQ1_0, GgmlType::Q8_K}, {GgmlType::TQ2_0, GgmlType::Q8_K},
     };
     EXPECT_EQ(weight_formats().size(), std::size(expected));
     for (const auto& [type, dot] : expected) {
@@ -101,9 +102,11 @@ TEST(WeightFormats, DotTypesAreGgmls) {
 }
 
 TEST(WeightFormats, RefusesTypesWithoutKernelsNamingTheTensor) {
-    EXPECT_EQ(find_weight_format(GgmlType::Q6_K), nullptr);
-    EXPECT_EQ(error_of([] { check_weight_computable(GgmlType::Q6_K, "cpu", "m.gguf: tensor 'w'"); }),
-              "m.gguf: tensor 'w' is Q6_K, which veloxquant cannot compute yet");
+    EXPECT_EQ(find_weight_format(GgmlType::Q4_K), nullptr);
+    EXPECT_EQ(error_of([] { check_weight_computable(GgmlType::Q4_K, "cpu", "m.gguf: tensor 'w'"); }),
+              "m.gguf: tensor 'w' is Q4_K, which veloxquant cannot compute yet");
+    EXPECT_EQ(error_of([] { check_weight_computable(GgmlType::TQ2_0, "cuda", "m.gguf: tensor 'w'"); }),
+              "m.gguf: tensor 'w' is TQ2_0, which the cuda backend cannot compute yet");
     EXPECT_EQ(error_of([] { check_weight_computable(GgmlType::F16, "gpu", "m.gguf: tensor 'w'"); }),
               "m.gguf: tensor 'w' is F16, which the gpu backend cannot compute yet");
     EXPECT_EQ(error_of([] { check_weight_computable(GgmlType::Q4_0, "cpu", "m.gguf: tensor 'w'"); }), "");

@@ -24,6 +24,9 @@ std::vector<WeightFormat> build_table() {
         {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu", "cuda"}},
         {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu", "cuda"}},
         {GgmlType::BF16, GgmlType::BF16, {"cpu", "cuda"}},
+        {GgmlType::Q6_K, GgmlType::Q8_K, {"cpu"}},
+        {GgmlType::TQ1_0, GgmlType::Q8_K, {"cpu"}},
+        {GgmlType::TQ2_0, GgmlType::Q8_K, {"cpu"}},
     };
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {

@@ -40,6 +40,46 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 block is 2 + 16 bytes");
 
+constexpr int kQK_K = 256;  // values per k-quant and ternary super-block
+
+// q6_K: x = d * scales[e / 16] * (q - 32), q the element's 6 bits: in each half of 128 values,
+// value 32 v + l (v < 4, l < 32) has its low 4 bits in ql[l + 32 (v & 1)] (low nibble for v < 2,
+// high for v >= 2) and its high 2 bits at bit 2 v of qh[l]; the next half uses the next 64 ql,
+// 32 qh and 8 scales (llama.cpp's block_q6_K)
+struct BlockQ6_K {
+    uint8_t ql[kQK_K / 2];
+    uint8_t qh[kQK_K / 4];
+    int8_t scales[kQK_K / 16];
+    f16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210, "q6_K block is 128 + 64 + 16 + 2 bytes");
+
+// tq1_0: x = d * (t - 1), t a base-3 digit (0, 1, 2): 5 digits per byte of qs (values 0-239),
+// 4 per byte of qh (240-255), digit n of byte q being ((q * 3^n mod 256) * 3) >> 8 (llama.cpp's
+// block_tq1_0)
+struct BlockTQ1_0 {
+    uint8_t qs[48];
+    uint8_t qh[4];
+    f16_t d;
+};
+static_assert(sizeof(BlockTQ1_0) == 54, "tq1_0 block is 48 + 4 + 2 bytes");
+
+// tq2_0: x = d * (t - 1), t = the 2-bit field l of qs[32 h + m] for value 128 h + 32 l + m
+// (llama.cpp's block_tq2_0)
+struct BlockTQ2_0 {
+    uint8_t qs[kQK_K / 4];
+    f16_t d;
+};
+static_assert(sizeof(BlockTQ2_0) == 66, "tq2_0 block is 64 + 2 bytes");
+
+// q8_K, for activations only: x = d * qs[j], bsums[g] = the sum of qs[16 g .. 16 g + 15]
+struct BlockQ8_K {
+    float d;
+    int8_t qs[kQK_K];
+    int16_t bsums[kQK_K / 16];
+};
+static_assert(sizeof(BlockQ8_K) == 292, "q8_K block is 4 + 256 + 32 bytes");
+
 // The storage layout of a type: enough to size and skip a tensor of it. Whether a backend can
 // compute with the type is a separate question, answered when a model is loaded.
 struct GgmlTypeTraits {

@@ -67,6 +67,40 @@ inline Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt
                 }
                 break;
             }
+            case GgmlType::Q6_K: {
+                auto* b = reinterpret_cast<BlockQ6_K*>(row);
+                std::uniform_int_distribution<int> byte(0, 255), sc(-128, 127);
+                for (int64_t i = 0; i < cols / kQK_K; ++i) {
+                    for (auto& v : b[i].ql) v = uint8_t(byte(rng));
+                    for (auto& v : b[i].qh) v = uint8_t(byte(rng));
+                    for (auto& v : b[i].scales) v = int8_t(sc(rng));
+                    b[i].d = fp32_to_fp16(ud(rng) * 0.02f);
+                }
+                break;
+            }
+            case GgmlType::TQ1_0: {  // bytes that encode 5 (qs) or 4 (qh) digits, as tq1_0 writes them
+                auto* b = reinterpret_cast<BlockTQ1_0*>(row);
+                std::uniform_int_distribution<int> trits5(0, 242), trits4(0, 80);
+                const auto pack = [](int v, int n) {  // ceil(v * 256 / 3^n): the top digit first
+                    const int p = n == 5 ? 243 : 81;
+                    return uint8_t((v * 256 + p - 1) / p);
+                };
+                for (int64_t i = 0; i < cols / kQK_K; ++i) {
+                    for (auto& v : b[i].qs) v = pack(trits5(rng), 5);
+                    for (auto& v : b[i].qh) v = pack(trits4(rng), 4);
+                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
+                }
+                break;
+            }
+            case GgmlType::TQ2_0: {
+                auto* b = reinterpret_cast<BlockTQ2_0*>(row);
+                std::uniform_int_distribution<int> t(0, 2);
+                for (int64_t i = 0; i < cols / kQK_K; ++i) {
+                    for (auto& v : b[i].qs) v = uint8_t(t(rng) | t(rng) << 2 | t(rng) << 4 | t(rng) << 6);
+                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
+                }
+                break;
+            }
             default:
                 break;  // other types: no kernel to test, bytes stay zero
         }

@@ -80,6 +80,7 @@
 #include "core/fp16.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/matmul_avx2.h"
+#include "kernels/cpu/matmul_kquants.h"
 
 namespace vxq::cpu {
 
@@ -289,9 +290,33 @@ inline void split(int64_t units, int ith, int nth, int64_t& b, int64_t& e) {
     e = units * (ith + 1) / nth;
 }
 
+// Activations of n tokens as q8_K blocks, [n, k / 256].
+std::vector<BlockQ8_K> quantize_tokens_q8_K(const float* x, int64_t n, int64_t k) {
+    VXQ_ASSERT(k % kQK_K == 0);
+    std::vector<BlockQ8_K> xq(size_t(n * (k / kQK_K)));
+    for (int64_t t = 0; t < n; ++t) quantize_row_q8_K(x + t * k, xq.data() + t * (k / kQK_K), k);
+    return xq;
+}
+
+// Q6_K / TQ1_0 / TQ2_0: activations to q8_K, then rows split across the pool, each dot the AVX2
+// kernel of matmul_kquants.h (TQ1_0: the scalar one, no SIMD kernel yet).
+void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
+    const int64_t m = w.rows, nb = w.cols / kQK_K;
+    const std::vector<BlockQ8_K> xq = quantize_tokens_q8_K(x, n, w.cols);
+    const auto dot = w.type == GgmlType::TQ1_0 ? &dot_kquant_q8_K : &avx2::dot_kquant_q8_K;
+    pool.run([&](int ith, int nth) {
+        int64_t r0, r1;
+        split(m, ith, nth, r0, r1);
+        for (int64_t r = r0; r < r1; ++r) {
+            for (int64_t t = 0; t < n; ++t) y[t * m + r] = dot(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
+        }
+    });
+}
+
 void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
     const int64_t m = w.rows, k = w.cols;
     const DotOrder order = dot_order(w, n);
+    if (order == DotOrder::KLanes) return matmul_kquant_path(w, x, n, y, pool);
     const auto* wbase = static_cast<const uint8_t*>(w.data);
     const GgmlType dot = dot_type_of(w);
     Scratch& s = t_scratch;
@@ -385,6 +410,7 @@ void matmul_avx2_path(const WeightView& w, const float* x, int64_t n, float* y, 
             });
             break;
         }
+        case DotOrder::KLanes: break;  // matmul_kquant_path, above
         case DotOrder::Q4Repack: {
             pool.run([&](int ith, int nth) {
                 avx2::Job j = job;
@@ -416,6 +442,9 @@ DotOrder dot_order(const WeightView& w, int64_t n_tokens) {
         }
         case GgmlType::Q8_0: return DotOrder::Q0Lanes;
         case GgmlType::Q4_0: return m % 8 == 0 ? DotOrder::Q4Repack : DotOrder::Q0Lanes;
+        case GgmlType::Q6_K:
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0: return DotOrder::KLanes;
         default: break;
     }
     fail("matmul: unsupported weight type {}", uint32_t(w.type));
@@ -429,6 +458,7 @@ const char* dot_order_name(DotOrder o) {
         case DotOrder::VecBF16: return "vec_bf16";
         case DotOrder::Q0Lanes: return "q0_lanes";
         case DotOrder::Q4Repack: return "q4_repack";
+        case DotOrder::KLanes: return "k_lanes";
     }
     return "?";
 }
@@ -497,6 +527,9 @@ void dequantize_row(const WeightView& w, int64_t r, float* out) {
             }
             return;
         }
+        case GgmlType::Q6_K:
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0: dequantize_row_kquant(w.type, p, k, out); return;
         default: break;
     }
     fail("dequantize_row: unsupported weight type {}", uint32_t(w.type));
@@ -509,6 +542,14 @@ void matmul_ref(const WeightView& w, const float* x, int64_t n_tokens, float* y)
     const DotOrder order = dot_order(w, n_tokens);
     const GgmlType dot = dot_type_of(w);
 
+    if (dot == GgmlType::Q8_K) {
+        const std::vector<BlockQ8_K> xq = quantize_tokens_q8_K(x, n_tokens, k);
+        const int64_t nb = k / kQK_K;
+        for (int64_t r = 0; r < m; ++r) {
+            for (int64_t t = 0; t < n_tokens; ++t) y[t * m + r] = dot_kquant_q8_K(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
+        }
+        return;
+    }
     if (dot != GgmlType::Q8_0) {
         // activations in the dot type, weights widened to f32 (exact conversions after rounding)
         std::vector<float> xa(static_cast<size_t>(n_tokens * k)), wr(static_cast<size_t>(k));

@@ -1,0 +1,165 @@
+#include "kernels/cpu/matmul_kquants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp16.h"
+
+namespace vxq::cpu {
+
+namespace {
+
+// ggml's nearest_int: round half to even through the float magic number (|v| <= 4194303).
+int nearest_int(float v) {
+    const float m = v + 12582912.f;
+    int32_t i;
+    std::memcpy(&i, &m, sizeof i);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+constexpr uint8_t kPow3[6] = {1, 3, 9, 27, 81, 243};
+
+// Base-3 digit n of a tq1_0 byte: ((q * 3^n mod 256) * 3) >> 8.
+int tq1_digit(uint8_t q, int n) {
+    const uint8_t s = uint8_t(q * kPow3[n]);
+    return (int(s) * 3) >> 8;
+}
+
+// The stored digits t (0, 1, 2) of a block's 256 values, in value order.
+void tq1_digits(const BlockTQ1_0& b, int8_t* t) {
+    for (int n = 0; n < 5; ++n) {
+        for (int m = 0; m < 32; ++m) t[32 * n + m] = int8_t(tq1_digit(b.qs[m], n));
+    }
+    for (int n = 0; n < 5; ++n) {
+        for (int m = 0; m < 16; ++m) t[160 + 16 * n + m] = int8_t(tq1_digit(b.qs[32 + m], n));
+    }
+    for (int n = 0; n < 4; ++n) {
+        for (int j = 0; j < 4; ++j) t[240 + 4 * n + j] = int8_t(tq1_digit(b.qh[j], n));
+    }
+}
+
+void tq2_digits(const BlockTQ2_0& b, int8_t* t) {
+    for (int h = 0; h < 2; ++h) {
+        for (int l = 0; l < 4; ++l) {
+            for (int m = 0; m < 32; ++m) t[128 * h + 32 * l + m] = int8_t((b.qs[32 * h + m] >> (2 * l)) & 3);
+        }
+    }
+}
+
+// A q6_K block's values q - 32 (-32 .. 31), in value order; the scale of value e is scales[e / 16].
+void q6_values(const BlockQ6_K& b, int8_t* q) {
+    for (int half = 0; half < 2; ++half) {
+        const uint8_t* ql = b.ql + 64 * half;
+        const uint8_t* qh = b.qh + 32 * half;
+        int8_t* out = q + 128 * half;
+        for (int l = 0; l < 32; ++l) {
+            out[l] = int8_t(((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            out[l + 32] = int8_t(((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            out[l + 64] = int8_t(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            out[l + 96] = int8_t(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+// hsum_float_8's order.
+float hsum8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+}  // namespace
+
+bool is_kquant_weight(GgmlType t) { return t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0; }
+
+void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n) {
+    VXQ_ASSERT(n % kQK_K == 0);
+    for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+        float max = 0.0f, amax = 0.0f;
+        for (int j = 0; j < kQK_K; ++j) {
+            const float ax = std::fabs(x[j]);
+            if (ax > amax) {
+                amax = ax;
+                max = x[j];
+            }
+        }
+        BlockQ8_K& b = y[i];
+        if (amax == 0.0f) {
+            b.d = 0.0f;
+            std::memset(b.qs, 0, sizeof b.qs);
+            std::memset(b.bsums, 0, sizeof b.bsums);
+            continue;
+        }
+        const float iscale = -127.f / max;
+        for (int j = 0; j < kQK_K; ++j) b.qs[j] = int8_t(std::min(127, nearest_int(iscale * x[j])));
+        for (int g = 0; g < kQK_K / 16; ++g) {
+            int sum = 0;
+            for (int j = 0; j < 16; ++j) sum += b.qs[16 * g + j];
+            b.bsums[g] = int16_t(sum);
+        }
+        b.d = 1 / iscale;
+    }
+}
+
+void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out) {
+    VXQ_ASSERT(n % kQK_K == 0 && is_kquant_weight(t));
+    int8_t q[kQK_K];
+    for (int64_t i = 0; i < n / kQK_K; ++i, out += kQK_K) {
+        if (t == GgmlType::Q6_K) {
+            BlockQ6_K b;
+            std::memcpy(&b, row + i * sizeof b, sizeof b);
+            q6_values(b, q);
+            const float d = fp16_to_fp32(b.d);
+            for (int e = 0; e < kQK_K; ++e) out[e] = d * float(b.scales[e / 16]) * float(q[e]);
+            continue;
+        }
+        float d = 0.0f;
+        if (t == GgmlType::TQ1_0) {
+            BlockTQ1_0 b;
+            std::memcpy(&b, row + i * sizeof b, sizeof b);
+            tq1_digits(b, q);
+            d = fp16_to_fp32(b.d);
+        } else {
+            BlockTQ2_0 b;
+            std::memcpy(&b, row + i * sizeof b, sizeof b);
+            tq2_digits(b, q);
+            d = fp16_to_fp32(b.d);
+        }
+        for (int e = 0; e < kQK_K; ++e) out[e] = float(q[e] - 1) * d;
+    }
+}
+
+float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
+    VXQ_ASSERT(is_kquant_weight(t));
+    float acc[8] = {};
+    int8_t w[kQK_K];
+    for (int64_t i = 0; i < nb; ++i) {
+        const BlockQ8_K& xb = x[i];
+        int32_t lane[8] = {};
+        float dw = 0.0f;
+        if (t == GgmlType::Q6_K) {
+            BlockQ6_K b;
+            std::memcpy(&b, row + i * sizeof b, sizeof b);
+            q6_values(b, w);
+            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(b.scales[e / 16]) * w[e] * xb.qs[e];
+            dw = fp16_to_fp32(b.d);
+        } else {
+            if (t == GgmlType::TQ1_0) {
+                BlockTQ1_0 b;
+                std::memcpy(&b, row + i * sizeof b, sizeof b);
+                tq1_digits(b, w);
+                dw = fp16_to_fp32(b.d);
+            } else {
+                BlockTQ2_0 b;
+                std::memcpy(&b, row + i * sizeof b, sizeof b);
+                tq2_digits(b, w);
+                dw = fp16_to_fp32(b.d);
+            }
+            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(w[e]) * xb.qs[e];
+            for (int k = 0; k < 8; ++k) lane[k] -= int32_t(xb.bsums[2 * k]) + xb.bsums[2 * k + 1];
+        }
+        const float d = xb.d * dw;
+        for (int k = 0; k < 8; ++k) acc[k] = std::fma(float(lane[k]), d, acc[k]);
+    }
+    return hsum8(acc);
+}
+
+}  // namespace vxq::cpu

@@ -1,0 +1,47 @@
+// Weights in llama.cpp's 256-value super-block types that veloxquant computes with: Q6_K (the
+// token embedding and tied output of llama-quantize's files) and the ternary TQ1_0 and TQ2_0.
+// Their activations are quantized to q8_K (one fp32 scale per 256 values) and each dot product
+// is an exact integer per super-block, as in llama.cpp b4748's CPU path.
+//
+// The float part follows llama.cpp's AVX2 kernels (ggml_vec_dot_{q6_K,tq1_0,tq2_0}_q8_K): a
+// block's integer sum is kept in 8 lanes, value e of the block in lane (e % 32) / 4 (TQ: minus
+// the activations' sum of 32 e .. 32 e + 31 in lane e, which turns the stored digit t into t - 1);
+// each lane is converted to float and added to its running lane sum times d_w * d_x in one fma
+// (Q6_K's kernel calls _mm256_fmadd_ps; the TQ kernels' _mm256_mul_ps + _mm256_add_ps become one
+// fma in a build with FMA, as GCC contracts them), and the 8 lanes are added at the end as
+// hsum_float_8 does: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)). So the results are the
+// bits of llama.cpp's AVX2 + FMA build, not only its value (checked against that build's
+// functions on 2000 random rows of 1-6 blocks per type: all equal).
+#pragma once
+
+#include <cstdint>
+
+#include "formats/ggml_types.h"
+
+namespace vxq::cpu {
+
+// Whether t is one of the types below (activations quantized to q8_K).
+bool is_kquant_weight(GgmlType t);
+
+// ggml's quantize_row_q8_K_ref (what its x86 build runs): per 256 values, m = the first value
+// of largest magnitude, q = min(127, round-half-even(-127 / m * x)), d = 1 / (-127 / m), and the
+// sums of 16 quants. A block of zeros gets d = 0 and zero quants and sums.
+//   x: [n], n % 256 == 0; y: [n / 256]
+void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n);
+
+// n values of a row of type t (Q6_K, TQ1_0, TQ2_0) as f32, bit-identical to ggml's
+// dequantize_row_* (d * scale * q for Q6_K, (t - 1) * d for TQ).
+//   row: [ggml_row_bytes(t, n)]; out: [n]
+void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out);
+
+// sum_e W[e] x[e] over nb super-blocks of a row of type t and q8_K activations, in the order
+// described above. Scalar; the reference of every faster kernel.
+float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);
+
+namespace avx2 {
+// dot_kquant_q8_K for Q6_K and TQ2_0 with AVX2 + FMA (matmul_kquants_avx2.cpp), equal to it bit
+// for bit; only where the CPU has them (TQ1_0 has no SIMD kernel yet).
+float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);
+}  // namespace avx2
+
+}  // namespace vxq::cpu

@@ -1,0 +1,98 @@
+// AVX2 kernels of matmul_kquants.h: the same 8 integer lanes per super-block (value e in lane
+// (e % 32) / 4: byte e % 32 of a 32-byte vector, four bytes per 32-bit lane), the same fma per
+// lane and the same final sum, so they equal dot_kquant_q8_K bit for bit (tests/test_kquants.cpp).
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "core/fp16.h"
+#include "kernels/cpu/matmul_kquants.h"
+
+namespace vxq::cpu::avx2 {
+
+namespace {
+
+// hsum_float_8's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Pairs of 16-bit lanes added into 32-bit lanes.
+__m256i widen_pairs(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+
+// TQ2_0: digit l of byte m of a half is value 128 h + 32 l + m; the 16-bit sums stay below 2^12.
+__m256i tq2_lanes(const BlockTQ2_0& w, const BlockQ8_K& x) {
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256i s16 = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + 32 * h));
+        for (int l = 0; l < 4; ++l) {
+            const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three);
+            const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 128 * h + 32 * l));
+            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, y));
+        }
+    }
+    // t - 1: minus the activations' sum of each lane's 32 values
+    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)));
+    return widen_pairs(s16);
+}
+
+// Q6_K: per half of 128 values, vector v holds values 32 v + b; q - 32 through maddubs(q, y) -
+// maddubs(32, y), then each 16-bit lane (two values of one 16-value group) times its scale.
+__m256i q6_lanes(const BlockQ6_K& w, const BlockQ8_K& x) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3), k32 = _mm256_set1_epi8(32);
+    __m256i s32 = _mm256_setzero_si256();
+    for (int half = 0; half < 2; ++half) {
+        const __m256i ql0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.ql + 64 * half));
+        const __m256i ql1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.ql + 64 * half + 32));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qh + 32 * half));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(ql0, low4), _mm256_slli_epi16(_mm256_and_si256(qh, two), 4)),
+            _mm256_or_si256(_mm256_and_si256(ql1, low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), two), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), two), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), low4),
+                            _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), two), 4)),
+        };
+        for (int v = 0; v < 4; ++v) {
+            const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 128 * half + 32 * v));
+            const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q[v], y), _mm256_maddubs_epi16(k32, y));
+            // 16-bit lanes 0-7 (values 0-15 of the vector) take scale 2 g, lanes 8-15 scale 2 g + 1
+            const int g = 8 * half + 2 * v;
+            const __m256i sc = _mm256_setr_epi16(w.scales[g], w.scales[g], w.scales[g], w.scales[g], w.scales[g],
+                                                 w.scales[g], w.scales[g], w.scales[g], w.scales[g + 1],
+                                                 w.scales[g + 1], w.scales[g + 1], w.scales[g + 1], w.scales[g + 1],
+                                                 w.scales[g + 1], w.scales[g + 1], w.scales[g + 1]);
+            s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(sc, p));
+        }
+    }
+    return s32;
+}
+
+}  // namespace
+
+// dot_kquant_q8_K for Q6_K and TQ2_0 (TQ1_0 has no AVX2 kernel yet: the caller keeps the scalar one).
+float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        __m256i lanes;
+        float dw;
+        if (t == GgmlType::TQ2_0) {
+            const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
+            lanes = tq2_lanes(w, x[i]);
+            dw = fp16_to_fp32(w.d);
+        } else {
+            const auto& w = reinterpret_cast<const BlockQ6_K*>(row)[i];
+            lanes = q6_lanes(w, x[i]);
+            dw = fp16_to_fp32(w.d);
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x[i].d * dw), acc);
+    }
+    return hsum8(acc);
+}
+
+}  // namespace vxq::cpu::avx2

@@ -1,0 +1,195 @@
+// Super-block weights on the CPU (kernels/cpu/matmul_kquants.h): Q6_K, TQ1_0 and TQ2_0 with q8_K
+// activations. The decoders against llama-quantize's real files (the ternary model's TQ tensors
+// hold exactly its f16 weights), the q8_K quantizer against its definition, the dot product
+// against a double-precision sum, and the threaded matmul against the scalar reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp16.h"
+#include "core/thread_pool.h"
+#include "formats/ggml_types.h"
+#include "formats/gguf.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_kquants.h"
+#include "support/assets.h"
+#include "support/random_weights.h"
+
+namespace vxq::cpu {
+namespace {
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+std::vector<float> row_f32(const GgufFile& f, const GgufTensorInfo& t, int64_t r) {
+    const int64_t cols = t.ne[0];
+    const WeightView w{t.type, f.tensor_data(t), t.n_elements / cols, cols, ggml_row_bytes(t.type, cols)};
+    std::vector<float> out(static_cast<size_t>(cols));
+    dequantize_row(w, r, out.data());
+    return out;
+}
+
+TEST(QuantizeQ8_K, ScaleFromTheFirstLargestValueAndTiesToEven) {
+    std::vector<float> x(kQK_K, 0.0f);
+    x[3] = -2.54f;  // the largest magnitude, negative: d = 1 / (-127 / -2.54) > 0
+    x[7] = 2.54f;   // as large, later: not the one that sets the scale
+    x[10] = 0.01f;  // 0.01 * 127 / 2.54 = 0.5: a tie, to even (0)
+    x[11] = 0.03f;  // 1.5: to 2
+    x[12] = -0.05f; // -2.5: to -2
+    BlockQ8_K b;
+    quantize_row_q8_K(x.data(), &b, kQK_K);
+    const float iscale = -127.f / -2.54f;
+    EXPECT_EQ(b.d, 1 / iscale);
+    EXPECT_EQ(b.qs[3], -127);
+    EXPECT_EQ(b.qs[7], 127);
+    EXPECT_EQ(b.qs[10], int8_t(std::nearbyint(iscale * 0.01f)));
+    EXPECT_EQ(b.qs[11], int8_t(std::nearbyint(iscale * 0.03f)));
+    EXPECT_EQ(b.qs[12], int8_t(std::nearbyint(iscale * -0.05f)));
+    EXPECT_EQ(b.bsums[0], b.qs[3] + b.qs[7] + b.qs[10] + b.qs[11] + b.qs[12]);
+    for (int g = 1; g < 16; ++g) EXPECT_EQ(b.bsums[g], 0);
+
+    std::fill(x.begin(), x.end(), 0.0f);
+    quantize_row_q8_K(x.data(), &b, kQK_K);
+    EXPECT_EQ(b.d, 0.0f);
+    for (int j = 0; j < kQK_K; ++j) ASSERT_EQ(b.qs[j], 0);
+    for (int g = 0; g < 16; ++g) ASSERT_EQ(b.bsums[g], 0);
+}
+
+TEST(QuantizeQ8_K, ReconstructsWithinHalfAStep) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::vector<float> x(4 * kQK_K);
+    for (auto& v : x) v = nd(rng);
+    std::vector<BlockQ8_K> b(4);
+    quantize_row_q8_K(x.data(), b.data(), int64_t(x.size()));
+    for (size_t i = 0; i < x.size(); ++i) {
+        const BlockQ8_K& blk = b[i / kQK_K];
+        ASSERT_LE(std::fabs(blk.d * blk.qs[i % kQK_K] - x[i]), std::fabs(blk.d) * 0.5001f) << "seed " << seed << " i " << i;
+    }
+}
+
+// llama-quantize stored the ternary model's linear weights as TQ2_0 and TQ1_0 without loss: every
+// row decodes to the f16 file's row, bit for bit (llama.cpp's dequantize_row_tq*_0 semantics).
+TEST(DequantizeKQuant, TernaryFilesDecodeToTheF16Weights) {
+    VXQ_REQUIRE_ASSET("assets/models/vxq-ternary-h64-f16.gguf");
+    const GgufFile ref = GgufFile::open(test::shared_path("assets/models/vxq-ternary-h64-f16.gguf"));
+    for (const char* file : {"vxq-ternary-h64-tq2_0.gguf", "vxq-ternary-h64-tq1_0.gguf"}) {
+        VXQ_REQUIRE_ASSET(std::string("assets/models/") + file);
+        const GgufFile f = GgufFile::open(test::shared_path(std::string("assets/models/") + file));
+        int checked = 0;
+        for (const GgufTensorInfo& t : f.tensors()) {
+            if (t.type != GgmlType::TQ1_0 && t.type != GgmlType::TQ2_0) continue;
+            const GgufTensorInfo* r = ref.find_tensor(t.name);
+            ASSERT_NE(r, nullptr) << t.name;
+            ASSERT_EQ(r->type, GgmlType::F16);
+            for (int64_t row = 0; row < t.n_elements / t.ne[0]; row += 7) {
+                ASSERT_EQ(row_f32(f, t, row), row_f32(ref, *r, row)) << file << " " << t.name << " row " << row;
+            }
+            ++checked;
+        }
+        EXPECT_EQ(checked, 8 * 7) << file;  // 7 linear weights per layer, 8 layers
+    }
+}
+
+// The TQ files keep token_embd in Q6_K (llama-quantize's choice): it decodes close to the f16
+// embedding (6-bit codes with an 8-bit scale per 16 values: ~1 % relative RMS error).
+TEST(DequantizeKQuant, Q6KEmbeddingIsCloseToTheF16One) {
+    VXQ_REQUIRE_ASSET("assets/models/vxq-ternary-h64-f16.gguf");
+    VXQ_REQUIRE_ASSET("assets/models/vxq-ternary-h64-tq2_0.gguf");
+    const GgufFile ref = GgufFile::open(test::shared_path("assets/models/vxq-ternary-h64-f16.gguf"));
+    const GgufFile f = GgufFile::open(test::shared_path("assets/models/vxq-ternary-h64-tq2_0.gguf"));
+    const GgufTensorInfo* t = f.find_tensor("token_embd.weight");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->type, GgmlType::Q6_K);
+    double err = 0.0, norm = 0.0;
+    for (int64_t row = 0; row < t->n_elements / t->ne[0]; row += 3) {
+        const auto a = row_f32(f, *t, row), b = row_f32(ref, *ref.find_tensor("token_embd.weight"), row);
+        for (size_t i = 0; i < a.size(); ++i) {
+            err += double(a[i] - b[i]) * (a[i] - b[i]);
+            norm += double(b[i]) * b[i];
+        }
+    }
+    EXPECT_LT(std::sqrt(err / norm), 0.02);
+    EXPECT_GT(std::sqrt(err / norm), 1e-4);  // not the f16 data read twice
+}
+
+// The dot of a row with q8_K activations: exact integers per block, float lanes after; within
+// float rounding of the double-precision sum of the decoded values.
+TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+        for (int64_t cols : {256, 512, 1536, 4096}) {
+            const test::Weights w = test::random_weights(type, 3, cols, rng);
+            std::vector<float> x(static_cast<size_t>(cols));
+            for (auto& v : x) v = nd(rng);
+            std::vector<BlockQ8_K> xq(static_cast<size_t>(cols / kQK_K));
+            quantize_row_q8_K(x.data(), xq.data(), cols);
+            for (int64_t r = 0; r < 3; ++r) {
+                std::vector<float> wr(static_cast<size_t>(cols));
+                dequantize_row(w.view(), r, wr.data());
+                double exact = 0.0, mag = 0.0;
+                for (int64_t c = 0; c < cols; ++c) {
+                    const double xv = double(xq[size_t(c / kQK_K)].d) * xq[size_t(c / kQK_K)].qs[c % kQK_K];
+                    exact += double(wr[size_t(c)]) * xv;
+                    mag += std::fabs(double(wr[size_t(c)]) * xv);
+                }
+                const float got = dot_kquant_q8_K(type, w.bytes.data() + size_t(r) * w.view().row_bytes, xq.data(), cols / kQK_K);
+                EXPECT_NEAR(got, exact, 1e-5 * mag + 1e-30)
+                    << ggml_type_name(type) << " cols " << cols << " row " << r << " seed " << seed;
+            }
+        }
+    }
+}
+
+TEST(DotKQuant, Avx2EqualsScalar) {
+    if (std::string(matmul_isa()) != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ2_0}) {
+        for (int64_t cols : {256, 512, 1536, 4096}) {
+            const test::Weights w = test::random_weights(type, 4, cols, rng);
+            std::vector<float> x(static_cast<size_t>(cols));
+            for (auto& v : x) v = nd(rng) * (cols == 512 ? 30.0f : 1.0f);
+            std::vector<BlockQ8_K> xq(static_cast<size_t>(cols / kQK_K));
+            quantize_row_q8_K(x.data(), xq.data(), cols);
+            for (int64_t r = 0; r < 4; ++r) {
+                const uint8_t* row = w.bytes.data() + size_t(r) * w.view().row_bytes;
+                const float a = dot_kquant_q8_K(type, row, xq.data(), cols / kQK_K);
+                const float b = avx2::dot_kquant_q8_K(type, row, xq.data(), cols / kQK_K);
+                EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0)
+                    << ggml_type_name(type) << " cols " << cols << " row " << r << ": " << a << " vs " << b << " seed " << seed;
+            }
+        }
+    }
+}
+
+TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    ThreadPool pool(3);
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}}) {
+            const test::Weights w = test::random_weights(type, rows, cols, rng);
+            EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);
+            std::vector<float> x(static_cast<size_t>(n * cols));
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            for (auto& v : x) v = nd(rng);
+            std::vector<float> a(static_cast<size_t>(n * rows)), b(a.size());
+            matmul(w.view(), x.data(), n, a.data(), pool);
+            matmul_ref(w.view(), x.data(), n, b.data());
+            EXPECT_EQ(a, b) << ggml_type_name(type) << " " << rows << "x" << cols << " n " << n << " seed " << seed;
+        }
+    }
+    EXPECT_STREQ(dot_order_name(DotOrder::KLanes), "k_lanes");
+}
+
+}  // namespace
+}  // namespace vxq::cpu
