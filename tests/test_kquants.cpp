@@ -153,7 +153,7 @@ TEST(DotKQuant, Avx2EqualsScalar) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ2_0}) {
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
         for (int64_t cols : {256, 512, 1536, 4096}) {
             const test::Weights w = test::random_weights(type, 4, cols, rng);
             std::vector<float> x(static_cast<size_t>(cols));

@@ -299,16 +299,15 @@ std::vector<BlockQ8_K> quantize_tokens_q8_K(const float* x, int64_t n, int64_t k
 }
 
 // Q6_K / TQ1_0 / TQ2_0: activations to q8_K, then rows split across the pool, each dot the AVX2
-// kernel of matmul_kquants.h (TQ1_0: the scalar one, no SIMD kernel yet).
+// kernel of matmul_kquants.h.
 void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
     const int64_t m = w.rows, nb = w.cols / kQK_K;
     const std::vector<BlockQ8_K> xq = quantize_tokens_q8_K(x, n, w.cols);
-    const auto dot = w.type == GgmlType::TQ1_0 ? &dot_kquant_q8_K : &avx2::dot_kquant_q8_K;
     pool.run([&](int ith, int nth) {
         int64_t r0, r1;
         split(m, ith, nth, r0, r1);
         for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t t = 0; t < n; ++t) y[t * m + r] = dot(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
+            for (int64_t t = 0; t < n; ++t) y[t * m + r] = avx2::dot_kquant_q8_K(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
         }
     });
 }

@@ -39,8 +39,8 @@ void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);
 
 namespace avx2 {
-// dot_kquant_q8_K for Q6_K and TQ2_0 with AVX2 + FMA (matmul_kquants_avx2.cpp), equal to it bit
-// for bit; only where the CPU has them (TQ1_0 has no SIMD kernel yet).
+// dot_kquant_q8_K with AVX2 + FMA (matmul_kquants_avx2.cpp), equal to it bit for bit; only
+// where the CPU has them.
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);
 }  // namespace avx2
 

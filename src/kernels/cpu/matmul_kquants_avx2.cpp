@@ -40,6 +40,43 @@ __m256i tq2_lanes(const BlockTQ2_0& w, const BlockQ8_K& x) {
     return widen_pairs(s16);
 }
 
+// Base-3 digits of bytes, each byte q in 16-bit lane arithmetic: ((q * m mod 256) * 3) >> 8 with
+// m = 3^n given per 16-bit lane (both bytes of a lane take the same n).
+__m256i tq1_digits(__m256i q, __m256i m) {
+    const __m256i low = _mm256_set1_epi16(0x00FF), three = _mm256_set1_epi16(3);
+    const auto digit = [&](__m256i b) {  // b: one byte per 16-bit lane
+        const __m256i s = _mm256_and_si256(_mm256_mullo_epi16(b, m), low);
+        return _mm256_srli_epi16(_mm256_mullo_epi16(s, three), 8);
+    };
+    const __m256i even = digit(_mm256_and_si256(q, low)), odd = digit(_mm256_srli_epi16(q, 8));
+    return _mm256_or_si256(even, _mm256_slli_epi16(odd, 8));
+}
+
+// TQ1_0: qs[0..31] digit n is value 32 n + m; qs[32..47] digit n is value 160 + 16 n + m, so
+// digits (0, 1), (2, 3) and (4, then qh's) share a 32-byte vector in halves; qh[j] digit n is
+// value 240 + 4 n + j (byte 16 + 4 n + j of the last vector).
+__m256i tq1_lanes(const BlockTQ1_0& w, const BlockQ8_K& x) {
+    __m256i s16 = _mm256_setzero_si256();
+    const auto add = [&](__m256i t, int y0) {
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + y0))));
+    };
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+    constexpr int16_t kPow3[5] = {1, 3, 9, 27, 81};
+    for (int n = 0; n < 5; ++n) add(tq1_digits(a, _mm256_set1_epi16(kPow3[n])), 32 * n);
+    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + 32)));
+    const auto halves = [](int16_t lo, int16_t hi) {
+        return _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+    };
+    add(tq1_digits(b, halves(1, 3)), 160);
+    add(tq1_digits(b, halves(9, 27)), 192);
+    uint32_t qh;
+    std::memcpy(&qh, w.qh, sizeof qh);
+    const __m256i c = _mm256_inserti128_si256(b, _mm_set1_epi32(int(qh)), 1);  // high half: qh[0..3] four times
+    add(tq1_digits(c, _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27)), 224);
+    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)));
+    return widen_pairs(s16);
+}
+
 // Q6_K: per half of 128 values, vector v holds values 32 v + b; q - 32 through maddubs(q, y) -
 // maddubs(32, y), then each 16-bit lane (two values of one 16-value group) times its scale.
 __m256i q6_lanes(const BlockQ6_K& w, const BlockQ8_K& x) {
@@ -75,7 +112,6 @@ __m256i q6_lanes(const BlockQ6_K& w, const BlockQ8_K& x) {
 
 }  // namespace
 
-// dot_kquant_q8_K for Q6_K and TQ2_0 (TQ1_0 has no AVX2 kernel yet: the caller keeps the scalar one).
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
@@ -84,6 +120,10 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
         if (t == GgmlType::TQ2_0) {
             const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
             lanes = tq2_lanes(w, x[i]);
+            dw = fp16_to_fp32(w.d);
+        } else if (t == GgmlType::TQ1_0) {
+            const auto& w = reinterpret_cast<const BlockTQ1_0*>(row)[i];
+            lanes = tq1_lanes(w, x[i]);
             dw = fp16_to_fp32(w.d);
         } else {
             const auto& w = reinterpret_cast<const BlockQ6_K*>(row)[i];
