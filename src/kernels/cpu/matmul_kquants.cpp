@@ -99,61 +99,50 @@ void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n) {
     }
 }
 
+// Block i of a row of type t: its values v (Q6_K: q - 32, scales in sc; TQ: the digits t) and d.
+static float decode_block(GgmlType t, const uint8_t* row, int64_t i, int8_t* v, int8_t* sc) {
+    if (t == GgmlType::Q6_K) {
+        BlockQ6_K b;
+        std::memcpy(&b, row + i * sizeof b, sizeof b);
+        q6_values(b, v);
+        std::memcpy(sc, b.scales, sizeof b.scales);
+        return fp16_to_fp32(b.d);
+    }
+    if (t == GgmlType::TQ1_0) {
+        BlockTQ1_0 b;
+        std::memcpy(&b, row + i * sizeof b, sizeof b);
+        tq1_digits(b, v);
+        return fp16_to_fp32(b.d);
+    }
+    BlockTQ2_0 b;
+    std::memcpy(&b, row + i * sizeof b, sizeof b);
+    tq2_digits(b, v);
+    return fp16_to_fp32(b.d);
+}
+
 void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out) {
     VXQ_ASSERT(n % kQK_K == 0 && is_kquant_weight(t));
-    int8_t q[kQK_K];
+    int8_t v[kQK_K], sc[kQK_K / 16];
     for (int64_t i = 0; i < n / kQK_K; ++i, out += kQK_K) {
-        if (t == GgmlType::Q6_K) {
-            BlockQ6_K b;
-            std::memcpy(&b, row + i * sizeof b, sizeof b);
-            q6_values(b, q);
-            const float d = fp16_to_fp32(b.d);
-            for (int e = 0; e < kQK_K; ++e) out[e] = d * float(b.scales[e / 16]) * float(q[e]);
-            continue;
+        const float d = decode_block(t, row, i, v, sc);
+        for (int e = 0; e < kQK_K; ++e) {
+            out[e] = t == GgmlType::Q6_K ? d * float(sc[e / 16]) * float(v[e]) : float(v[e] - 1) * d;
         }
-        float d = 0.0f;
-        if (t == GgmlType::TQ1_0) {
-            BlockTQ1_0 b;
-            std::memcpy(&b, row + i * sizeof b, sizeof b);
-            tq1_digits(b, q);
-            d = fp16_to_fp32(b.d);
-        } else {
-            BlockTQ2_0 b;
-            std::memcpy(&b, row + i * sizeof b, sizeof b);
-            tq2_digits(b, q);
-            d = fp16_to_fp32(b.d);
-        }
-        for (int e = 0; e < kQK_K; ++e) out[e] = float(q[e] - 1) * d;
     }
 }
 
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
     VXQ_ASSERT(is_kquant_weight(t));
     float acc[8] = {};
-    int8_t w[kQK_K];
+    int8_t v[kQK_K], sc[kQK_K / 16];
     for (int64_t i = 0; i < nb; ++i) {
         const BlockQ8_K& xb = x[i];
+        const float dw = decode_block(t, row, i, v, sc);
         int32_t lane[8] = {};
-        float dw = 0.0f;
         if (t == GgmlType::Q6_K) {
-            BlockQ6_K b;
-            std::memcpy(&b, row + i * sizeof b, sizeof b);
-            q6_values(b, w);
-            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(b.scales[e / 16]) * w[e] * xb.qs[e];
-            dw = fp16_to_fp32(b.d);
+            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(sc[e / 16]) * v[e] * xb.qs[e];
         } else {
-            if (t == GgmlType::TQ1_0) {
-                BlockTQ1_0 b;
-                std::memcpy(&b, row + i * sizeof b, sizeof b);
-                tq1_digits(b, w);
-                dw = fp16_to_fp32(b.d);
-            } else {
-                BlockTQ2_0 b;
-                std::memcpy(&b, row + i * sizeof b, sizeof b);
-                tq2_digits(b, w);
-                dw = fp16_to_fp32(b.d);
-            }
-            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(w[e]) * xb.qs[e];
+            for (int e = 0; e < kQK_K; ++e) lane[(e % 32) / 4] += int32_t(v[e]) * xb.qs[e];
             for (int k = 0; k < 8; ++k) lane[k] -= int32_t(xb.bsums[2 * k]) + xb.bsums[2 * k + 1];
         }
         const float d = xb.d * dw;
