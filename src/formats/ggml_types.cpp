@@ -9,7 +9,6 @@ namespace vxq {
 
 namespace {
 
-
 // Block layouts of ggml b4748 (ggml-common.h: the static_asserts on each block_* struct).
 // An empty name marks an id that is not (or no longer) defined.
 constexpr std::array<GgmlTypeTraits, kGgmlTypeIdEnd> kTraits = [] {
@@ -29,8 +28,8 @@ constexpr std::array<GgmlTypeTraits, kGgmlTypeIdEnd> kTraits = [] {
     set(GgmlType::Q3_K, "q3_K", kQK_K, 110);                 // half + 32 hmask + 64 qs + 12 scales
     set(GgmlType::Q4_K, "q4_K", kQK_K, 144);                 // 2 halves + 12 scales + 128 qs
     set(GgmlType::Q5_K, "q5_K", kQK_K, 176);                 // 2 halves + 12 scales + 32 qh + 128 qs
-    set(GgmlType::Q6_K, "q6_K", kQK_K, sizeof(BlockQ6_K));               // half + 16 scales + 192 ql/qh
-    set(GgmlType::Q8_K, "q8_K", kQK_K, sizeof(BlockQ8_K));               // float + 256 int8 + 16 int16 sums
+    set(GgmlType::Q6_K, "q6_K", kQK_K, sizeof(BlockQ6_K));   // half + 16 scales + 192 ql/qh
+    set(GgmlType::Q8_K, "q8_K", kQK_K, sizeof(BlockQ8_K));   // float + 256 int8 + 16 int16 sums
     set(GgmlType::IQ2_XXS, "iq2_xxs", kQK_K, 66);            // half + 32 uint16
     set(GgmlType::IQ2_XS, "iq2_xs", kQK_K, 74);              // half + 32 uint16 + 8 scales
     set(GgmlType::IQ3_XXS, "iq3_xxs", kQK_K, 98);            // half + 96
@@ -46,8 +45,8 @@ constexpr std::array<GgmlTypeTraits, kGgmlTypeIdEnd> kTraits = [] {
     set(GgmlType::F64, "f64", 1, 8);
     set(GgmlType::IQ1_M, "iq1_m", kQK_K, 56);                // 32 qs + 16 qh + 8 scales
     set(GgmlType::BF16, "bf16", 1, 2);
-    set(GgmlType::TQ1_0, "tq1_0", kQK_K, sizeof(BlockTQ1_0));              // 48 base-3 bytes + 4 qh + half
-    set(GgmlType::TQ2_0, "tq2_0", kQK_K, sizeof(BlockTQ2_0));              // 64 two-bit bytes + half
+    set(GgmlType::TQ1_0, "tq1_0", kQK_K, sizeof(BlockTQ1_0));  // 48 base-3 bytes + 4 qh + half
+    set(GgmlType::TQ2_0, "tq2_0", kQK_K, sizeof(BlockTQ2_0));  // 64 two-bit bytes + half
     return t;
 }();
 
