@@ -275,6 +275,7 @@ struct Scratch {
     std::vector<BlockQ8_0> xq;  // activations quantized to q8_0
     std::vector<float> xd;      // their scales as f32
     std::vector<float> panel;   // per-worker weight panel
+    std::vector<BlockQ8_K> xk;  // activations quantized to q8_K
 };
 thread_local Scratch t_scratch;
 
@@ -290,11 +291,11 @@ inline void split(int64_t units, int ith, int nth, int64_t& b, int64_t& e) {
     e = units * (ith + 1) / nth;
 }
 
-// Activations of n tokens as q8_K blocks, [n, k / 256].
-std::vector<BlockQ8_K> quantize_tokens_q8_K(const float* x, int64_t n, int64_t k) {
+// Activations of n tokens as q8_K blocks, [n, k / 256], in `out` (grown to fit).
+const BlockQ8_K* quantize_tokens_q8_K(const float* x, int64_t n, int64_t k, std::vector<BlockQ8_K>& out) {
     VXQ_ASSERT(k % kQK_K == 0);
-    std::vector<BlockQ8_K> xq(size_t(n * (k / kQK_K)));
-    for (int64_t t = 0; t < n; ++t) quantize_row_q8_K(x + t * k, xq.data() + t * (k / kQK_K), k);
+    BlockQ8_K* xq = grow(out, size_t(n * (k / kQK_K)));
+    for (int64_t t = 0; t < n; ++t) quantize_row_q8_K(x + t * k, xq + t * (k / kQK_K), k);
     return xq;
 }
 
@@ -302,12 +303,12 @@ std::vector<BlockQ8_K> quantize_tokens_q8_K(const float* x, int64_t n, int64_t k
 // kernel of matmul_kquants.h.
 void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
     const int64_t m = w.rows, nb = w.cols / kQK_K;
-    const std::vector<BlockQ8_K> xq = quantize_tokens_q8_K(x, n, w.cols);
+    const BlockQ8_K* xq = quantize_tokens_q8_K(x, n, w.cols, t_scratch.xk);
     pool.run([&](int ith, int nth) {
         int64_t r0, r1;
         split(m, ith, nth, r0, r1);
         for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t t = 0; t < n; ++t) y[t * m + r] = avx2::dot_kquant_q8_K(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
+            for (int64_t t = 0; t < n; ++t) y[t * m + r] = avx2::dot_kquant_q8_K(w.type, row_ptr(w, r), xq + t * nb, nb);
         }
     });
 }
@@ -542,10 +543,11 @@ void matmul_ref(const WeightView& w, const float* x, int64_t n_tokens, float* y)
     const GgmlType dot = dot_type_of(w);
 
     if (dot == GgmlType::Q8_K) {
-        const std::vector<BlockQ8_K> xq = quantize_tokens_q8_K(x, n_tokens, k);
+        std::vector<BlockQ8_K> buf;
+        const BlockQ8_K* xq = quantize_tokens_q8_K(x, n_tokens, k, buf);
         const int64_t nb = k / kQK_K;
         for (int64_t r = 0; r < m; ++r) {
-            for (int64_t t = 0; t < n_tokens; ++t) y[t * m + r] = dot_kquant_q8_K(w.type, row_ptr(w, r), xq.data() + t * nb, nb);
+            for (int64_t t = 0; t < n_tokens; ++t) y[t * m + r] = dot_kquant_q8_K(w.type, row_ptr(w, r), xq + t * nb, nb);
         }
         return;
     }
