@@ -118,29 +118,40 @@ TEST(DequantizeKQuant, Q6KEmbeddingIsCloseToTheF16One) {
     EXPECT_GT(std::sqrt(err / norm), 1e-4);  // not the f16 data read twice
 }
 
+// Random rows of a super-block type and one random activation row quantized to q8_K.
+struct DotCase {
+    test::Weights w;
+    std::vector<BlockQ8_K> xq;
+    const uint8_t* row(int64_t r) const { return w.bytes.data() + size_t(r) * w.view().row_bytes; }
+};
+DotCase dot_case(GgmlType type, int64_t rows, int64_t cols, float x_scale, std::mt19937& rng) {
+    DotCase c{test::random_weights(type, rows, cols, rng), std::vector<BlockQ8_K>(static_cast<size_t>(cols / kQK_K))};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (auto& v : x) v = nd(rng) * x_scale;
+    quantize_row_q8_K(x.data(), c.xq.data(), cols);
+    return c;
+}
+
 // The dot of a row with q8_K activations: exact integers per block, float lanes after; within
 // float rounding of the double-precision sum of the decoded values.
 TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
         for (int64_t cols : {256, 512, 1536, 4096}) {
-            const test::Weights w = test::random_weights(type, 3, cols, rng);
-            std::vector<float> x(static_cast<size_t>(cols));
-            for (auto& v : x) v = nd(rng);
-            std::vector<BlockQ8_K> xq(static_cast<size_t>(cols / kQK_K));
-            quantize_row_q8_K(x.data(), xq.data(), cols);
+            const DotCase dc = dot_case(type, 3, cols, 1.0f, rng);
             for (int64_t r = 0; r < 3; ++r) {
                 std::vector<float> wr(static_cast<size_t>(cols));
-                dequantize_row(w.view(), r, wr.data());
+                dequantize_row(dc.w.view(), r, wr.data());
                 double exact = 0.0, mag = 0.0;
                 for (int64_t c = 0; c < cols; ++c) {
-                    const double xv = double(xq[size_t(c / kQK_K)].d) * xq[size_t(c / kQK_K)].qs[c % kQK_K];
+                    const BlockQ8_K& xb = dc.xq[size_t(c / kQK_K)];
+                    const double xv = double(xb.d) * xb.qs[c % kQK_K];
                     exact += double(wr[size_t(c)]) * xv;
                     mag += std::fabs(double(wr[size_t(c)]) * xv);
                 }
-                const float got = dot_kquant_q8_K(type, w.bytes.data() + size_t(r) * w.view().row_bytes, xq.data(), cols / kQK_K);
+                const float got = dot_kquant_q8_K(type, dc.row(r), dc.xq.data(), cols / kQK_K);
                 EXPECT_NEAR(got, exact, 1e-5 * mag + 1e-30)
                     << ggml_type_name(type) << " cols " << cols << " row " << r << " seed " << seed;
             }
@@ -149,21 +160,18 @@ TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
 }
 
 TEST(DotKQuant, Avx2EqualsScalar) {
-    if (std::string(matmul_isa()) != "avx2") GTEST_SKIP() << "no AVX2 on this CPU";
+    if (std::string(matmul_isa()) != "avx2") {
+        GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernels were not tested (the scalar "
+                        "reference, which matmul runs on such a CPU, was) ***";
+    }
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
         for (int64_t cols : {256, 512, 1536, 4096}) {
-            const test::Weights w = test::random_weights(type, 4, cols, rng);
-            std::vector<float> x(static_cast<size_t>(cols));
-            for (auto& v : x) v = nd(rng) * (cols == 512 ? 30.0f : 1.0f);
-            std::vector<BlockQ8_K> xq(static_cast<size_t>(cols / kQK_K));
-            quantize_row_q8_K(x.data(), xq.data(), cols);
+            const DotCase dc = dot_case(type, 4, cols, cols == 512 ? 30.0f : 1.0f, rng);
             for (int64_t r = 0; r < 4; ++r) {
-                const uint8_t* row = w.bytes.data() + size_t(r) * w.view().row_bytes;
-                const float a = dot_kquant_q8_K(type, row, xq.data(), cols / kQK_K);
-                const float b = avx2::dot_kquant_q8_K(type, row, xq.data(), cols / kQK_K);
+                const float a = dot_kquant_q8_K(type, dc.row(r), dc.xq.data(), cols / kQK_K);
+                const float b = avx2::dot_kquant_q8_K(type, dc.row(r), dc.xq.data(), cols / kQK_K);
                 EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0)
                     << ggml_type_name(type) << " cols " << cols << " row " << r << ": " << a << " vs " << b << " seed " << seed;
             }
