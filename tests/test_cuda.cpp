@@ -10,12 +10,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +29,7 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_view.h"
 #include "model/model.h"
+#include "model/synth.h"
 #include "runtime/generate.h"
 #include "support/assets.h"
 #include "support/random_weights.h"
@@ -1040,6 +1044,59 @@ TEST(Cuda, StepInPassesEqualsOnePass) {
             for (size_t i = 1; i < bes.size(); ++i) ASSERT_EQ(logits[0], logits[i]) << "step " << step << ", backend " << i;
             batch = {TokenId(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin())};
         }
+    }
+}
+
+// The q8_0 handoff (backend_cuda.cpp, q8_handoff): a Q8_0/Q4_0 O projection at n = 1 reads its
+// input quantized by the split attention's merge instead of running a quantize kernel. Decode
+// logits must equal those of the quantize kernel (VXQ_CUDA_Q8_HANDOFF=0) bit for bit, in graphs,
+// in 4-op passes and in plain launches; the profiled backend's op list shows that the attention
+// wrote the q8_0 rows. Files: `vxq synth --shape tiny` (GQA 2, head_dim 32: the split kernel) in
+// Q8_0 and Q4_0, fresh seeds.
+TEST(Cuda, Q8HandoffEqualsQuantizeKernels) {
+    VXQ_REQUIRE_CUDA(cuda);
+    for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+        const uint32_t seed = fresh_seed();  // in the file name, hence in the failure's trace
+        const std::string path = (std::filesystem::temp_directory_path() /
+                                  ("vxq_q8_handoff_" + std::string(ggml_type_name(type)) + "_seed" +
+                                   std::to_string(seed) + "_" + std::to_string(getpid()) + ".gguf"))
+                                     .string();
+        SCOPED_TRACE(path);
+        SynthModel(SynthOptions{"tiny", type, seed, 0, 0, 1}).write(path);
+        auto model = Model::load(path, "cuda");
+        std::filesystem::remove(path);  // mapped: the mapping stays valid
+        auto with_env = [](std::initializer_list<std::pair<const char*, const char*>> env) {
+            for (const auto& [k, v] : env) setenv(k, v, 1);
+            auto be = make_backend("cuda", 1);
+            for (const auto& [k, v] : env) unsetenv(k);
+            return be;
+        };
+        std::vector<std::unique_ptr<Backend>> bes;
+        bes.push_back(with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
+        bes.push_back(with_env({}));
+        bes.push_back(with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
+        bes.push_back(with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
+        const ModelConfig& c = model->config();
+        std::vector<std::unique_ptr<KvCache>> caches;
+        for (auto& be : bes) {
+            KvCacheOptions opts;
+            opts.memory = be->kv_memory();
+            opts.flash_attn = true;
+            caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
+        }
+        const auto ids = model->tokenizer().encode("Once upon a time", true);
+        std::vector<TokenId> batch(ids.begin(), ids.end());
+        std::vector<std::vector<float>> logits(bes.size(), std::vector<float>(size_t(c.n_vocab)));
+        for (int step = 0; step < 24; ++step) {
+            for (size_t i = 0; i < bes.size(); ++i) model->forward(*bes[i], *caches[i], batch, false, logits[i].data());
+            for (size_t i = 1; i < bes.size(); ++i) ASSERT_EQ(logits[0], logits[i]) << "step " << step << ", backend " << i;
+            batch = {TokenId(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin())};
+        }
+        caches.back().reset();
+        testing::internal::CaptureStderr();
+        bes.back().reset();
+        const std::string ops = testing::internal::GetCapturedStderr();
+        EXPECT_NE(ops.find("attention split-K (rope + kv store, q8_0 out)"), std::string::npos) << ops;
     }
 }
 

@@ -133,9 +133,10 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 // last: for each of the REP query heads the splits' maxima and sums (read in parallel: a chain of
 // dependent loads would cost a memory latency per split), then o = sum_z o_z exp(m_z - m) /
 // sum_z l_z exp(m_z - m). No visible token: 0. Partials of other blocks are read through L2
-// (__ldcg): L1 is not coherent.
+// (__ldcg): L1 is not coherent. `keep` (shared memory, REP * head_dim floats, or null): the
+// merged rows again, for the q8_0 output.
 template <int REP>
-__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int splits) {
+__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int splits, float* keep) {
     __shared__ float wz[REP][kAttnSplitMaxSplits], lz[REP][kAttnSplitMaxSplits];
     __shared__ float inv_s[REP];
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31;
@@ -168,6 +169,7 @@ __device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int
 #pragma unroll 8
         for (int z = 0; z < splits; ++z) acc += __ldcg(part + z * stride + d) * wz[r][z];
         p.out[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d] = acc * inv_s[r];
+        if (keep) keep[e] = acc * inv_s[r];
     }
 }
 
@@ -324,9 +326,18 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
     __syncthreads();
     if (!merger) return;
     __threadfence();
-    merge_splits<REP>(p, g, i, active);
     if (rope) {  // every block of the group has read q: the rotated rows go back (as rope_store leaves them)
         for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qs[e / hd][e % hd];
+        __syncthreads();  // qs is merge_splits' `keep` below
+    }
+    float* keep = p.out_q8.qs ? &qs[0][0] : nullptr;  // REP * hd <= REP * kAttnSplitMaxHeadDim floats
+    merge_splits<REP>(p, g, i, active, keep);
+    if (keep) {  // one query: the group's rows of out, contiguous, whole 32-element blocks
+        __syncthreads();
+        const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
+        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
+            quantize_block_q8_0(keep[b * kQBlock + lane], b0 + b, lane, p.out_q8.qs, p.out_q8.s);
+        }
     }
     if (tid == 0) *arrivals = 0;  // ready for the next call (a kernel boundary orders it)
 }
@@ -438,6 +449,10 @@ size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_
 
 void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;
+    if (p.out_q8.qs && !attention_split_q8_fits(p)) {
+        throw_cuda_error(cudaErrorInvalidValue, "attention_f16_split: q8_0 output needs one query and head_dim % 32 == 0",
+                         __FILE__, __LINE__);
+    }
     const dim3 grid(unsigned(p.n_head_kv), unsigned(p.n_q), unsigned(p.splits));
     switch (p.n_head / p.n_head_kv) {
         case 1: launch_pdl(attention_split_kernel<1>, grid, dim3(kSplitThreads), 0, st, p); break;
@@ -451,6 +466,8 @@ bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStore
     return p.n_q == 1 && r.n == 1 && r.q == p.q && r.n_head == p.n_head && r.n_head_kv == p.n_head_kv &&
            r.head_dim == p.head_dim && r.n_rot >= 0 && r.n_rot <= r.head_dim && r.n_rot % 2 == 0;
 }
+
+bool attention_split_q8_fits(const F16SplitAttentionParams& p) { return p.n_q == 1 && p.head_dim % kQBlock == 0; }
 
 void rope_store_f16(const RopeStoreParams& p, cudaStream_t st) {
     const int64_t blocks = p.n * (p.n_head + p.n_head_kv);

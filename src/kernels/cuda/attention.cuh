@@ -110,12 +110,19 @@ struct F16SplitAttentionParams {
     int64_t splits;
     float scale;
     RopeStoreParams rope;     // n_q == 1 and rope.q == q: RoPE + KV store fused (above); else rope.q null
+    Q8Act out_q8;             // n_q == 1, head_dim a multiple of 32: out also as q8_0 activations (below)
 };
+//
+// With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
+// (the quantize kernel's bits, q8_act.cuh), for a Q8_0/Q4_0 output projection that then needs no
+// quantize kernel (GemvFusion::x_q8).
 // Whether the split kernel takes this shape (GQA group, head_dim).
 bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 // Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
 // same heads and head_dim, full rotation pairs within head_dim).
 bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& rope);
+// Whether the split kernel can write out as q8_0 for p (one query, head_dim a multiple of 32).
+bool attention_split_q8_fits(const F16SplitAttentionParams& p);
 // Splits for a call: kAttnSplitBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits).
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);

@@ -124,6 +124,8 @@ public:
         chunk_limit_ = chunk_ops_;
         const char* g = std::getenv("VXQ_CUDA_GRAPHS");
         graphs_on_ = !(g && std::string_view(g) == "0");
+        const char* q8 = std::getenv("VXQ_CUDA_Q8_HANDOFF");
+        q8_handoff_on_ = !(q8 && std::string_view(q8) == "0");
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
@@ -146,6 +148,7 @@ public:
         scores_.release();
         split_partial_.release();
         split_arrivals_.release();
+        q8_handoff_buf_.release();
         for (StepBlock& b : steps_) {
             b.dev.release();
             b.host.release();
@@ -191,6 +194,7 @@ public:
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
         const DeviceWeight& dw = weight(w);
         scratch_for(gemv_scratch_bytes(dw, n));
+        if (n == 1) q8_handoff_room(dw);
         float* yd = out(y, size_t(n * w.rows));
         step_reserve({host_bytes(x, size_t(n * w.cols))});
         struct A {
@@ -447,6 +451,7 @@ public:
             }
             record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
             if (fuse_rope) labels_.back() = "attention split-K (rope + kv store)";
+            attn_split_ = AttnSplitRec{pending_.size() - 1, p};
             finish(o, p.out, n_out);
             return;
         }
@@ -710,13 +715,14 @@ private:
             extend = !overlaps(group_.y[i], size_t(n * group_.w[i]->rows), x, x_len);
         }
         extend = extend && !overlaps(y, y_len, x, x_len);
-        if (extend && group_.fusion.norm_in) {  // the fused kernel must take the larger group too
+        if (extend && (group_.fusion.norm_in || group_.fusion.x_q8.qs)) {  // the fused kernel must take the larger group too
             const DeviceWeight* ws[kGemvGroupMax + 1];
             for (int64_t i = 0; i < group_.count; ++i) ws[i] = group_.w[i];
             ws[group_.count] = &w;
             extend = gemv_fusable(ws, int(group_.count) + 1, group_.fusion);
         }
         if (!extend) {
+            const Q8Act handoff = q8_handoff(w, x, n);  // the attention before may quantize x
             group_ = GemvGroupArgs{};
             group_.w[0] = &w;
             group_.y[0] = y;
@@ -724,6 +730,11 @@ private:
             group_.x = x;
             group_.n = n;
             group_op_ = pending_.size() - 1;
+            if (handoff.qs) {
+                group_.fusion.x_q8 = handoff;
+                set_group_launch("gemv (q8_0 in)");
+                return;
+            }
             // The RMSNorm right before, whose output this reads, runs in the kernel's prologue.
             if (n == 1 && norm_.op != SIZE_MAX && norm_.op + 2 == pending_.size() && norm_.y == x && norm_.dim == w.cols &&
                 !overlaps(norm_.x, size_t(norm_.dim), norm_.y, size_t(norm_.dim))) {
@@ -747,8 +758,47 @@ private:
         group_.w[group_.count] = &w;
         group_.y[group_.count] = y;
         ++group_.count;
-        set_group_launch(group_.fusion.norm_in ? "gemv group (rms_norm)" : "gemv group");
+        set_group_launch(group_.fusion.norm_in ? "gemv group (rms_norm)" : group_.fusion.x_q8.qs ? "gemv group (q8_0 in)" : "gemv group");
     }
+    // The q8_0 handoff (GemvFusion::x_q8): a Q8_0/Q4_0 matmul at n = 1 that reads the output of
+    // the split attention recorded right before it (the O projection) gets that output quantized
+    // to q8_0 by the attention's merge, and runs no quantize kernel of its own. Same bits as the
+    // quantize kernel (Cuda.Q8HandoffEqualsQuantizeKernels); VXQ_CUDA_Q8_HANDOFF=0 turns it off.
+    // Returns the quantized input, or {} (the matmul quantizes as before).
+    // Measured and not kept (docs/gpu.md): the same handoff from the O/down matmuls' last block
+    // (the RMSNorm after the residual add) and from the gate/up group's last block per 32 rows
+    // (the SwiGLU), which made the matmuls slower than the quantize kernels they removed.
+    Q8Act q8_handoff(const DeviceWeight& w, const float* x, int64_t n) {
+        if (!q8_handoff_on_ || n != 1 || w.cols > q8_handoff_cols_) return {};
+        GemvFusion consumer;
+        consumer.x_q8 = q8_handoff_act();
+        const DeviceWeight* wp = &w;
+        AttnSplitRec& a = attn_split_;
+        if (!gemv_fusable(&wp, 1, consumer) || a.op == SIZE_MAX || a.op + 2 != pending_.size() || a.p.out != x ||
+            !attention_split_q8_fits(a.p) || a.p.n_head * a.p.head_dim != w.cols) {
+            return {};
+        }
+        a.p.out_q8 = consumer.x_q8;
+        pending_[a.op] = [p = a.p](cudaStream_t st) { attention_f16_split(p, st); };
+        labels_[a.op] = a.p.rope.q ? "attention split-K (rope + kv store, q8_0 out)" : "attention split-K (q8_0 out)";
+        return a.p.out_q8;
+    }
+    // The handoff's buffer: quants, then (256-byte aligned) scales, for q8_handoff_cols_ columns.
+    // Sized before a matmul is recorded: growing drains and drops the graphs, which hold the old
+    // address.
+    void q8_handoff_room(const DeviceWeight& w) {
+        const bool quant = w.type == GgmlType::Q8_0 || w.type == GgmlType::Q4_0;
+        if (!q8_handoff_on_ || !quant || w.cols <= q8_handoff_cols_ || w.cols % kQBlock != 0) return;
+        drain();
+        drop_graphs();
+        q8_handoff_cols_ = w.cols;
+        q8_handoff_buf_.reserve(align256(size_t(w.cols)) + size_t(w.cols / kQBlock) * sizeof(Q8Scale));
+    }
+    Q8Act q8_handoff_act() {
+        uint8_t* base = q8_handoff_buf_.data;
+        return Q8Act{reinterpret_cast<int8_t*>(base), reinterpret_cast<Q8Scale*>(base + align256(size_t(q8_handoff_cols_)))};
+    }
+    static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
     // Whether the op just recorded comes right after the matmul group.
     bool group_just_before() const { return group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size(); }
     // Recorded op `op` (right before or after the group) runs inside the group's kernel with
@@ -767,7 +817,8 @@ private:
     }
     void set_group_launch(const char* label) {
         labels_[group_op_] = label;
-        const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu || group_.fusion.swiglu_up;
+        const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu || group_.fusion.swiglu_up ||
+                           group_.fusion.x_q8.qs;
         pending_[group_op_] = [g = group_, fused, this](cudaStream_t st) {
             if (fused) {
                 gemv_group(g.w, g.y, int(g.count), const_cast<float*>(g.x), gemv_scratch_, st, g.fusion);
@@ -784,6 +835,7 @@ private:
         swiglu_ = SwigluArgs{};
         ropes_[0] = ropes_[1] = RopeArgs{};
         rope_store_ = RopeStoreRec{};
+        attn_split_ = AttnSplitRec{};
         labels_.clear();
         pending_.clear();
         key_.clear();
@@ -969,6 +1021,9 @@ private:
     DeviceArray<float> scores_;
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
+    bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
+    DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
+    int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
     std::vector<KvHeadDev> heads_;
     AttnGemmScratch attn_scratch_;            // the prefill attention's scratch and cuBLAS handle
@@ -990,6 +1045,11 @@ private:
         float eps = 0.0f;
     };
     NormArgs norm_;
+    struct AttnSplitRec {  // the last split attention recorded (a candidate q8_0 producer)
+        size_t op = SIZE_MAX;
+        F16SplitAttentionParams p;
+    };
+    AttnSplitRec attn_split_;
     struct SwigluArgs {  // the last one-row SwiGLU recorded unfused (a candidate for a Q8_0/Q4_0 matmul's quantize)
         size_t op = SIZE_MAX;
         float* gate = nullptr;

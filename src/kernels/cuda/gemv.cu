@@ -73,28 +73,6 @@ __global__ void convert_kernel(const float* __restrict__ x, typename E::Raw* __r
     }
 }
 
-// A q8_0 activation block's scale (the fp16 value, widened) and the sum of its 32 quants (the
-// Q4_0 kernel subtracts 8 * sum instead of 8 from every weight nibble).
-struct __align__(8) Q8Scale {
-    float d;
-    int sum;
-};
-
-// Block b of q8_0 activations from its 32 values, one per lane of a warp: ggml's AVX2
-// quantize_row_q8_0, amax over |x|, id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x *
-// id), d = fp16(amax / 127), and the quants' sum.
-__device__ __forceinline__ void quantize_block_q8_0(float v, int64_t b, int lane, int8_t* __restrict__ qs,
-                                                    Q8Scale* __restrict__ s) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const int q = __float2int_rn(__fmul_rn(v, id));  // |v * id| <= 127
-    qs[b * kQBlock + lane] = int8_t(q);
-    const int sum = __reduce_add_sync(0xffffffffu, q);
-    if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
-}
-
 // One warp per 32-element block, lane = element.
 __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8Scale* __restrict__ s,
                                      int64_t n_blocks) {
@@ -916,22 +894,25 @@ void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count
     launch_quant_group(w.type, ps, count, st);
 }
 
-// n = 1 with a fusion (gemv_fusable): the norm or SwiGLU before, in the quantize kernel; the
-// residual add in the GEMV's store.
+// n = 1 with a fusion (gemv_fusable): the norm or SwiGLU before, in the quantize kernel (none
+// when x arrives quantized); the residual add in the GEMV's store.
 void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count, float* x, const GemvFusion& f,
                       GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
-    const int64_t nb = w.cols / kQBlock;
-    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, 1)));
-    int8_t* xq = reinterpret_cast<int8_t*>(base);
-    Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(w.cols)));
-    const float* in = f.norm_weight ? f.norm_in : x;
-    const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
-    launch_pdl(quantize_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
-               f.swiglu_up, x, w.cols, xq, xs);
+    Q8Act xa = f.x_q8;
+    if (!xa.qs) {
+        const int64_t nb = w.cols / kQBlock;
+        uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, 1)));
+        xa.qs = reinterpret_cast<int8_t*>(base);
+        xa.s = reinterpret_cast<Q8Scale*>(base + align256(size_t(w.cols)));
+        const float* in = f.norm_weight ? f.norm_in : x;
+        const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
+        launch_pdl(quantize_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
+                   f.swiglu_up, x, w.cols, xa.qs, xa.s);
+    }
     GemvParams ps[kGemvGroupMax];
     for (int i = 0; i < count; ++i) {
-        ps[i] = gemv_params(*ws[i], xq, xs, 1, ys[i]);
+        ps[i] = gemv_params(*ws[i], xa.qs, xa.s, 1, ys[i]);
         ps[i].resid = f.resid;
     }
     launch_quant_group(w.type, ps, count, st);
@@ -1310,9 +1291,11 @@ bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fu
         if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;
     }
     if (fusion.norm_weight && !fusion.norm_in) return false;
-    if (is_quant(ws[0]->type)) {  // the quantize kernel's prologue and the GEMV's store
-        return !fusion.swiglu && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up);
+    if (is_quant(ws[0]->type)) {  // the quantize kernel's prologue (or x already quantized) and the GEMV's store
+        return !fusion.swiglu && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up) &&
+               !(fusion.x_q8.qs && (fusion.norm_weight || fusion.swiglu_up));
     }
+    if (fusion.x_q8.qs) return false;
     return !fusion.swiglu_up && g1_dispatch(ws, nullptr, count, nullptr, fusion, nullptr);
 }
 

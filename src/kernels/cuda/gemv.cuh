@@ -48,10 +48,9 @@
 #include <cuda_runtime.h>
 
 #include "backend/types.h"
+#include "kernels/cuda/q8_act.cuh"
 
 namespace vxq::cuda {
-
-constexpr int kQBlock = 32;  // elements per q8_0 / q4_0 block
 
 // GEMV kernel shape (gemv.cu says how a block is laid out).
 constexpr int kGemvWarps = 4;         // warps per block
@@ -149,6 +148,11 @@ struct GemvFusion {
     // Q8_0/Q4_0 only (their activations are quantized by a kernel of their own, which takes the
     // op before): x = silu(x) * swiglu_up first, as cuda::swiglu (x written back).
     const float* swiglu_up = nullptr;
+
+    // Q8_0/Q4_0 only: x arrives quantized to q8_0 (the quantize kernel's bits) by the kernel
+    // before (the split attention's merge: attention.cuh), so no quantize kernel runs. Not with
+    // norm_weight or swiglu_up.
+    Q8Act x_q8{};
 };
 // Whether gemv_group(ws, ys, count, x, 1, s, stream, fusion) runs the batch-1 kernel with this
 // fusion (the matrices' type and cols, and for swiglu two matrices of equal rows).
