@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "support/assets.h"
 #include "support/run_cli.h"
+#include "support/text.h"
 #include "support/tiny_model.h"
 
 namespace vxq {
@@ -245,6 +246,13 @@ const BadInput kBadInputs[] = {
     {"VecinferCalibrationIsAModel", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + M()}; }, "vxq.calibration.method"},
     {"VecinferCalibrationTruncatedHeader", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc100.gguf", calib_prefix(100))}; }, "calib_trunc100.gguf: invalid GGUF"},
     {"VecinferCalibrationTruncatedData", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc20k.gguf", calib_prefix(20000))}; }, "calib_trunc20k.gguf"},
+    // eval --passkey: the set and the options are checked before any model loads.
+    {"EvalNeitherTextNorPasskey", [] { return Args{"eval", "-m", M(), "--kv", "q8_0"}; }, "a pass-key set (--passkey), or both"},
+    {"EvalPasskeyNotJson", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", T()}; }, "not a pass-key set: invalid JSON"},
+    {"EvalPasskeyNoCaseOfLength", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", tmp_file("pk2.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--passkey-lengths", "4000"}; }, "no case of length 4000"},
+    {"EvalPasskeyModelMissing", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", tmp_file("pk3.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--passkey-model", "/nonexistent_pk.gguf"}; }, "/nonexistent_pk.gguf"},
+    {"EvalPasskeyLengthsWithoutSet", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--passkey-lengths", "4000"}; }, "go with --passkey"},
+    {"EvalPlotWithoutText", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", tmp_file("pk4.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--plot", "/tmp/vxq_pk.svg"}; }, "needs a text (-f)"},
     {"VecinferCalibrationWrongShape", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:n=8,calib=" + vecinfer_calib("this_model", true)}; }, "not n=8,m=8"},
 };
 
@@ -265,6 +273,36 @@ TEST(Cli, CalibrateThenRunWithTheCalibration) {
                                   "vecinfer:n=4,m=6,calib=" + out});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("Final estimate: PPL = "), std::string::npos) << r.out;
+}
+
+// eval --passkey: every method and the reference answer the set on the pass-key model, in the
+// table and the JSON. Two cases of 1024 tokens of the shared set (the f16 cache answers both).
+TEST(Cli, EvalAnswersAPassKeySetWithEveryMethod) {
+    const std::string model_rel = "assets/models/vxq-passkey-h64-f16.gguf", set_rel = "assets/passkey/passkey_wikitext.json";
+    VXQ_REQUIRE_ASSET(model_rel);
+    VXQ_REQUIRE_ASSET(set_rel);
+    nlohmann::json set = nlohmann::json::parse(test::read_file(test::shared_path(set_rel)));
+    nlohmann::json two = nlohmann::json::array();
+    for (const auto& c : set["cases"]) {
+        if (c["target_tokens"] == 1024 && two.size() < 2) two.push_back(c);
+    }
+    const std::string set_path = tmp_file("pk_two.json", nlohmann::json{{"name", "two"}, {"cases", two}}.dump());
+    const std::string json_path = (std::filesystem::temp_directory_path() / "vxq_cli_pk_eval.json").string();
+    std::filesystem::remove(json_path);
+    const auto r = test::run_cli({"eval", "-m", test::shared_path(model_rel), "--passkey", set_path, "--kv",
+                                  "q8_0,f16@streaming:budget=64", "-t", "2", "--json", json_path});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("| f16 (reference) | 2/2 | 1024: 2/2 |"), std::string::npos) << r.out;
+    const auto j = nlohmann::json::parse(test::read_file(json_path));
+    const auto& methods = j["passkey"]["methods"];
+    ASSERT_EQ(methods.size(), 3u) << j.dump();
+    EXPECT_EQ(methods[0]["method"], "f16");
+    EXPECT_EQ(methods[0]["reference"], true);
+    EXPECT_EQ(methods[1]["method"], "q8_0");
+    EXPECT_EQ(methods[1]["correct"], 2);  // q8_0 answers all 40 cases of 4000 tokens (docs/kv-methods.md)
+    EXPECT_EQ(methods[2]["method"], "f16@streaming:budget=64");
+    for (const auto& m : methods) EXPECT_EQ(m["total"], 2) << m.dump();
+    EXPECT_EQ(j["passkey"]["cases"], 2);
 }
 
 TEST(Cli, InspectNamesEveryTensorTypeOfATernaryFile) {

@@ -1,7 +1,9 @@
 #include "runtime/passkey.h"
 
+#include <algorithm>
 #include <chrono>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -41,6 +43,28 @@ PasskeySet parse_passkey_set(std::string_view json_text, const std::string& wher
         fail("{}: not a pass-key set: a field of the wrong type ({})", where, e.what());
     }
     return s;
+}
+
+std::vector<const PasskeyCase*> select_passkey_cases(const PasskeySet& set, const std::vector<int64_t>& lengths,
+                                                     const std::string& where) {
+    std::vector<const PasskeyCase*> cases;
+    for (const PasskeyCase& c : set.cases) {
+        if (lengths.empty() || std::find(lengths.begin(), lengths.end(), c.target_tokens) != lengths.end()) cases.push_back(&c);
+    }
+    if (cases.empty()) fail("{}: no case of length {}", where, fmt::join(lengths, ","));
+    return cases;
+}
+
+PasskeyTally tally_passkey(const std::vector<PasskeyOutcome>& outcomes) {
+    PasskeyTally t;
+    for (const PasskeyOutcome& r : outcomes) {
+        auto& [ok, n] = t.by_length[r.c->target_tokens];
+        ok += r.correct;
+        ++n;
+        t.correct += r.correct;
+        ++t.total;
+    }
+    return t;
 }
 
 bool passkey_correct(std::string_view text, std::string_view answer) {

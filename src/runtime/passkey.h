@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace vxq {
@@ -36,6 +38,11 @@ PasskeySet parse_passkey_set(std::string_view json_text, const std::string& wher
 // Whether generated text answers: leading whitespace removed, it starts with the answer.
 bool passkey_correct(std::string_view text, std::string_view answer);
 
+// The cases of the given prompt length classes (all when `lengths` is empty); vxq::Error naming
+// `where` when none is left.
+std::vector<const PasskeyCase*> select_passkey_cases(const PasskeySet& set, const std::vector<int64_t>& lengths,
+                                                     const std::string& where);
+
 struct PasskeyOutcome {
     const PasskeyCase* c = nullptr;
     int64_t prompt_tokens = 0;  // as tokenized now (differs from the file's only with another tokenizer)
@@ -45,6 +52,13 @@ struct PasskeyOutcome {
 };
 
 constexpr int32_t kPasskeyNewTokens = 8;
+
+// Right answers of a run, in all and per prompt length class.
+struct PasskeyTally {
+    int correct = 0, total = 0;
+    std::map<int64_t, std::pair<int, int>> by_length;  // length class -> (correct, total)
+};
+PasskeyTally tally_passkey(const std::vector<PasskeyOutcome>& outcomes);
 
 // Runs the cases (greedy, kPasskeyNewTokens new tokens each) with `cache`, which must hold the
 // longest prompt plus those tokens; `progress(done, total)` after each case.

@@ -1,10 +1,15 @@
 // vxq eval: quality of a list of KV methods against the f16 cache on one model and text —
 // perplexity (prefill and stream), KL divergence and top-1 agreement of the next-token
 // distribution, attention fidelity, bits/element — as markdown, JSON and a KL-vs-bits SVG; with
-// --gate, the limits of a quality-gate file are checked (exit 1 on a violation).
+// --gate, the limits of a quality-gate file are checked (exit 1 on a violation). With --passkey,
+// the same methods (and the reference) also answer a pass-key set (runtime/passkey.h) on
+// --passkey-model: right answers per method in the same table and JSON.
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -12,8 +17,11 @@
 
 #include "core/error.h"
 #include "kv/calibration.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/eval.h"
+#include "runtime/memory_check.h"
+#include "runtime/passkey.h"
 #include "runtime/quality_gate.h"
 #include "tools/commands.h"
 #include "tools/common.h"
@@ -26,6 +34,8 @@ namespace {
 
 struct EvalOptions {
     std::string model, file, ref = "f16", json_out, plot_out, speed_plot_out, gate, device = "cpu";
+    std::string passkey, passkey_model;  // the set; the model that answers it (default: model)
+    std::vector<int64_t> passkey_lengths;
     std::vector<std::string> kv, bench_json;
     std::vector<std::string> modes{"prefill", "stream"};
     int threads = 0;
@@ -64,6 +74,92 @@ nlohmann::json to_json(const EvalResult& r, const EvalOptions& o) {
     return j;
 }
 
+// One method's pass-key run (the reference first).
+struct PasskeyEval {
+    std::string label, format;
+    bool reference = false;
+    PasskeyTally tally;
+    double seconds = 0;
+};
+
+struct PasskeyRun {
+    PasskeySet set;
+    std::vector<const PasskeyCase*> cases;
+    std::string model;
+    std::vector<PasskeyEval> methods;
+};
+
+// Every method of p (the reference first) with a fresh cache on the pass-key model.
+void run_passkey_methods(PasskeyRun& run, const EvalParams& p, int threads) {
+    int64_t longest = 0;
+    for (const PasskeyCase* c : run.cases) longest = std::max(longest, c->prompt_tokens);
+    const auto model = Model::load(run.model, p.device);
+    const ModelConfig& c = model->config();
+    const int64_t n_ctx = longest + kPasskeyNewTokens;
+    if (n_ctx > c.n_ctx_train) {
+        fail("--passkey: the longest prompt is {} tokens, with {} new tokens {}, above the training context {} of {} "
+             "(choose --passkey-lengths)",
+             longest, kPasskeyNewTokens, n_ctx, c.n_ctx_train, run.model);
+    }
+    std::vector<const EvalMethod*> methods{&p.reference};
+    for (const EvalMethod& m : p.methods) methods.push_back(&m);
+    for (const EvalMethod* m : methods) {
+        check_calibration_model(m->spec, run.model);
+        check_calibration_model(m->evict, run.model);
+    }
+    const auto be = make_backend(p.device, threads);
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx};
+    const bool tty = stderr_is_tty();
+    for (const EvalMethod* m : methods) {
+        KvCacheOptions opts{p.prefill_exact, p.flash_attn};
+        opts.memory = be->kv_memory();
+        opts.evict = m->evict;
+        const auto cache = make_kv_cache(shape, m->spec, opts);
+        const Model* models[] = {model.get()};
+        const KvCache* caches[] = {cache.get()};
+        check_fits(memory_need(*be, models, caches, longest, 1), be->memory_info(), p.device);
+        const auto t0 = std::chrono::steady_clock::now();
+        const auto outcomes = run_passkey(*model, *be, *cache, run.cases, [&](size_t done, size_t total) {
+            if (tty) fmt::print(stderr, "\r[{}/{}] pass-key cases, {}   ", done, total, m->label);
+        });
+        if (tty) fmt::print(stderr, "\n");
+        PasskeyEval e;
+        e.label = m->label;
+        e.format = cache->format();
+        e.reference = m == &p.reference;
+        e.tally = tally_passkey(outcomes);
+        e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        run.methods.push_back(std::move(e));
+    }
+}
+
+nlohmann::json to_json(const PasskeyRun& run) {
+    nlohmann::json j{{"set", run.set.name}, {"model", run.model}, {"cases", run.cases.size()}};
+    j["methods"] = nlohmann::json::array();
+    for (const PasskeyEval& e : run.methods) {
+        nlohmann::json m{{"method", e.label}, {"format", e.format}, {"reference", e.reference},
+                         {"correct", e.tally.correct}, {"total", e.tally.total}, {"seconds", e.seconds}};
+        for (const auto& [len, ct] : e.tally.by_length) {
+            m["by_length"][std::to_string(len)] = {{"correct", ct.first}, {"total", ct.second}};
+        }
+        j["methods"].push_back(m);
+    }
+    return j;
+}
+
+std::string to_markdown(const PasskeyRun& run) {
+    std::string s = fmt::format("pass key: {} | {} | {} cases, greedy, {} new tokens\n\n", run.set.name, run.model,
+                                run.cases.size(), kPasskeyNewTokens);
+    s += "| method | correct | by prompt length |\n| --- | ---: | --- |\n";
+    for (const PasskeyEval& e : run.methods) {
+        std::vector<std::string> parts;
+        for (const auto& [len, ct] : e.tally.by_length) parts.push_back(fmt::format("{}: {}/{}", len, ct.first, ct.second));
+        s += fmt::format("| {}{} | {}/{} | {} |\n", e.label, e.reference ? " (reference)" : "", e.tally.correct, e.tally.total,
+                         fmt::join(parts, ", "));
+    }
+    return s;
+}
+
 std::string to_markdown(const EvalResult& r) {
     std::string s = fmt::format(
         "reference: {} | ctx {} | {} chunks | KL(reference || method) in nats over every scored token\n\n", r.reference_format,
@@ -85,6 +181,12 @@ std::string to_markdown(const EvalResult& r) {
 
 void run_eval_cmd(EvalOptions o) {
     if (!o.bench_json.empty() && o.speed_plot_out.empty()) fail("--bench is read only for --speed-plot");
+    if (o.file.empty() && o.passkey.empty()) fail("eval: give a text (-f) for perplexity and KL, a pass-key set (--passkey), or both");
+    if (o.file.empty() && !o.gate.empty()) fail("--gate checks perplexity and KL: it needs a text (-f)");
+    if (o.file.empty() && !o.plot_out.empty()) fail("--plot draws KL against bits: it needs a text (-f)");
+    if (o.passkey.empty() && (!o.passkey_model.empty() || !o.passkey_lengths.empty())) {
+        fail("--passkey-model and --passkey-lengths go with --passkey");
+    }
     // Every input is read and every output path checked before the long run, so a typo costs nothing.
     for (const auto& path : o.bench_json) read_file(path);
     for (const std::string* out : {&o.json_out, &o.plot_out, &o.speed_plot_out}) {
@@ -96,7 +198,15 @@ void run_eval_cmd(EvalOptions o) {
         const std::string base = std::filesystem::path(o.model).filename().string();
         if (base != gate->model) fail("the gate '{}' is for model '{}', not '{}'", o.gate, gate->model, base);
     }
-    const std::string text = read_file(o.file);
+    std::optional<PasskeyRun> pk;
+    if (!o.passkey.empty()) {
+        pk.emplace();
+        pk->set = parse_passkey_set(read_file(o.passkey), o.passkey);
+        pk->cases = select_passkey_cases(pk->set, o.passkey_lengths, o.passkey);
+        pk->model = o.passkey_model.empty() ? o.model : o.passkey_model;
+        if (!std::filesystem::is_regular_file(pk->model)) fail("--passkey-model: no such file: {}", pk->model);
+    }
+    const std::string text = o.file.empty() ? std::string() : read_file(o.file);
     EvalParams p;
     if (gate) {
         if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {
@@ -126,30 +236,47 @@ void run_eval_cmd(EvalOptions o) {
     std::vector<KvSpec> specs{p.reference.spec};
     for (const EvalMethod& m : p.methods) specs.push_back(m.spec);
     check_device(o.device, specs, p.prefill_exact);
-    const auto model = Model::load(o.model, o.device);
-    for (const KvSpec& s : specs) check_calibration_model(s, o.model);
-    for (const EvalMethod& m : p.methods) check_calibration_model(m.evict, o.model);
-    const auto be = make_backend(o.device, resolve_threads(o.threads));
-    const bool tty = stderr_is_tty();
-    const EvalResult r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
-        if (tty) fmt::print(stderr, "\r[{}/{}] runs   ", done, total);
-    });
-    if (tty) fmt::print(stderr, "\n");
+    if (pk && o.device != "cpu" && std::any_of(p.methods.begin(), p.methods.end(), [](const EvalMethod& m) { return m.evict.active(); })) {
+        fail("--device {}: eviction has no {} path yet; use --device cpu", o.device, o.device);
+    }
+    const int threads = resolve_threads(o.threads);
+    std::optional<EvalResult> r;
+    std::string backend;
+    if (!text.empty()) {
+        const auto model = Model::load(o.model, o.device);
+        for (const KvSpec& s : specs) check_calibration_model(s, o.model);
+        for (const EvalMethod& m : p.methods) check_calibration_model(m.evict, o.model);
+        const auto be = make_backend(o.device, threads);
+        backend = be->describe();
+        const bool tty = stderr_is_tty();
+        r = run_eval(*model, *be, text, p, [&](int64_t done, int64_t total) {
+            if (tty) fmt::print(stderr, "\r[{}/{}] runs   ", done, total);
+        });
+        if (tty) fmt::print(stderr, "\n");
+    }
+    if (pk) run_passkey_methods(*pk, p, threads);
     // Files first: a failed write then leaves stdout empty, as every failure does.
-    if (!o.json_out.empty()) write_file_atomically(o.json_out, dump_json(to_json(r, o), 1) + "\n");
+    if (!o.json_out.empty()) {
+        nlohmann::json j = r ? to_json(*r, o) : nlohmann::json{{"model", o.model}, {"reference", o.ref}};
+        if (pk) j["passkey"] = to_json(*pk);
+        write_file_atomically(o.json_out, dump_json(std::move(j), 1) + "\n");
+    }
     if (!o.plot_out.empty()) {
-        const Chart c = kl_vs_bits_chart(to_json(r, o));
+        const Chart c = kl_vs_bits_chart(to_json(*r, o));
         write_file_atomically(o.plot_out, render_svg(c.spec, c.points));
     }
     if (!o.speed_plot_out.empty()) {
         const Chart c = speed_vs_depth_chart(o.bench_json);
         write_file_atomically(o.speed_plot_out, render_svg(c.spec, c.points));
     }
-    fmt::print("eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, be->describe());
-    fmt::print("{}", to_markdown(r));
-    fmt::print("\n{:.1f} s\n", r.seconds);
+    if (r) {
+        fmt::print("eval: {} | {} methods | reference {} | {}\n", o.model, p.methods.size(), o.ref, backend);
+        fmt::print("{}", to_markdown(*r));
+        fmt::print("\n{:.1f} s\n", r->seconds);
+    }
+    if (pk) fmt::print("{}{}", r ? "\n" : "", to_markdown(*pk));
     if (gate) {
-        const auto violations = check_gate(*gate, r);
+        const auto violations = check_gate(*gate, *r);
         for (const auto& v : violations) fmt::print("gate: FAIL {}\n", v);
         if (!violations.empty()) fail("quality gate '{}': {} limit(s) violated", o.gate, violations.size());
         fmt::print("gate: PASS ({} methods within the limits of {})\n", gate->limits.size(), o.gate);
@@ -162,7 +289,7 @@ void add_eval(CLI::App& app, int& rc) {
     auto* sub = app.add_subcommand("eval", "Quality of KV methods vs the f16 cache: PPL, KL divergence, top-1, attention fidelity");
     auto o = std::make_shared<EvalOptions>();
     sub->add_option("-m,--model", o->model, "GGUF model file")->required();
-    sub->add_option("-f,--file", o->file, "text file")->required();
+    sub->add_option("-f,--file", o->file, "text file (perplexity, KL; optional with --passkey)");
     sub->add_option("--kv", o->kv, "KV methods, comma-separated; K/V pairs as KSPEC/VSPEC (q4_0/f16); an eviction policy after @ "
                                         "(f16@knorm:budget=128; stream mode only)");
     sub->add_option("--ref", o->ref, "reference method (default f16, the llama.cpp-parity cache)");
@@ -184,6 +311,10 @@ void add_eval(CLI::App& app, int& rc) {
     sub->add_option("--speed-plot", o->speed_plot_out, "write decode tokens/s vs context depth (from --bench) to this SVG")
         ->needs("--bench");
     sub->add_option("--gate", o->gate, "check a quality-gate file (tests/data/gate/*.json); exit 1 on a violation");
+    sub->add_option("--passkey", o->passkey, "also answer this pass-key set (../shared/assets/passkey/*.json) with every method");
+    sub->add_option("--passkey-model", o->passkey_model, "the model that answers the pass-key set (default: -m)");
+    sub->add_option("--passkey-lengths", o->passkey_lengths, "only the pass-key cases of these prompt lengths (e.g. 4000)")
+        ->delimiter(',');
     sub->callback([o, sub, &rc] {
         o->modes_given = sub->count("--mode") > 0;
         o->attn_every_given = sub->count("--attn-every") > 0;

@@ -24,13 +24,7 @@ struct PasskeyOptions {
 void run_passkey_cmd(const PasskeyOptions& o) {
     if (o.rt.prefill_exact) check_prefill_exact(true, !is_f16_cache(o.rt.kv_spec()));
     const PasskeySet set = parse_passkey_set(read_file(o.file), o.file);
-    std::vector<const PasskeyCase*> cases;
-    for (const PasskeyCase& c : set.cases) {
-        if (o.lengths.empty() || std::find(o.lengths.begin(), o.lengths.end(), c.target_tokens) != o.lengths.end()) {
-            cases.push_back(&c);
-        }
-    }
-    if (cases.empty()) fail("{}: no case of length {}", o.file, fmt::join(o.lengths, ","));
+    const std::vector<const PasskeyCase*> cases = select_passkey_cases(set, o.lengths, o.file);
     int64_t longest = 0;
     for (const PasskeyCase* c : cases) longest = std::max(longest, c->prompt_tokens);
     Engine e = make_engine(o.rt, longest, 1);
@@ -43,14 +37,7 @@ void run_passkey_cmd(const PasskeyOptions& o) {
         if (tty) fmt::print(stderr, "\r[{}/{}] cases   ", done, total);
     });
     if (tty) fmt::print(stderr, "\n");
-    std::map<int64_t, std::pair<int, int>> by_length;  // correct, total
-    int correct = 0;
-    for (const PasskeyOutcome& r : outcomes) {
-        auto& [ok, n] = by_length[r.c->target_tokens];
-        ok += r.correct;
-        ++n;
-        correct += r.correct;
-    }
+    const PasskeyTally t = tally_passkey(outcomes);
     const std::string method = e.cache->format();
     if (o.json) {
         nlohmann::json j;
@@ -58,9 +45,9 @@ void run_passkey_cmd(const PasskeyOptions& o) {
         j["model"] = o.rt.model;
         j["kv"] = method;
         j["backend"] = e.backend->describe();
-        j["correct"] = correct;
-        j["total"] = outcomes.size();
-        for (const auto& [len, ct] : by_length) j["by_length"][std::to_string(len)] = {{"correct", ct.first}, {"total", ct.second}};
+        j["correct"] = t.correct;
+        j["total"] = t.total;
+        for (const auto& [len, ct] : t.by_length) j["by_length"][std::to_string(len)] = {{"correct", ct.first}, {"total", ct.second}};
         for (const PasskeyOutcome& r : outcomes) {
             j["cases"].push_back({{"id", r.c->id}, {"target_tokens", r.c->target_tokens}, {"prompt_tokens", r.prompt_tokens},
                                   {"depth", r.c->depth}, {"answer", r.c->answer}, {"text", r.text}, {"correct", r.correct},
@@ -71,8 +58,8 @@ void run_passkey_cmd(const PasskeyOptions& o) {
     }
     fmt::print("passkey: {} | {} | kv {} | {}\n\n", set.name, o.rt.model, method, e.backend->describe());
     fmt::print("| prompt tokens | correct |\n| ---: | ---: |\n");
-    for (const auto& [len, ct] : by_length) fmt::print("| {} | {}/{} |\n", len, ct.first, ct.second);
-    fmt::print("| all | {}/{} |\n", correct, outcomes.size());
+    for (const auto& [len, ct] : t.by_length) fmt::print("| {} | {}/{} |\n", len, ct.first, ct.second);
+    fmt::print("| all | {}/{} |\n", t.correct, t.total);
     for (const PasskeyOutcome& r : outcomes) {
         if (!r.correct) fmt::print("miss {}: depth {:.2f}, answer {}, got \"{}\"\n", r.c->id, r.c->depth, r.c->answer, r.text);
     }
