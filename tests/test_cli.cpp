@@ -246,6 +246,14 @@ const BadInput kBadInputs[] = {
     {"VecinferCalibrationIsAModel", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + M()}; }, "vxq.calibration.method"},
     {"VecinferCalibrationTruncatedHeader", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc100.gguf", calib_prefix(100))}; }, "calib_trunc100.gguf: invalid GGUF"},
     {"VecinferCalibrationTruncatedData", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:calib=" + tmp_file("calib_trunc20k.gguf", calib_prefix(20000))}; }, "calib_trunc20k.gguf"},
+    // vxq quantize: flags, files and inputs it cannot quantize; nothing is written.
+    {"QuantizeUnknownType", [] { return Args{"quantize", "-m", M(), "-o", "/tmp/vxq_q.gguf", "--type", "q5_k"}; }, "unknown --type 'q5_k'"},
+    {"QuantizeUnknownRule", [] { return Args{"quantize", "-m", M(), "-o", "/tmp/vxq_q.gguf", "--type", "tq2_0", "--ternary", "mean"}; }, "unknown --ternary 'mean'"},
+    {"QuantizeMissingInput", [] { return Args{"quantize", "-m", "/nonexistent_in.gguf", "-o", "/tmp/vxq_q.gguf", "--type", "q8_0"}; }, "/nonexistent_in.gguf"},
+    {"QuantizeOutputUnwritable", [] { return Args{"quantize", "-m", M(), "-o", "/nonexistent_dir/q.gguf", "--type", "q8_0"}; }, "/nonexistent_dir/q.gguf"},
+    {"QuantizeOutputIsInput", [] { return Args{"quantize", "-m", tmp_file("q_same.gguf", model_prefix(1 << 20)), "-o", std::filesystem::temp_directory_path().string() + "/vxq_cli_q_same.gguf", "--type", "q8_0"}; }, "is the input"},
+    {"QuantizeQuantizedInput", [] { return Args{"quantize", "-m", test::shared_path("assets/models/vxq-llama-h64-q4_0.gguf"), "-o", "/tmp/vxq_q.gguf", "--type", "q8_0"}; }, "quantize from a file of f32, f16 or bf16"},
+    {"QuantizeTruncatedInput", [] { return Args{"quantize", "-m", tmp_file("q_trunc.gguf", model_prefix(4000)), "-o", "/tmp/vxq_q.gguf", "--type", "q8_0"}; }, "q_trunc.gguf"},
     // eval --passkey: the set and the options are checked before any model loads.
     {"EvalNeitherTextNorPasskey", [] { return Args{"eval", "-m", M(), "--kv", "q8_0"}; }, "a pass-key set (--passkey), or both"},
     {"EvalPasskeyNotJson", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", T()}; }, "not a pass-key set: invalid JSON"},

@@ -55,6 +55,82 @@ void quantize_row_q4_0_ref(const float* x, BlockQ4_0* y, int64_t n) {
     }
 }
 
+double ternary_absmean(const float* x, int64_t n) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; ++i) sum += std::fabs(double(x[i]));
+    return n > 0 ? sum / double(n) : 0.0;
+}
+
+namespace {
+
+// One block's digits u = t + 1 (0, 1, 2) in value order, and its scale, by `rule`.
+float ternary_block(TernaryRule rule, double gamma, const float* x, uint8_t* u) {
+    if (rule == TernaryRule::Amax) {
+        float amax = 0.0f;
+        for (int j = 0; j < kQK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+        const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
+        for (int j = 0; j < kQK_K; ++j) u[j] = uint8_t(std::lround(x[j] * id) + 1);
+        return amax;
+    }
+    double sum = 0.0;  // |x| of the non-zero digits: exact for a ternary block (<= 256 equal values)
+    int nonzero = 0;
+    for (int j = 0; j < kQK_K; ++j) {
+        const long t = gamma > 0.0 ? std::clamp(std::lround(double(x[j]) / gamma), -1L, 1L) : 0L;
+        u[j] = uint8_t(t + 1);
+        if (t != 0) {
+            sum += std::fabs(double(x[j]));
+            ++nonzero;
+        }
+    }
+    return nonzero > 0 ? float(sum / nonzero) : 0.0f;
+}
+
+// TQ2_0: byte 32 h + m holds, in bits 2 l, the digit of value 128 h + 32 l + m.
+void pack_tq2_0(const uint8_t* u, float d, BlockTQ2_0& b) {
+    std::memset(b.qs, 0, sizeof b.qs);
+    for (int h = 0; h < 2; ++h) {
+        for (int l = 0; l < 4; ++l) {
+            for (int m = 0; m < 32; ++m) b.qs[32 * h + m] |= uint8_t(u[128 * h + 32 * l + m] << (2 * l));
+        }
+    }
+    b.d = fp32_to_fp16(d);
+}
+
+// TQ1_0: a byte holds k base-3 digits (k = 5; 4 in qh) as the fraction sum u_n 3^-(n+1), rounded
+// up to 1/256: byte = ceil(256 * v / 243) with v = sum u_n 3^(4 - n), so that digit n reads back
+// as ((byte * 3^n mod 256) * 3) >> 8. qs[m] (m < 32): values 32 n + m; qs[32 + m] (m < 16): 160 +
+// 16 n + m; qh[j]: 240 + 4 n + j.
+uint8_t tq1_byte(const uint8_t* digits, int k, int stride) {
+    int v = 0;
+    for (int n = 0; n < 5; ++n) v = 3 * v + (n < k ? digits[n * stride] : 0);
+    return uint8_t((v * 256 + 242) / 243);
+}
+void pack_tq1_0(const uint8_t* u, float d, BlockTQ1_0& b) {
+    for (int m = 0; m < 32; ++m) b.qs[m] = tq1_byte(u + m, 5, 32);
+    for (int m = 0; m < 16; ++m) b.qs[32 + m] = tq1_byte(u + 160 + m, 5, 16);
+    for (int j = 0; j < 4; ++j) b.qh[j] = tq1_byte(u + 240 + j, 4, 4);
+    b.d = fp32_to_fp16(d);
+}
+
+}  // namespace
+
+void quantize_row_ternary(GgmlType t, TernaryRule rule, double gamma, const float* x, int64_t n, uint8_t* out) {
+    VXQ_ASSERT(n % kQK_K == 0 && (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0));
+    uint8_t u[kQK_K];
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        const float d = ternary_block(rule, gamma, x + i * kQK_K, u);
+        if (t == GgmlType::TQ2_0) {
+            BlockTQ2_0 b;
+            pack_tq2_0(u, d, b);
+            std::memcpy(out + i * sizeof b, &b, sizeof b);
+        } else {
+            BlockTQ1_0 b;
+            pack_tq1_0(u, d, b);
+            std::memcpy(out + i * sizeof b, &b, sizeof b);
+        }
+    }
+}
+
 bool can_quantize_ref(GgmlType t) {
     switch (t) {
         case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:

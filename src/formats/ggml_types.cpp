@@ -74,4 +74,17 @@ size_t ggml_row_bytes(GgmlType t, int64_t n) {
     return size_t(n / tr->block_size) * tr->block_bytes;
 }
 
+std::optional<uint32_t> llama_ftype(GgmlType t) {
+    switch (t) {
+        case GgmlType::F32: return 0;
+        case GgmlType::F16: return 1;
+        case GgmlType::Q4_0: return 2;
+        case GgmlType::Q8_0: return 7;
+        case GgmlType::BF16: return 32;
+        case GgmlType::TQ1_0: return 36;
+        case GgmlType::TQ2_0: return 37;
+        default: return std::nullopt;
+    }
+}
+
 }  // namespace vxq

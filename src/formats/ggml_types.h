@@ -97,4 +97,8 @@ std::string ggml_type_display_name(GgmlType t);
 // Bytes of a row of n elements; n must be a multiple of the block size.
 size_t ggml_row_bytes(GgmlType t, int64_t n);
 
+// llama.cpp's llama_ftype, the value of general.file_type for a file whose matrices are mostly of
+// type t (F32 0, F16 1, Q4_0 2, Q8_0 7, BF16 32, TQ1_0 36, TQ2_0 37); nullopt for other types.
+std::optional<uint32_t> llama_ftype(GgmlType t);
+
 }  // namespace vxq

@@ -85,6 +85,45 @@ GgufWriterValue GgufWriterValue::array(GgufValueType elem, const std::vector<Ggu
     return r;
 }
 
+GgufWriterValue GgufWriterValue::of(const GgufValue& v) {
+    switch (v.type) {
+        case GgufValueType::UINT8: return u8(uint8_t(v.i));
+        case GgufValueType::INT8: return i8(int8_t(v.i));
+        case GgufValueType::UINT16: return u16(uint16_t(v.i));
+        case GgufValueType::INT16: return i16(int16_t(v.i));
+        case GgufValueType::UINT32: return u32(uint32_t(v.i));
+        case GgufValueType::INT32: return i32(int32_t(v.i));
+        case GgufValueType::UINT64: return u64(uint64_t(v.i));
+        case GgufValueType::INT64: return i64(v.i);
+        case GgufValueType::FLOAT32: return f32(float(v.f));
+        case GgufValueType::FLOAT64: return f64(v.f);
+        case GgufValueType::BOOL: return boolean(v.i != 0);
+        case GgufValueType::STRING: return string(v.s);
+        case GgufValueType::ARRAY: {
+            std::vector<GgufWriterValue> items;
+            items.reserve(v.array_size());
+            for (size_t k = 0; k < v.array_size(); ++k) {
+                if (v.elem_type == GgufValueType::ARRAY) {
+                    items.push_back(of(v.items[k]));
+                    continue;
+                }
+                GgufValue e;  // the element as a scalar of the array's type
+                e.type = v.elem_type;
+                if (v.elem_type == GgufValueType::STRING) {
+                    e.s = v.strs[k];
+                } else if (v.elem_type == GgufValueType::FLOAT32 || v.elem_type == GgufValueType::FLOAT64) {
+                    e.f = v.floats[k];
+                } else {
+                    e.i = v.ints[k];
+                }
+                items.push_back(of(e));
+            }
+            return array(v.elem_type, items);
+        }
+    }
+    throw std::invalid_argument("GGUF value of an unknown type");
+}
+
 GgufWriterValue GgufWriterValue::raw(uint32_t type, std::vector<uint8_t> payload) {
     GgufWriterValue r;
     r.type_ = GgufValueType(type);

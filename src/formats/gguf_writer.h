@@ -37,7 +37,9 @@ void gguf_put(std::vector<uint8_t>& out, T v) {
 }
 inline void gguf_put_string(std::vector<uint8_t>& out, const std::string& s) {
     gguf_put<uint64_t>(out, s.size());
-    out.insert(out.end(), s.begin(), s.end());
+    const size_t at = out.size();
+    out.resize(at + s.size());
+    if (!s.empty()) std::memcpy(out.data() + at, s.data(), s.size());  // (insert() trips GCC 12's -Warray-bounds)
 }
 
 // One encoded metadata value (type tag kept apart from the payload), nestable into arrays.
@@ -67,6 +69,8 @@ public:
     template <typename T>
     static GgufWriterValue array_of(const std::vector<T>& v);
 
+    // The value as a parsed file holds it (GgufFile::metadata), to copy metadata between files.
+    static GgufWriterValue of(const GgufValue& v);
     // Any tag with any payload, written verbatim: lets tests build values the reader must refuse.
     static GgufWriterValue raw(uint32_t type, std::vector<uint8_t> payload);
 

@@ -44,17 +44,6 @@ constexpr ModelShape kShapes[] = {
      "qwen2", 510, 511, "<|endoftext|>", "<|im_end|>", false},
 };
 
-// llama.cpp's llama_ftype for general.file_type ("mostly" the matrices' type).
-uint32_t file_type_id(GgmlType t) {
-    switch (t) {
-        case GgmlType::F16: return 1;
-        case GgmlType::Q4_0: return 2;
-        default:
-            VXQ_ASSERT(t == GgmlType::Q8_0);
-            return 7;
-    }
-}
-
 uint64_t fnv1a(std::string_view s) {
     uint64_t h = 0xCBF29CE484222325ull;
     for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
@@ -172,7 +161,7 @@ SynthModel::SynthModel(const SynthOptions& o) : opts_(o) {
     const std::string a(s.arch);
     w.add_string("general.architecture", a);
     w.add_string("general.name", fmt::format("synth {} {} seed {}", s.name, ggml_type_name(o.type), o.seed));
-    w.add_u32("general.file_type", file_type_id(o.type));
+    w.add_u32("general.file_type", *llama_ftype(o.type));  // f16, q8_0 or q4_0 (synth_weight_type)
     if (o.type != GgmlType::F16) w.add_u32("general.quantization_version", 2);  // as llama-quantize
     w.add_u32(a + ".vocab_size", uint32_t(s.n_vocab));
     w.add_u32(a + ".context_length", uint32_t(s.n_ctx));

@@ -15,6 +15,7 @@ void add_methods(CLI::App& app, int& rc);
 void add_plot(CLI::App& app, int& rc);
 void add_eval(CLI::App& app, int& rc);
 void add_synth(CLI::App& app, int& rc);
+void add_quantize(CLI::App& app, int& rc);
 void add_passkey(CLI::App& app, int& rc);
 void add_calibrate(CLI::App& app, int& rc);
 
@@ -29,6 +30,7 @@ inline void add_commands(CLI::App& app, int& rc) {
     add_passkey(app, rc);
     add_plot(app, rc);
     add_synth(app, rc);
+    add_quantize(app, rc);
     add_calibrate(app, rc);
 }
 
