@@ -1,7 +1,7 @@
 // AVX2 + FMA + F16C readers of the baseline KV codecs (formats: kv/formats/baseline.h). Compiled with
 // -mavx2 -mfma -mf16c; called only after kv_avx2_available(). To keep AVX2 code out
 // of functions shared with other translation units (the linker keeps one copy of each inline
-// function or template instantiation), this file includes no project header but kv_avx2_inl.h
+// function or template instantiation), this file includes no project header but avx2_inl.h
 // (intrinsics-only helpers with internal linkage), instantiates no std
 // template, and keeps everything but the entry points in an anonymous namespace.
 //
@@ -16,7 +16,7 @@
 // to 8 heads.
 #include <immintrin.h>
 
-#include "kernels/cpu/kv_avx2_inl.h"
+#include "kernels/cpu/avx2_inl.h"
 
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/kv_avx2_inl.h"
+#include "kernels/cpu/avx2_inl.h"
 #include "kernels/cpu/kv_read_kivi.h"
 
 namespace vxq::cpu::kivi {

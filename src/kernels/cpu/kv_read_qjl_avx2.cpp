@@ -1,6 +1,6 @@
 // AVX2 kernel of the QJL key reader (kv_read_qjl.cpp): the signed sum of a projected query over a
 // token's packed sign bits. Compiled with -mavx2 -mfma -mf16c and called only after
-// kv_avx2_available(); includes no project header but kv_avx2_inl.h and keeps its helpers in an anonymous
+// kv_avx2_available(); includes no project header but avx2_inl.h and keeps its helpers in an anonymous
 // namespace (see kv_read_baseline_avx2.cpp). Each sign byte is broadcast to 8 lanes, tested
 // against the lane's bit, and a clear bit flips the sign of the lane's value (xor of the IEEE sign
 // bit: exact), so only the summation order differs from the scalar reader.
@@ -8,7 +8,7 @@
 
 #include <immintrin.h>
 
-#include "kernels/cpu/kv_avx2_inl.h"
+#include "kernels/cpu/avx2_inl.h"
 
 namespace vxq::cpu::qjl_avx2 {
 

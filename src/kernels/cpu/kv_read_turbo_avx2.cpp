@@ -14,7 +14,7 @@
 //           token, exactly the scalar reader's operations in its order: equal bit for bit.
 #include <immintrin.h>
 
-#include "kernels/cpu/kv_avx2_inl.h"
+#include "kernels/cpu/avx2_inl.h"
 
 #include <cstddef>
 #include <cstdint>

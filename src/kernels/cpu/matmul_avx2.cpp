@@ -18,6 +18,8 @@
 
 #include <cstring>
 
+#include "kernels/cpu/avx2_inl.h"
+
 #ifndef VXQ_LANES8_CHUNK
 #define VXQ_LANES8_CHUNK 96
 #endif
@@ -54,16 +56,8 @@ inline uint16_t load_u16(const uint8_t* p) {
     return v;
 }
 
-// tinyBLAS hsum / hsum_float_8: (hi + lo), then x + movehl(x), then lane0 + lane1.
-inline float hsum8(__m256 x) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-// hsum8 of four accumulators at once: [hsum8(a0), hsum8(a1), hsum8(a2), hsum8(a3)], each with the
-// very same additions as hsum8.
+// hsum (avx2_inl.h: tinyBLAS's hsum, ggml's hsum_float_8) of four accumulators at once:
+// [hsum(a0), hsum(a1), hsum(a2), hsum(a3)], each with the very same additions.
 inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m128 v0 = _mm_add_ps(_mm256_extractf128_ps(a0, 1), _mm256_castps256_ps128(a0));
     const __m128 v1 = _mm_add_ps(_mm256_extractf128_ps(a1, 1), _mm256_castps256_ps128(a1));
@@ -87,7 +81,7 @@ inline float reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 
 // ggml_vec_dot_bf16 (AVX2) final reduction: (c1+c3)+(c2+c4), then hsum8.
 inline float reduce4_bf16(__m256 c1, __m256 c2, __m256 c3, __m256 c4) {
-    return hsum8(_mm256_add_ps(_mm256_add_ps(c1, c3), _mm256_add_ps(c2, c4)));
+    return hsum(_mm256_add_ps(_mm256_add_ps(c1, c3), _mm256_add_ps(c2, c4)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -158,7 +152,7 @@ inline void tile_lanes8(const float* A, int64_t lda, const float* B, int64_t ldb
         if constexpr (RM == 4) {
             _mm_storeu_ps(C + j * ldc, hsum8x4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
         } else {
-            for (int i = 0; i < RM; ++i) C[j * ldc + i] = hsum8(acc[j][i]);
+            for (int i = 0; i < RM; ++i) C[j * ldc + i] = hsum(acc[j][i]);
         }
     }
 }
@@ -331,7 +325,7 @@ inline void tile_q0(const uint8_t* w, size_t row_bytes, const BlockQ8_0* xq, con
         if constexpr (RM == 4) {
             _mm_storeu_ps(C + j * ldc, hsum8x4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]));
         } else {
-            for (int i = 0; i < RM; ++i) C[j * ldc + i] = hsum8(acc[j][i]);
+            for (int i = 0; i < RM; ++i) C[j * ldc + i] = hsum(acc[j][i]);
         }
     }
 }

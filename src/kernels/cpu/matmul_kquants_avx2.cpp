@@ -6,19 +6,12 @@
 #include <cstring>
 
 #include "core/fp16.h"
+#include "kernels/cpu/avx2_inl.h"
 #include "kernels/cpu/matmul_kquants.h"
 
 namespace vxq::cpu::avx2 {
 
 namespace {
-
-// hsum_float_8's order: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 // Pairs of 16-bit lanes added into 32-bit lanes.
 __m256i widen_pairs(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
@@ -132,7 +125,7 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
         }
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x[i].d * dw), acc);
     }
-    return hsum8(acc);
+    return hsum(acc);
 }
 
 }  // namespace vxq::cpu::avx2

@@ -1,6 +1,6 @@
-// Internal, AVX2 only: included from the kv_read_*_avx2.cpp files exclusively, which keep every
-// helper out of functions shared with other translation units (kv_read_baseline_avx2.cpp says
-// why). So this header holds intrinsics-only helpers with internal linkage (an anonymous
+// Internal, AVX2 only: included from the AVX2 translation units exclusively (kv_read_*_avx2.cpp,
+// matmul_avx2.cpp, matmul_kquants_avx2.cpp), which keep every helper out of functions shared with
+// other translation units (kv_read_baseline_avx2.cpp says why). So this header holds intrinsics-only helpers with internal linkage (an anonymous
 // namespace: each of those files gets its own copy), includes only <immintrin.h> and <cstdint>, and
 // instantiates no template.
 #pragma once
@@ -12,7 +12,8 @@
 namespace vxq::cpu {
 namespace {
 
-// The sum of the 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two.
+// The sum of the 8 lanes: (0+4, 1+5, 2+6, 3+7), then pairs, then the last two: ggml's
+// hsum_float_8, i.e. ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 inline float hsum(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     r = _mm_add_ps(r, _mm_movehl_ps(r, r));
