@@ -11,6 +11,9 @@
 //     to win (kGemmMinTokensDense / kGemmMinTokensQuant in gemv.cuh).
 //   Boundary, F16 and Q4_0 at n = 1: 8 back-to-back GEMVs of 8 distinct matrices against one
 //     GEMV of all their rows (same bytes): what each kernel boundary of a decode step costs.
+//   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 and 4
+//     (q8_K quantize + GEMV) against F16 through the batch-1 kernel and through cuBLAS (GemmEx,
+//     n = 1), GB/s of the weight bytes against the copy.
 // Every line names the kernels that ran (gemv_describe).
 //
 //   vxq_gpu_gemv            prints four markdown tables, the copy first
@@ -86,6 +89,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, s
     };
     if (type == GgmlType::F16) {
         for (size_t i = 0; i < bytes.size(); i += 2) fix_half(&bytes[i]);
+    } else if (type == GgmlType::TQ2_0) {  // 64 quant bytes (any digits), then the fp16 scale
+        for (size_t i = 0; i < bytes.size(); i += sizeof(vxq::BlockTQ2_0)) fix_half(&bytes[i + 64]);
     } else {
         const size_t block = type == GgmlType::Q8_0 ? 34 : 18;
         for (size_t i = 0; i < bytes.size(); i += block) fix_half(&bytes[i]);
@@ -266,6 +271,54 @@ int main() {
         for (const BoundaryRow& r : boundary_rows) {
             std::printf("| gemv %s n=1 | %lld x (%lld x %lld) | %.1f | %.1f | %.2f |\n", r.type.c_str(), (long long)r.k,
                         (long long)r.rows, (long long)r.cols, r.one_us, r.k_us, (r.k_us - r.one_us) / double(r.k - 1));
+        }
+
+        // Ternary against F16 (issue 14's shapes): one matrix of each, copies rotated as above.
+        struct TernaryRow { std::string what, kernels; int64_t rows, cols, n; size_t bytes; double us; };
+        std::vector<TernaryRow> ternary_rows;
+        for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{5120, 512}, {5120, 17408}, {17408, 5120}}) {
+            float *x, *y;
+            VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(4 * cols) * sizeof(float)));
+            VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(4 * rows) * sizeof(float)));
+            {
+                std::vector<float> xh(size_t(4 * cols));
+                std::normal_distribution<float> nd;
+                for (float& v : xh) v = nd(rng);
+                VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
+            }
+            for (GgmlType type : {GgmlType::TQ2_0, GgmlType::F16}) {
+                std::vector<DeviceWeight> copies;
+                const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
+                const WeightView view{type, host.data(), rows, cols, ggml_row_bytes(type, cols)};
+                for (size_t set = 0; set < kMinWorkingSet; set += copies.back().bytes) copies.push_back(upload_weight(view));
+                GemvScratch scratch;
+                const auto run = [&](const char* what, int64_t n, MatmulPath path) {
+                    scratch.reserve(gemv_scratch_bytes(copies.front(), n, path));
+                    const double ms = time_calls(st, 100, [&](int i) {
+                        gemv(copies[size_t(i) % copies.size()], x, n, y, scratch, st, path);
+                    });
+                    check_finite(y, size_t(n * rows), what);
+                    ternary_rows.push_back({what, gemv_describe(copies.front(), n, path), rows, cols, n, copies.front().bytes, ms * 1e3});
+                };
+                if (type == GgmlType::TQ2_0) {
+                    run("tq2_0", 1, MatmulPath::Auto);
+                    run("tq2_0", 4, MatmulPath::Auto);
+                } else {
+                    run("f16", 1, MatmulPath::Auto);
+                    run("f16 cuBLAS", 1, MatmulPath::Gemm);
+                }
+                for (DeviceWeight& w : copies) free_weight(w);
+            }
+            VXQ_CUDA_CHECK(cudaFree(x));
+            VXQ_CUDA_CHECK(cudaFree(y));
+        }
+        std::printf("\n| ternary | rows x cols | n | MB/call | us/call | GB/s | of copy | kernels |\n");
+        std::printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |\n");
+        for (const TernaryRow& r : ternary_rows) {
+            const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
+            std::printf("| %s | %lld x %lld | %lld | %.1f | %.1f | %.0f | %.0f%% | %s |\n", r.what.c_str(), (long long)r.rows,
+                        (long long)r.cols, (long long)r.n, double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs,
+                        r.kernels.c_str());
         }
 
         std::printf("\n| case | rows x cols | n | us/call | TFLOP/s | kernels |\n");

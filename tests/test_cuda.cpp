@@ -29,6 +29,7 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_view.h"
 #include "model/model.h"
+#include "model/quantize.h"
 #include "model/synth.h"
 #include "runtime/generate.h"
 #include "support/assets.h"
@@ -126,7 +127,12 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
                                    {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1},
                                    {type, 2049, 512, 1}, {type, 3, 32768, 1}};
-    if (!quant) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
+    if (!quant && type != GgmlType::TQ2_0) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
+    if (type == GgmlType::TQ2_0) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
+        std::erase_if(cases, [](const GemvCase& c) { return c.cols % kQK_K != 0; });
+        cases.insert(cases.end(), {{type, 7, 256, 1}, {type, 129, 512, 3}, {type, 65, 768, 5}, {type, 33, 5120, 9},
+                                   {type, 1031, 256, 1}, {type, 17, 17408, 2}, {type, 300, 5120, 16}, {type, 5, 512, 40}});
+    }
     for (const GemvCase& gc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(type) << " rows " << gc.rows << " cols " << gc.cols
                                         << " n " << gc.n << " seed " << seed);
@@ -156,7 +162,8 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaGemv,
-                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0),
+                         ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
+                                           GgmlType::TQ2_0),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 // ---- prefill GEMM (cuBLAS) ---------------------------------------------------------------------
@@ -1289,6 +1296,31 @@ struct RealCase {
 };
 
 class CudaRealModel : public ::testing::TestWithParam<RealCase> {};
+
+// The ternary model with TQ2_0 matrices (`vxq quantize` of vxq-ternary-h64-f16: llama-quantize's
+// bytes, token_embd kept f16 where llama-quantize writes Q6_K, which CUDA cannot embed yet): a
+// prompt and 8 decode steps on CUDA against the CPU, with and without -fa. Both quantize the
+// activations to q8_K the same way and take the same integers per 64 weights, so the logits
+// differ like Q8_0/Q4_0 ones (logit_tolerance).
+TEST(Cuda, TernaryModelLogitsCloseToCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-ternary-h64-f16.gguf");
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("vxq_cuda_ternary_" + std::to_string(getpid()) + ".gguf")).string();
+    QuantizeOptions q;
+    q.input = test::shared_path("assets/models/vxq-ternary-h64-f16.gguf");
+    q.output = path;
+    q.type = GgmlType::TQ2_0;
+    quantize_model(q);
+    auto model = Model::load(path, "cuda");
+    std::filesystem::remove(path);
+    ASSERT_EQ(model->weights().layers[0].wq.type, GgmlType::TQ2_0);
+    const auto ids = model->tokenizer().encode("Once upon a time", true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    const double tol = logit_tolerance(GgmlType::TQ2_0);
+    EXPECT_LT(forward_difference(*model, prompt, 8, true), tol) << "-fa";
+    EXPECT_LT(forward_difference(*model, prompt, 8, false), tol);
+}
 
 TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {
     VXQ_REQUIRE_CUDA(cuda);

@@ -26,7 +26,7 @@ std::vector<WeightFormat> build_table() {
         {GgmlType::BF16, GgmlType::BF16, {"cpu", "cuda"}},
         {GgmlType::Q6_K, GgmlType::Q8_K, {"cpu"}},
         {GgmlType::TQ1_0, GgmlType::Q8_K, {"cpu"}},
-        {GgmlType::TQ2_0, GgmlType::Q8_K, {"cpu"}},
+        {GgmlType::TQ2_0, GgmlType::Q8_K, {"cpu", "cuda"}},
     };
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {

@@ -136,15 +136,25 @@ constexpr int kGemvThreads = kGemvWarps * 32;
 // spread over 132 SMs.
 constexpr int64_t kGemvTargetWarpsPerSm = 16;
 
+// A q8_K activation block (256 values, TQ2_0's dot type) as the TQ2_0 GEMV reads it: the scale d
+// and the quant sums of the block's four 64-value quarters, quarter c holding the values 128 (c /
+// 2) + 32 l + 16 (c % 2) + j (l < 4, j < 16): those of TQ2_0 quant bytes 16 c .. 16 c + 15.
+struct Q8KScale {
+    float d;
+    int sum[4];
+};
+
 struct GemvParams {
-    const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2]
-    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; else nullptr
-    const void* x;             // activations in the dot type: dense [n, cols]; q8_0 quants int8 [n, cols]
+    const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2];
+                               // TQ2_0 [rows, cols / 4] (each 256-block's 64 quant bytes)
+    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; TQ2_0: [rows, cols / 256]; else nullptr
+    const void* x;             // activations in the dot type: dense [n, cols]; q8_0 / q8_K quants int8 [n, cols]
     const Q8Scale* x_scale;    // q8_0 activations: [n, cols / 32]; else nullptr
     float* y;                  // [n, rows]
     int rows, cols, n;         // below 2^31 (gemv checks); element offsets are int64
     int split;                 // warps sharing a row group: 1, 2 or 4
     float* resid;              // resid[i] += y[i] as y is stored (GemvFusion::resid), or nullptr
+    const Q8KScale* xk_scale;  // q8_K activations (TQ2_0): [n, cols / 256]; else nullptr
 };
 
 // F32/F16/BF16: a unit is 16 bytes; f32 products and sums (f16/bf16 products are exact in f32).
@@ -252,6 +262,121 @@ struct Q4Format {
         }
     }
 };
+
+// TQ2_0 (ternary) weights x q8_K activations. A unit is 16 quant bytes (64 weights): byte k of
+// unit c of a 256-block holds, in bits 2 l, the digit u = t + 1 of value 128 (c / 2) + 32 l + 16 (c
+// % 2) + k, so each l is one 16-byte run of activations. The integer sum (u - 1) x = sum u x - sum x
+// (the quarter's quant sum, Q8KScale) times d_w * d_x: the CPU's integers (matmul_kquants.h),
+// summed per 64 weights in float instead of per 256.
+struct TQ2Format {  // kRows: TQ2FormatR
+    struct Unit {
+        int4 q;
+        float d;
+    };
+    static constexpr int kUnitsPerIter = kGemvLoadsPerRow;
+    static __host__ __device__ int units(int cols) { return cols / 64; }
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
+        const int64_t i = int64_t(row) * units(p.cols) + u;
+        return Unit{__ldg(static_cast<const int4*>(p.w) + i),
+                    __half2float(__ldg(p.w_scale + int64_t(row) * (p.cols / kQK_K) + u / 4))};
+    }
+    static __device__ __forceinline__ int4 digits(const int4& q, int l) {
+        const unsigned m = 0x03030303u;
+        return make_int4(int((unsigned(q.x) >> (2 * l)) & m), int((unsigned(q.y) >> (2 * l)) & m),
+                         int((unsigned(q.z) >> (2 * l)) & m), int((unsigned(q.w) >> (2 * l)) & m));
+    }
+    template <int R>
+    static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
+                                                      int u) {
+        const int b = u / 4, c = u % 4;
+        const int8_t* xq = static_cast<const int8_t*>(p.x) + int64_t(t) * p.cols + int64_t(b) * kQK_K + 128 * (c / 2) +
+                           16 * (c % 2);
+        const Q8KScale* xs = p.xk_scale + int64_t(t) * (p.cols / kQK_K) + b;
+        const float dx = __ldg(&xs->d);
+        const int sum = __ldg(&xs->sum[c]);
+        int4 x[4];
+#pragma unroll
+        for (int l = 0; l < 4; ++l) x[l] = __ldg(reinterpret_cast<const int4*>(xq + 32 * l));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            int s = 0;
+#pragma unroll
+            for (int l = 0; l < 4; ++l) s = dp4a_16(digits(w[r].q, l), x[l], s);
+            acc[r] += float(s - sum) * (w[r].d * dx);
+        }
+    }
+};
+
+// TQ2_0 with R rows per warp (each activation load, 64 bytes of x per unit, feeds R rows; R x
+// tokens per pass <= 32, the lanes that store). VXQ_GEMV_TQ2_ROWS=2 runs 2 rows (measurements).
+// On the H200 4 rows measured 19.6 / 18.0 us at 5120 x 17408 / 17408 x 5120 against 21.4 / 17.6
+// with 2 (docs/gpu.md).
+template <int R>
+struct TQ2FormatR : TQ2Format {
+    static constexpr int kRows = R;
+};
+constexpr int kTq2RowsDefault = 4;
+int tq2_rows() {
+    static const int v = [] {
+        const char* e = std::getenv("VXQ_GEMV_TQ2_ROWS");
+        return e && std::atoi(e) == 2 ? 2 : kTq2RowsDefault;
+    }();
+    return v;
+}
+
+// q8_K activations (ggml's quantize_row_q8_K, as the CPU backend computes them): per 256-block the
+// signed value of largest magnitude (the first of equals), iscale = -127 / max, q = min(127,
+// round-to-nearest-even(iscale * x)), d = 1 / iscale; all zero for a zero block. One warp per
+// block, lane l holding values 8 l .. 8 l + 7 (which lie in quarter 2 (l / 16) + (l % 4) / 2).
+__global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8KScale* __restrict__ s,
+                                     int64_t n_blocks) {
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float* xb = x + b * kQK_K + 8 * lane;
+    float v[8], amax = 0.0f, mx = 0.0f;
+    int at = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        v[j] = xb[j];
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            mx = v[j];
+            at = 8 * lane + j;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (a2 > amax || (a2 == amax && at2 < at)) {
+            amax = a2;
+            mx = m2;
+            at = at2;
+        }
+    }
+    const float iscale = amax != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
+    int sum = 0;
+    char4 q[2];
+    int8_t* qv = reinterpret_cast<int8_t*>(q);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int qj = amax != 0.0f ? min(127, __float2int_rn(__fmul_rn(iscale, v[j]))) : 0;
+        qv[j] = int8_t(qj);
+        sum += qj;
+    }
+    *reinterpret_cast<int2*>(qs + b * kQK_K + 8 * lane) = *reinterpret_cast<const int2*>(q);
+    const int quarter = 2 * (lane / 16) + (lane % 4) / 2;
+    int sums[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sums[c] = __reduce_add_sync(0xffffffffu, quarter == c ? sum : 0);
+    if (lane == 0) {
+        Q8KScale r;
+        r.d = amax != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+        for (int c = 0; c < 4; ++c) r.sum[c] = sums[c];
+        s[b] = r;
+    }
+}
 
 // Q4_0 with R rows per warp: each 40-byte activation load (32 quants, scale, sum) feeds R rows
 // of 18-byte blocks. 4 by default; VXQ_GEMV_Q4_ROWS=2 runs the 2-row layout (measurements).
@@ -414,7 +539,7 @@ GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, 
     if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX) {
         throw_cuda_error(cudaErrorInvalidValue, "gemv: a dimension above INT_MAX", __FILE__, __LINE__);
     }
-    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1, nullptr};
+    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1, nullptr, nullptr};
 }
 
 // Sets p.split and returns the matrix's blocks along x.
@@ -918,6 +1043,32 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
     launch_quant_group(w.type, ps, count, st);
 }
 
+// Scratch of the TQ2_0 GEMV: [n, cols] int8 q8_K quants, then (256-byte aligned) [n, cols / 256]
+// Q8KScale.
+size_t gemv_tq2_scratch_bytes(const DeviceWeight& w, int64_t n) {
+    return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQK_K)) * sizeof(Q8KScale);
+}
+
+// ws[0..count) share x: x quantized to q8_K once, then one launch. No GEMM path: every batch
+// takes this kernel, 8 tokens per pass over the weights.
+void gemv_tq2_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
+                    GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    const int64_t nb = w.cols / kQK_K;
+    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_tq2_scratch_bytes(w, n)));
+    int8_t* xq = reinterpret_cast<int8_t*>(base);
+    Q8KScale* xs = reinterpret_cast<Q8KScale*>(base + align256(size_t(n * w.cols)));
+    quantize_q8_K_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
+    VXQ_CUDA_CHECK_LAUNCH();
+    GemvParams ps[kGemvGroupMax];
+    for (int i = 0; i < count; ++i) {
+        ps[i] = gemv_params(*ws[i], xq, nullptr, n, ys[i]);
+        ps[i].xk_scale = xs;
+    }
+    if (tq2_rows() == 2) return launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
+    launch_gemv_group<TQ2FormatR<4>>(ps, count, st);
+}
+
 void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
     const DeviceWeight* ws[] = {&w};
     gemv_quant_group(ws, &y, 1, x, n, s, st);
@@ -1092,6 +1243,12 @@ __device__ float weight_at(const DeviceWeight& w, int64_t r, int64_t c) {
             const int q = (j < 16 ? (byte & 0x0F) : (byte >> 4)) - 8;
             return d * float(q);
         }
+        case GgmlType::TQ2_0: {  // value e of a block: byte 32 (e / 128) + e % 32, bits 2 ((e % 128) / 32)
+            const int64_t b = c / kQK_K, e = c % kQK_K;
+            const float d = __half2float(w.scales[r * (w.cols / kQK_K) + b]);
+            const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 4) + b * 64 + 32 * (e / 128) + e % 32];
+            return d * float(int((byte >> (2 * ((e % 128) / 32))) & 3) - 1);
+        }
         default: return __int_as_float(0x7fc00000);  // upload_weight admits no other type
     }
 }
@@ -1131,6 +1288,7 @@ void* GemvScratch::reserve(size_t n) {
 
 MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (path != MatmulPath::Auto) return path;
+    if (w.type == GgmlType::TQ2_0) return MatmulPath::Gemv;  // no GEMM path yet
     return n >= (is_quant(w.type) ? kGemmMinTokensQuant : kGemmMinTokensDense) ? MatmulPath::Gemm : MatmulPath::Gemv;
 }
 
@@ -1144,6 +1302,7 @@ size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::BF16: return size_t(n * w.cols) * sizeof(__half);
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant_scratch_bytes(w, n);
+        case GgmlType::TQ2_0: return gemv_tq2_scratch_bytes(w, n);
         default: return 0;  // F32: x is used in place
     }
 }
@@ -1155,6 +1314,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                        : w.type == GgmlType::BF16 ? "bf16"
                        : w.type == GgmlType::Q8_0 ? "q8_0"
                        : w.type == GgmlType::Q4_0 ? "q4_0"
+                       : w.type == GgmlType::TQ2_0 ? "tq2_0"
                                                   : "?";
     if (gemv_path(w, n, path) == MatmulPath::Gemm) {
         if (w.type == GgmlType::F32) {
@@ -1179,7 +1339,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         }
     }
     int64_t units = 0, per_iter = 0;
-    const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : kGemvRowsPerWarp;
+    const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : w.type == GgmlType::TQ2_0 ? tq2_rows() : kGemvRowsPerWarp;
     bool vector = true;
     switch (w.type) {
         case GgmlType::F32: units = DenseFormat<F32Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
@@ -1188,6 +1348,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::BF16: units = DenseFormat<F16Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
                              vector = w.cols % DenseFormat<F16Elem>::kPer16 == 0; break;
         case GgmlType::Q8_0: units = Q8Format::units(w.cols); per_iter = Q8Format::kUnitsPerIter; break;
+        case GgmlType::TQ2_0: units = TQ2Format::units(w.cols); per_iter = TQ2Format::kUnitsPerIter; break;
         default: units = Q4Format::units(w.cols); per_iter = Q4Format::kUnitsPerIter; break;
     }
     if (!vector) {
@@ -1195,7 +1356,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     std::snprintf(line, sizeof line, "gemv %s%s, %d tok/pass, %d rows/warp, split %d", type,
-                  is_quant(w.type) ? " x q8_0 dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
+                  is_quant(w.type) ? " x q8_0 dp4a" : w.type == GgmlType::TQ2_0 ? " x q8_K dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
                   gemv_split(w.rows, units, int(per_iter), rows_per_warp));
     return line;
 }
@@ -1216,6 +1377,10 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
         case GgmlType::BF16: return gemv_dense<BF16Elem>(w, x, n, y, s, st);
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant(w, x, n, y, s, st);
+        case GgmlType::TQ2_0: {
+            const DeviceWeight* one[] = {&w};
+            return gemv_tq2_group(one, &y, 1, x, n, s, st);
+        }
         default:
             // upload_weight admits no other type
             throw_cuda_error(cudaErrorInvalidValue, "gemv: a weight type without a CUDA kernel", __FILE__, __LINE__);
@@ -1230,7 +1395,8 @@ bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n) {
         case GgmlType::F16:
         case GgmlType::BF16: return a.cols % DenseFormat<F16Elem>::kPer16 == 0;
         case GgmlType::Q8_0:
-        case GgmlType::Q4_0: return true;
+        case GgmlType::Q4_0:
+        case GgmlType::TQ2_0: return true;
         default: return false;
     }
 }
@@ -1280,12 +1446,13 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GgmlType::F32: return gemv_group_dense<F32Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
+        case GgmlType::TQ2_0: return gemv_tq2_group(ws, ys, count, x, n, s, st);
         default: return gemv_quant_group(ws, ys, count, x, n, s, st);
     }
 }
 
 bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion) {
-    if (count < 1 || count > kGemvGroupMax) return false;
+    if (count < 1 || count > kGemvGroupMax || ws[0]->type == GgmlType::TQ2_0) return false;  // TQ2_0: no fused forms
     for (int i = 0; i < count; ++i) {
         if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
         if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;

@@ -78,8 +78,9 @@ struct DeviceWeight {
     GgmlType type = GgmlType::F32;
     int64_t rows = 0, cols = 0;
     void* data = nullptr;        // F32/F16/BF16: [rows, cols] as stored; Q8_0: int8 [rows, cols];
-                                 // Q4_0: [rows, cols / 2] bytes, block b of a row at byte 16 b
-    __half* scales = nullptr;    // Q8_0/Q4_0: [rows, cols / 32] block scales; else nullptr
+                                 // Q4_0: [rows, cols / 2] bytes, block b of a row at byte 16 b;
+                                 // TQ2_0: [rows, cols / 4] bytes, 256-block b's 64 quant bytes at 64 b
+    __half* scales = nullptr;    // Q8_0/Q4_0: [rows, cols / 32], TQ2_0: [rows, cols / 256] block scales; else nullptr
     size_t bytes = 0;            // device bytes held (data + scales)
 };
 
