@@ -1,4 +1,4 @@
-// Super-block weights on the CPU (kernels/cpu/matmul_kquants.h): Q6_K, TQ1_0 and TQ2_0 with q8_K
+// Super-block weights on the CPU (kernels/cpu/matmul_kquants.h): Q6_K, TQ1_0, TQ2_0 (and TQ2_G128) with q8_K
 // activations. The decoders against llama-quantize's real files (the ternary model's TQ tensors
 // hold exactly its f16 weights), the q8_K quantizer against its definition, the dot product
 // against a double-precision sum, and the threaded matmul against the scalar reference.
@@ -138,7 +138,7 @@ DotCase dot_case(GgmlType type, int64_t rows, int64_t cols, float x_scale, std::
 TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
         for (int64_t cols : {256, 512, 1536, 4096}) {
             const DotCase dc = dot_case(type, 3, cols, 1.0f, rng);
             for (int64_t r = 0; r < 3; ++r) {
@@ -166,7 +166,7 @@ TEST(DotKQuant, Avx2EqualsScalar) {
     }
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
         for (int64_t cols : {256, 512, 1536, 4096}) {
             const DotCase dc = dot_case(type, 4, cols, cols == 512 ? 30.0f : 1.0f, rng);
             for (int64_t r = 0; r < 4; ++r) {
@@ -183,7 +183,7 @@ TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     ThreadPool pool(3);
-    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0}) {
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
         for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}}) {
             const test::Weights w = test::random_weights(type, rows, cols, rng);
             EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);

@@ -5,6 +5,7 @@
 // vxq-ternary-h64-{tq2_0,tq1_0}.gguf.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -21,6 +22,8 @@
 #include "formats/ggml_types.h"
 #include "formats/gguf.h"
 #include "kernels/cpu/matmul_kquants.h"
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 #include "model/quantize.h"
 #include "support/assets.h"
@@ -59,7 +62,7 @@ std::vector<uint8_t> quantized(GgmlType t, TernaryRule rule, double gamma, const
 TEST(QuantizeTernary, ThreeValuedRowsRoundTripExactly) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0}) {
+    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128}) {
         for (TernaryRule rule : {TernaryRule::Absmean, TernaryRule::Amax}) {
             const std::vector<float> x = ternary_values(rng, 3 * kQK_K, 0.0371f);
             const std::vector<float> y = dequantized(t, quantized(t, rule, ternary_absmean(x.data(), int64_t(x.size())), x), int64_t(x.size()));
@@ -94,14 +97,15 @@ TEST(QuantizeTernary, RulesFollowTheirDefinitions) {
     std::vector<float> x(2 * kQK_K);
     for (float& v : x) v = nd(rng);
     const double gamma = ternary_absmean(x.data(), int64_t(x.size()));
-    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0}) {
+    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128}) {
+        const int bs = t == GgmlType::TQ2_G128 ? kQK_G128 : kQK_K;  // values per block (per scale)
         const std::vector<float> a = dequantized(t, quantized(t, TernaryRule::Absmean, gamma, x), int64_t(x.size()));
         const std::vector<float> m = dequantized(t, quantized(t, TernaryRule::Amax, 0.0, x), int64_t(x.size()));
-        for (int b = 0; b < 2; ++b) {
+        for (int b = 0; b < int(x.size()) / bs; ++b) {
             double sum = 0.0, amax = 0.0;
             int nonzero = 0;
-            for (int j = 0; j < kQK_K; ++j) {
-                const float v = x[size_t(b * kQK_K + j)];
+            for (int j = 0; j < bs; ++j) {
+                const float v = x[size_t(b * bs + j)];
                 const long tj = std::clamp(std::lround(double(v) / gamma), -1L, 1L);
                 if (tj != 0) {
                     sum += std::fabs(double(v));
@@ -110,8 +114,8 @@ TEST(QuantizeTernary, RulesFollowTheirDefinitions) {
                 amax = std::max(amax, double(std::fabs(v)));
             }
             const float d = round_fp16(float(sum / nonzero)), dm = round_fp16(float(amax));
-            for (int j = 0; j < kQK_K; ++j) {
-                const size_t e = size_t(b * kQK_K + j);
+            for (int j = 0; j < bs; ++j) {
+                const size_t e = size_t(b * bs + j);
                 const long tj = std::clamp(std::lround(double(x[e]) / gamma), -1L, 1L);
                 ASSERT_EQ(a[e], d * float(tj)) << ggml_type_name(t) << " absmean, value " << e << ", seed " << seed;
                 const long tm = std::lround(x[e] * (1.0f / float(amax)));
@@ -156,6 +160,43 @@ TEST(QuantizeModel, TernaryModelMatchesLlamaQuantizeByteForByte) {
             std::filesystem::remove(out);
         }
     }
+}
+
+// TQ2_G128 (veloxquant's Bonsai-style format) stores the ternary-trained model's weights without
+// loss too: the same weights as TQ2_0 and the same integers per block, only each 128-value block
+// adds its own fma (one matmul: ~3e-7 of the output apart). Through the layers a last-bit
+// difference of an activation can move one of its q8_K quants a whole step, so the logits are
+// compared as the CUDA tests compare quantized-activation paths (3e-2 of the largest), and the
+// next token must be the same.
+TEST(QuantizeModel, G128FileRunsLikeTq2_0) {
+    const std::string f16 = "assets/models/vxq-ternary-h64-f16.gguf";
+    VXQ_REQUIRE_ASSET(f16);
+    std::vector<std::vector<float>> logits;
+    for (GgmlType type : {GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
+        QuantizeOptions o;
+        o.input = test::shared_path(f16);
+        o.output = temp_path(std::string(ggml_type_name(type)) + "_run.gguf");
+        o.type = type;
+        quantize_model(o);
+        auto model = Model::load(o.output);
+        std::filesystem::remove(o.output);
+        ASSERT_EQ(model->weights().layers[0].w_down.type, type);
+        auto be = make_backend("cpu", 2);
+        const ModelConfig& c = model->config();
+        auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 64}, KvSpec{});
+        const auto ids = model->tokenizer().encode("Once upon a time there was", true);
+        logits.emplace_back(size_t(c.n_vocab));
+        model->forward(*be, *cache, std::vector<TokenId>(ids.begin(), ids.end()), false, logits.back().data());
+    }
+    float amax = 0.0f, diff = 0.0f;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+        amax = std::max(amax, std::fabs(logits[0][i]));
+        diff = std::max(diff, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    EXPECT_LT(diff, 3e-2f * std::max(1.0f, amax));
+    EXPECT_GT(amax, 1.0f);  // not flat
+    EXPECT_EQ(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin(),
+              std::max_element(logits[1].begin(), logits[1].end()) - logits[1].begin());
 }
 
 TEST(QuantizeModel, RefusesQuantizedInputAndWritesNothing) {

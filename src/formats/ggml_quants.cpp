@@ -63,18 +63,18 @@ double ternary_absmean(const float* x, int64_t n) {
 
 namespace {
 
-// One block's digits u = t + 1 (0, 1, 2) in value order, and its scale, by `rule`.
-float ternary_block(TernaryRule rule, double gamma, const float* x, uint8_t* u) {
+// One block's digits u = t + 1 (0, 1, 2) in value order, and its scale, by `rule`; n values.
+float ternary_block(TernaryRule rule, double gamma, const float* x, int n, uint8_t* u) {
     if (rule == TernaryRule::Amax) {
         float amax = 0.0f;
-        for (int j = 0; j < kQK_K; ++j) amax = std::max(amax, std::fabs(x[j]));
+        for (int j = 0; j < n; ++j) amax = std::max(amax, std::fabs(x[j]));
         const float id = amax != 0.0f ? 1.0f / amax : 0.0f;
-        for (int j = 0; j < kQK_K; ++j) u[j] = uint8_t(std::lround(x[j] * id) + 1);
+        for (int j = 0; j < n; ++j) u[j] = uint8_t(std::lround(x[j] * id) + 1);
         return amax;
     }
     double sum = 0.0;  // |x| of the non-zero digits: exact for a ternary block (<= 256 equal values)
     int nonzero = 0;
-    for (int j = 0; j < kQK_K; ++j) {
+    for (int j = 0; j < n; ++j) {
         const long t = gamma > 0.0 ? std::clamp(std::lround(double(x[j]) / gamma), -1L, 1L) : 0L;
         u[j] = uint8_t(t + 1);
         if (t != 0) {
@@ -115,10 +115,22 @@ void pack_tq1_0(const uint8_t* u, float d, BlockTQ1_0& b) {
 }  // namespace
 
 void quantize_row_ternary(GgmlType t, TernaryRule rule, double gamma, const float* x, int64_t n, uint8_t* out) {
-    VXQ_ASSERT(n % kQK_K == 0 && (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0));
+    VXQ_ASSERT(n % kQK_K == 0 && (t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128));
     uint8_t u[kQK_K];
+    if (t == GgmlType::TQ2_G128) {  // TQ2_0's packing of one half per 128-value block
+        for (int64_t i = 0; i < n / kQK_G128; ++i) {
+            BlockTQ2_G128 b{};
+            const float d = ternary_block(rule, gamma, x + i * kQK_G128, kQK_G128, u);
+            for (int l = 0; l < 4; ++l) {
+                for (int m = 0; m < 32; ++m) b.qs[m] |= uint8_t(u[32 * l + m] << (2 * l));
+            }
+            b.d = fp32_to_fp16(d);
+            std::memcpy(out + i * sizeof b, &b, sizeof b);
+        }
+        return;
+    }
     for (int64_t i = 0; i < n / kQK_K; ++i) {
-        const float d = ternary_block(rule, gamma, x + i * kQK_K, u);
+        const float d = ternary_block(rule, gamma, x + i * kQK_K, kQK_K, u);
         if (t == GgmlType::TQ2_0) {
             BlockTQ2_0 b;
             pack_tq2_0(u, d, b);

@@ -32,8 +32,8 @@ enum class TernaryRule { Absmean, Amax };
 // mean |x| over x[0, n), accumulated in double.
 double ternary_absmean(const float* x, int64_t n);
 
-// n values (n % 256 == 0) as TQ2_0 or TQ1_0 blocks at out (ggml_row_bytes(t, n) bytes); gamma is
-// used by Absmean only.
+// n values (n % 256 == 0) as TQ2_0, TQ1_0 or TQ2_G128 (veloxquant's 128-value blocks, the same
+// rules per 128 values) blocks at out (ggml_row_bytes(t, n) bytes); gamma is used by Absmean only.
 void quantize_row_ternary(GgmlType t, TernaryRule rule, double gamma, const float* x, int64_t n, uint8_t* out);
 
 // True for the types quantize_row_ref writes: F32, F16, BF16, Q8_0, Q4_0.

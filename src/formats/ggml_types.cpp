@@ -53,6 +53,7 @@ constexpr std::array<GgmlTypeTraits, kGgmlTypeIdEnd> kTraits = [] {
 }  // namespace
 
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type_id) {
+    if (type_id == uint32_t(GgmlType::TQ2_G128)) return GgmlTypeTraits{"tq2_g128", kQK_G128, sizeof(BlockTQ2_G128)};
     if (type_id >= kGgmlTypeIdEnd || kTraits[type_id].name.empty()) return std::nullopt;
     return kTraits[type_id];
 }

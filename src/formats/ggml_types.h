@@ -20,6 +20,9 @@ enum class GgmlType : uint32_t {
     IQ2_XXS = 16, IQ2_XS = 17, IQ3_XXS = 18, IQ1_S = 19, IQ4_NL = 20, IQ3_S = 21, IQ2_S = 22,
     IQ4_XS = 23, I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
     TQ1_0 = 34, TQ2_0 = 35,
+    // veloxquant's own, not ggml's (llama.cpp cannot load a file that holds it): ternary weights
+    // in 128-value blocks with an fp16 scale each, as PrismML's Bonsai stores them.
+    TQ2_G128 = 1024,
 };
 constexpr uint32_t kGgmlTypeIdEnd = 39;  // one past the largest id ggml b4748 knows
 
@@ -71,6 +74,16 @@ struct BlockTQ2_0 {
     f16_t d;
 };
 static_assert(sizeof(BlockTQ2_0) == 66, "tq2_0 block is 64 + 2 bytes");
+
+// tq2_g128 (veloxquant's): 128 values, byte m holding in bits 2 l the digit t + 1 of value 32 l + m
+// (TQ2_0's layout for one half), x = d * t: 2.125 bits per weight. Rows are whole 256-value
+// super-blocks (pairs of blocks), as the q8_K activations are.
+struct BlockTQ2_G128 {
+    uint8_t qs[32];
+    f16_t d;
+};
+static_assert(sizeof(BlockTQ2_G128) == 34, "tq2_g128 block is 32 + 2 bytes");
+constexpr int kQK_G128 = 128;
 
 // q8_K, for activations only: x = d * qs[j], bsums[g] = the sum of qs[16 g .. 16 g + 15]
 struct BlockQ8_K {

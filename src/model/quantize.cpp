@@ -42,7 +42,7 @@ int64_t rows_of(const GgufTensorInfo& t) {
 }  // namespace
 
 std::optional<GgmlType> quantize_target_type(std::string_view name) {
-    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128, GgmlType::Q8_0, GgmlType::Q4_0}) {
         if (ggml_type_name(t) == name) return t;
     }
     return std::nullopt;
@@ -51,8 +51,9 @@ std::optional<GgmlType> quantize_target_type(std::string_view name) {
 QuantizeReport quantize_model(const QuantizeOptions& o, const std::function<void(uint64_t, uint64_t)>& progress) {
     const GgmlType to = o.type;
     VXQ_ASSERT(quantize_target_type(ggml_type_name(to)).has_value());
-    const bool ternary = to == GgmlType::TQ1_0 || to == GgmlType::TQ2_0;
-    const int64_t block = ggml_type_traits(uint32_t(to))->block_size;
+    const bool ternary = to == GgmlType::TQ1_0 || to == GgmlType::TQ2_0 || to == GgmlType::TQ2_G128;
+    // TQ2_G128's rows are whole q8_K super-blocks (256 values), as the dot product takes them.
+    const int64_t block = to == GgmlType::TQ2_G128 ? kQK_K : ggml_type_traits(uint32_t(to))->block_size;
     if (std::filesystem::weakly_canonical(o.input) == std::filesystem::weakly_canonical(o.output)) {
         fail("quantize: the output {} is the input", o.output);
     }
@@ -82,7 +83,7 @@ QuantizeReport quantize_model(const QuantizeOptions& o, const std::function<void
         if (key == "general.file_type" || key == "general.quantization_version") continue;  // below
         w.add(key, GgufWriterValue::of(value));
     }
-    w.add_u32("general.file_type", *llama_ftype(to));
+    if (const auto ftype = llama_ftype(to)) w.add_u32("general.file_type", *ftype);  // none for TQ2_G128
     w.add_u32("general.quantization_version", 2);  // ggml's GGML_QNT_VERSION, as llama-quantize writes
     w.set_alignment(uint32_t(in.alignment()));
     for (const QuantizedTensor& q : report.tensors) w.add_tensor(q.name, q.ne, q.to);

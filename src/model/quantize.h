@@ -1,6 +1,7 @@
 // Quantizing a model file's weights (`vxq quantize`): a GGUF of f32/f16/bf16 weights in, the same
-// model with its matrices in TQ2_0, TQ1_0, Q8_0 or Q4_0 out, every other tensor and every
-// metadata key copied (general.file_type set to llama.cpp's value for the type).
+// model with its matrices in TQ2_0, TQ1_0, TQ2_G128 (veloxquant's Bonsai-style 128-value blocks,
+// which llama.cpp cannot load), Q8_0 or Q4_0 out, every other tensor and every metadata key
+// copied (general.file_type set to llama.cpp's value for the type; none for TQ2_G128).
 //
 // Which tensors change: every two-dimensional "*.weight" tensor whose rows are whole blocks of
 // the type, except token_embd.weight (llama-quantize turns it into Q6_K for the ternary types,
@@ -29,7 +30,7 @@ namespace vxq {
 
 struct QuantizeOptions {
     std::string input, output;
-    GgmlType type = GgmlType::TQ2_0;  // TQ2_0, TQ1_0, Q8_0 or Q4_0
+    GgmlType type = GgmlType::TQ2_0;  // TQ2_0, TQ1_0, TQ2_G128, Q8_0 or Q4_0
     TernaryRule rule = TernaryRule::Absmean;
 };
 
@@ -45,7 +46,7 @@ struct QuantizeReport {
     uint64_t bytes_in = 0, bytes_out = 0;  // file sizes
 };
 
-// The types quantize_model writes, by ggml name: tq2_0, tq1_0, q8_0, q4_0; nullopt otherwise.
+// The types quantize_model writes, by name: tq2_0, tq1_0, tq2_g128, q8_0, q4_0; nullopt otherwise.
 std::optional<GgmlType> quantize_target_type(std::string_view name);
 
 // Reads o.input, writes o.output atomically (nothing is left under that name on an error).

@@ -60,6 +60,9 @@ const GgufTensorInfo& find_checked(TensorTable& f, const std::string& name, std:
 WeightView matrix(TensorTable& f, const std::string& name, int64_t rows, int64_t cols, std::string_view backend) {
     const GgufTensorInfo& t = find_checked(f, name, {cols, rows});
     check_weight_computable(t.type, backend, fmt::format("{}: tensor '{}'", f.path(), name));
+    if (t.type == GgmlType::TQ2_G128 && cols % kQK_K != 0) {  // its dot takes 256-value q8_K blocks
+        fail("{}: tensor '{}' is TQ2_G128 with rows of {} values, not whole 256-value super-blocks", f.path(), name, cols);
+    }
     return WeightView{t.type, f.file().tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
 }
 

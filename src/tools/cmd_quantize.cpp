@@ -22,7 +22,7 @@ struct QuantizeCliOptions {
 void run_quantize(const QuantizeCliOptions& o) {
     QuantizeOptions q;
     const auto type = quantize_target_type(o.type);
-    if (!type) fail("unknown --type '{}' (quantize writes tq2_0, tq1_0, q8_0 or q4_0)", o.type);
+    if (!type) fail("unknown --type '{}' (quantize writes tq2_0, tq1_0, tq2_g128, q8_0 or q4_0)", o.type);
     if (o.ternary != "absmean" && o.ternary != "amax") fail("unknown --ternary '{}' (absmean or amax)", o.ternary);
     q.input = o.in;
     q.output = o.out;
@@ -40,7 +40,7 @@ void run_quantize(const QuantizeCliOptions& o) {
         counts[fmt::format("{} -> {}", ggml_type_name(t.from), ggml_type_name(t.to))] += 1;
         if (!t.note.empty()) fmt::print("{}: {}\n", t.name, t.note);
     }
-    const bool ternary = q.type == GgmlType::TQ1_0 || q.type == GgmlType::TQ2_0;
+    const bool ternary = q.type == GgmlType::TQ1_0 || q.type == GgmlType::TQ2_0 || q.type == GgmlType::TQ2_G128;
     fmt::print("{}: {} ({}{}), {} tensors, {} -> {} bytes ({:.2f}x smaller)\n", o.out, ggml_type_name(q.type),
                ternary ? (o.ternary == "amax" ? "amax ternarization" : "absmean ternarization") : "llama.cpp's reference quantizer",
                ternary ? "; token_embd kept" : "", r.tensors.size(), r.bytes_in, r.bytes_out,
@@ -58,7 +58,10 @@ void add_quantize(CLI::App& app, int& rc) {
     auto o = std::make_shared<QuantizeCliOptions>();
     sub->add_option("-m,--model", o->in, "GGUF model of f32/f16/bf16 weights")->required();
     sub->add_option("-o,--output", o->out, "GGUF file to write (atomically: complete or absent)")->required();
-    sub->add_option("--type", o->type, "tq2_0, tq1_0 (ternary), q8_0 or q4_0")->required();
+    sub->add_option("--type", o->type,
+                    "tq2_0, tq1_0 (ternary, llama.cpp's), tq2_g128 (ternary, a scale per 128 weights as Bonsai's; "
+                    "veloxquant only), q8_0 or q4_0")
+        ->required();
     sub->add_option("--ternary", o->ternary,
                     "absmean (default: BitNet b1.58's round-clip(w / mean|w|) per tensor, a least-squares scale per "
                     "block) or amax (llama.cpp's: scale = the block's max |w|)");

@@ -101,6 +101,15 @@ inline Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt
                 }
                 break;
             }
+            case GgmlType::TQ2_G128: {
+                auto* b = reinterpret_cast<BlockTQ2_G128*>(row);
+                std::uniform_int_distribution<int> t(0, 2);
+                for (int64_t i = 0; i < cols / kQK_G128; ++i) {
+                    for (auto& v : b[i].qs) v = uint8_t(t(rng) | t(rng) << 2 | t(rng) << 4 | t(rng) << 6);
+                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
+                }
+                break;
+            }
             default:
                 break;  // other types: no kernel to test, bytes stay zero
         }

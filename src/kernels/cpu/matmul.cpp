@@ -444,7 +444,8 @@ DotOrder dot_order(const WeightView& w, int64_t n_tokens) {
         case GgmlType::Q4_0: return m % 8 == 0 ? DotOrder::Q4Repack : DotOrder::Q0Lanes;
         case GgmlType::Q6_K:
         case GgmlType::TQ1_0:
-        case GgmlType::TQ2_0: return DotOrder::KLanes;
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: return DotOrder::KLanes;
         default: break;
     }
     fail("matmul: unsupported weight type {}", uint32_t(w.type));
@@ -529,7 +530,8 @@ void dequantize_row(const WeightView& w, int64_t r, float* out) {
         }
         case GgmlType::Q6_K:
         case GgmlType::TQ1_0:
-        case GgmlType::TQ2_0: dequantize_row_kquant(w.type, p, k, out); return;
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: dequantize_row_kquant(w.type, p, k, out); return;
         default: break;
     }
     fail("dequantize_row: unsupported weight type {}", uint32_t(w.type));

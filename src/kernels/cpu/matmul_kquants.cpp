@@ -68,7 +68,16 @@ float hsum8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + 
 
 }  // namespace
 
-bool is_kquant_weight(GgmlType t) { return t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0; }
+bool is_kquant_weight(GgmlType t) {
+    return t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128;
+}
+
+// The digits u = t + 1 of a tq2_g128 block, in value order (value 32 l + m: byte m, bits 2 l).
+void g128_digits(const BlockTQ2_G128& b, int8_t* u) {
+    for (int l = 0; l < 4; ++l) {
+        for (int m = 0; m < 32; ++m) u[32 * l + m] = int8_t((b.qs[m] >> (2 * l)) & 3);
+    }
+}
 
 void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n) {
     VXQ_ASSERT(n % kQK_K == 0);
@@ -122,6 +131,17 @@ static float decode_block(GgmlType t, const uint8_t* row, int64_t i, int8_t* v, 
 
 void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out) {
     VXQ_ASSERT(n % kQK_K == 0 && is_kquant_weight(t));
+    if (t == GgmlType::TQ2_G128) {
+        int8_t u[kQK_G128];
+        for (int64_t i = 0; i < n / kQK_G128; ++i, out += kQK_G128) {
+            BlockTQ2_G128 b;
+            std::memcpy(&b, row + i * sizeof b, sizeof b);
+            g128_digits(b, u);
+            const float d = fp16_to_fp32(b.d);
+            for (int e = 0; e < kQK_G128; ++e) out[e] = float(u[e] - 1) * d;
+        }
+        return;
+    }
     int8_t v[kQK_K], sc[kQK_K / 16];
     for (int64_t i = 0; i < n / kQK_K; ++i, out += kQK_K) {
         const float d = decode_block(t, row, i, v, sc);
@@ -137,6 +157,19 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
     int8_t v[kQK_K], sc[kQK_K / 16];
     for (int64_t i = 0; i < nb; ++i) {
         const BlockQ8_K& xb = x[i];
+        if (t == GgmlType::TQ2_G128) {  // two blocks per super-block, each its own scale and fma
+            for (int h = 0; h < 2; ++h) {
+                BlockTQ2_G128 b;
+                std::memcpy(&b, row + (2 * i + h) * sizeof b, sizeof b);
+                g128_digits(b, v);
+                int32_t lane[8] = {};
+                for (int e = 0; e < kQK_G128; ++e) lane[(e % 32) / 4] += int32_t(v[e]) * xb.qs[kQK_G128 * h + e];
+                for (int k = 0; k < 4; ++k) lane[k] -= int32_t(xb.bsums[8 * h + 2 * k]) + xb.bsums[8 * h + 2 * k + 1];
+                const float d = xb.d * fp16_to_fp32(b.d);
+                for (int k = 0; k < 8; ++k) acc[k] = std::fma(float(lane[k]), d, acc[k]);
+            }
+            continue;
+        }
         const float dw = decode_block(t, row, i, v, sc);
         int32_t lane[8] = {};
         if (t == GgmlType::Q6_K) {

@@ -1,5 +1,8 @@
 // Weights in llama.cpp's 256-value super-block types that veloxquant computes with: Q6_K (the
-// token embedding and tied output of llama-quantize's files) and the ternary TQ1_0 and TQ2_0.
+// token embedding and tied output of llama-quantize's files) and the ternary TQ1_0 and TQ2_0; and
+// veloxquant's TQ2_G128 (two 128-value blocks per super-block: per block 8 lanes, value e in lane
+// (e % 32) / 4, lanes 0-3 minus the activations' 16-value sums 2k and 2k + 1 of the block, one
+// fma per lane and block with the block's own scale; no llama.cpp counterpart).
 // Their activations are quantized to q8_K (one fp32 scale per 256 values) and each dot product
 // is an exact integer per super-block, as in llama.cpp b4748's CPU path.
 //

@@ -33,6 +33,22 @@ __m256i tq2_lanes(const BlockTQ2_0& w, const BlockQ8_K& x) {
     return widen_pairs(s16);
 }
 
+// TQ2_G128 block h of a super-block: digit l of byte m is value 32 l + m; 16-bit lanes 0-7 minus
+// the activations' 16-value sums of the block (lanes 0-3 of the 32-bit result take them).
+__m256i g128_lanes(const BlockTQ2_G128& w, const BlockQ8_K& x, int h) {
+    const __m256i three = _mm256_set1_epi8(3);
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+    __m256i s16 = _mm256_setzero_si256();
+    for (int l = 0; l < 4; ++l) {
+        const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three);
+        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 128 * h + 32 * l));
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, y));
+    }
+    const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums + 8 * h));
+    s16 = _mm256_sub_epi16(s16, _mm256_inserti128_si256(_mm256_setzero_si256(), bs, 0));
+    return widen_pairs(s16);
+}
+
 // Base-3 digits of bytes, each byte q in 16-bit lane arithmetic: ((q * m mod 256) * 3) >> 8 with
 // m = 3^n given per 16-bit lane (both bytes of a lane take the same n).
 __m256i tq1_digits(__m256i q, __m256i m) {
@@ -110,6 +126,14 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
     for (int64_t i = 0; i < nb; ++i) {
         __m256i lanes;
         float dw;
+        if (t == GgmlType::TQ2_G128) {
+            for (int h = 0; h < 2; ++h) {
+                const auto& w = reinterpret_cast<const BlockTQ2_G128*>(row)[2 * i + h];
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g128_lanes(w, x[i], h)),
+                                      _mm256_set1_ps(x[i].d * fp16_to_fp32(w.d)), acc);
+            }
+            continue;
+        }
         if (t == GgmlType::TQ2_0) {
             const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
             lanes = tq2_lanes(w, x[i]);
