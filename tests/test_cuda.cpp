@@ -1018,39 +1018,47 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
 // A decode step is launched in passes while the host records it (a pass flushed before an RMSNorm
 // once it holds enough ops, step blocks taken in turn): the logits must be those of one pass per
 // step, bit for bit, also with passes of 4 ops (more passes than step blocks) and as plain launches.
+// A CUDA backend made with these environment variables set (then unset again).
+std::unique_ptr<Backend> cuda_backend_with_env(std::initializer_list<std::pair<const char*, const char*>> env) {
+    for (const auto& [k, v] : env) setenv(k, v, 1);
+    auto be = make_backend("cuda", 1);
+    for (const auto& [k, v] : env) unsetenv(k);
+    return be;
+}
+
+// 24 greedy decode steps of `model` on every backend of `bes` (each its own -fa f16 cache) from
+// "Once upon a time": the logits of every backend must equal the first one's bit for bit.
+void expect_decode_logits_equal(const Model& model, const std::vector<std::unique_ptr<Backend>>& bes) {
+    const ModelConfig& c = model.config();
+    std::vector<std::unique_ptr<KvCache>> caches;
+    for (const auto& be : bes) {
+        KvCacheOptions opts;
+        opts.memory = be->kv_memory();
+        opts.flash_attn = true;
+        caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
+    }
+    const auto ids = model.tokenizer().encode("Once upon a time", true);
+    std::vector<TokenId> batch(ids.begin(), ids.end());
+    std::vector<std::vector<float>> logits(bes.size(), std::vector<float>(size_t(c.n_vocab)));
+    for (int step = 0; step < 24; ++step) {
+        for (size_t i = 0; i < bes.size(); ++i) model.forward(*bes[i], *caches[i], batch, false, logits[i].data());
+        for (size_t i = 1; i < bes.size(); ++i) ASSERT_EQ(logits[0], logits[i]) << "step " << step << ", backend " << i;
+        batch = {TokenId(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin())};
+    }
+}
+
 TEST(Cuda, StepInPassesEqualsOnePass) {
     VXQ_REQUIRE_CUDA(cuda);
     for (const char* file : {"vxq-llama-h64-f16.gguf", "vxq-llama-h64-q4_0.gguf"}) {
         SCOPED_TRACE(file);
         VXQ_REQUIRE_ASSET(std::string("assets/models/") + file);
         auto model = Model::load(test::shared_path(std::string("assets/models/") + file), "cuda");
-        auto with_env = [](std::initializer_list<std::pair<const char*, const char*>> env) {
-            for (const auto& [k, v] : env) setenv(k, v, 1);
-            auto be = make_backend("cuda", 1);
-            for (const auto& [k, v] : env) unsetenv(k);
-            return be;
-        };
         std::vector<std::unique_ptr<Backend>> bes;
-        bes.push_back(with_env({{"VXQ_CUDA_CHUNK_OPS", "0"}}));
-        bes.push_back(with_env({}));
-        bes.push_back(with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
-        bes.push_back(with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}, {"VXQ_CUDA_GRAPHS", "0"}}));
-        const ModelConfig& c = model->config();
-        std::vector<std::unique_ptr<KvCache>> caches;
-        for (auto& be : bes) {
-            KvCacheOptions opts;
-            opts.memory = be->kv_memory();
-            opts.flash_attn = true;
-            caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
-        }
-        const auto ids = model->tokenizer().encode("Once upon a time", true);
-        std::vector<TokenId> batch(ids.begin(), ids.end());
-        std::vector<std::vector<float>> logits(bes.size(), std::vector<float>(size_t(c.n_vocab)));
-        for (int step = 0; step < 24; ++step) {
-            for (size_t i = 0; i < bes.size(); ++i) model->forward(*bes[i], *caches[i], batch, false, logits[i].data());
-            for (size_t i = 1; i < bes.size(); ++i) ASSERT_EQ(logits[0], logits[i]) << "step " << step << ", backend " << i;
-            batch = {TokenId(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin())};
-        }
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "0"}}));
+        bes.push_back(cuda_backend_with_env({}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}, {"VXQ_CUDA_GRAPHS", "0"}}));
+        expect_decode_logits_equal(*model, bes);
     }
 }
 
@@ -1072,34 +1080,13 @@ TEST(Cuda, Q8HandoffEqualsQuantizeKernels) {
         SynthModel(SynthOptions{"tiny", type, seed, 0, 0, 1}).write(path);
         auto model = Model::load(path, "cuda");
         std::filesystem::remove(path);  // mapped: the mapping stays valid
-        auto with_env = [](std::initializer_list<std::pair<const char*, const char*>> env) {
-            for (const auto& [k, v] : env) setenv(k, v, 1);
-            auto be = make_backend("cuda", 1);
-            for (const auto& [k, v] : env) unsetenv(k);
-            return be;
-        };
         std::vector<std::unique_ptr<Backend>> bes;
-        bes.push_back(with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
-        bes.push_back(with_env({}));
-        bes.push_back(with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
-        bes.push_back(with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
-        const ModelConfig& c = model->config();
-        std::vector<std::unique_ptr<KvCache>> caches;
-        for (auto& be : bes) {
-            KvCacheOptions opts;
-            opts.memory = be->kv_memory();
-            opts.flash_attn = true;
-            caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
-        }
-        const auto ids = model->tokenizer().encode("Once upon a time", true);
-        std::vector<TokenId> batch(ids.begin(), ids.end());
-        std::vector<std::vector<float>> logits(bes.size(), std::vector<float>(size_t(c.n_vocab)));
-        for (int step = 0; step < 24; ++step) {
-            for (size_t i = 0; i < bes.size(); ++i) model->forward(*bes[i], *caches[i], batch, false, logits[i].data());
-            for (size_t i = 1; i < bes.size(); ++i) ASSERT_EQ(logits[0], logits[i]) << "step " << step << ", backend " << i;
-            batch = {TokenId(std::max_element(logits[0].begin(), logits[0].end()) - logits[0].begin())};
-        }
-        caches.back().reset();
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
+        bes.push_back(cuda_backend_with_env({}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
+        expect_decode_logits_equal(*model, bes);
+        if (HasFatalFailure()) return;
         testing::internal::CaptureStderr();
         bes.back().reset();
         const std::string ops = testing::internal::GetCapturedStderr();

@@ -92,21 +92,16 @@ inline Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt
                 }
                 break;
             }
-            case GgmlType::TQ2_0: {
-                auto* b = reinterpret_cast<BlockTQ2_0*>(row);
+            case GgmlType::TQ2_0:
+            case GgmlType::TQ2_G128: {  // 2-bit digits (0, 1, 2) four to a byte, then the fp16 scale
+                const bool g128 = type == GgmlType::TQ2_G128;
+                const size_t block = g128 ? sizeof(BlockTQ2_G128) : sizeof(BlockTQ2_0), n_qs = block - sizeof(f16_t);
                 std::uniform_int_distribution<int> t(0, 2);
-                for (int64_t i = 0; i < cols / kQK_K; ++i) {
-                    for (auto& v : b[i].qs) v = uint8_t(t(rng) | t(rng) << 2 | t(rng) << 4 | t(rng) << 6);
-                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
-                }
-                break;
-            }
-            case GgmlType::TQ2_G128: {
-                auto* b = reinterpret_cast<BlockTQ2_G128*>(row);
-                std::uniform_int_distribution<int> t(0, 2);
-                for (int64_t i = 0; i < cols / kQK_G128; ++i) {
-                    for (auto& v : b[i].qs) v = uint8_t(t(rng) | t(rng) << 2 | t(rng) << 4 | t(rng) << 6);
-                    b[i].d = fp32_to_fp16(ud(rng) * 4.0f);
+                for (int64_t i = 0; i < cols / (g128 ? kQK_G128 : kQK_K); ++i) {
+                    uint8_t* b = row + size_t(i) * block;
+                    for (size_t j = 0; j < n_qs; ++j) b[j] = uint8_t(t(rng) | t(rng) << 2 | t(rng) << 4 | t(rng) << 6);
+                    const f16_t d = fp32_to_fp16(ud(rng) * 4.0f);
+                    std::memcpy(b + n_qs, &d, sizeof d);
                 }
                 break;
             }
