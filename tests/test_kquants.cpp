@@ -179,12 +179,46 @@ TEST(DotKQuant, Avx2EqualsScalar) {
     }
 }
 
+// The multi-token kernel (a block's digits unpacked once for up to 4 tokens) against the one-token
+// kernel, token by token, bit for bit; tokens kept apart by a stride of more than a row.
+TEST(DotKQuant, MultiTokenEqualsOneToken) {
+    if (std::string(matmul_isa()) != "avx2") {
+        GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernels were not tested ***";
+    }
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
+        for (int64_t cols : {256, 1536}) {
+            const int64_t nb = cols / kQK_K, stride = nb + 1;
+            const test::Weights w = test::random_weights(type, 2, cols, rng);
+            std::vector<BlockQ8_K> xq(size_t(avx2::kMultiTokens * stride));
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            std::vector<float> x(static_cast<size_t>(cols));
+            for (int j = 0; j < avx2::kMultiTokens; ++j) {
+                for (auto& v : x) v = nd(rng);
+                quantize_row_q8_K(x.data(), xq.data() + j * stride, cols);
+            }
+            for (int n_tok = 1; n_tok <= avx2::kMultiTokens; ++n_tok) {
+                float out[avx2::kMultiTokens];
+                const uint8_t* row = w.bytes.data() + w.view().row_bytes;
+                avx2::dot_kquant_q8_K_multi(type, row, xq.data(), stride, nb, n_tok, out);
+                for (int j = 0; j < n_tok; ++j) {
+                    const float one = avx2::dot_kquant_q8_K(type, row, xq.data() + j * stride, nb);
+                    EXPECT_EQ(std::memcmp(&one, &out[j], sizeof one), 0)
+                        << ggml_type_name(type) << " cols " << cols << " n_tok " << n_tok << " token " << j << ": " << out[j]
+                        << " vs " << one << " seed " << seed;
+                }
+            }
+        }
+    }
+}
+
 TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     ThreadPool pool(3);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
-        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}}) {
+        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}}) {
             const test::Weights w = test::random_weights(type, rows, cols, rng);
             EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);
             std::vector<float> x(static_cast<size_t>(n * cols));

@@ -299,16 +299,21 @@ const BlockQ8_K* quantize_tokens_q8_K(const float* x, int64_t n, int64_t k, std:
     return xq;
 }
 
-// Q6_K / TQ1_0 / TQ2_0: activations to q8_K, then rows split across the pool, each dot the AVX2
-// kernel of matmul_kquants.h.
+// Q6_K / TQ1_0 / TQ2_0 / TQ2_G128: activations to q8_K, then rows split across the pool, each row
+// against up to kMultiTokens tokens at once by the AVX2 kernels of matmul_kquants.h.
 void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
     const int64_t m = w.rows, nb = w.cols / kQK_K;
     const BlockQ8_K* xq = quantize_tokens_q8_K(x, n, w.cols, t_scratch.xk);
     pool.run([&](int ith, int nth) {
         int64_t r0, r1;
         split(m, ith, nth, r0, r1);
+        float out[avx2::kMultiTokens];
         for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t t = 0; t < n; ++t) y[t * m + r] = avx2::dot_kquant_q8_K(w.type, row_ptr(w, r), xq + t * nb, nb);
+            for (int64_t t0 = 0; t0 < n; t0 += avx2::kMultiTokens) {
+                const int k = int(std::min<int64_t>(avx2::kMultiTokens, n - t0));
+                avx2::dot_kquant_q8_K_multi(w.type, row_ptr(w, r), xq + t0 * nb, nb, nb, k, out);
+                for (int j = 0; j < k; ++j) y[(t0 + j) * m + r] = out[j];
+            }
         }
     });
 }

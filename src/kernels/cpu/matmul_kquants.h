@@ -45,6 +45,14 @@ namespace avx2 {
 // dot_kquant_q8_K with AVX2 + FMA (matmul_kquants_avx2.cpp), equal to it bit for bit; only
 // where the CPU has them.
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);
+
+// The same dot of one row with n_tok <= kMultiTokens tokens' activations (token j at x + j *
+// x_stride blocks) into out[j], each equal bit for bit to dot_kquant_q8_K: the ternary types
+// (TQ1_0, TQ2_0, TQ2_G128) unpack a block's digits once for all the tokens (a prefill's cost was
+// the unpacking, TQ1_0's base-3 digits above all); Q6_K calls the one-token dot per token.
+constexpr int kMultiTokens = 4;
+void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok,
+                           float* out);
 }  // namespace avx2
 
 }  // namespace vxq::cpu

@@ -119,7 +119,98 @@ __m256i q6_lanes(const BlockQ6_K& w, const BlockQ8_K& x) {
     return s32;
 }
 
+// A ternary super-block's digits as the dots multiply them: vectors v of 32 digits, each against
+// the activations at x.qs + off[v]; TQ2_G128 has two 128-value blocks, each its own scale and
+// 16-value sums (half h: vectors 4 h .. 4 h + 3).
+struct TernaryDigits {
+    __m256i t[8];
+    int off[8];
+    float dw[2];
+};
+
+void ternary_digits(GgmlType type, const uint8_t* row, int64_t i, TernaryDigits& d) {
+    const __m256i three = _mm256_set1_epi8(3);
+    if (type == GgmlType::TQ1_0) {
+        const auto& w = reinterpret_cast<const BlockTQ1_0*>(row)[i];
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+        constexpr int16_t kPow3[5] = {1, 3, 9, 27, 81};
+        for (int n = 0; n < 5; ++n) {
+            d.t[n] = tq1_digits(a, _mm256_set1_epi16(kPow3[n]));
+            d.off[n] = 32 * n;
+        }
+        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + 32)));
+        const auto halves = [](int16_t lo, int16_t hi) {
+            return _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+        };
+        d.t[5] = tq1_digits(b, halves(1, 3));
+        d.t[6] = tq1_digits(b, halves(9, 27));
+        uint32_t qh;
+        std::memcpy(&qh, w.qh, sizeof qh);
+        const __m256i c = _mm256_inserti128_si256(b, _mm_set1_epi32(int(qh)), 1);
+        d.t[7] = tq1_digits(c, _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27));
+        d.off[5] = 160;
+        d.off[6] = 192;
+        d.off[7] = 224;
+        d.dw[0] = fp16_to_fp32(w.d);
+        return;
+    }
+    for (int h = 0; h < 2; ++h) {
+        const uint8_t* qs;
+        if (type == GgmlType::TQ2_0) {
+            const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
+            qs = w.qs + 32 * h;
+            d.dw[0] = fp16_to_fp32(w.d);
+        } else {
+            const auto& w = reinterpret_cast<const BlockTQ2_G128*>(row)[2 * i + h];
+            qs = w.qs;
+            d.dw[h] = fp16_to_fp32(w.d);
+        }
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+        for (int l = 0; l < 4; ++l) {
+            d.t[4 * h + l] = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three);
+            d.off[4 * h + l] = 128 * h + 32 * l;
+        }
+    }
+}
+
+// The 16-bit lane sums of vectors [v0, v1) of d against x, minus `sums` (the activations' sums).
+__m256i ternary_s16(const TernaryDigits& d, const BlockQ8_K& x, int v0, int v1, __m256i sums) {
+    __m256i s16 = _mm256_setzero_si256();
+    for (int v = v0; v < v1; ++v) {
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(d.t[v], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + d.off[v]))));
+    }
+    return _mm256_sub_epi16(s16, sums);
+}
+
 }  // namespace
+
+void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok,
+                           float* out) {
+    if (t == GgmlType::Q6_K) {
+        for (int j = 0; j < n_tok; ++j) out[j] = dot_kquant_q8_K(t, row, x + j * x_stride, nb);
+        return;
+    }
+    __m256 acc[kMultiTokens];
+    for (int j = 0; j < kMultiTokens; ++j) acc[j] = _mm256_setzero_ps();
+    TernaryDigits d;
+    for (int64_t i = 0; i < nb; ++i) {
+        ternary_digits(t, row, i, d);
+        for (int j = 0; j < n_tok; ++j) {
+            const BlockQ8_K& xb = x[j * x_stride + i];
+            if (t == GgmlType::TQ2_G128) {
+                for (int h = 0; h < 2; ++h) {
+                    const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8 * h));
+                    const __m256i lanes = widen_pairs(ternary_s16(d, xb, 4 * h, 4 * h + 4, _mm256_inserti128_si256(_mm256_setzero_si256(), bs, 0)));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * d.dw[h]), acc[j]);
+                }
+                continue;
+            }
+            const __m256i lanes = widen_pairs(ternary_s16(d, xb, 0, 8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums))));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * d.dw[0]), acc[j]);
+        }
+    }
+    for (int j = 0; j < n_tok; ++j) out[j] = hsum(acc[j]);
+}
 
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
