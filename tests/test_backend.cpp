@@ -90,7 +90,7 @@ TEST(WeightFormats, DotTypesAreGgmls) {
     const std::pair<GgmlType, GgmlType> expected[] = {
         {GgmlType::F32, GgmlType::F32},  {GgmlType::F16, GgmlType::F16},   {GgmlType::BF16, GgmlType::BF16},
         {GgmlType::Q8_0, GgmlType::Q8_0}, {GgmlType::Q4_0, GgmlType::Q8_0}, {GgmlType::Q6_K, GgmlType::Q8_K},
-        {GgmlType::TQ1_0, GgmlType::Q8_K}, {GgmlType::TQ2_0, GgmlType::Q8_K},
+        {GgmlType::TQ1_0, GgmlType::Q8_K}, {GgmlType::TQ2_0, GgmlType::Q8_K}, {GgmlType::TQ2_G128, GgmlType::Q8_K},
     };
     EXPECT_EQ(weight_formats().size(), std::size(expected));
     for (const auto& [type, dot] : expected) {
