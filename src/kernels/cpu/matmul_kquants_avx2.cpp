@@ -16,39 +16,6 @@ namespace {
 // Pairs of 16-bit lanes added into 32-bit lanes.
 __m256i widen_pairs(__m256i v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 
-// TQ2_0: digit l of byte m of a half is value 128 h + 32 l + m; the 16-bit sums stay below 2^12.
-__m256i tq2_lanes(const BlockTQ2_0& w, const BlockQ8_K& x) {
-    const __m256i three = _mm256_set1_epi8(3);
-    __m256i s16 = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs + 32 * h));
-        for (int l = 0; l < 4; ++l) {
-            const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three);
-            const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 128 * h + 32 * l));
-            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, y));
-        }
-    }
-    // t - 1: minus the activations' sum of each lane's 32 values
-    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)));
-    return widen_pairs(s16);
-}
-
-// TQ2_G128 block h of a super-block: digit l of byte m is value 32 l + m; 16-bit lanes 0-7 minus
-// the activations' 16-value sums of the block (lanes 0-3 of the 32-bit result take them).
-__m256i g128_lanes(const BlockTQ2_G128& w, const BlockQ8_K& x, int h) {
-    const __m256i three = _mm256_set1_epi8(3);
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
-    __m256i s16 = _mm256_setzero_si256();
-    for (int l = 0; l < 4; ++l) {
-        const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q, 2 * l), three);
-        const __m256i y = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 128 * h + 32 * l));
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, y));
-    }
-    const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums + 8 * h));
-    s16 = _mm256_sub_epi16(s16, _mm256_inserti128_si256(_mm256_setzero_si256(), bs, 0));
-    return widen_pairs(s16);
-}
-
 // Base-3 digits of bytes, each byte q in 16-bit lane arithmetic: ((q * m mod 256) * 3) >> 8 with
 // m = 3^n given per 16-bit lane (both bytes of a lane take the same n).
 __m256i tq1_digits(__m256i q, __m256i m) {
@@ -59,31 +26,6 @@ __m256i tq1_digits(__m256i q, __m256i m) {
     };
     const __m256i even = digit(_mm256_and_si256(q, low)), odd = digit(_mm256_srli_epi16(q, 8));
     return _mm256_or_si256(even, _mm256_slli_epi16(odd, 8));
-}
-
-// TQ1_0: qs[0..31] digit n is value 32 n + m; qs[32..47] digit n is value 160 + 16 n + m, so
-// digits (0, 1), (2, 3) and (4, then qh's) share a 32-byte vector in halves; qh[j] digit n is
-// value 240 + 4 n + j (byte 16 + 4 n + j of the last vector).
-__m256i tq1_lanes(const BlockTQ1_0& w, const BlockQ8_K& x) {
-    __m256i s16 = _mm256_setzero_si256();
-    const auto add = [&](__m256i t, int y0) {
-        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(t, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + y0))));
-    };
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
-    constexpr int16_t kPow3[5] = {1, 3, 9, 27, 81};
-    for (int n = 0; n < 5; ++n) add(tq1_digits(a, _mm256_set1_epi16(kPow3[n])), 32 * n);
-    const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + 32)));
-    const auto halves = [](int16_t lo, int16_t hi) {
-        return _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
-    };
-    add(tq1_digits(b, halves(1, 3)), 160);
-    add(tq1_digits(b, halves(9, 27)), 192);
-    uint32_t qh;
-    std::memcpy(&qh, w.qh, sizeof qh);
-    const __m256i c = _mm256_inserti128_si256(b, _mm_set1_epi32(int(qh)), 1);  // high half: qh[0..3] four times
-    add(tq1_digits(c, _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27)), 224);
-    s16 = _mm256_sub_epi16(s16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.bsums)));
-    return widen_pairs(s16);
 }
 
 // Q6_K: per half of 128 values, vector v holds values 32 v + b; q - 32 through maddubs(q, y) -
@@ -120,8 +62,12 @@ __m256i q6_lanes(const BlockQ6_K& w, const BlockQ8_K& x) {
 }
 
 // A ternary super-block's digits as the dots multiply them: vectors v of 32 digits, each against
-// the activations at x.qs + off[v]; TQ2_G128 has two 128-value blocks, each its own scale and
-// 16-value sums (half h: vectors 4 h .. 4 h + 3).
+// the activations at x.qs + off[v]. TQ2_0: digit l of byte m of half h is value 128 h + 32 l + m.
+// TQ1_0: qs[0..31] digit n is value 32 n + m; qs[32..47] digit n is value 160 + 16 n + m, so
+// digits (0, 1), (2, 3) and (4, then qh's) share a 32-byte vector in halves; qh[j] digit n is
+// value 240 + 4 n + j (byte 16 + 4 n + j of the last vector). TQ2_G128: two 128-value blocks, each
+// its own scale and 16-value sums (half h: vectors 4 h .. 4 h + 3; digit l of byte m is value 32 l
+// + m). The 16-bit lane sums stay below 2^12 (maddubs pairs of digits <= 2 and |x| <= 127).
 struct TernaryDigits {
     __m256i t[8];
     int off[8];
@@ -173,7 +119,8 @@ void ternary_digits(GgmlType type, const uint8_t* row, int64_t i, TernaryDigits&
     }
 }
 
-// The 16-bit lane sums of vectors [v0, v1) of d against x, minus `sums` (the activations' sums).
+// The 16-bit lane sums of vectors [v0, v1) of d against x, minus `sums` (the activations' sums:
+// t - 1 instead of the stored digit t; TQ2_G128 subtracts its 8 sums in lanes 0-7 only).
 __m256i ternary_s16(const TernaryDigits& d, const BlockQ8_K& x, int v0, int v1, __m256i sums) {
     __m256i s16 = _mm256_setzero_si256();
     for (int v = v0; v < v1; ++v) {
@@ -213,32 +160,15 @@ void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, i
 }
 
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
+    if (t != GgmlType::Q6_K) {  // the ternary types: the multi-token kernel with one token
+        float out;
+        dot_kquant_q8_K_multi(t, row, x, 0, nb, 1, &out);
+        return out;
+    }
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; ++i) {
-        __m256i lanes;
-        float dw;
-        if (t == GgmlType::TQ2_G128) {
-            for (int h = 0; h < 2; ++h) {
-                const auto& w = reinterpret_cast<const BlockTQ2_G128*>(row)[2 * i + h];
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(g128_lanes(w, x[i], h)),
-                                      _mm256_set1_ps(x[i].d * fp16_to_fp32(w.d)), acc);
-            }
-            continue;
-        }
-        if (t == GgmlType::TQ2_0) {
-            const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
-            lanes = tq2_lanes(w, x[i]);
-            dw = fp16_to_fp32(w.d);
-        } else if (t == GgmlType::TQ1_0) {
-            const auto& w = reinterpret_cast<const BlockTQ1_0*>(row)[i];
-            lanes = tq1_lanes(w, x[i]);
-            dw = fp16_to_fp32(w.d);
-        } else {
-            const auto& w = reinterpret_cast<const BlockQ6_K*>(row)[i];
-            lanes = q6_lanes(w, x[i]);
-            dw = fp16_to_fp32(w.d);
-        }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(x[i].d * dw), acc);
+        const auto& w = reinterpret_cast<const BlockQ6_K*>(row)[i];
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q6_lanes(w, x[i])), _mm256_set1_ps(x[i].d * fp16_to_fp32(w.d)), acc);
     }
     return hsum(acc);
 }
