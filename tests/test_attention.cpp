@@ -14,6 +14,7 @@
 #include "core/fp16.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_impl.h"
+#include "support/isa.h"
 #include "kernels/cpu/ops.h"
 
 #pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
@@ -30,7 +31,7 @@ bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit
 // ---- softmax ----
 
 TEST(AttentionSoftmax, Avx2EqualsReferenceBitForBit) {
-    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(detail::cpu_has_avx2());
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     for (const float spread : {1.0f, 4.0f, 60.0f}) {  // 60: most exps flush to zero or go subnormal
@@ -148,7 +149,7 @@ Problem make_problem(int64_t d, int64_t gqa, int64_t kv_len, float q_spread, std
 }
 
 TEST(AttentionRow, Avx2EqualsReferenceBitForBit) {
-    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(detail::cpu_has_avx2());
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     for (const int64_t d : {8, 20, 64, 72, 128}) {  // 20, 72: the tail paths (d % 8, d % 32)

@@ -35,6 +35,7 @@
 #include "core/error.h"
 #include "core/fp16.h"
 #include "formats/ggml_types.h"
+#include "support/isa.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/codec.h"
 
@@ -728,7 +729,7 @@ TEST(CodecBaseline, QdotReadersAgreeOnAnyBytes) {
         const int64_t d = 128, n = 50;
         const auto c = make(name, d);
         const auto avx2 = codecs::detail::baseline_avx2_reader(*c);
-        if (!avx2) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+        VXQ_REQUIRE_AVX2(avx2);
         const size_t bb = c->block_bytes(d), kbb = bb / size_t(d / 32);
         std::vector<uint8_t> bytes(bb * size_t(n));
         for (auto& b : bytes) b = uint8_t(rng());

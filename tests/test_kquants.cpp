@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_kquants.h"
 #include "support/assets.h"
+#include "support/isa.h"
 #include "support/random_weights.h"
 
 namespace vxq::cpu {
@@ -160,10 +161,7 @@ TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
 }
 
 TEST(DotKQuant, Avx2EqualsScalar) {
-    if (std::string(matmul_isa()) != "avx2") {
-        GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernels were not tested (the scalar "
-                        "reference, which matmul runs on such a CPU, was) ***";
-    }
+    VXQ_REQUIRE_AVX2(std::string(matmul_isa()) == "avx2");
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
@@ -182,9 +180,7 @@ TEST(DotKQuant, Avx2EqualsScalar) {
 // The multi-token kernel (a block's digits unpacked once for up to 4 tokens) against the one-token
 // kernel, token by token, bit for bit; tokens kept apart by a stride of more than a row.
 TEST(DotKQuant, MultiTokenEqualsOneToken) {
-    if (std::string(matmul_isa()) != "avx2") {
-        GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernels were not tested ***";
-    }
+    VXQ_REQUIRE_AVX2(std::string(matmul_isa()) == "avx2");
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {

@@ -16,6 +16,7 @@
 #include "formats/ggml_types.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_avx2.h"
+#include "support/isa.h"
 #include "support/random_weights.h"
 
 namespace vxq::cpu {
@@ -244,7 +245,7 @@ bool cpu_has_avx2() {
 }
 
 TEST(QuantizeQ8_0, ScalarEqualsAvx2) {
-    if (!cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(cpu_has_avx2());
     const uint32_t seed = fresh_seed();
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937 rng(seed);
@@ -263,7 +264,7 @@ TEST(QuantizeQ8_0, ScalarEqualsAvx2) {
 }
 
 TEST(QuantizeQ8_0, ActivationRoundingMatchesFp16Bf16Helpers) {
-    if (!cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(cpu_has_avx2());
     std::mt19937 rng(fresh_seed());
     std::vector<float> x = random_acts(1000, rng);
     x.push_back(std::numeric_limits<float>::quiet_NaN());

@@ -15,6 +15,7 @@
 #include "backend/backend.h"
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
+#include "support/isa.h"
 #include "kernels/cpu/ops_impl.h"
 
 #pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
@@ -46,7 +47,7 @@ double ulps(float got, double want) {
 // ---- ggml_v_expf ----
 
 TEST(OpsExpf, Avx2EqualsReferenceBitForBit) {
-    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(detail::cpu_has_avx2());
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> wide(-120.0f, 100.0f), narrow(-10.0f, 10.0f);
@@ -101,7 +102,7 @@ TEST(OpsExpf, EdgesOfTheRange) {
 // ---- SiLU (ggml_vec_silu_f32) then the multiplication by up ----
 
 TEST(OpsSwiglu, Avx2EqualsReferenceBitForBit) {
-    if (!detail::cpu_has_avx2()) GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was not tested (the scalar reference was) ***";
+    VXQ_REQUIRE_AVX2(detail::cpu_has_avx2());
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.0f, 3.0f);

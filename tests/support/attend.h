@@ -14,6 +14,7 @@
 #include "kernels/cpu/attention_fused.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/kv_cache.h"
+#include "support/isa.h"
 
 namespace vxq::test {
 
@@ -82,12 +83,5 @@ uint64_t count_in_one_decode_step(const std::string& spec, const KvShape& shape,
 
 }  // namespace vxq::test
 
-// Skips the current test, loudly, on a CPU without AVX2+FMA+F16C (the AVX2 KV readers cannot run
-// there; the scalar references are still tested by the other tests). CI's machine has them.
-#define VXQ_REQUIRE_KV_AVX2()                                                                        \
-    do {                                                                                             \
-        if (!::vxq::cpu::kv_avx2_available()) {                                                      \
-            GTEST_SKIP() << "\n*** SKIPPED: this CPU has no AVX2+FMA+F16C, so the AVX2 kernel was " \
-                            "not tested (the scalar reference was) ***";                             \
-        }                                                                                            \
-    } while (0)
+// VXQ_REQUIRE_AVX2 (support/isa.h) for the AVX2 KV readers.
+#define VXQ_REQUIRE_KV_AVX2() VXQ_REQUIRE_AVX2(::vxq::cpu::kv_avx2_available())
