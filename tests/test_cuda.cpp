@@ -80,14 +80,7 @@ KvCacheOptions device_cache(Backend& be) {
     return o;
 }
 
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float sd = 1.0f) {
-    std::normal_distribution<float> nd(0.0f, sd);
-    std::vector<float> v(n);
-    for (float& x : v) x = nd(rng);
-    return v;
-}
-
-// Random weights of a type, as a file would hold them (|w| ~ 0.05).
+using test::random_floats;
 
 TEST(Cuda, MakeBackendIsTheDeviceOrAOneLineError) {
     try {

@@ -63,9 +63,7 @@ TEST(QuantizeQ8_K, ScaleFromTheFirstLargestValueAndTiesToEven) {
 TEST(QuantizeQ8_K, ReconstructsWithinHalfAStep) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 3.0f);
-    std::vector<float> x(4 * kQK_K);
-    for (auto& v : x) v = nd(rng);
+    const std::vector<float> x = test::random_floats(4 * kQK_K, rng, 3.0f);
     std::vector<BlockQ8_K> b(4);
     quantize_row_q8_K(x.data(), b.data(), int64_t(x.size()));
     for (size_t i = 0; i < x.size(); ++i) {
@@ -127,9 +125,7 @@ struct DotCase {
 };
 DotCase dot_case(GgmlType type, int64_t rows, int64_t cols, float x_scale, std::mt19937& rng) {
     DotCase c{test::random_weights(type, rows, cols, rng), std::vector<BlockQ8_K>(static_cast<size_t>(cols / kQK_K))};
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> x(static_cast<size_t>(cols));
-    for (auto& v : x) v = nd(rng) * x_scale;
+    const std::vector<float> x = test::random_floats(static_cast<size_t>(cols), rng, x_scale);
     quantize_row_q8_K(x.data(), c.xq.data(), cols);
     return c;
 }
@@ -188,10 +184,8 @@ TEST(DotKQuant, MultiTokenEqualsOneToken) {
             const int64_t nb = cols / kQK_K, stride = nb + 1;
             const test::Weights w = test::random_weights(type, 2, cols, rng);
             std::vector<BlockQ8_K> xq(size_t(avx2::kMultiTokens * stride));
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            std::vector<float> x(static_cast<size_t>(cols));
             for (int j = 0; j < avx2::kMultiTokens; ++j) {
-                for (auto& v : x) v = nd(rng);
+                const std::vector<float> x = test::random_floats(static_cast<size_t>(cols), rng, 1.0f);
                 quantize_row_q8_K(x.data(), xq.data() + j * stride, cols);
             }
             for (int n_tok = 1; n_tok <= avx2::kMultiTokens; ++n_tok) {
@@ -217,9 +211,7 @@ TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
         for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}}) {
             const test::Weights w = test::random_weights(type, rows, cols, rng);
             EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);
-            std::vector<float> x(static_cast<size_t>(n * cols));
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            for (auto& v : x) v = nd(rng);
+            const std::vector<float> x = test::random_floats(static_cast<size_t>(n * cols), rng, 1.0f);
             std::vector<float> a(static_cast<size_t>(n * rows)), b(a.size());
             matmul(w.view(), x.data(), n, a.data(), pool);
             matmul_ref(w.view(), x.data(), n, b.data());

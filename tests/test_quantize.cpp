@@ -27,6 +27,7 @@
 #include "model/model.h"
 #include "model/quantize.h"
 #include "support/assets.h"
+#include "support/random_weights.h"
 #include "support/run_cli.h"
 
 namespace vxq {
@@ -93,9 +94,7 @@ TEST(QuantizeTernary, Tq1PackingCoversEveryBase3Byte) {
 TEST(QuantizeTernary, RulesFollowTheirDefinitions) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    std::vector<float> x(2 * kQK_K);
-    for (float& v : x) v = nd(rng);
+    const std::vector<float> x = test::random_floats(2 * kQK_K, rng, 0.02f);
     const double gamma = ternary_absmean(x.data(), int64_t(x.size()));
     for (GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128}) {
         const int bs = t == GgmlType::TQ2_G128 ? kQK_G128 : kQK_K;  // values per block (per scale)

@@ -85,15 +85,12 @@ float ternary_block(TernaryRule rule, double gamma, const float* x, int n, uint8
     return nonzero > 0 ? float(sum / nonzero) : 0.0f;
 }
 
-// TQ2_0: byte 32 h + m holds, in bits 2 l, the digit of value 128 h + 32 l + m.
-void pack_tq2_0(const uint8_t* u, float d, BlockTQ2_0& b) {
-    std::memset(b.qs, 0, sizeof b.qs);
-    for (int h = 0; h < 2; ++h) {
-        for (int l = 0; l < 4; ++l) {
-            for (int m = 0; m < 32; ++m) b.qs[32 * h + m] |= uint8_t(u[128 * h + 32 * l + m] << (2 * l));
-        }
+// 128 digits into 32 bytes: byte m holds, in bits 2 l, the digit of value 32 l + m (a TQ2_G128
+// block; TQ2_0 is two of them, byte 32 h + m holding value 128 h + 32 l + m).
+void pack_two_bit(const uint8_t* u, uint8_t* qs) {
+    for (int m = 0; m < 32; ++m) {
+        qs[m] = uint8_t(u[m] | u[32 + m] << 2 | u[64 + m] << 4 | u[96 + m] << 6);
     }
-    b.d = fp32_to_fp16(d);
 }
 
 // TQ1_0: a byte holds k base-3 digits (k = 5; 4 in qh) as the fraction sum u_n 3^-(n+1), rounded
@@ -119,12 +116,9 @@ void quantize_row_ternary(GgmlType t, TernaryRule rule, double gamma, const floa
     uint8_t u[kQK_K];
     if (t == GgmlType::TQ2_G128) {  // TQ2_0's packing of one half per 128-value block
         for (int64_t i = 0; i < n / kQK_G128; ++i) {
-            BlockTQ2_G128 b{};
-            const float d = ternary_block(rule, gamma, x + i * kQK_G128, kQK_G128, u);
-            for (int l = 0; l < 4; ++l) {
-                for (int m = 0; m < 32; ++m) b.qs[m] |= uint8_t(u[32 * l + m] << (2 * l));
-            }
-            b.d = fp32_to_fp16(d);
+            BlockTQ2_G128 b;
+            b.d = fp32_to_fp16(ternary_block(rule, gamma, x + i * kQK_G128, kQK_G128, u));
+            pack_two_bit(u, b.qs);
             std::memcpy(out + i * sizeof b, &b, sizeof b);
         }
         return;
@@ -133,7 +127,9 @@ void quantize_row_ternary(GgmlType t, TernaryRule rule, double gamma, const floa
         const float d = ternary_block(rule, gamma, x + i * kQK_K, kQK_K, u);
         if (t == GgmlType::TQ2_0) {
             BlockTQ2_0 b;
-            pack_tq2_0(u, d, b);
+            pack_two_bit(u, b.qs);
+            pack_two_bit(u + 128, b.qs + 32);
+            b.d = fp32_to_fp16(d);
             std::memcpy(out + i * sizeof b, &b, sizeof b);
         } else {
             BlockTQ1_0 b;

@@ -21,6 +21,14 @@ struct Weights {
     }
 };
 
+// n values drawn from N(0, sd^2): activations and f32 weights of kernel tests.
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float sd = 1.0f) {
+    std::normal_distribution<float> nd(0.0f, sd);
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+}
+
 // Random weights of a type; values of the size a trained model has (|w| ~ 0.05).
 inline Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
     Weights w{type, rows, cols, {}};

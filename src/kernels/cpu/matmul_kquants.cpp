@@ -40,12 +40,16 @@ void tq1_digits(const BlockTQ1_0& b, int8_t* t) {
     }
 }
 
-void tq2_digits(const BlockTQ2_0& b, int8_t* t) {
-    for (int h = 0; h < 2; ++h) {
-        for (int l = 0; l < 4; ++l) {
-            for (int m = 0; m < 32; ++m) t[128 * h + 32 * l + m] = int8_t((b.qs[32 * h + m] >> (2 * l)) & 3);
-        }
+// The 2-bit digits of 32 bytes, 128 values: byte m holds value 32 l + m in bits 2 l (a TQ2_0 half,
+// a TQ2_G128 block).
+void two_bit_digits(const uint8_t* qs, int8_t* t) {
+    for (int l = 0; l < 4; ++l) {
+        for (int m = 0; m < 32; ++m) t[32 * l + m] = int8_t((qs[m] >> (2 * l)) & 3);
     }
+}
+
+void tq2_digits(const BlockTQ2_0& b, int8_t* t) {
+    for (int h = 0; h < 2; ++h) two_bit_digits(b.qs + 32 * h, t + 128 * h);
 }
 
 // A q6_K block's values q - 32 (-32 .. 31), in value order; the scale of value e is scales[e / 16].
@@ -70,13 +74,6 @@ float hsum8(const float* a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + 
 
 bool is_kquant_weight(GgmlType t) {
     return t == GgmlType::Q6_K || t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128;
-}
-
-// The digits u = t + 1 of a tq2_g128 block, in value order (value 32 l + m: byte m, bits 2 l).
-void g128_digits(const BlockTQ2_G128& b, int8_t* u) {
-    for (int l = 0; l < 4; ++l) {
-        for (int m = 0; m < 32; ++m) u[32 * l + m] = int8_t((b.qs[m] >> (2 * l)) & 3);
-    }
 }
 
 void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n) {
@@ -136,7 +133,7 @@ void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out
         for (int64_t i = 0; i < n / kQK_G128; ++i, out += kQK_G128) {
             BlockTQ2_G128 b;
             std::memcpy(&b, row + i * sizeof b, sizeof b);
-            g128_digits(b, u);
+            two_bit_digits(b.qs, u);
             const float d = fp16_to_fp32(b.d);
             for (int e = 0; e < kQK_G128; ++e) out[e] = float(u[e] - 1) * d;
         }
@@ -161,7 +158,7 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
             for (int h = 0; h < 2; ++h) {
                 BlockTQ2_G128 b;
                 std::memcpy(&b, row + (2 * i + h) * sizeof b, sizeof b);
-                g128_digits(b, v);
+                two_bit_digits(b.qs, v);
                 int32_t lane[8] = {};
                 for (int e = 0; e < kQK_G128; ++e) lane[(e % 32) / 4] += int32_t(v[e]) * xb.qs[kQK_G128 * h + e];
                 for (int k = 0; k < 4; ++k) lane[k] -= int32_t(xb.bsums[8 * h + 2 * k]) + xb.bsums[8 * h + 2 * k + 1];
