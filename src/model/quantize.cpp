@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -88,8 +88,9 @@ QuantizeReport quantize_model(const QuantizeOptions& o, const std::function<void
     w.set_alignment(uint32_t(in.alignment()));
     for (const QuantizedTensor& q : report.tensors) w.add_tensor(q.name, q.ne, q.to);
 
-    // Absmean's per-tensor gamma, before any row is written.
-    std::map<size_t, double> gamma;
+    // Absmean's per-tensor gamma, before any row is written (a first pass over those tensors: the
+    // rows are converted again when written, rather than held).
+    std::vector<double> gamma(report.tensors.size(), 0.0);
     std::vector<float> buf;
     if (ternary && o.rule == TernaryRule::Absmean) {
         for (size_t i = 0; i < report.tensors.size(); ++i) {
@@ -120,7 +121,7 @@ QuantizeReport quantize_model(const QuantizeOptions& o, const std::function<void
                 row_to_f32(in, t, row0 + r, buf.data());
                 uint8_t* dst = out.data() + size_t(r) * out_row;
                 if (ternary) {
-                    quantize_row_ternary(q.to, o.rule, gamma.count(i) ? gamma.at(i) : 0.0, buf.data(), t.ne[0], dst);
+                    quantize_row_ternary(q.to, o.rule, gamma[i], buf.data(), t.ne[0], dst);
                 } else {
                     quantize_row_ref(q.to, buf.data(), t.ne[0], dst);
                 }

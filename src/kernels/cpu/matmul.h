@@ -4,7 +4,7 @@
 // perplexity can be compared token for token:
 //   - activations are first converted to the weight's "dot type": F32 -> f32 (unchanged),
 //     F16 -> f16, BF16 -> bf16, Q8_0 and Q4_0 -> q8_0 blocks (ggml's AVX2 quantize_row_q8_0),
-//     Q6_K, TQ1_0 and TQ2_0 -> q8_K blocks (matmul_kquants.h);
+//     Q6_K, TQ1_0, TQ2_0 and veloxquant's TQ2_G128 -> q8_K blocks (matmul_kquants.h);
 //   - every dot product accumulates in 8 lanes and is reduced in ggml's order (see matmul.cpp).
 // The scalar reference (matmul_ref) computes the very same sums in the very same order, so the
 // optimized kernels must equal it exactly.
@@ -52,7 +52,7 @@ enum class DotOrder {
     VecBF16,   // ggml_vec_dot_bf16 (AVX2)
     Q0Lanes,   // ggml_vec_dot_q8_0_q8_0 / q4_0_q8_0 and tinyBLAS_Q0_AVX
     Q4Repack,  // ggml_gemv/gemm_q4_0_8x8_q8_0 (Q4_0 weights repacked because rows % 8 == 0)
-    KLanes,    // ggml_vec_dot_{q6_K,tq1_0,tq2_0}_q8_K (matmul_kquants.h)
+    KLanes,    // ggml_vec_dot_{q6_K,tq1_0,tq2_0}_q8_K, and TQ2_G128's per-block form (matmul_kquants.h)
 };
 DotOrder dot_order(const WeightView& w, int64_t n_tokens);
 const char* dot_order_name(DotOrder order);
