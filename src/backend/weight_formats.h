@@ -20,7 +20,8 @@ struct WeightFormat {
     int64_t block_size;      // elements per block (ggml_type_traits)
     size_t block_bytes;      // bytes per block (ggml_type_traits)
     // What activations become before the dot product with this weight, as ggml's vec_dot_type:
-    // F32 -> f32, F16 -> f16, BF16 -> bf16, Q8_0 and Q4_0 -> q8_0 blocks.
+    // F32 -> f32, F16 -> f16, BF16 -> bf16, Q8_0 and Q4_0 -> q8_0 blocks, Q6_K / TQ1_0 / TQ2_0 /
+    // TQ2_G128 -> q8_K blocks. A matrix's rows are whole blocks of it (model/weights.cpp checks).
     GgmlType dot_type;
     std::vector<std::string_view> backends;  // backend names (make_backend) with kernels for it
 

@@ -60,8 +60,13 @@ const GgufTensorInfo& find_checked(TensorTable& f, const std::string& name, std:
 WeightView matrix(TensorTable& f, const std::string& name, int64_t rows, int64_t cols, std::string_view backend) {
     const GgufTensorInfo& t = find_checked(f, name, {cols, rows});
     check_weight_computable(t.type, backend, fmt::format("{}: tensor '{}'", f.path(), name));
-    if (t.type == GgmlType::TQ2_G128 && cols % kQK_K != 0) {  // its dot takes 256-value q8_K blocks
-        fail("{}: tensor '{}' is TQ2_G128 with rows of {} values, not whole 256-value super-blocks", f.path(), name, cols);
+    // The activations are quantized in blocks of the dot type, so rows are whole blocks of it too
+    // (the GGUF reader checked the weight's own blocks; TQ2_G128's 128 are half a q8_K block).
+    const WeightFormat& wf = *find_weight_format(t.type);
+    const int64_t dot_block = ggml_type_traits(uint32_t(wf.dot_type))->block_size;
+    if (cols % dot_block != 0) {
+        fail("{}: tensor '{}' is {} with rows of {} values, not whole {}-value blocks of its activations' type {}",
+             f.path(), name, ggml_type_display_name(t.type), cols, dot_block, ggml_type_display_name(wf.dot_type));
     }
     return WeightView{t.type, f.file().tensor_data(t), rows, cols, ggml_row_bytes(t.type, cols)};
 }
