@@ -33,43 +33,16 @@
 #include "formats/ggml_types.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "gpu_timing.cuh"
 
 namespace {
 
 using vxq::GgmlType;
 using vxq::cuda::MatmulPath;
 
-constexpr int kRepeats = 7;  // timed repetitions; the median is reported
 constexpr size_t kMinWorkingSet = size_t(512) << 20;
 constexpr int64_t kPrefillTokens = 512;
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-// Milliseconds per call of f (enqueued on `st`), median over kRepeats runs of `calls` calls.
-template <class F>
-double time_calls(cudaStream_t st, int calls, F&& f) {
-    cudaEvent_t a, b;
-    VXQ_CUDA_CHECK(cudaEventCreate(&a));
-    VXQ_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 5; ++i) f(i);  // warm-up (and lazy module loading)
-    VXQ_CUDA_CHECK(cudaStreamSynchronize(st));
-    std::vector<double> ms;
-    for (int r = 0; r < kRepeats; ++r) {
-        VXQ_CUDA_CHECK(cudaEventRecord(a, st));
-        for (int i = 0; i < calls; ++i) f(i);
-        VXQ_CUDA_CHECK(cudaEventRecord(b, st));
-        VXQ_CUDA_CHECK(cudaEventSynchronize(b));
-        float t = 0;
-        VXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(double(t) / calls);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    return median(ms);
-}
+using vxq::bench::time_calls;
 
 // Random weights as a file would hold them (finite, |w| ~ 0.05; random quants and scales).
 std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
@@ -162,16 +135,8 @@ int main() {
 
         // Device-to-device copy of 2 GiB: bytes read + bytes written per call.
         const size_t copy_bytes = size_t(2) << 30;
-        void *src, *dst;
-        VXQ_CUDA_CHECK(cudaMalloc(&src, copy_bytes));
-        VXQ_CUDA_CHECK(cudaMalloc(&dst, copy_bytes));
-        VXQ_CUDA_CHECK(cudaMemset(src, 0x5a, copy_bytes));
-        const double copy_ms = time_calls(st, 20, [&](int) {
-            VXQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice, st));
-        });
-        const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
-        VXQ_CUDA_CHECK(cudaFree(src));
-        VXQ_CUDA_CHECK(cudaFree(dst));
+        const double copy_gbs = bench::copy_bandwidth_gbs(st);
+        const double copy_ms = 2.0 * double(copy_bytes) / (copy_gbs * 1e9) * 1e3;
 
         std::vector<GemvRow> gemv_rows;
         std::vector<GemmRow> gemm_rows;

@@ -28,6 +28,7 @@
 #include "formats/ggml_types.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_view.h"
+#include "kv/memory.h"
 #include "model/model.h"
 #include "model/quantize.h"
 #include "model/synth.h"
@@ -640,7 +641,9 @@ TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
     const Case cases[] = {{128, 128, 1, 32, 8, 0, false},   {64, 64, 3, 12, 4, 17, true},  {128, 64, 2, 4, 2, 70000, true},
                           {128, 128, 1, 32, 4, 5000, false}, {64, 32, 1, 8, 8, 300, true}, {128, 128, 1, 16, 2, 70000, false}};
     for (const Case& c : cases) {
-        SCOPED_TRACE(testing::Message() << "head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
+      for (const char* spec_text : {"f16", "q8_0", "q4_0/q8_0"}) {
+        const KvSpec spec = KvSpec::parse(spec_text);
+        SCOPED_TRACE(testing::Message() << "kv " << spec_text << " head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
                                         << " n " << c.n << " pos0 " << c.pos0 << " seed " << seed);
         const int64_t qd = c.n_head * c.head_dim, kd = c.n_head_kv * c.head_dim;
         const auto q = random_floats(size_t(c.n * qd), rng), k = random_floats(size_t(c.n * kd), rng),
@@ -655,7 +658,7 @@ TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
             KvCacheOptions opts;
             opts.memory = be->kv_memory();
             opts.flash_attn = true;
-            auto cache = make_kv_cache(shape, KvSpec{}, opts);
+            auto cache = make_kv_cache(shape, spec, opts);
             if (c.pos0 > 0) {  // earlier tokens, so the store appends
                 be->kv_write(*cache, 0, 0, pre.data(), pre.data(), c.pos0);
                 cache->commit(c.pos0);
@@ -689,6 +692,7 @@ TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
         const char* names[] = {"q after RoPE", "k after RoPE", "attention output"};
         for (int i = 0; i < 3; ++i) EXPECT_EQ(outs[0][i], outs[1][i]) << names[i];
         for (int i = 0; i < 2; ++i) EXPECT_EQ(pages[0][i], pages[1][i]) << (i ? "values" : "keys") << " stored";
+      }
     }
 }
 
@@ -743,7 +747,30 @@ TEST(Cuda, EmbedIntoDeviceBufferAndBack) {
 
 // ---- attention over an f16 cache -----------------------------------------------------------------
 
-TEST(Cuda, AttentionF16MatchesCpu) {
+// The raw bytes of a head's packed keys and values (device pages copied to the host).
+std::pair<std::vector<uint8_t>, std::vector<uint8_t>> packed_bytes(const KvCache& cache, int64_t layer, int64_t g) {
+    const KvLayerView view = cache.view(layer);
+    const KvHeadView& h = view.heads[g];
+    std::pair<std::vector<uint8_t>, std::vector<uint8_t>> out;
+    for (int role = 0; role < 2; ++role) {
+        const KvStreamView& st = role == 0 ? h.k : h.v;
+        auto& bytes = role == 0 ? out.first : out.second;
+        bytes.resize(size_t(h.n_tokens / st.fmt.block_tokens) * st.fmt.block_bytes);
+        const uint8_t* blocks = kv_packed_blocks(st);
+        if (bytes.empty()) continue;
+        if (view.memory != nullptr && !view.memory->host_accessible()) {
+            view.memory->copy_to_host(bytes.data(), blocks, bytes.size());
+        } else {
+            std::memcpy(bytes.data(), blocks, bytes.size());
+        }
+    }
+    return out;
+}
+
+// Every KV format with a CUDA reader, K and V alike or mixed: the store kernel's bytes equal the
+// CPU codec's, and the attention equals the CPU backend's fused kernel (q8_0 / q4_0: f16 caches
+// without -fa keep llama.cpp's non-flash numerics instead, as on the CPU).
+TEST(Cuda, AttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(cuda);
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
@@ -757,17 +784,23 @@ TEST(Cuda, AttentionF16MatchesCpu) {
                           {200, 64, 4, 4, 200},   {100, 64, 4, 1, 16},  {300, 64, 12, 4, 37},
                           {33, 128, 8, 8, 33},    {1000, 128, 6, 3, 97}, {600, 128, 32, 8, 512},
                           {5000, 128, 32, 4, 1},  {300, 256, 8, 4, 2},  {129, 64, 8, 8, 3}};
+    const char* specs[] = {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"};
     for (const Case& c : cases) {
+      for (const char* spec_text : specs) {
+        const KvSpec spec = KvSpec::parse(spec_text);
+        const bool f16 = std::string(spec_text) == "f16";
         for (bool flash : {true, false}) {
-            SCOPED_TRACE(testing::Message() << "kv_len " << c.kv_len << " head_dim " << c.head_dim << " heads " << c.n_head
-                                            << "/" << c.n_head_kv << " n_q " << c.n_q << " flash " << flash << " seed " << seed);
+            if (!f16 && !flash) continue;  // the same kernel as with -fa on both backends
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
+                                            << " heads " << c.n_head << "/" << c.n_head_kv << " n_q " << c.n_q
+                                            << " flash " << flash << " seed " << seed);
             auto be = make_backend("cuda", 1);
             KvCacheOptions opts;
             opts.flash_attn = flash;
             const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
-            auto cache = make_kv_cache(shape, KvSpec{}, opts);
+            auto cache = make_kv_cache(shape, spec, opts);
             opts.memory = be->kv_memory();
-            auto dev_cache = make_kv_cache(shape, KvSpec{}, opts);
+            auto dev_cache = make_kv_cache(shape, spec, opts);
             const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
             const auto v = random_floats(k.size(), rng);
             const auto q = random_floats(size_t(c.n_q * c.n_head * c.head_dim), rng);
@@ -778,13 +811,11 @@ TEST(Cuda, AttentionF16MatchesCpu) {
             be->kv_write(*dev_cache, 0, 0, k.data(), v.data(), first);
             be->kv_write(*dev_cache, 0, first, k.data() + first * hd, v.data() + first * hd, c.kv_len - first);
             dev_cache->commit(c.kv_len);
-            // The store rounds as the CPU's f16 codec does: bit-exact.
+            // The store encodes as the CPU's codecs do: the same bytes.
             for (int64_t g = 0; g < c.n_head_kv; ++g) {
-                std::vector<float> hk, hv, dk, dv;
-                cache->dequantize(0, g, c.kv_len, hk, hv);
-                dev_cache->dequantize(0, g, c.kv_len, dk, dv);
-                ASSERT_EQ(dk, hk) << "keys of head " << g;
-                ASSERT_EQ(dv, hv) << "values of head " << g;
+                const auto host = packed_bytes(*cache, 0, g), dev = packed_bytes(*dev_cache, 0, g);
+                ASSERT_EQ(dev.first, host.first) << "keys of head " << g;
+                ASSERT_EQ(dev.second, host.second) << "values of head " << g;
             }
             const int64_t pos0 = c.kv_len - c.n_q;  // the last n_q stored tokens are the queries
             std::vector<float> ref(q.size()), got(q.size(), NAN);
@@ -794,10 +825,12 @@ TEST(Cuda, AttentionF16MatchesCpu) {
             // of size ~1 (the GEMM path's hi/lo splits hold q and the probabilities to 2^-22).
             // Without flash both round q and the probabilities to fp16 (llama.cpp's numerics); a
             // probability whose f32 value differs in its last bits (expf ulps, summation order)
-            // can round to the neighbouring fp16, 2^-11 of it: 1e-3.
+            // can round to the neighbouring fp16, 2^-11 of it: 1e-3. q8_0 / q4_0 keys: the same
+            // integers per 32-block and scales on both, f32 sums in another order: 2e-5.
             const float tol = flash ? 2e-5f : 1e-3f;
             for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
         }
+      }
     }
 }
 
@@ -828,7 +861,7 @@ void host_gemm_batched(const cuda::AttnGemmCall& c, const void* const* ptrs, int
 // The GEMM path's host side (scratch layout, operand pointers, the cuBLAS calls' arguments) run
 // on the CPU: the split and softmax kernels written again on host memory, the calls through
 // host_gemm_batched. Catches a wrong leading dimension, operand or transposition without a GPU
-// (this test needs none); the kernels and cuBLAS itself are checked by AttentionF16MatchesCpu.
+// (this test needs none); the kernels and cuBLAS itself are checked by AttentionMatchesCpu.
 TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
 #if !VXQ_HAVE_CUDA
     GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF: no cuBLAS types to plan "
@@ -911,7 +944,7 @@ TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
             }
         }
         for (int c = plan.n_scores; c < plan.n_calls; ++c) host_gemm_batched(plan.calls[c], ptrs.data(), n_head);
-        // The tolerances of AttentionF16MatchesCpu (std::exp and double sums here).
+        // The tolerances of AttentionMatchesCpu (std::exp and double sums here).
         const float tol = flash ? 2e-5f : 1e-3f;
         for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
     }
@@ -920,19 +953,31 @@ TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
 
 // What the CUDA backend cannot read is an error naming it, never a slow path: a compressed
 // format, and a cache in host memory.
-TEST(Cuda, AttentionRefusesCompressedKvAndHostCachesByName) {
+TEST(Cuda, AttentionRefusesOtherKvFormatsAndHostCachesByName) {
     VXQ_REQUIRE_CUDA(be);
     std::mt19937 rng(fresh_seed());
     const auto k = random_floats(2 * 64 * 4, rng);
     std::vector<float> q(2 * 64), out(q.size());
     KvCacheOptions opts;
     opts.memory = be->kv_memory();
-    auto q4 = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "q4_0", "f16", opts);
+    auto bf16 = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "bf16", "f16", opts);
     try {
-        be->kv_write(*q4, 0, 0, k.data(), k.data(), 4);
-        FAIL() << "a q4_0 key cache was written on CUDA";
+        be->kv_write(*bf16, 0, 0, k.data(), k.data(), 4);
+        FAIL() << "a bf16 key cache was written on CUDA";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("q4_0 (keys) has no CUDA reader yet"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("bf16 (keys) has no CUDA reader yet"), std::string::npos) << e.what();
+    }
+    // q8_0 / q4_0 are read by the split kernel alone, which takes GQA groups 1, 2, 3, 4, 8.
+    auto q4_gqa5 = make_kv_cache(KvShape{1, 5, 1, 64, 64}, "q4_0", "q4_0", opts);
+    be->kv_write(*q4_gqa5, 0, 0, k.data(), k.data(), 4);
+    q4_gqa5->commit(4);
+    std::vector<float> q5(5 * 64), out5(q5.size());
+    try {
+        be->attention(q4_gqa5->view(0), q5.data(), 1, 3, out5.data());
+        FAIL() << "CUDA attention took a q4_0 cache with GQA group 5";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("no CUDA attention for 5 query heads over 1 KV heads"), std::string::npos)
+            << e.what();
     }
     auto host = make_kv_cache(KvShape{1, 2, 2, 64, 64}, KvSpec{});
     host->write(0, 0, k.data(), k.data(), 4);
@@ -1153,16 +1198,17 @@ constexpr double kNonFlashTolerance = 1e-3;
 
 // Prefill of `prompt` (all logits) then `steps` decode steps fed with the CPU's argmax, on both
 // backends; the largest |logit difference| over everything, relative to max(1, max |logit|).
-double forward_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash) {
+double forward_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash,
+                          const KvSpec& spec = {}) {
     const ModelConfig& c = m.config();
     auto cpu = make_backend("cpu", 2);
     auto gpu = make_backend("cuda", 1);
     KvCacheOptions opts;
     opts.flash_attn = flash;
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(prompt.size()) + steps};
-    auto cache_cpu = make_kv_cache(shape, KvSpec{}, opts);
+    auto cache_cpu = make_kv_cache(shape, spec, opts);
     opts.memory = gpu->kv_memory();
-    auto cache_gpu = make_kv_cache(shape, KvSpec{}, opts);
+    auto cache_gpu = make_kv_cache(shape, spec, opts);
     double worst = 0.0;
     std::vector<TokenId> batch = prompt;
     for (int s = 0; s <= steps; ++s) {
@@ -1372,6 +1418,38 @@ TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
     const double diff = forward_difference(*model, prompt, 2, true);
     RecordProperty("prefill_gemm_difference", std::to_string(diff));
     EXPECT_LT(diff, tol) << "prompt of " << prompt.size() << " tokens";
+}
+
+// vxq-llama-h64 (f16 weights, GQA 3) with a q8_0 / q4_0 cache on the device against the same cache
+// on the CPU: a short prompt and 8 decode steps, and a 40-token prompt (the split kernel with 40
+// queries). Both encode the same k and v bits the same way, but k and v differ in their last bits
+// (matmul order), which can move a code by a whole step (or, for q4_0, pick another value as the
+// block's maximum): q8_0 a step of amax/127, as activations for q8_0 / q4_0 weights (their
+// logit_tolerance, 3e-2), q4_0 a step of amax/8, 16x larger: 1e-1 (measured on the H200: 4.2e-2
+// with a 64-token prompt). The value is recorded as kv_difference.
+TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    const auto short_ids = model->tokenizer().encode("The kernel", true);
+    const auto long_ids = model->tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back.",
+        true);
+    for (const char* spec_text : {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0"}) {
+        const KvSpec spec = KvSpec::parse(spec_text);
+        const double tol = std::string(spec_text).find("q4_0") != std::string::npos ? 1e-1 : logit_tolerance(GgmlType::Q8_0);
+        for (const auto& ids : {short_ids, long_ids}) {
+            const std::vector<TokenId> prompt(ids.begin(), ids.end());
+            for (bool flash : {true, false}) {
+                const double diff = forward_difference(*model, prompt, 8, flash, spec);
+                RecordProperty(std::string("kv_difference_") + spec_text + "_" + std::to_string(prompt.size()) +
+                                   (flash ? "_fa" : ""),
+                               std::to_string(diff));
+                EXPECT_LT(diff, tol) << "kv " << spec_text << ", prompt of " << prompt.size() << " tokens, -fa " << flash;
+            }
+        }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(

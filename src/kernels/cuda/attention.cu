@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/cublas_api.h"
 
@@ -81,25 +82,22 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     }
 }
 
-// One thread per stored element: (token t, head g, channel d).
-__global__ void store_f16_kernel(F16StoreParams p) {
-    const int64_t total = p.n * p.n_head_kv * p.head_dim;
-    for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
-        const int64_t d = idx % p.head_dim;
-        const int64_t tg = idx / p.head_dim;  // t * n_head_kv + g
-        const int64_t g = tg % p.n_head_kv, t = tg / p.n_head_kv;
-        const KvHeadDev h = p.heads[g];
-        const int64_t slot = (h.n_tokens + t) * p.head_dim + d;
-        reinterpret_cast<__half*>(h.k)[slot] = __float2half_rn(p.k[idx]);
-        reinterpret_cast<__half*>(h.v)[slot] = __float2half_rn(p.v[idx]);
-    }
+// Block (token t, head g): its key and value rows into the new slot, in the pages' formats.
+__global__ void store_kv_kernel(KvStoreParams p) {
+    const int64_t t = blockIdx.x / p.n_head_kv, g = blockIdx.x % p.n_head_kv;
+    const KvHeadDev h = p.heads[g];
+    const int hd = int(p.head_dim);
+    const int64_t slot = h.n_tokens + t, row = (t * p.n_head_kv + g) * p.head_dim;
+    kv_store_row(p.k_code, p.k + row, reinterpret_cast<uint8_t*>(h.k) + slot * kv_token_bytes(p.k_code, hd), hd,
+                 threadIdx.x, blockDim.x);
+    kv_store_row(p.v_code, p.v + row, reinterpret_cast<uint8_t*>(h.v) + slot * kv_token_bytes(p.v_code, hd), hd,
+                 threadIdx.x, blockDim.x);
 }
 
 // ---- decode with -fa: split-K ------------------------------------------------------------------
 
 constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
-constexpr int kSplitChunk = 128;  // tokens per sub-chunk (scores in shared memory)
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -136,7 +134,7 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 // (__ldcg): L1 is not coherent. `keep` (shared memory, REP * head_dim floats, or null): the
 // merged rows again, for the q8_0 output.
 template <int REP>
-__device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int splits, float* keep) {
+__device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int splits, float* keep) {
     __shared__ float wz[REP][kAttnSplitMaxSplits], lz[REP][kAttnSplitMaxSplits];
     __shared__ float inv_s[REP];
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31;
@@ -173,33 +171,77 @@ __device__ void merge_splits(const F16SplitAttentionParams& p, int g, int i, int
     }
 }
 
-// Block (g, i, z): KV head g, query i, split z; REP query heads g * REP + r.
-template <int REP>
-__global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F16SplitAttentionParams p) {
+// Keys and values of tokens [c0, c0 + len) of a head into a stage of shared memory: whole 16-byte
+// pieces (c0 is a multiple of kAttnSplitMinTokens, so every format's tile starts aligned; the last
+// piece may run past the last token, never past its page).
+__device__ __forceinline__ void load_tile(uint8_t* stage, const KvHeadDev& head, int64_t c0, int len, int ktb, int vtb,
+                                          int k_tile_bytes) {
+    const uint8_t* ks = reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb;
+    const uint8_t* vs = reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb;
+    const int kb = (len * ktb + 15) & ~15, vb = (len * vtb + 15) & ~15;
+    for (int o = threadIdx.x * 16; o < kb; o += kSplitThreads * 16) cp_async16(stage + o, ks + o);
+    for (int o = threadIdx.x * 16; o < vb; o += kSplitThreads * 16) cp_async16(stage + k_tile_bytes + o, vs + o);
+    cp_async_commit();
+}
+
+// Scores of one key (in shared memory) against the REP query heads, summed over the warp's lanes.
+// f16: f32 q times the key's halves. q8_0 / q4_0: q quantized to q8_0 (qq, qd), an exact integer
+// dot per 4 codes (dp4a) times d_k * d_q, as the CPU's reader (kv_codes.cuh).
+template <int REP, KvCode KC>
+__device__ __forceinline__ void score_key(const uint8_t* key, int hd, int lane, const float (*qs)[kAttnSplitMaxHeadDim],
+                                          const int (*qq)[kAttnSplitMaxHeadDim / 4],
+                                          const float (*qd)[kAttnSplitMaxHeadDim / kQBlock], float* dot) {
+    if constexpr (KC == KvCode::F16) {
+        const __half2* kr = reinterpret_cast<const __half2*>(key);
+        for (int d2 = lane; d2 < hd / 2; d2 += 32) {
+            const float2 kv = __half22float2(kr[d2]);
+#pragma unroll
+            for (int r = 0; r < REP; ++r) dot[r] += qs[r][2 * d2] * kv.x + qs[r][2 * d2 + 1] * kv.y;
+        }
+    } else {
+        for (int u = lane; u < hd / 4; u += 32) {
+            float dk;
+            const int codes = kv_key_codes4<KC>(key, u, dk);
+#pragma unroll
+            for (int r = 0; r < REP; ++r) dot[r] += float(__dp4a(codes, qq[r][u], 0)) * (dk * qd[r][u / 8]);
+        }
+    }
+}
+
+// Block (g, i, z): KV head g, query i, split z; REP query heads g * REP + r; keys in format KC,
+// values in VC. Dynamic shared memory: two stages of (key tile, value tile).
+template <int REP, KvCode KC, KvCode VC>
+__global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const SplitAttentionParams p) {
+    extern __shared__ __align__(16) uint8_t tiles[];
     __shared__ float qs[REP][kAttnSplitMaxHeadDim];
+    __shared__ __align__(16) int qq[KC == KvCode::F16 ? 1 : REP][kAttnSplitMaxHeadDim / 4];  // q as q8_0 codes
+    __shared__ float qd[KC == KvCode::F16 ? 1 : REP][kAttnSplitMaxHeadDim / kQBlock];         // and scales
     __shared__ float kn[kAttnSplitMaxHeadDim];  // with rope: the new key, rotated
-    __shared__ float sc[REP][kSplitChunk];
+    __shared__ float sc[REP][kAttnSplitTile];
     __shared__ float m_run[REP], l_run[REP], factor[REP];
     __shared__ bool merger;
     const int g = blockIdx.x, i = blockIdx.y, z = blockIdx.z;
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
+    const int k_tile_bytes = (kAttnSplitTile * ktb + 15) & ~15;
+    const int stage_bytes = k_tile_bytes + ((kAttnSplitTile * vtb + 15) & ~15);
     // The step block and the pages of earlier steps were written before this step's first kernel.
     const KvHeadDev head = p.heads[g];
     const int64_t seen = *p.pos0 + i + 1;
     const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
-    // Stretches of at least kAttnSplitMinTokens: a short context leaves the last splits empty
-    // (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
-    const int64_t per = max((n_vis + p.splits - 1) / p.splits, int64_t(kAttnSplitMinTokens));
+    // Stretches of whole granules of kAttnSplitMinTokens: a short context leaves the last splits
+    // empty (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
+    const int64_t want = (n_vis + p.splits - 1) / p.splits;
+    const int64_t per = max((want + kAttnSplitMinTokens - 1) / kAttnSplitMinTokens * kAttnSplitMinTokens,
+                            int64_t(kAttnSplitMinTokens));
     const int active = int((n_vis + per - 1) / per);  // splits holding tokens (0 when n_vis is 0)
     const int64_t t_begin = min(n_vis, int64_t(z) * per), t_end = min(n_vis, t_begin + per);
-    const __half* kp = reinterpret_cast<const __half*>(head.k);
-    const __half* vp = reinterpret_cast<const __half*>(head.v);
     {
-        const int64_t row_bytes = int64_t(hd) * 2, lines = (min(t_end - t_begin, int64_t(kSplitChunk)) * row_bytes + 127) / 128;
-        for (int64_t l = tid; l < lines; l += kSplitThreads) {
-            prefetch_l2(reinterpret_cast<const char*>(kp + t_begin * hd) + 128 * l);
-            prefetch_l2(reinterpret_cast<const char*>(vp + t_begin * hd) + 128 * l);
-        }
+        const uint8_t* kp = reinterpret_cast<const uint8_t*>(head.k) + t_begin * ktb;
+        const uint8_t* vp = reinterpret_cast<const uint8_t*>(head.v) + t_begin * vtb;
+        const int64_t len = min(t_end - t_begin, int64_t(kAttnSplitTile));
+        for (int64_t l = tid; l < (len * ktb + 127) / 128; l += kSplitThreads) prefetch_l2(kp + 128 * l);
+        for (int64_t l = tid; l < (len * vtb + 127) / 128; l += kSplitThreads) prefetch_l2(vp + 128 * l);
     }
     pdl_wait();
     pdl_launch_dependents();
@@ -228,13 +270,22 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
         __syncthreads();
         if (owner) {
             const KvHeadDev sh = p.rope.heads[g];
-            const float* vg = p.rope.v + int64_t(g) * hd;
-            for (int d = tid; d < hd; d += kSplitThreads) {
-                kg[d] = kn[d];
-                reinterpret_cast<__half*>(sh.k)[slot * hd + d] = __float2half_rn(kn[d]);
-                reinterpret_cast<__half*>(sh.v)[slot * hd + d] = __float2half_rn(vg[d]);
-            }
+            for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
+            kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads);
+            kv_store_row(VC, p.rope.v + int64_t(g) * hd, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid,
+                         kSplitThreads);
+            __threadfence();  // the tile copies below read the new slot through L2
         }
+    }
+    __syncthreads();  // q (and the new token's page writes) visible to the whole block
+    if constexpr (KC != KvCode::F16) {  // q as q8_0, once per block (the CPU reader's prepare_query)
+        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
+            const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
+            const Q8Lane ql = quantize_q8_0_lane(qs[r][bb * kQBlock + lane]);
+            reinterpret_cast<int8_t*>(qq[r])[bb * kQBlock + lane] = int8_t(ql.q);
+            if (lane == 0) qd[r][bb] = ql.d;
+        }
+        __syncthreads();
     }
     float o[REP][kAttnSplitMaxHeadDim / kSplitThreads];
 #pragma unroll
@@ -242,20 +293,28 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
 #pragma unroll
         for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) o[r][j] = 0.0f;
     }
-    __syncthreads();  // q (and the new token's page writes) visible to the whole block
-    for (int64_t c0 = t_begin; c0 < t_end; c0 += kSplitChunk) {
-        const int len = int(min(int64_t(kSplitChunk), t_end - c0));
-        // Scores: a warp per token, lanes over head_dim (two elements at a time), every query head.
+    const int n_tiles = int((t_end - t_begin + kAttnSplitTile - 1) / kAttnSplitTile);
+    if (n_tiles > 0) load_tile(tiles, head, t_begin, int(min(int64_t(kAttnSplitTile), t_end - t_begin)), ktb, vtb, k_tile_bytes);
+    for (int it = 0; it < n_tiles; ++it) {
+        const int64_t c0 = t_begin + int64_t(it) * kAttnSplitTile;
+        const int len = int(min(int64_t(kAttnSplitTile), t_end - c0));
+        if (it + 1 < n_tiles) {  // the next tile in flight while this one is computed
+            const int64_t c1 = c0 + kAttnSplitTile;
+            load_tile(tiles + ((it + 1) & 1) * stage_bytes, head, c1, int(min(int64_t(kAttnSplitTile), t_end - c1)), ktb,
+                      vtb, k_tile_bytes);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();  // every thread's pieces of this tile have landed
+        const uint8_t* kt = tiles + (it & 1) * stage_bytes;
+        const uint8_t* vt = kt + k_tile_bytes;
+        // Scores: a warp per token, lanes over head_dim, every query head.
         for (int tt = warp; tt < len; tt += kSplitWarps) {
-            const __half2* kr = reinterpret_cast<const __half2*>(kp + (c0 + tt) * hd);
             float dot[REP];
 #pragma unroll
             for (int r = 0; r < REP; ++r) dot[r] = 0.0f;
-            for (int d2 = lane; d2 < hd / 2; d2 += 32) {
-                const float2 kv = __half22float2(kr[d2]);
-#pragma unroll
-                for (int r = 0; r < REP; ++r) dot[r] += qs[r][2 * d2] * kv.x + qs[r][2 * d2 + 1] * kv.y;
-            }
+            score_key<REP, KC>(kt + tt * ktb, hd, lane, qs, qq, qd, dot);
 #pragma unroll
             for (int r = 0; r < REP; ++r) {
                 const float s = warp_add(dot[r]);
@@ -265,17 +324,11 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
         __syncthreads();
         // Online softmax per query head: a warp per head.
         for (int r = warp; r < REP; r += kSplitWarps) {
-            float mx = -INFINITY;
-            for (int tt = lane; tt < len; tt += 32) mx = fmaxf(mx, sc[r][tt]);
-            mx = warp_max(mx);
-            const float m_new = fmaxf(m_run[r], mx);
-            float sum = 0.0f;
-            for (int tt = lane; tt < len; tt += 32) {
-                const float e = expf(sc[r][tt] - m_new);
-                sc[r][tt] = e;
-                sum += e;
-            }
-            sum = warp_add(sum);
+            const float x = lane < len ? sc[r][lane] : -INFINITY;  // kAttnSplitTile == 32: a lane per token
+            const float m_new = fmaxf(m_run[r], warp_max(x));
+            const float e = lane < len ? expf(x - m_new) : 0.0f;
+            if (lane < len) sc[r][lane] = e;
+            const float sum = warp_add(e);
             if (lane == 0) {
                 const float f = expf(m_run[r] - m_new);  // 0 while m_run is -inf
                 factor[r] = f;
@@ -293,14 +346,14 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
 #pragma unroll
             for (int r = 0; r < REP; ++r) acc[r] = o[r][j] * factor[r];
             for (int tt = 0; tt < len; ++tt) {
-                const float v = __half2float(vp[(c0 + tt) * hd + d]);
+                const float v = kv_value<VC>(vt + tt * vtb, d);
 #pragma unroll
                 for (int r = 0; r < REP; ++r) acc[r] += sc[r][tt] * v;
             }
 #pragma unroll
             for (int r = 0; r < REP; ++r) o[r][j] = acc[r];
         }
-        __syncthreads();  // sc is rewritten by the next sub-chunk
+        __syncthreads();  // sc and this stage are rewritten next
     }
     const int64_t stride = hd + 2;
 #pragma unroll
@@ -343,7 +396,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const F1
 }
 
 // Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as
-// rope_kernel does; then a k head's threads store its row of k and v as store_f16_kernel does.
+// rope_kernel does; then a k head's threads store its rows of k and v as store_kv_kernel does.
 __global__ void rope_store_kernel(const RopeStoreParams p) {
     pdl_wait();
     pdl_launch_dependents();
@@ -355,12 +408,13 @@ __global__ void rope_store_kernel(const RopeStoreParams p) {
     if (!is_k) return;
     __syncthreads();  // the rotated row, written by other threads of the block
     const KvHeadDev h = p.heads[head];
+    const int hd = int(p.head_dim);
+    const int64_t slot = h.n_tokens + t;
     const float* vrow = p.v + (t * p.n_head_kv + head) * p.head_dim;
-    for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) {
-        const int64_t slot = (h.n_tokens + t) * p.head_dim + d;
-        reinterpret_cast<__half*>(h.k)[slot] = __float2half_rn(row[d]);
-        reinterpret_cast<__half*>(h.v)[slot] = __float2half_rn(vrow[d]);
-    }
+    kv_store_row(p.k_code, row, reinterpret_cast<uint8_t*>(h.k) + slot * kv_token_bytes(p.k_code, hd), hd, threadIdx.x,
+                 blockDim.x);
+    kv_store_row(p.v_code, vrow, reinterpret_cast<uint8_t*>(h.v) + slot * kv_token_bytes(p.v_code, hd), hd, threadIdx.x,
+                 blockDim.x);
 }
 
 // ---- the GEMM path's kernels ---------------------------------------------------------------------
@@ -414,13 +468,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
+// Threads per block of a kernel that stores rows of head_dim (kv_store_row: a multiple of 32).
+int row_threads(int64_t head_dim) { return int(std::clamp<int64_t>((head_dim + 31) / 32 * 32, 32, 256)); }
+
 }  // namespace
 
-void store_f16(const F16StoreParams& p, cudaStream_t st) {
-    const int64_t total = p.n * p.n_head_kv * p.head_dim;
-    if (total == 0) return;
-    const unsigned blocks = unsigned(std::min<int64_t>((total + 255) / 256, 65535));
-    store_f16_kernel<<<blocks, 256, 0, st>>>(p);
+void store_kv(const KvStoreParams& p, cudaStream_t st) {
+    const int64_t rows = p.n * p.n_head_kv;
+    if (rows == 0) return;
+    store_kv_kernel<<<unsigned(rows), row_threads(p.head_dim), 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -430,10 +486,11 @@ void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
-bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code) {
     if (n_head_kv <= 0 || n_head % n_head_kv != 0) return false;
     const int64_t rep = n_head / n_head_kv;
-    return (rep == 1 || rep == 2 || rep == 4 || rep == 8) && head_dim % 2 == 0 && head_dim <= kAttnSplitMaxHeadDim;
+    return (rep == 1 || rep == 2 || rep == 3 || rep == 4 || rep == 8) && head_dim % 2 == 0 &&
+           head_dim <= kAttnSplitMaxHeadDim && kv_code_fits(k_code, head_dim) && kv_code_fits(v_code, head_dim);
 }
 
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
@@ -447,33 +504,76 @@ size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_
     return size_t(n_q * n_head * splits * (head_dim + 2));
 }
 
-void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t st) {
+namespace {
+
+size_t split_smem_bytes(const SplitAttentionParams& p) {
+    const auto tile = [&](KvCode c) { return size_t(kAttnSplitTile * kv_token_bytes(c, p.head_dim) + 15) / 16 * 16; };
+    return 2 * (tile(p.k_code) + tile(p.v_code));
+}
+
+template <int REP, KvCode KC, KvCode VC>
+void launch_split(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
+    static const bool sized = [] {  // room for the largest tiles (f16, head_dim kAttnSplitMaxHeadDim)
+        const int most = 2 * 2 * kAttnSplitTile * int(kv_token_bytes(KvCode::F16, kAttnSplitMaxHeadDim));
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+        return true;
+    }();
+    (void)sized;
+    launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), split_smem_bytes(p), st, p);
+}
+
+template <int REP, KvCode KC>
+void launch_split_v(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
+    switch (p.v_code) {
+        case KvCode::F16: launch_split<REP, KC, KvCode::F16>(p, grid, st); break;
+        case KvCode::Q8_0: launch_split<REP, KC, KvCode::Q8_0>(p, grid, st); break;
+        case KvCode::Q4_0: launch_split<REP, KC, KvCode::Q4_0>(p, grid, st); break;
+    }
+}
+
+template <int REP>
+void launch_split_kv(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
+    switch (p.k_code) {
+        case KvCode::F16: launch_split_v<REP, KvCode::F16>(p, grid, st); break;
+        case KvCode::Q8_0: launch_split_v<REP, KvCode::Q8_0>(p, grid, st); break;
+        case KvCode::Q4_0: launch_split_v<REP, KvCode::Q4_0>(p, grid, st); break;
+    }
+}
+
+}  // namespace
+
+void attention_split(const SplitAttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;
     if (p.out_q8.qs && !attention_split_q8_fits(p)) {
-        throw_cuda_error(cudaErrorInvalidValue, "attention_f16_split: q8_0 output needs one query and head_dim % 32 == 0",
+        throw_cuda_error(cudaErrorInvalidValue, "attention_split: q8_0 output needs one query and head_dim % 32 == 0",
+                         __FILE__, __LINE__);
+    }
+    if (!attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code)) {
+        throw_cuda_error(cudaErrorInvalidValue, "attention_split: shape or format not taken (attention_split_fits)",
                          __FILE__, __LINE__);
     }
     const dim3 grid(unsigned(p.n_head_kv), unsigned(p.n_q), unsigned(p.splits));
     switch (p.n_head / p.n_head_kv) {
-        case 1: launch_pdl(attention_split_kernel<1>, grid, dim3(kSplitThreads), 0, st, p); break;
-        case 2: launch_pdl(attention_split_kernel<2>, grid, dim3(kSplitThreads), 0, st, p); break;
-        case 4: launch_pdl(attention_split_kernel<4>, grid, dim3(kSplitThreads), 0, st, p); break;
-        default: launch_pdl(attention_split_kernel<8>, grid, dim3(kSplitThreads), 0, st, p); break;
+        case 1: launch_split_kv<1>(p, grid, st); break;
+        case 2: launch_split_kv<2>(p, grid, st); break;
+        case 3: launch_split_kv<3>(p, grid, st); break;
+        case 4: launch_split_kv<4>(p, grid, st); break;
+        default: launch_split_kv<8>(p, grid, st); break;
     }
 }
 
-bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& r) {
-    return p.n_q == 1 && r.n == 1 && r.q == p.q && r.n_head == p.n_head && r.n_head_kv == p.n_head_kv &&
+bool attention_split_rope_fits(const SplitAttentionParams& p, const RopeStoreParams& r) {
+    return p.n_q == 1 && r.k_code == p.k_code && r.v_code == p.v_code && r.n == 1 && r.q == p.q && r.n_head == p.n_head && r.n_head_kv == p.n_head_kv &&
            r.head_dim == p.head_dim && r.n_rot >= 0 && r.n_rot <= r.head_dim && r.n_rot % 2 == 0;
 }
 
-bool attention_split_q8_fits(const F16SplitAttentionParams& p) { return p.n_q == 1 && p.head_dim % kQBlock == 0; }
+bool attention_split_q8_fits(const SplitAttentionParams& p) { return p.n_q == 1 && p.head_dim % kQBlock == 0; }
 
-void rope_store_f16(const RopeStoreParams& p, cudaStream_t st) {
+void rope_store_kv(const RopeStoreParams& p, cudaStream_t st) {
     const int64_t blocks = p.n * (p.n_head + p.n_head_kv);
     if (blocks == 0) return;
-    const int threads = int(std::clamp<int64_t>((p.head_dim + 31) / 32 * 32, 32, 256));
-    launch_pdl(rope_store_kernel, dim3(unsigned(blocks)), dim3(threads), 0, st, p);
+    launch_pdl(rope_store_kernel, dim3(unsigned(blocks)), dim3(row_threads(p.head_dim)), 0, st, p);
 }
 
 AttnGemmLayout attn_gemm_layout(const F16AttentionGemmParams& p) {

@@ -1,17 +1,18 @@
-// The f16 KV cache in device memory: the store kernel (new keys and values into each head's
-// pages) and causal attention over those pages. Every value that changes from one decode step to
+// The KV cache in device memory: the store kernel (new keys and values into each head's pages,
+// in their format: f16, q8_0 or q4_0, kv_codes.cuh) and causal attention over those pages. Every value that changes from one decode step to
 // the next (positions, token counts, page addresses) is read from a small device table, not
 // passed as a kernel argument, so a captured CUDA graph of the step stays valid as the cache grows.
 //
 // Attention takes one of three paths:
-//   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/4/8): split-K over the tokens with an
-//     online softmax and an in-kernel merge (attention_f16_split below);
+//   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/3/4/8), and every call on a q8_0 / q4_0
+//     cache: split-K over the tokens with an online softmax and an in-kernel merge, reading each
+//     format in place (attention_split below);
 //   decode without -fa, or other GQA groups: one block per query token and head, scores in
 //     device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
 //     llama.cpp's non-flash path (attention_f16);
 //   prefill (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the scores and the V sum
 //     around a softmax kernel (attention_f16_gemm below).
-// Only the f16 cache has CUDA readers: compressed formats are refused by name (backend_cuda.cpp).
+// Other formats have no CUDA reader yet and are refused by name (backend_cuda.cpp).
 #pragma once
 
 #include <cstddef>
@@ -22,23 +23,25 @@
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/kv_codes.cuh"
 
 namespace vxq::cuda {
 
 // The per-head table both kernels read (device memory), one entry per KV head.
 struct KvHeadDev {
-    uint64_t k, v;      // addresses of the head's key and value pages ([tokens, head_dim] fp16, contiguous)
+    uint64_t k, v;      // addresses of the head's key and value pages (token t at t * kv_token_bytes, contiguous)
     int64_t n_tokens;   // tokens stored (store: before this write; attention: all)
 };
 
-struct F16StoreParams {
+struct KvStoreParams {
     const float* k;           // [n, n_head_kv, head_dim] (device)
     const float* v;
     const KvHeadDev* heads;   // [n_head_kv]: n_tokens = the slot of the first new token
     int64_t n, n_head_kv, head_dim;
+    KvCode k_code, v_code;
 };
-// Rounds to fp16 as the CPU's f16 codec does (round to nearest even): bit-exact.
-void store_f16(const F16StoreParams& p, cudaStream_t stream);
+// Encodes as the CPU's codecs do (kv_codes.cuh): bit-exact.
+void store_kv(const KvStoreParams& p, cudaStream_t stream);
 
 struct F16AttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device)
@@ -57,8 +60,8 @@ struct F16AttentionParams {
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t stream);
 
-// RoPE of q and k and the f16 store of k and v in one kernel (the decode step's three ops): the
-// arithmetic of cuda::rope and store_f16, the same bits. q: [n, n_head, head_dim], k, v: [n,
+// RoPE of q and k and the store of k and v in one kernel (the decode step's three ops): the
+// arithmetic of cuda::rope and store_kv, the same bits. q: [n, n_head, head_dim], k, v: [n,
 // n_head_kv, head_dim] (device); q and k are rotated in place.
 struct RopeStoreParams {
     float* q;
@@ -69,13 +72,18 @@ struct RopeStoreParams {
     int64_t n, n_head, n_head_kv, head_dim, n_rot;
     float theta_scale;        // freq_base^(-2 / n_rot), as cuda::rope computes it
     bool neox;
+    KvCode k_code, v_code;
 };
-void rope_store_f16(const RopeStoreParams& p, cudaStream_t stream);
+void rope_store_kv(const RopeStoreParams& p, cudaStream_t stream);
 
 // ---- decode with -fa: split-K over the tokens ------------------------------------------------
 // Few queries (decode) with flash-attention numerics (f32 throughout): block (KV head g, query
 // i, split z) reads its stretch of g's tokens once for all the query heads that share g (GQA),
-// with an online softmax over sub-chunks, and writes an unnormalized partial (o, max, sum). The
+// tile by tile (kAttnSplitTile tokens of keys and of values copied into shared memory with
+// cp.async, the next tile in flight while this one is computed), with an online softmax per tile,
+// and writes an unnormalized partial (o, max, sum). The readers are templates on the key and the
+// value format (kv_codes.cuh): q8_0 / q4_0 keys are scored against the query quantized to q8_0 in
+// shared memory once per block, as the CPU does. The
 // last block of (g, i) to finish (an arrival counter per (i, g)) merges the splits with their
 // log-sum-exp weights, so the step runs one kernel, not two. The split count is fixed per call
 // (a graph argument) and each split's stretch follows from the token count on the device, so a
@@ -85,9 +93,9 @@ void rope_store_f16(const RopeStoreParams& p, cudaStream_t stream);
 // (s - m_split) rescaled by exp(m_split - m) instead of exp(s - m): ~1e-7 relative.
 //
 // With `rope` (one query, the decode step) the kernel also does the step's RoPE + KV store
-// (rope_store_f16's arithmetic, the same bits): every block rotates its group's q rows in shared
-// memory, the block whose stretch holds the new token's slot rotates k, stores k and v as fp16
-// and then reads them like any other token, and the merging block writes the rotated q back
+// (rope_store_kv's arithmetic, the same bits): every block rotates its group's q rows in shared
+// memory, the block whose stretch holds the new token's slot rotates k, stores k and v in their
+// formats and then reads them like any other token, and the merging block writes the rotated q back
 // (every block of the group has read q by then), so memory ends as after the separate ops.
 constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
 constexpr int kAttnSplitMaxHeadDim = 256;
@@ -97,9 +105,10 @@ constexpr int kAttnSplitMaxSplits = 128;
 // kAttnSplitMinTokens tokens, so at a short depth only the first splits hold any (the others
 // exit after the RoPE) and the merge reads those alone.
 constexpr int kAttnSplitBlocksPerSm = 4;
-constexpr int kAttnSplitMinTokens = 16;
+constexpr int kAttnSplitMinTokens = 16;  // also the stretch's granule: a tile starts 16-byte aligned in every format
+constexpr int kAttnSplitTile = 32;       // tokens per tile
 
-struct F16SplitAttentionParams {
+struct SplitAttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device); with rope.q: before
     const int64_t* pos0;      // as F16AttentionParams
     const KvHeadDev* heads;   // [n_head_kv] (device)
@@ -111,22 +120,23 @@ struct F16SplitAttentionParams {
     float scale;
     RopeStoreParams rope;     // n_q == 1 and rope.q == q: RoPE + KV store fused (above); else rope.q null
     Q8Act out_q8;             // n_q == 1, head_dim a multiple of 32: out also as q8_0 activations (below)
+    KvCode k_code, v_code;    // the pages' formats (rope's store uses the same)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
 // (the quantize kernel's bits, q8_act.cuh), for a Q8_0/Q4_0 output projection that then needs no
 // quantize kernel (GemvFusion::x_q8).
-// Whether the split kernel takes this shape (GQA group, head_dim).
-bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+// Whether the split kernel takes this shape (GQA group, head_dim) and these formats.
+bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code);
 // Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
 // same heads and head_dim, full rotation pairs within head_dim).
-bool attention_split_rope_fits(const F16SplitAttentionParams& p, const RopeStoreParams& rope);
+bool attention_split_rope_fits(const SplitAttentionParams& p, const RopeStoreParams& rope);
 // Whether the split kernel can write out as q8_0 for p (one query, head_dim a multiple of 32).
-bool attention_split_q8_fits(const F16SplitAttentionParams& p);
+bool attention_split_q8_fits(const SplitAttentionParams& p);
 // Splits for a call: kAttnSplitBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits).
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
-void attention_f16_split(const F16SplitAttentionParams& p, cudaStream_t stream);
+void attention_split(const SplitAttentionParams& p, cudaStream_t stream);
 
 // ---- prefill: batched cuBLAS GEMMs ----------------------------------------------------------
 // Per query head h (KV head g = h / (n_head / n_head_kv)), one batch entry of each GEMM:

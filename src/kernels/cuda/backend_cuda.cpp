@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -349,18 +350,15 @@ public:
         cache.reserve_write(layer, pos0, n);
         const KvLayerView view = cache.view(layer);
         require_device(view);
+        const KvCodes codes = kv_codes(view);
         heads_.resize(size_t(s.n_head_kv));
-        for (int64_t g = 0; g < s.n_head_kv; ++g) {
-            const KvHeadView& h = view.heads[g];
-            require_f16(h.k, "keys");
-            require_f16(h.v, "values");
-            heads_[size_t(g)] = head_dev(h, h.n_tokens - n);
-        }
+        for (int64_t g = 0; g < s.n_head_kv; ++g) heads_[size_t(g)] = head_dev(view.heads[g], view.heads[g].n_tokens - n);
         struct A {
             const float* k;
             const float* v;
             const KvHeadDev* heads;
             int64_t n, n_head_kv, head_dim;
+            KvCodes codes;
         } a = zeroed<A>();
         step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev), sizeof pos0});
         a.k = in(k, count);
@@ -369,8 +367,9 @@ public:
         a.n = n;
         a.n_head_kv = s.n_head_kv;
         a.head_dim = s.head_dim;
+        a.codes = codes;
         record(Op::Store, a, [](const A& a, cudaStream_t st) {
-            store_f16(F16StoreParams{a.k, a.v, a.heads, a.n, a.n_head_kv, a.head_dim}, st);
+            store_kv(KvStoreParams{a.k, a.v, a.heads, a.n, a.n_head_kv, a.head_dim, a.codes.k, a.codes.v}, st);
         });
         // RoPE of q, RoPE of k, then this store (the model's order): one kernel, the same bits.
         const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
@@ -393,9 +392,11 @@ public:
             f.n_rot = rk.p.n_rot;
             f.theta_scale = std::pow(rk.p.freq_base, -2.0f / float(rk.p.n_rot));  // as cuda::rope computes it
             f.neox = rk.p.neox;
+            f.k_code = codes.k;
+            f.v_code = codes.v;
             drop_launch(rq.op);
             drop_launch(rk.op);
-            pending_.back() = [f](cudaStream_t st) { rope_store_f16(f, st); };
+            pending_.back() = [f](cudaStream_t st) { rope_store_kv(f, st); };
             labels_.back() = kOpNames[size_t(Op::RopeStore)];
             rope_store_ = RopeStoreRec{at, f};
         }
@@ -407,12 +408,12 @@ public:
             fail("attention mass (the score observers H2O/SnapKV) has no CUDA kernel yet; use --device cpu");
         }
         require_device(view);
+        const KvCodes codes = kv_codes(view);
+        const bool f16 = codes.k == KvCode::F16 && codes.v == KvCode::F16;
         heads_.resize(size_t(view.n_head_kv));
         int64_t max_tokens = 1, min_tokens = INT64_MAX;
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             const KvHeadView& h = view.heads[g];
-            require_f16(h.k, "keys");
-            require_f16(h.v, "values");
             if (h.pos != nullptr) fail("per-head token positions (eviction) have no CUDA attention yet; use --device cpu");
             heads_[size_t(g)] = head_dev(h, h.n_tokens);
             max_tokens = std::max(max_tokens, h.n_tokens);
@@ -427,15 +428,25 @@ public:
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         float* dev_out = out(o, n_out);
         // Prefill: the batched GEMMs, which cover the same n_kv tokens in every head (a head with
-        // fewer would have its keys read past its last mapped page).
-        if (min_tokens == max_tokens &&
+        // fewer would have its keys read past its last mapped page). f16 pages only.
+        if (f16 && min_tokens == max_tokens &&
             attention_gemm_fits(n_q, view.n_head, view.head_dim, max_tokens, scores_stride_, dev_out)) {
             attention_gemm(view, q, n_q, pos0, o, dev_out, max_tokens);
             return;
         }
-        // Decode with -fa: split-K over the tokens.
-        if (view.flash_attn && attention_split_fits(view.n_head, view.n_head_kv, view.head_dim)) {
-            F16SplitAttentionParams p = zeroed<F16SplitAttentionParams>();
+        // Decode with -fa, and every call on a q8_0 / q4_0 cache (the CPU reads those with its
+        // fused kernel too, -fa or not): split-K over the tokens.
+        const bool split = attention_split_fits(view.n_head, view.n_head_kv, view.head_dim, codes.k, codes.v);
+        if (!f16 && !split) {
+            fail("KV format {} / {} has no CUDA attention for {} query heads over {} KV heads of {} (GQA groups 1, 2, 3, "
+                 "4, 8, head_dim <= {}); use --device cpu",
+                 kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
+                 view.n_head, view.n_head_kv, view.head_dim, kAttnSplitMaxHeadDim);
+        }
+        if ((view.flash_attn || !f16) && split) {
+            SplitAttentionParams p = zeroed<SplitAttentionParams>();
+            p.k_code = codes.k;
+            p.v_code = codes.v;
             p.splits = attention_splits(n_q, view.n_head_kv);
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
             p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
@@ -449,7 +460,7 @@ public:
                 std::memcpy(&p.rope, &rs.f, sizeof p.rope);  // padding bytes too: they are part of the graph key
                 drop_launch(pending_.size() - 1);
             }
-            record(Op::AttentionSplit, p, [](const F16SplitAttentionParams& p, cudaStream_t st) { attention_f16_split(p, st); });
+            record(Op::AttentionSplit, p, [](const SplitAttentionParams& p, cudaStream_t st) { attention_split(p, st); });
             if (fuse_rope) labels_.back() = "attention split-K (rope + kv store)";
             attn_split_ = AttnSplitRec{pending_.size() - 1, p};
             finish(o, p.out, n_out);
@@ -484,10 +495,17 @@ public:
     std::string attention_path(const KvLayerView& view) const override {
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
-                if (s->fmt.kind != KvFormatKind::F16) {
+                if (!kv_code_of(s->fmt.kind)) {
                     return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(s->fmt.kind));
                 }
             }
+        }
+        const KvCodes codes = kv_codes(view);
+        if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
+            return fmt::format("cuda {} / {} pages on the device read in place by the split-K kernel (keys {}), f32 "
+                               "softmax",
+                               kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
+                               codes.k == KvCode::F16 ? "in f32" : "against the query quantized to q8_0, dp4a");
         }
         return view.flash_attn
                    ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "
@@ -545,11 +563,28 @@ private:
         return KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
                          uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens};
     }
-    static void require_f16(const KvStreamView& s, const char* what) {
-        if (s.fmt.kind != KvFormatKind::F16) {
-            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16 caches only; use --device cpu",
+    // The device format of a KV format kind, if the CUDA backend stores and reads it.
+    static std::optional<KvCode> kv_code_of(KvFormatKind kind) {
+        switch (kind) {
+            case KvFormatKind::F16: return KvCode::F16;
+            case KvFormatKind::Q8_0: return KvCode::Q8_0;
+            case KvFormatKind::Q4_0: return KvCode::Q4_0;
+            default: return std::nullopt;
+        }
+    }
+    static KvCode require_code(const KvStreamView& s, int64_t head_dim, const char* what) {
+        const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
+        if (!c) {
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0 and q4_0 caches; use "
+                 "--device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
+        if (!kv_code_fits(*c, head_dim)) fail("KV format {} needs head_dim % 32 == 0, not {}", kv_format_kind_name(s.fmt.kind), head_dim);
+        return *c;
+    }
+    // The formats of a layer's keys and values (the same in every head).
+    static KvCodes kv_codes(const KvLayerView& view) {
+        return KvCodes{require_code(view.heads[0].k, view.head_dim, "keys"), require_code(view.heads[0].v, view.head_dim, "values")};
     }
 
     // ---- the recorded pass -------------------------------------------------------------------
@@ -779,7 +814,7 @@ private:
             return {};
         }
         a.p.out_q8 = consumer.x_q8;
-        pending_[a.op] = [p = a.p](cudaStream_t st) { attention_f16_split(p, st); };
+        pending_[a.op] = [p = a.p](cudaStream_t st) { attention_split(p, st); };
         labels_[a.op] = a.p.rope.q ? "attention split-K (rope + kv store, q8_0 out)" : "attention split-K (q8_0 out)";
         return a.p.out_q8;
     }
@@ -1047,7 +1082,7 @@ private:
     NormArgs norm_;
     struct AttnSplitRec {  // the last split attention recorded (a candidate q8_0 producer)
         size_t op = SIZE_MAX;
-        F16SplitAttentionParams p;
+        SplitAttentionParams p;
     };
     AttnSplitRec attn_split_;
     struct SwigluArgs {  // the last one-row SwiGLU recorded unfused (a candidate for a Q8_0/Q4_0 matmul's quantize)

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -664,20 +665,6 @@ __device__ __forceinline__ void g1_item(const G1Params& p, int item, int& mi, in
     mi = 0;
     while (mi + 1 < p.count && item >= g1_matrix(p, mi + 1).first_item) ++mi;
     row0 = (item - g1_matrix(p, mi).first_item) * p.rows_per_item;
-}
-
-// 16 bytes from global memory into shared memory, asynchronously (cp.async, sm_80+; the copy
-// bypasses L1). A thread reads back only what it copied itself, after cp_async_wait<N>: no
-// barrier is needed between the copy and the read.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // Issues the copies of the units of `item` that this thread takes into its slots of a ring

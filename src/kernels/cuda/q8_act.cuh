@@ -27,19 +27,28 @@ struct Q8Act {
 };
 
 #ifdef __CUDACC__
-// Block b of q8_0 activations from its 32 values, one per lane of a warp (all 32 lanes call):
-// ggml's AVX2 quantize_row_q8_0, amax over |x|, id = amax != 0 ? 127 / amax : 0, q =
-// round-to-nearest-even(x * id), d = fp16(amax / 127), and the quants' sum.
-__device__ __forceinline__ void quantize_block_q8_0(float v, int64_t b, int lane, int8_t* __restrict__ qs,
-                                                    Q8Scale* __restrict__ s) {
+// One lane's value of a q8_0 block of 32 (all 32 lanes of the warp call): ggml's AVX2
+// quantize_row_q8_0, amax over |x|, id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x
+// * id), d = fp16(amax / 127) (returned widened).
+struct Q8Lane {
+    int q;
+    float d;
+};
+__device__ __forceinline__ Q8Lane quantize_q8_0_lane(float v) {
     float amax = fabsf(v);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const int q = __float2int_rn(__fmul_rn(v, id));  // |v * id| <= 127
-    qs[b * kQBlock + lane] = int8_t(q);
-    const int sum = __reduce_add_sync(0xffffffffu, q);
-    if (lane == 0) s[b] = Q8Scale{__half2float(__float2half_rn(amax / 127.0f)), sum};
+    return Q8Lane{__float2int_rn(__fmul_rn(v, id)), __half2float(__float2half_rn(amax / 127.0f))};  // |v * id| <= 127
+}
+
+// Block b of q8_0 activations from its 32 values, one per lane, with the quants' sum.
+__device__ __forceinline__ void quantize_block_q8_0(float v, int64_t b, int lane, int8_t* __restrict__ qs,
+                                                    Q8Scale* __restrict__ s) {
+    const Q8Lane r = quantize_q8_0_lane(v);
+    qs[b * kQBlock + lane] = int8_t(r.q);
+    const int sum = __reduce_add_sync(0xffffffffu, r.q);
+    if (lane == 0) s[b] = Q8Scale{r.d, sum};
 }
 #endif
 

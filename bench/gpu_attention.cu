@@ -1,0 +1,177 @@
+// Decode attention alone (issue 11): one query token of a Llama-3-8B layer (32 query heads over 8
+// KV heads of 128) against a device KV cache of 1K..128K tokens in each format the CUDA backend
+// reads (f16, q8_0, q4_0), through the split-K kernel (attention.cuh: attention_split) as a
+// decode step launches it. Bandwidth counts every byte the kernel must read: keys and values with
+// their block scales (q, the partials and the output are < 0.1 % of them), against a
+// device-to-device copy measured in the same run. Layers are rotated so the bytes read between
+// two reads of the same layer are >= kMinWorkingSet (8x the H200's L2): HBM, not cache.
+//
+//   vxq_gpu_attention [CONTEXTS...]   (default 1024 4096 16384 32768 65536 131072)
+// prints a markdown table and, last, one JSON line per case (for plots and docs).
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "backend/backend.h"
+#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/check.cuh"
+#include "kv/kv_cache.h"
+#include "gpu_timing.cuh"
+
+namespace {
+
+constexpr int64_t kHeads = 32, kHeadsKv = 8, kHeadDim = 128;
+constexpr size_t kMinWorkingSet = size_t(512) << 20;
+constexpr size_t kMaxCacheBytes = size_t(24) << 30;
+constexpr int64_t kFillChunk = 4096;  // tokens per kv_write while filling
+
+struct Row {
+    std::string kv;
+    int64_t ctx, layers, splits;
+    size_t bytes;  // read per call
+    double us;
+};
+
+// Token bytes of a format at head_dim 128 (the pages' layout, kv_codes.cuh).
+int64_t token_bytes(const std::string& kv) {
+    using vxq::cuda::KvCode;
+    const KvCode c = kv == "f16" ? KvCode::F16 : kv == "q8_0" ? KvCode::Q8_0 : KvCode::Q4_0;
+    return vxq::cuda::kv_token_bytes(c, kHeadDim);
+}
+
+Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
+    using namespace vxq;
+    const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * token_bytes(kv));
+    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes,
+                                                                  int64_t(kMaxCacheBytes / layer_bytes)));
+    auto be = make_backend("cuda", 1);
+    KvCacheOptions opts;
+    opts.memory = be->kv_memory();
+    opts.flash_attn = true;
+    const KvShape shape{layers, kHeads, kHeadsKv, kHeadDim, ctx};
+    auto cache = make_kv_cache(shape, KvSpec::parse(kv), opts);
+    // Random keys and values (|x| < 1), written chunk by chunk through the backend's store kernel.
+    const int64_t chunk = std::min(kFillChunk, ctx);
+    const size_t chunk_floats = size_t(chunk * kHeadsKv * kHeadDim);
+    std::vector<float> host(chunk_floats);
+    std::mt19937 rng(uint32_t(ctx) * 7 + uint32_t(kv.size()));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : host) x = u(rng);
+    float* k = be->activation_buffer(0, chunk_floats);
+    float* v = be->activation_buffer(1, chunk_floats);
+    VXQ_CUDA_CHECK(cudaMemcpy(k, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaMemcpy(v, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    for (int64_t l = 0; l < layers; ++l) {
+        for (int64_t t0 = 0; t0 < ctx; t0 += chunk) be->kv_write(*cache, l, t0, k, v, std::min(chunk, ctx - t0));
+        be->to_host(k, 1, 0);  // runs what is recorded
+    }
+    cache->commit(ctx);
+
+    // The kernel's arguments, one heads table per layer; the same q, scratch and output.
+    cuda::SplitAttentionParams p{};
+    p.n_q = 1;
+    p.n_head = kHeads;
+    p.n_head_kv = kHeadsKv;
+    p.head_dim = kHeadDim;
+    p.splits = cuda::attention_splits(1, kHeadsKv);
+    p.scale = 1.0f / std::sqrt(float(kHeadDim));
+    const KvHeadView& h0 = cache->view(0).heads[0];
+    p.k_code = h0.k.fmt.kind == KvFormatKind::F16 ? cuda::KvCode::F16
+               : h0.k.fmt.kind == KvFormatKind::Q8_0 ? cuda::KvCode::Q8_0 : cuda::KvCode::Q4_0;
+    p.v_code = p.k_code;
+    float *q, *out, *partial;
+    int64_t* pos0;
+    unsigned* arrivals;
+    cuda::KvHeadDev* tables;
+    VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::attention_split_scratch_floats(1, kHeads, kHeadDim, p.splits) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&pos0, sizeof(int64_t)));
+    VXQ_CUDA_CHECK(cudaMalloc(&arrivals, size_t(kHeadsKv) * sizeof(unsigned)));
+    VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
+    VXQ_CUDA_CHECK(cudaMemset(arrivals, 0, size_t(kHeadsKv) * sizeof(unsigned)));
+    VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
+    const int64_t last = ctx - 1;
+    VXQ_CUDA_CHECK(cudaMemcpy(pos0, &last, sizeof last, cudaMemcpyHostToDevice));
+    std::vector<cuda::KvHeadDev> table(size_t(layers * kHeadsKv));
+    for (int64_t l = 0; l < layers; ++l) {
+        const KvLayerView view = cache->view(l);
+        for (int64_t g = 0; g < kHeadsKv; ++g) {
+            const KvHeadView& h = view.heads[g];
+            table[size_t(l * kHeadsKv + g)] = {uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
+                                               uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), h.n_tokens};
+        }
+    }
+    VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
+    p.q = q;
+    p.out = out;
+    p.partial = partial;
+    p.pos0 = pos0;
+    p.arrivals = arrivals;
+    const double ms = bench::time_calls(st, 40, [&](int i) {
+        cuda::SplitAttentionParams pl = p;
+        pl.heads = tables + (i % layers) * kHeadsKv;
+        cuda::attention_split(pl, st);
+    });
+    std::vector<float> o(size_t(kHeads * kHeadDim));
+    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+    for (float x : o) {
+        if (!std::isfinite(x)) {
+            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
+                         (long long)ctx);
+            std::exit(1);
+        }
+    }
+    for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
+                      static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
+        VXQ_CUDA_CHECK(cudaFree(ptr));
+    }
+    return Row{kv, ctx, layers, p.splits, layer_bytes, ms * 1e3};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    using namespace vxq;
+    try {
+        std::vector<int64_t> contexts;
+        for (int i = 1; i < argc; ++i) contexts.push_back(std::atoll(argv[i]));
+        if (contexts.empty()) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
+        cudaDeviceProp prop{};
+        VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        cudaStream_t st;
+        VXQ_CUDA_CHECK(cudaStreamCreate(&st));
+        const double copy_gbs = bench::copy_bandwidth_gbs(st);
+        std::printf("device: %s, %d SMs, L2 %d MB; d2d copy %.0f GB/s (read + write)\n", prop.name,
+                    prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+        std::printf("\n| kv | context | layers rotated | splits | MB/call | us/call | GB/s | of copy |\n");
+        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        std::vector<Row> rows;
+        for (const char* kv : {"f16", "q8_0", "q4_0"}) {
+            for (int64_t ctx : contexts) {
+                const Row r = run_case(kv, ctx, st);
+                const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
+                std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(), (long long)r.ctx,
+                            (long long)r.layers, (long long)r.splits, double(r.bytes) / 1e6, r.us, gbs,
+                            100.0 * gbs / copy_gbs);
+                std::fflush(stdout);
+                rows.push_back(r);
+            }
+        }
+        for (const Row& r : rows) {
+            std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"us\": %.2f, \"bytes\": %zu, "
+                        "\"copy_gbs\": %.0f}\n",
+                        r.kv.c_str(), (long long)r.ctx, r.us, r.bytes, copy_gbs);
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "vxq_gpu_attention: %s\n", e.what());
+        return 1;
+    }
+}

@@ -1,0 +1,150 @@
+// The KV formats the CUDA backend stores and reads in place: their bytes per token, the device
+// encoder of a row (bit-exact with the CPU codec, kv/formats/baseline.h) and the attention's
+// readers of a token held in shared memory. A token's bytes are those of the CPU codec, so the
+// host's bookkeeping (kv/kv_cache.h) and `KvCache::dequantize` read device pages unchanged.
+//
+//   f16   head_dim fp16, round to nearest even
+//   q8_0  head_dim/32 blocks {fp16 d; int8 qs[32]}: ggml's AVX2 quantize_row_q8_0, as the CPU's
+//         codec (d = fp16(amax / 127), q = x * (127 / amax) rounded to nearest even, NaN or
+//         |x * id| >= 2^31 -> -128, saturated to int8)
+//   q4_0  head_dim/32 blocks {fp16 d; uint8 qs[16]}: ggml's quantize_row_q4_0_ref (m = the first
+//         value of largest magnitude, d = m / -8, q = min(15, int8(trunc(x / d + 8.5)))), value j
+//         in the low nibble of qs[j], value j + 16 in its high nibble
+//
+// q8_0 / q4_0 keys are scored as the CPU does (kernels/cpu/kv_read_baseline.cpp): the query is
+// quantized to q8_0 once per step, each 32-block's integer dot is exact (dp4a) and scaled by
+// d_k * d_q; only the f32 summation order differs. Values are dequantized as decode() does,
+// float(q) * d, and weighted in f32.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/q8_act.cuh"
+
+namespace vxq::cuda {
+
+enum class KvCode : uint8_t { F16, Q8_0, Q4_0 };
+struct KvCodes {  // a layer's key and value formats
+    KvCode k, v;
+};
+
+constexpr int kKvQ8BlockBytes = 34, kKvQ4BlockBytes = 18;
+
+__host__ __device__ constexpr int64_t kv_token_bytes(KvCode c, int64_t head_dim) {
+    return c == KvCode::F16 ? 2 * head_dim
+                            : head_dim / kQBlock * (c == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
+}
+// Whether a format stores rows of this length (the block formats need whole 32-blocks).
+constexpr bool kv_code_fits(KvCode c, int64_t head_dim) { return c == KvCode::F16 || head_dim % kQBlock == 0; }
+
+#ifdef __CUDACC__
+__device__ __forceinline__ uint16_t kv_half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ float kv_half_at(const uint8_t* p) {  // 2-byte aligned
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+
+// x86's float -> int32 conversion then int8 saturation (kvfmt::q8_from_scaled).
+__device__ __forceinline__ int kv_q8_from_scaled(float v) {
+    if (!(fabsf(v) < 2147483648.0f)) return -128;
+    return int(fminf(fmaxf(rintf(v), -128.0f), 127.0f));
+}
+// cvttss2si (INT32_MIN when out of range) keeping the low byte as int8 (ggml's q4_0 reference as GCC builds it).
+__device__ __forceinline__ int kv_int8_trunc_x86(float v) {
+    const int i = fabsf(v) < 2147483648.0f ? int(v) : INT32_MIN;
+    return int(int8_t(uint8_t(unsigned(i) & 0xffu)));
+}
+
+// One 32-block of a row, value v of lane `lane` (all 32 lanes of the warp call), into blk.
+__device__ __forceinline__ void kv_encode_q8_0(float v, uint8_t* blk, int lane) {
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+    blk[2 + lane] = uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(v, id))));
+    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(__fdiv_rn(amax, 127.0f));
+}
+__device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) {
+    // The first lane of largest |v| (NaN never wins; all zero: m = +0 as the reference's start).
+    float best = fabsf(v);
+    if (!(best > 0.0f)) best = -1.0f;
+    int at = lane;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+        if (ob > best || (ob == best && oa < at)) {
+            best = ob;
+            at = oa;
+        }
+    }
+    const float vm = __shfl_sync(0xffffffffu, v, at);
+    const float m = best > 0.0f ? vm : 0.0f;
+    const float d = __fdiv_rn(m, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const int q = min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f)));
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16) blk[2 + lane] = uint8_t((q & 0x0f) | ((hi & 0x0f) << 4));
+    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(d);
+}
+
+// Row x[0, hd) into one token's bytes at dst, by all `nthreads` threads of a block (a multiple of
+// 32; every thread calls). f16: any hd; q8_0 / q4_0: hd % 32 == 0, a warp per 32-block.
+__device__ __forceinline__ void kv_store_row(KvCode c, const float* x, uint8_t* dst, int hd, int tid, int nthreads) {
+    if (c == KvCode::F16) {
+        for (int d = tid; d < hd; d += nthreads) reinterpret_cast<uint16_t*>(dst)[d] = kv_half_bits(x[d]);
+        return;
+    }
+    const int lane = tid & 31;
+    for (int b = tid >> 5; b < hd / kQBlock; b += nthreads >> 5) {
+        const float v = x[b * kQBlock + lane];
+        if (c == KvCode::Q8_0) {
+            kv_encode_q8_0(v, dst + b * kKvQ8BlockBytes, lane);
+        } else {
+            kv_encode_q4_0(v, dst + b * kKvQ4BlockBytes, lane);
+        }
+    }
+}
+
+// ---- readers of a token in shared memory (tok: its first byte, 2-byte aligned) ----------------
+
+// Value d of a token, as the CPU's decode() gives it.
+template <KvCode C>
+__device__ __forceinline__ float kv_value(const uint8_t* tok, int d) {
+    if constexpr (C == KvCode::F16) {
+        return kv_half_at(tok + 2 * d);
+    } else if constexpr (C == KvCode::Q8_0) {
+        const uint8_t* blk = tok + (d / kQBlock) * kKvQ8BlockBytes;
+        return float(int8_t(blk[2 + d % kQBlock])) * kv_half_at(blk);
+    } else {
+        const uint8_t* blk = tok + (d / kQBlock) * kKvQ4BlockBytes;
+        const int j = d % kQBlock;
+        const int byte = blk[2 + (j & 15)];
+        return float((j < 16 ? byte & 15 : byte >> 4) - 8) * kv_half_at(blk);
+    }
+}
+
+// Four consecutive codes of a q8_0 / q4_0 key, values 4u .. 4u + 3 of the token, as signed bytes
+// of one word (q4_0: nibble - 8), and the scale of their block.
+template <KvCode C>
+__device__ __forceinline__ int kv_key_codes4(const uint8_t* tok, int u, float& d) {
+    const int b = u / 8, o = (u % 8) * 4;  // block, first value in it
+    if constexpr (C == KvCode::Q8_0) {
+        const uint8_t* blk = tok + b * kKvQ8BlockBytes;
+        d = kv_half_at(blk);
+        const auto* w = reinterpret_cast<const uint16_t*>(blk + 2 + o);  // 2-byte aligned
+        return int(unsigned(w[0]) | (unsigned(w[1]) << 16));
+    } else {
+        const uint8_t* blk = tok + b * kKvQ4BlockBytes;
+        d = kv_half_at(blk);
+        const auto* w = reinterpret_cast<const uint16_t*>(blk + 2 + (o & 15));
+        const unsigned bytes = unsigned(w[0]) | (unsigned(w[1]) << 16);
+        const unsigned nib = o < 16 ? bytes & 0x0f0f0f0fu : (bytes >> 4) & 0x0f0f0f0fu;
+        return int(__vsub4(nib, 0x08080808u));  // per byte nib - 8, as int8
+    }
+}
+#endif
+
+}  // namespace vxq::cuda
