@@ -6,8 +6,10 @@
 // device-to-device copy measured in the same run. Layers are rotated so the bytes read between
 // two reads of the same layer are >= kMinWorkingSet (8x the H200's L2): HBM, not cache.
 //
-//   vxq_gpu_attention [CONTEXTS...]   (default 1024 4096 16384 32768 65536 131072)
-// prints a markdown table and, last, one JSON line per case (for plots and docs).
+//   vxq_gpu_attention [--splits N,N,...] [CONTEXTS...]   (default 1024 4096 16384 32768 65536 131072)
+// prints a markdown table and, last, one JSON line per case (for plots and docs). --splits times the
+// kernel with those split counts too (the backend's choice, attention_splits, is marked "*").
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -45,7 +47,7 @@ int64_t token_bytes(const std::string& kv) {
     return vxq::cuda::kv_token_bytes(c, kHeadDim);
 }
 
-Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
+std::vector<Row> run_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& split_counts, cudaStream_t st) {
     using namespace vxq;
     const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * token_bytes(kv));
     const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes,
@@ -79,7 +81,8 @@ Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
     p.n_head = kHeads;
     p.n_head_kv = kHeadsKv;
     p.head_dim = kHeadDim;
-    p.splits = cuda::attention_splits(1, kHeadsKv);
+    int64_t most = 0;
+    for (int64_t s : split_counts) most = std::max(most, s);
     p.scale = 1.0f / std::sqrt(float(kHeadDim));
     const KvHeadView& h0 = cache->view(0).heads[0];
     p.k_code = h0.k.fmt.kind == KvFormatKind::F16 ? cuda::KvCode::F16
@@ -91,7 +94,7 @@ Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
     cuda::KvHeadDev* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
-    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::attention_split_scratch_floats(1, kHeads, kHeadDim, p.splits) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::attention_split_scratch_floats(1, kHeads, kHeadDim, most) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&pos0, sizeof(int64_t)));
     VXQ_CUDA_CHECK(cudaMalloc(&arrivals, size_t(kHeadsKv) * sizeof(unsigned)));
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
@@ -114,25 +117,30 @@ Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
     p.partial = partial;
     p.pos0 = pos0;
     p.arrivals = arrivals;
-    const double ms = bench::time_calls(st, 40, [&](int i) {
-        cuda::SplitAttentionParams pl = p;
-        pl.heads = tables + (i % layers) * kHeadsKv;
-        cuda::attention_split(pl, st);
-    });
-    std::vector<float> o(size_t(kHeads * kHeadDim));
-    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
-    for (float x : o) {
-        if (!std::isfinite(x)) {
-            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
-                         (long long)ctx);
-            std::exit(1);
+    std::vector<Row> rows;
+    for (int64_t splits : split_counts) {
+        p.splits = splits;
+        const double ms = bench::time_calls(st, 40, [&](int i) {
+            cuda::SplitAttentionParams pl = p;
+            pl.heads = tables + (i % layers) * kHeadsKv;
+            cuda::attention_split(pl, st);
+        });
+        std::vector<float> o(size_t(kHeads * kHeadDim));
+        VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+        for (float x : o) {
+            if (!std::isfinite(x)) {
+                std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
+                             (long long)ctx);
+                std::exit(1);
+            }
         }
+        rows.push_back(Row{kv, ctx, layers, splits, layer_bytes, ms * 1e3});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
                       static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
     }
-    return Row{kv, ctx, layers, p.splits, layer_bytes, ms * 1e3};
+    return rows;
 }
 
 }  // namespace
@@ -140,8 +148,25 @@ Row run_case(const std::string& kv, int64_t ctx, cudaStream_t st) {
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts;
-        for (int i = 1; i < argc; ++i) contexts.push_back(std::atoll(argv[i]));
+        std::vector<int64_t> contexts, split_counts;
+        for (int i = 1; i < argc; ++i) {
+            if (std::string(argv[i]) == "--splits" && i + 1 < argc) {
+                for (const char* c = argv[++i]; *c;) {
+                    split_counts.push_back(std::strtoll(c, const_cast<char**>(&c), 10));
+                    if (*c == ',') ++c;
+                }
+            } else {
+                contexts.push_back(std::atoll(argv[i]));
+            }
+        }
+        const int64_t chosen = cuda::attention_splits(1, kHeadsKv);
+        if (std::find(split_counts.begin(), split_counts.end(), chosen) == split_counts.end()) split_counts.push_back(chosen);
+        for (int64_t s : split_counts) {
+            if (s < 1 || s > cuda::kAttnSplitMaxSplits) {
+                std::fprintf(stderr, "vxq_gpu_attention: --splits takes 1..%d\n", cuda::kAttnSplitMaxSplits);
+                return 1;
+            }
+        }
         if (contexts.empty()) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -155,19 +180,20 @@ int main(int argc, char** argv) {
         std::vector<Row> rows;
         for (const char* kv : {"f16", "q8_0", "q4_0"}) {
             for (int64_t ctx : contexts) {
-                const Row r = run_case(kv, ctx, st);
-                const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
-                std::printf("| %s | %lld | %lld | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(), (long long)r.ctx,
-                            (long long)r.layers, (long long)r.splits, double(r.bytes) / 1e6, r.us, gbs,
-                            100.0 * gbs / copy_gbs);
-                std::fflush(stdout);
-                rows.push_back(r);
+                for (const Row& r : run_case(kv, ctx, split_counts, st)) {
+                    const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
+                    std::printf("| %s | %lld | %lld | %lld%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
+                                (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.splits == chosen ? "*" : "",
+                                double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs);
+                    std::fflush(stdout);
+                    rows.push_back(r);
+                }
             }
         }
         for (const Row& r : rows) {
-            std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"us\": %.2f, \"bytes\": %zu, "
-                        "\"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, r.us, r.bytes, copy_gbs);
+            std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
+                        "\"us\": %.2f, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.us, r.bytes, copy_gbs);
         }
         return 0;
     } catch (const std::exception& e) {

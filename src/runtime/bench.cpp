@@ -18,6 +18,8 @@ namespace vxq {
 
 namespace {
 
+constexpr size_t kDepthBatch = 512;  // tokens per forward pass of a test's depth prefix (untimed)
+
 double loadavg() {
     std::ifstream in("/proc/loadavg");
     double v = -1;
@@ -123,7 +125,8 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         }
         std::vector<const KvCache*> all;
         for (const auto& c : caches) all.push_back(c.get());
-        check_fits(memory_need(*backend, models, all, std::max(max_depth, p.n_prompt), 1), backend->memory_info(), p.device);
+        check_fits(memory_need(*backend, models, all, std::max(std::min<int64_t>(max_depth, kDepthBatch), p.n_prompt), 1),
+                   backend->memory_info(), p.device);
     }
 
     // One prompt pool per model (configs of the same model share it, so each repetition hands
@@ -147,7 +150,11 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         logits.resize(size_t(m.config().n_vocab));
         cache.truncate(0);
         const auto depth = static_cast<size_t>(t.depth);
-        if (depth > 0) m.forward(*backend, cache, std::span(prompt).first(depth), false, logits.data());
+        // The depth prefix in batches of kDepthBatch tokens, as llama.cpp's ubatch: a device's
+        // prefill attention holds a score row per (query, token) of a batch.
+        for (size_t d0 = 0; d0 < depth; d0 += kDepthBatch) {
+            m.forward(*backend, cache, std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), false, logits.data());
+        }
         const auto body = std::span(prompt).subspan(depth);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.prefill) {

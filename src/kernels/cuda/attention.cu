@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
@@ -171,64 +172,120 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
     }
 }
 
-// Keys and values of tokens [c0, c0 + len) of a head into a stage of shared memory: whole 16-byte
-// pieces (c0 is a multiple of kAttnSplitMinTokens, so every format's tile starts aligned; the last
-// piece may run past the last token, never past its page).
-__device__ __forceinline__ void load_tile(uint8_t* stage, const KvHeadDev& head, int64_t c0, int len, int ktb, int vtb,
-                                          int k_tile_bytes) {
-    const uint8_t* ks = reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb;
-    const uint8_t* vs = reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb;
-    const int kb = (len * ktb + 15) & ~15, vb = (len * vtb + 15) & ~15;
-    for (int o = threadIdx.x * 16; o < kb; o += kSplitThreads * 16) cp_async16(stage + o, ks + o);
-    for (int o = threadIdx.x * 16; o < vb; o += kSplitThreads * 16) cp_async16(stage + k_tile_bytes + o, vs + o);
-    cp_async_commit();
+// ---- the tensor-core split kernel ----------------------------------------------------------------
+// A block's 16 rows are (query, query head) pairs: row r is query q0 + r / REP of its group and
+// head g * REP + r % REP; rows past the group's queries are zero. Each tile of kAttnSplitTile
+// tokens is two sets of warp-level MMAs (PTX mma.sync, fragments as the PTX ISA lays them out:
+// gid = lane / 4, tig = lane % 4):
+//   scores  warp w takes tokens 8w .. 8w + 7 of the tile: S[16 x 8] = Q[16 x hd] K^T.
+//           f16 keys: m16n8k16 on fp16 operands; q is split into hi = fp16(q) and lo =
+//           fp16((q - hi) * 2^11) and both are multiplied (keys are fp16 already, so every product
+//           is exact in f32): s = S_hi + S_lo / 2^11, q to 2^-22 (the prefill GEMM path's split).
+//           q8_0 / q4_0 keys: m16n8k32 on int8 per 32-block, q quantized to q8_0 (as the CPU),
+//           the exact int32 dot times d_k * d_q, summed over blocks in f32.
+//   values  warp w takes channel blocks of 32 (w, w + 4, ...): O[16 x 32] += P[16 x 32 tokens] V.
+//           P (f32 probabilities, fp32 softmax in shared memory) is split into hi / lo as q;
+//           f16 values are exact fp16 operands; q8_0 / q4_0 values are their integer codes (exact
+//           in fp16) and the block scale goes into P: sum_t (p_t d_t) q_t (the CPU: p_t (q_t d_t)).
+// Accumulation is f32 in the tensor cores; results match the CPU's f32 kernel to ~1e-6 relative.
+constexpr int kMmaRows = 16;
+constexpr int kStages = 3;  // tiles in flight: this one and the next two
+constexpr float kLoScale = 2048.0f, kLoInv = 1.0f / 2048.0f;
+
+__device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                        unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
+    return unsigned(__half_as_ushort(__float2half_rn(lo_index))) | (unsigned(__half_as_ushort(__float2half_rn(hi_index))) << 16);
+}
+// hi = fp16 pair of (x0, x1), lo = the scaled rest (attention.cuh's split).
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
+    lo = pack_half2((x0 - __half2float(h0)) * kLoScale, (x1 - __half2float(h1)) * kLoScale);
+}
+__device__ __forceinline__ unsigned u16_at(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ unsigned u32_at2(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }  // 2-byte aligned
+
+// Where a block's dynamic shared memory goes (byte offsets, each 16-byte aligned).
+struct MmaSmem {
+    int qs, qf, qcodes, qd, sc, tiles;
+    int k_row, v_row;           // bytes per token row of a tile (f16 rows padded by 16 against bank conflicts)
+    int k_tile, stage, total;
+};
+__host__ __device__ inline int pad_row(KvCode c, int hd) {
+    const int b = int(kv_token_bytes(c, hd));
+    return c == KvCode::F16 ? b + 16 : b;
+}
+__host__ __device__ inline int align16(int n) { return (n + 15) & ~15; }
+__host__ __device__ inline MmaSmem mma_smem(int hd, KvCode kc, KvCode vc) {
+    MmaSmem m{};
+    m.qs = 0;
+    m.qf = m.qs + kMmaRows * hd * 4;
+    const bool f16k = kc == KvCode::F16;
+    m.qcodes = m.qf + (f16k ? 2 * (hd / 16) * 32 * 16 : (hd / 32) * 32 * 16);
+    m.qd = m.qcodes + (f16k ? 0 : kMmaRows * hd);
+    m.sc = m.qd + align16(f16k ? 0 : kMmaRows * (hd / 32) * 4);
+    m.tiles = m.sc + kMmaRows * kAttnSplitTile * 4;
+    m.k_row = pad_row(kc, hd);
+    m.v_row = pad_row(vc, hd);
+    m.k_tile = align16(kAttnSplitTile * m.k_row);
+    m.stage = m.k_tile + align16(kAttnSplitTile * m.v_row);
+    m.total = m.tiles + kStages * m.stage;
+    return m;
 }
 
-// Scores of one key (in shared memory) against the REP query heads, summed over the warp's lanes.
-// f16: f32 q times the key's halves. q8_0 / q4_0: q quantized to q8_0 (qq, qd), an exact integer
-// dot per 4 codes (dp4a) times d_k * d_q, as the CPU's reader (kv_codes.cuh).
-template <int REP, KvCode KC>
-__device__ __forceinline__ void score_key(const uint8_t* key, int hd, int lane, const float (*qs)[kAttnSplitMaxHeadDim],
-                                          const int (*qq)[kAttnSplitMaxHeadDim / 4],
-                                          const float (*qd)[kAttnSplitMaxHeadDim / kQBlock], float* dot) {
-    if constexpr (KC == KvCode::F16) {
-        const __half2* kr = reinterpret_cast<const __half2*>(key);
-        for (int d2 = lane; d2 < hd / 2; d2 += 32) {
-            const float2 kv = __half22float2(kr[d2]);
-#pragma unroll
-            for (int r = 0; r < REP; ++r) dot[r] += qs[r][2 * d2] * kv.x + qs[r][2 * d2 + 1] * kv.y;
-        }
+// Tokens [c0, c0 + len) of one stream into a tile: f16 rows one by one into padded rows, the block
+// formats as one contiguous run of 16-byte pieces (c0 is a multiple of kAttnSplitMinTokens, so every
+// format's run starts aligned; its last piece may run past the last token, never past its page).
+__device__ __forceinline__ void load_stream(uint8_t* dst, const uint8_t* src, int len, int tb, int row) {
+    if (row == tb) {
+        const int bytes = align16(len * tb);
+        for (int o = threadIdx.x * 16; o < bytes; o += kSplitThreads * 16) cp_async16(dst + o, src + o);
     } else {
-        for (int u = lane; u < hd / 4; u += 32) {
-            float dk;
-            const int codes = kv_key_codes4<KC>(key, u, dk);
-#pragma unroll
-            for (int r = 0; r < REP; ++r) dot[r] += float(__dp4a(codes, qq[r][u], 0)) * (dk * qd[r][u / 8]);
+        const int per = tb / 16;
+        for (int e = threadIdx.x; e < len * per; e += kSplitThreads) {
+            const int t = e / per, o = (e - t * per) * 16;
+            cp_async16(dst + t * row + o, src + t * tb + o);
         }
     }
 }
 
-// Block (g, i, z): KV head g, query i, split z; REP query heads g * REP + r; keys in format KC,
-// values in VC. Dynamic shared memory: two stages of (key tile, value tile).
 template <int REP, KvCode KC, KvCode VC>
 __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const SplitAttentionParams p) {
-    extern __shared__ __align__(16) uint8_t tiles[];
-    __shared__ float qs[REP][kAttnSplitMaxHeadDim];
-    __shared__ __align__(16) int qq[KC == KvCode::F16 ? 1 : REP][kAttnSplitMaxHeadDim / 4];  // q as q8_0 codes
-    __shared__ float qd[KC == KvCode::F16 ? 1 : REP][kAttnSplitMaxHeadDim / kQBlock];         // and scales
+    extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float kn[kAttnSplitMaxHeadDim];  // with rope: the new key, rotated
-    __shared__ float sc[REP][kAttnSplitTile];
-    __shared__ float m_run[REP], l_run[REP], factor[REP];
+    __shared__ float m_run[kMmaRows], l_run[kMmaRows], factor[kMmaRows];
     __shared__ bool merger;
-    const int g = blockIdx.x, i = blockIdx.y, z = blockIdx.z;
+    constexpr int kQPB = kMmaRows / REP;  // queries per block
+    const int g = blockIdx.x, qg = blockIdx.y, z = blockIdx.z;
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
     const int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
-    const int k_tile_bytes = (kAttnSplitTile * ktb + 15) & ~15;
-    const int stage_bytes = k_tile_bytes + ((kAttnSplitTile * vtb + 15) & ~15);
+    const MmaSmem L = mma_smem(hd, KC, VC);
+    float* qsm = reinterpret_cast<float*>(smem + L.qs);
+    const auto qrow = [&](int r) { return qsm + r * hd; };
+    float(*sc)[kAttnSplitTile] = reinterpret_cast<float(*)[kAttnSplitTile]>(smem + L.sc);
+    const int q0 = qg * kQPB;
+    const int nq = min(kQPB, int(p.n_q) - q0);  // queries of this block
+    const int rows = nq * REP;
     // The step block and the pages of earlier steps were written before this step's first kernel.
     const KvHeadDev head = p.heads[g];
-    const int64_t seen = *p.pos0 + i + 1;
-    const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
+    const auto visible = [&](int i) {  // tokens query i sees
+        const int64_t seen = *p.pos0 + i + 1;
+        return seen < 0 ? int64_t(0) : (seen < head.n_tokens ? seen : head.n_tokens);
+    };
+    const int64_t n_vis = visible(q0 + nq - 1);  // the group's last query sees the most
     // Stretches of whole granules of kAttnSplitMinTokens: a short context leaves the last splits
     // empty (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
     const int64_t want = (n_vis + p.splits - 1) / p.splits;
@@ -244,16 +301,19 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         for (int64_t l = tid; l < (len * vtb + 127) / 128; l += kSplitThreads) prefetch_l2(vp + 128 * l);
     }
     pdl_wait();
-    pdl_launch_dependents();
-    for (int e = tid; e < REP * hd; e += kSplitThreads) {
-        const int r = e / hd, d = e - r * hd;
-        qs[r][d] = p.q[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d];
+    const int n_tiles = int((t_end - t_begin + kAttnSplitTile - 1) / kAttnSplitTile);
+    const bool rope = p.rope.q != nullptr;
+    // A split without tokens needs q only for the RoPE it takes part in (the merger writes q back).
+    if (n_tiles > 0 || rope) {
+        for (int e = tid; e < kMmaRows * hd; e += kSplitThreads) {
+            const int r = e / hd, d = e - r * hd;
+            qrow(r)[d] = r < rows ? p.q[(int64_t(q0 + r / REP) * p.n_head + int64_t(g) * REP + r % REP) * hd + d] : 0.0f;
+        }
     }
-    if (tid < REP) {
+    if (tid < kMmaRows) {
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
-    const bool rope = p.rope.q != nullptr;
     if (rope) {  // n_q == 1: RoPE of q and k, the new token's store (attention.cuh)
         const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
         const int half = int(p.rope.n_rot / 2);
@@ -263,7 +323,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
         }
         __syncthreads();
-        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qs[e / half], e % half, pos, p.rope);
+        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qrow(e / half), e % half, pos, p.rope);
         if (owner) {
             for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
         }
@@ -278,113 +338,254 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         }
     }
     __syncthreads();  // q (and the new token's page writes) visible to the whole block
-    if constexpr (KC != KvCode::F16) {  // q as q8_0, once per block (the CPU reader's prepare_query)
-        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
+    // q as the score MMAs' A fragments, once per block (q8_0 / q4_0 keys: quantized first, the
+    // CPU reader's prepare_query).
+    uint4* qf = reinterpret_cast<uint4*>(smem + L.qf);
+    float* qd = reinterpret_cast<float*>(smem + L.qd);
+    if (n_tiles == 0) {
+    } else if constexpr (KC == KvCode::F16) {
+        for (int e = tid; e < (hd / 16) * 32; e += kSplitThreads) {
+            const int ks = e / 32, ln = e % 32, r = ln >> 2, c = ks * 16 + (ln & 3) * 2;
+            uint4 hi, lo;
+            split_pair(qrow(r)[c], qrow(r)[c + 1], hi.x, lo.x);
+            split_pair(qrow(r + 8)[c], qrow(r + 8)[c + 1], hi.y, lo.y);
+            split_pair(qrow(r)[c + 8], qrow(r)[c + 9], hi.z, lo.z);
+            split_pair(qrow(r + 8)[c + 8], qrow(r + 8)[c + 9], hi.w, lo.w);
+            qf[2 * e] = hi;
+            qf[2 * e + 1] = lo;
+        }
+    } else {
+        int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
+        for (int b = warp; b < rows * (hd / kQBlock); b += kSplitWarps) {  // the real rows
             const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
-            const Q8Lane ql = quantize_q8_0_lane(qs[r][bb * kQBlock + lane]);
-            reinterpret_cast<int8_t*>(qq[r])[bb * kQBlock + lane] = int8_t(ql.q);
-            if (lane == 0) qd[r][bb] = ql.d;
+            const Q8Lane ql = quantize_q8_0_lane(qrow(r)[bb * kQBlock + lane]);
+            qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
+            if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
         }
+        for (int e = rows * hd + tid; e < kMmaRows * hd; e += kSplitThreads) qc[e] = 0;  // padding rows
+        for (int e = rows * (hd / kQBlock) + tid; e < kMmaRows * (hd / kQBlock); e += kSplitThreads) qd[e] = 0.0f;
         __syncthreads();
-    }
-    float o[REP][kAttnSplitMaxHeadDim / kSplitThreads];
-#pragma unroll
-    for (int r = 0; r < REP; ++r) {
-#pragma unroll
-        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) o[r][j] = 0.0f;
-    }
-    const int n_tiles = int((t_end - t_begin + kAttnSplitTile - 1) / kAttnSplitTile);
-    if (n_tiles > 0) load_tile(tiles, head, t_begin, int(min(int64_t(kAttnSplitTile), t_end - t_begin)), ktb, vtb, k_tile_bytes);
-    for (int it = 0; it < n_tiles; ++it) {
-        const int64_t c0 = t_begin + int64_t(it) * kAttnSplitTile;
-        const int len = int(min(int64_t(kAttnSplitTile), t_end - c0));
-        if (it + 1 < n_tiles) {  // the next tile in flight while this one is computed
-            const int64_t c1 = c0 + kAttnSplitTile;
-            load_tile(tiles + ((it + 1) & 1) * stage_bytes, head, c1, int(min(int64_t(kAttnSplitTile), t_end - c1)), ktb,
-                      vtb, k_tile_bytes);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
+        for (int e = tid; e < (hd / kQBlock) * 32; e += kSplitThreads) {
+            const int b = e / 32, ln = e % 32, r = ln >> 2, c = b * kQBlock + (ln & 3) * 4;
+            const auto word = [&](int row, int col) { return *reinterpret_cast<const unsigned*>(qc + row * hd + col); };
+            qf[e] = uint4{word(r, c), word(r + 8, c), word(r, c + 16), word(r + 8, c + 16)};
         }
+    }
+    // O accumulators: warp w holds rows x 32 channels of blocks w, w + 4, ...; hi and lo parts.
+    constexpr int kChunks = kAttnSplitMaxHeadDim / 32 / kSplitWarps;
+    float acc[kChunks][4][4], acc_lo[kChunks][4][4];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+#pragma unroll
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) acc[c][n][j] = acc_lo[c][n][j] = 0.0f;
+    // Tokens each of this thread's two C rows sees, relative to t_begin (padding rows: none).
+    const auto row_vis = [&](int r) { return r < rows ? visible(q0 + r / REP) - t_begin : int64_t(0); };
+    const int64_t vis_a = row_vis(gid), vis_b = row_vis(gid + 8);
+    // Tile it goes to stage it % kStages; kStages - 1 tiles ahead are in flight (a group is
+    // committed for every tile, empty past the last, so cp_async_wait counts the same).
+    const auto issue = [&](int it) {
+        if (it < n_tiles) {
+            const int64_t c0 = t_begin + int64_t(it) * kAttnSplitTile;
+            const int len = int(min(int64_t(kAttnSplitTile), t_end - c0));
+            uint8_t* stage = smem + L.tiles + (it % kStages) * L.stage;
+            load_stream(stage, reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb, len, ktb, L.k_row);
+            load_stream(stage + L.k_tile, reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb, len, vtb, L.v_row);
+        }
+        cp_async_commit();
+    };
+    if (n_tiles > 0) {
+        for (int it = 0; it < kStages - 1; ++it) issue(it);
+    }
+    __syncthreads();  // the q fragments
+    for (int it = 0; it < n_tiles; ++it) {
+        const int tile0 = it * kAttnSplitTile;  // relative to t_begin
+        const int len = int(min(int64_t(kAttnSplitTile), t_end - t_begin - tile0));
+        issue(it + kStages - 1);  // into the stage tile it - 1 used (the barrier at the loop's end freed it)
+        cp_async_wait<kStages - 1>();
         __syncthreads();  // every thread's pieces of this tile have landed
-        const uint8_t* kt = tiles + (it & 1) * stage_bytes;
-        const uint8_t* vt = kt + k_tile_bytes;
-        // Scores: a warp per token, lanes over head_dim, every query head.
-        for (int tt = warp; tt < len; tt += kSplitWarps) {
-            float dot[REP];
+        const uint8_t* kt = smem + L.tiles + (it % kStages) * L.stage;
+        const uint8_t* vt = kt + L.k_tile;
+        if (len < kAttnSplitTile) {  // the values past len are multiplied by p = 0: make them 0, not stale bytes (NaN)
+            uint8_t* tail = smem + L.tiles + (it % kStages) * L.stage + L.k_tile;
+            for (int o = len * L.v_row + tid * 2; o < kAttnSplitTile * L.v_row; o += kSplitThreads * 2) {
+                *reinterpret_cast<uint16_t*>(tail + o) = 0;  // rows are an even number of bytes
+            }
+            __syncthreads();
+        }
+        // Scores of tokens 8w .. 8w + 7 (a token past len reads stale bytes and is masked below).
+        {
+            const int tok = warp * 8 + gid;  // this lane's B column (token) in the tile
+            const uint8_t* krow = kt + tok * L.k_row;
+            float s[4];
+            if constexpr (KC == KvCode::F16) {
+                float hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+                for (int ks = 0; ks < hd / 16; ++ks) {
+                    const uint4 ah = qf[2 * (ks * 32 + lane)], al = qf[2 * (ks * 32 + lane) + 1];
+                    const unsigned b0 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + tig * 2) * 2);
+                    const unsigned b1 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + 8 + tig * 2) * 2);
+                    mma_f16(hi, ah.x, ah.y, ah.z, ah.w, b0, b1);
+                    mma_f16(lo, al.x, al.y, al.z, al.w, b0, b1);
+                }
 #pragma unroll
-            for (int r = 0; r < REP; ++r) dot[r] = 0.0f;
-            score_key<REP, KC>(kt + tt * ktb, hd, lane, qs, qq, qd, dot);
+                for (int j = 0; j < 4; ++j) s[j] = hi[j] + lo[j] * kLoInv;
+            } else {
+                constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+                s[0] = s[1] = s[2] = s[3] = 0.0f;
+                const int t0 = warp * 8 + tig * 2;  // the C columns (tokens) of this lane
+                for (int b = 0; b < hd / kQBlock; ++b) {
+                    const uint8_t* blk = krow + b * kBlockBytes;
+                    unsigned b0, b1;
+                    if constexpr (KC == KvCode::Q8_0) {
+                        b0 = u32_at2(blk + 2 + tig * 4);
+                        b1 = u32_at2(blk + 2 + 16 + tig * 4);
+                    } else {
+                        const unsigned w = u32_at2(blk + 2 + tig * 4);
+                        b0 = __vsub4(w & 0x0f0f0f0fu, 0x08080808u);
+                        b1 = __vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+                    }
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8(c, qf[b * 32 + lane], b0, b1);
+                    const float dk0 = kv_half_at(kt + t0 * L.k_row + b * kBlockBytes);
+                    const float dk1 = kv_half_at(kt + (t0 + 1) * L.k_row + b * kBlockBytes);
+                    const float dqa = qd[gid * (hd / kQBlock) + b], dqb = qd[(gid + 8) * (hd / kQBlock) + b];
+                    s[0] += float(c[0]) * (dk0 * dqa);
+                    s[1] += float(c[1]) * (dk1 * dqa);
+                    s[2] += float(c[2]) * (dk0 * dqb);
+                    s[3] += float(c[3]) * (dk1 * dqb);
+                }
+            }
+            const int t0 = warp * 8 + tig * 2;
 #pragma unroll
-            for (int r = 0; r < REP; ++r) {
-                const float s = warp_add(dot[r]);
-                if (lane == 0) sc[r][tt] = s * p.scale;
+            for (int j = 0; j < 4; ++j) {
+                const int t = tile0 + t0 + (j & 1);
+                const bool seen = t < (j < 2 ? vis_a : vis_b) && t0 + (j & 1) < len;
+                sc[gid + (j < 2 ? 0 : 8)][t0 + (j & 1)] = seen ? s[j] * p.scale : -INFINITY;
             }
         }
         __syncthreads();
-        // Online softmax per query head: a warp per head.
-        for (int r = warp; r < REP; r += kSplitWarps) {
-            const float x = lane < len ? sc[r][lane] : -INFINITY;  // kAttnSplitTile == 32: a lane per token
+        // Online softmax per real row: a warp per row, a lane per token (padding rows' P stays
+        // -inf: an MMA row only feeds its own output row, which is not written).
+        for (int r = warp; r < rows; r += kSplitWarps) {
+            const float x = sc[r][lane];
             const float m_new = fmaxf(m_run[r], warp_max(x));
-            const float e = lane < len ? expf(x - m_new) : 0.0f;
-            if (lane < len) sc[r][lane] = e;
+            const float e = m_new == -INFINITY ? 0.0f : expf(x - m_new);
+            sc[r][lane] = e;
             const float sum = warp_add(e);
             if (lane == 0) {
-                const float f = expf(m_run[r] - m_new);  // 0 while m_run is -inf
+                const float f = m_new == -INFINITY ? 0.0f : expf(m_run[r] - m_new);  // 0 while m_run is -inf
                 factor[r] = f;
                 l_run[r] = l_run[r] * f + sum;
                 m_run[r] = m_new;
             }
         }
         __syncthreads();
-        // V: thread d (and d + 128) for every query head, each value read once.
+        // O += P V over the tile's 32 tokens (two k16 steps), channel blocks w, w + 4, ...
+        const float fa = factor[gid], fb = factor[gid + 8];
 #pragma unroll
-        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) {
-            const int d = tid + j * kSplitThreads;
-            if (d >= hd) break;
-            float acc[REP];
+        for (int ch = 0; ch < kChunks; ++ch) {
+            const int cb = warp + ch * kSplitWarps;  // channel block
+            if (cb >= hd / 32) break;
 #pragma unroll
-            for (int r = 0; r < REP; ++r) acc[r] = o[r][j] * factor[r];
-            for (int tt = 0; tt < len; ++tt) {
-                const float v = kv_value<VC>(vt + tt * vtb, d);
-#pragma unroll
-                for (int r = 0; r < REP; ++r) acc[r] += sc[r][tt] * v;
+            for (int n = 0; n < 4; ++n) {
+                acc[ch][n][0] *= fa;
+                acc[ch][n][1] *= fa;
+                acc[ch][n][2] *= fb;
+                acc[ch][n][3] *= fb;
+                acc_lo[ch][n][0] *= fa;
+                acc_lo[ch][n][1] *= fa;
+                acc_lo[ch][n][2] *= fb;
+                acc_lo[ch][n][3] *= fb;
             }
 #pragma unroll
-            for (int r = 0; r < REP; ++r) o[r][j] = acc[r];
+            for (int ks = 0; ks < 2; ++ks) {
+                const int ta = ks * 16 + tig * 2, tb = ta + 8;  // the A columns (tokens) of this lane
+                float pa0 = sc[gid][ta], pa1 = sc[gid][ta + 1], pb0 = sc[gid + 8][ta], pb1 = sc[gid + 8][ta + 1];
+                float pc0 = sc[gid][tb], pc1 = sc[gid][tb + 1], pd0 = sc[gid + 8][tb], pd1 = sc[gid + 8][tb + 1];
+                if constexpr (VC != KvCode::F16) {  // the block scale of each token goes into P
+                    constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+                    const float d0 = kv_half_at(vt + ta * L.v_row + cb * kBlockBytes);
+                    const float d1 = kv_half_at(vt + (ta + 1) * L.v_row + cb * kBlockBytes);
+                    const float d2 = kv_half_at(vt + tb * L.v_row + cb * kBlockBytes);
+                    const float d3 = kv_half_at(vt + (tb + 1) * L.v_row + cb * kBlockBytes);
+                    pa0 *= d0; pb0 *= d0; pa1 *= d1; pb1 *= d1;
+                    pc0 *= d2; pd0 *= d2; pc1 *= d3; pd1 *= d3;
+                }
+                unsigned h0, h1, h2, h3, l0, l1, l2, l3;
+                split_pair(pa0, pa1, h0, l0);
+                split_pair(pb0, pb1, h1, l1);
+                split_pair(pc0, pc1, h2, l2);
+                split_pair(pd0, pd1, h3, l3);
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    const int col = cb * 32 + n * 8 + gid;  // this lane's B column (channel)
+                    unsigned b0, b1;
+                    if constexpr (VC == KvCode::F16) {
+                        const auto v = [&](int t) { return u16_at(vt + t * L.v_row + col * 2); };
+                        b0 = v(ta) | (v(ta + 1) << 16);
+                        b1 = v(tb) | (v(tb + 1) << 16);
+                    } else {
+                        constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+                        const int j = n * 8 + gid;
+                        const auto v = [&](int t) { return float(kv_code_at(vt + t * L.v_row + cb * kBlockBytes, j, VC)); };
+                        b0 = pack_half2(v(ta), v(ta + 1));
+                        b1 = pack_half2(v(tb), v(tb + 1));
+                    }
+                    mma_f16(acc[ch][n], h0, h1, h2, h3, b0, b1);
+                    mma_f16(acc_lo[ch][n], l0, l1, l2, l3, b0, b1);
+                }
+            }
         }
         __syncthreads();  // sc and this stage are rewritten next
     }
+    cp_async_wait<0>();  // (only empty groups can be left)
+    // The next kernel may start launching now (PDL): its blocks wait at its pdl_wait() holding
+    // shared memory and registers, which the main loop above needs more.
+    pdl_launch_dependents();
+    // The partial of each real row: o (hi + lo / 2^11), then max and sum.
     const int64_t stride = hd + 2;
+    const auto part_row = [&](int r) {
+        return p.partial + ((int64_t(q0 + r / REP) * p.n_head + int64_t(g) * REP + r % REP) * p.splits + z) * stride;
+    };
+    if (z < active) {  // a split without tokens is not read by the merge
 #pragma unroll
-    for (int r = 0; r < REP; ++r) {
-        if (z >= active) break;  // no tokens: the merge does not read this split
-        float* part = p.partial + ((int64_t(i) * p.n_head + int64_t(g) * REP + r) * p.splits + z) * stride;
+        for (int ch = 0; ch < kChunks; ++ch) {
+            const int cb = warp + ch * kSplitWarps;
+            if (cb >= hd / 32) break;
 #pragma unroll
-        for (int j = 0; j < kAttnSplitMaxHeadDim / kSplitThreads; ++j) {
-            const int d = tid + j * kSplitThreads;
-            if (d < hd) part[d] = o[r][j];
+            for (int n = 0; n < 4; ++n) {
+                const int col = cb * 32 + n * 8 + tig * 2;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int r = gid + (j < 2 ? 0 : 8);
+                    if (r < rows) part_row(r)[col + (j & 1)] = acc[ch][n][j] + acc_lo[ch][n][j] * kLoInv;
+                }
+            }
         }
-        if (tid == 0) {
-            part[hd] = m_run[r];
-            part[hd + 1] = l_run[r];
+        if (tid < rows) {
+            part_row(tid)[hd] = m_run[tid];
+            part_row(tid)[hd + 1] = l_run[tid];
         }
     }
-    // The last block of (g, i) to get here merges: each block's partial is published (fence)
+    // The last block of (group, g) to get here merges: each block's partial is published (fence)
     // before its arrival is counted, and the merger fences again before reading them.
     __threadfence();
     __syncthreads();
-    unsigned* arrivals = p.arrivals + int64_t(i) * p.n_head_kv + g;
+    unsigned* arrivals = p.arrivals + int64_t(qg) * p.n_head_kv + g;
     if (tid == 0) merger = atomicAdd(arrivals, 1u) == unsigned(p.splits - 1);
     __syncthreads();
     if (!merger) return;
     __threadfence();
     if (rope) {  // every block of the group has read q: the rotated rows go back (as rope_store leaves them)
-        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qs[e / hd][e % hd];
-        __syncthreads();  // qs is merge_splits' `keep` below
+        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qrow(e / hd)[e % hd];
+        __syncthreads();  // q's rows are merge_splits' `keep` below
     }
-    float* keep = p.out_q8.qs ? &qs[0][0] : nullptr;  // REP * hd <= REP * kAttnSplitMaxHeadDim floats
-    merge_splits<REP>(p, g, i, active, keep);
+    float* keep = p.out_q8.qs ? qrow(0) : nullptr;  // REP * hd floats (one query)
+    for (int i = q0; i < q0 + nq; ++i) {
+        merge_splits<REP>(p, g, i, active, keep);
+        __syncthreads();  // merge_splits' weights are rewritten by the next query's merge
+    }
     if (keep) {  // one query: the group's rows of out, contiguous, whole 32-element blocks
         __syncthreads();
         const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
@@ -489,12 +690,17 @@ void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
 bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code) {
     if (n_head_kv <= 0 || n_head % n_head_kv != 0) return false;
     const int64_t rep = n_head / n_head_kv;
-    return (rep == 1 || rep == 2 || rep == 3 || rep == 4 || rep == 8) && head_dim % 2 == 0 &&
+    return (rep == 1 || rep == 2 || rep == 3 || rep == 4 || rep == 8) && head_dim % 32 == 0 &&
            head_dim <= kAttnSplitMaxHeadDim && kv_code_fits(k_code, head_dim) && kv_code_fits(v_code, head_dim);
 }
 
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
-    const int64_t want = (int64_t(kAttnSplitBlocksPerSm) * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
+    static const int64_t per_sm = [] {  // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides the default (benchmarks)
+        const char* e = std::getenv("VXQ_CUDA_ATTN_BLOCKS_PER_SM");
+        const long v = e ? std::strtol(e, nullptr, 10) : 0;
+        return v >= 1 && v <= 64 ? int64_t(v) : int64_t(kAttnSplitBlocksPerSm);
+    }();
+    const int64_t want = (per_sm * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
     return s;
@@ -506,38 +712,39 @@ size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_
 
 namespace {
 
-size_t split_smem_bytes(const SplitAttentionParams& p) {
-    const auto tile = [&](KvCode c) { return size_t(kAttnSplitTile * kv_token_bytes(c, p.head_dim) + 15) / 16 * 16; };
-    return 2 * (tile(p.k_code) + tile(p.v_code));
-}
-
 template <int REP, KvCode KC, KvCode VC>
-void launch_split(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
-    static const bool sized = [] {  // room for the largest tiles (f16, head_dim kAttnSplitMaxHeadDim)
-        const int most = 2 * 2 * kAttnSplitTile * int(kv_token_bytes(KvCode::F16, kAttnSplitMaxHeadDim));
+void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
+    static const bool sized = [] {  // room for the largest head (kAttnSplitMaxHeadDim)
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            mma_smem(kAttnSplitMaxHeadDim, KC, VC).total));
+        // All of L1 as shared memory, so kAttnSplitBlocksPerSm blocks fit (by default the driver
+        // may keep a carveout that holds one or two).
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+                                            cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
         return true;
     }();
     (void)sized;
-    launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), split_smem_bytes(p), st, p);
+    const int64_t groups = (p.n_q + kMmaRows / REP - 1) / (kMmaRows / REP);
+    const dim3 grid(unsigned(p.n_head_kv), unsigned(groups), unsigned(p.splits));
+    launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), size_t(mma_smem(int(p.head_dim), KC, VC).total),
+               st, p);
 }
 
 template <int REP, KvCode KC>
-void launch_split_v(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
+void launch_split_v(const SplitAttentionParams& p, cudaStream_t st) {
     switch (p.v_code) {
-        case KvCode::F16: launch_split<REP, KC, KvCode::F16>(p, grid, st); break;
-        case KvCode::Q8_0: launch_split<REP, KC, KvCode::Q8_0>(p, grid, st); break;
-        case KvCode::Q4_0: launch_split<REP, KC, KvCode::Q4_0>(p, grid, st); break;
+        case KvCode::F16: launch_split<REP, KC, KvCode::F16>(p, st); break;
+        case KvCode::Q8_0: launch_split<REP, KC, KvCode::Q8_0>(p, st); break;
+        case KvCode::Q4_0: launch_split<REP, KC, KvCode::Q4_0>(p, st); break;
     }
 }
 
 template <int REP>
-void launch_split_kv(const SplitAttentionParams& p, dim3 grid, cudaStream_t st) {
+void launch_split_kv(const SplitAttentionParams& p, cudaStream_t st) {
     switch (p.k_code) {
-        case KvCode::F16: launch_split_v<REP, KvCode::F16>(p, grid, st); break;
-        case KvCode::Q8_0: launch_split_v<REP, KvCode::Q8_0>(p, grid, st); break;
-        case KvCode::Q4_0: launch_split_v<REP, KvCode::Q4_0>(p, grid, st); break;
+        case KvCode::F16: launch_split_v<REP, KvCode::F16>(p, st); break;
+        case KvCode::Q8_0: launch_split_v<REP, KvCode::Q8_0>(p, st); break;
+        case KvCode::Q4_0: launch_split_v<REP, KvCode::Q4_0>(p, st); break;
     }
 }
 
@@ -553,13 +760,12 @@ void attention_split(const SplitAttentionParams& p, cudaStream_t st) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: shape or format not taken (attention_split_fits)",
                          __FILE__, __LINE__);
     }
-    const dim3 grid(unsigned(p.n_head_kv), unsigned(p.n_q), unsigned(p.splits));
     switch (p.n_head / p.n_head_kv) {
-        case 1: launch_split_kv<1>(p, grid, st); break;
-        case 2: launch_split_kv<2>(p, grid, st); break;
-        case 3: launch_split_kv<3>(p, grid, st); break;
-        case 4: launch_split_kv<4>(p, grid, st); break;
-        default: launch_split_kv<8>(p, grid, st); break;
+        case 1: launch_split_kv<1>(p, st); break;
+        case 2: launch_split_kv<2>(p, st); break;
+        case 3: launch_split_kv<3>(p, st); break;
+        case 4: launch_split_kv<4>(p, st); break;
+        default: launch_split_kv<8>(p, st); break;
     }
 }
 

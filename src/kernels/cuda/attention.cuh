@@ -1,17 +1,18 @@
 // The KV cache in device memory: the store kernel (new keys and values into each head's pages,
-// in their format: f16, q8_0 or q4_0, kv_codes.cuh) and causal attention over those pages. Every value that changes from one decode step to
-// the next (positions, token counts, page addresses) is read from a small device table, not
-// passed as a kernel argument, so a captured CUDA graph of the step stays valid as the cache grows.
+// in their format: f16, q8_0 or q4_0, kv_codes.cuh) and causal attention over those pages. Every
+// value that changes from one decode step to the next (positions, token counts, page addresses)
+// is read from a small device table, not passed as a kernel argument, so a captured CUDA graph of
+// the step stays valid as the cache grows.
 //
 // Attention takes one of three paths:
-//   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/3/4/8), and every call on a q8_0 / q4_0
-//     cache: split-K over the tokens with an online softmax and an in-kernel merge, reading each
-//     format in place (attention_split below);
-//   decode without -fa, or other GQA groups: one block per query token and head, scores in
-//     device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
+//   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/3/4/8, head_dim a multiple of 32), and
+//     every call on a q8_0 / q4_0 cache: split-K over the tokens with an online softmax and an
+//     in-kernel merge, reading each format in place (attention_split below);
+//   decode without -fa, or other shapes (f16 only): one block per query token and head, scores
+//     in device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
 //     llama.cpp's non-flash path (attention_f16);
-//   prefill (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the scores and the V sum
-//     around a softmax kernel (attention_f16_gemm below).
+//   prefill of an f16 cache (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the
+//     scores and the V sum around a softmax kernel (attention_f16_gemm below).
 // Other formats have no CUDA reader yet and are refused by name (backend_cuda.cpp).
 #pragma once
 
@@ -77,34 +78,40 @@ struct RopeStoreParams {
 void rope_store_kv(const RopeStoreParams& p, cudaStream_t stream);
 
 // ---- decode with -fa: split-K over the tokens ------------------------------------------------
-// Few queries (decode) with flash-attention numerics (f32 throughout): block (KV head g, query
-// i, split z) reads its stretch of g's tokens once for all the query heads that share g (GQA),
-// tile by tile (kAttnSplitTile tokens of keys and of values copied into shared memory with
-// cp.async, the next tile in flight while this one is computed), with an online softmax per tile,
-// and writes an unnormalized partial (o, max, sum). The readers are templates on the key and the
-// value format (kv_codes.cuh): q8_0 / q4_0 keys are scored against the query quantized to q8_0 in
-// shared memory once per block, as the CPU does. The
-// last block of (g, i) to finish (an arrival counter per (i, g)) merges the splits with their
-// log-sum-exp weights, so the step runs one kernel, not two. The split count is fixed per call
-// (a graph argument) and each split's stretch follows from the token count on the device, so a
-// captured step stays valid at any depth. Before waiting for the previous kernel (PDL) a block
-// prefetches the first keys and values of its stretch into L2: tokens of earlier steps, written
-// before the step began. Against the one-kernel path: the same products, exponentials of
-// (s - m_split) rescaled by exp(m_split - m) instead of exp(s - m): ~1e-7 relative.
+// Few queries (decode) with flash-attention numerics (f32 softmax, f32-exact products): block (KV
+// head g, query group, split z) takes 16 rows, the query heads that share g (GQA) of up to
+// 16 / group queries, and reads its stretch of g's tokens once for all of them, tile by tile
+// (kAttnSplitTile tokens of keys and of values copied into shared memory with cp.async, two more
+// tiles in flight while one is computed). Scores and the weighted sum of values are tensor-core
+// MMAs (attention.cu says how q, the keys, the probabilities and the values enter them exactly);
+// the readers are templates on the key and the value format (kv_codes.cuh): q8_0 / q4_0 keys are
+// scored against the query quantized to q8_0 once per block, as the CPU does. Each split writes
+// an unnormalized partial (o, max, sum) per row; the last block of (group, g) to finish (an
+// arrival counter) merges the splits with their log-sum-exp weights, so the step runs one kernel,
+// not two. The split count is fixed per call (a graph argument) and each split's stretch follows
+// from the token count on the device, so a captured step stays valid at any depth. Before waiting
+// for the previous kernel (PDL) a block prefetches the first keys and values of its stretch into
+// L2 (tokens of earlier steps, written before the step began); it lets the next kernel launch only
+// after its tiles (waiting blocks of that kernel would hold the SM slots the tiles need). Against
+// the one-kernel path: the same products, exponentials of (s - m_split) rescaled by exp(m_split -
+// m) instead of exp(s - m): ~1e-7 relative.
 //
 // With `rope` (one query, the decode step) the kernel also does the step's RoPE + KV store
 // (rope_store_kv's arithmetic, the same bits): every block rotates its group's q rows in shared
 // memory, the block whose stretch holds the new token's slot rotates k, stores k and v in their
 // formats and then reads them like any other token, and the merging block writes the rotated q back
 // (every block of the group has read q by then), so memory ends as after the separate ops.
-constexpr int kAttnSplitMaxRep = 8;         // query heads per KV head (GQA group) the kernel takes
 constexpr int kAttnSplitMaxHeadDim = 256;
 constexpr int kAttnSplitMaxSplits = 128;
 // Splits are planned for the whole context (fixed per shape, so a step's graph holds at any
-// depth): kAttnSplitBlocksPerSm blocks per SM. A split's stretch holds at least
+// depth): about kAttnSplitBlocksPerSm blocks per SM, rounded up to a power of two (for 8 KV
+// heads on 132 SMs: 32 splits, 256 blocks, one wave). A split's stretch holds at least
 // kAttnSplitMinTokens tokens, so at a short depth only the first splits hold any (the others
-// exit after the RoPE) and the merge reads those alone.
-constexpr int kAttnSplitBlocksPerSm = 4;
+// exit after the RoPE) and the merge reads those alone. The value comes from vxq_gpu_attention's
+// sweep on the H200 (docs/gpu.md): 32 splits against 128 took 15.5 against 28.9 us at 1K tokens
+// and 101 against 120 us at 32K, 358 against 337 us at 128K (f16, 32/8 heads of 128).
+// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides it.
+constexpr int kAttnSplitBlocksPerSm = 1;
 constexpr int kAttnSplitMinTokens = 16;  // also the stretch's granule: a tile starts 16-byte aligned in every format
 constexpr int kAttnSplitTile = 32;       // tokens per tile
 
@@ -113,7 +120,7 @@ struct SplitAttentionParams {
     const int64_t* pos0;      // as F16AttentionParams
     const KvHeadDev* heads;   // [n_head_kv] (device)
     float* partial;           // [n_q, n_head, splits, head_dim + 2] scratch: o, then max and sum
-    unsigned* arrivals;       // [n_q, n_head_kv] (device): 0 before the call, 0 again after it
+    unsigned* arrivals;       // [n_q, n_head_kv] (device, one per query group and KV head used): 0 before the call, 0 after
     float* out;               // [n_q, n_head, head_dim] (device)
     int64_t n_q, n_head, n_head_kv, head_dim;
     int64_t splits;

@@ -439,7 +439,7 @@ public:
         const bool split = attention_split_fits(view.n_head, view.n_head_kv, view.head_dim, codes.k, codes.v);
         if (!f16 && !split) {
             fail("KV format {} / {} has no CUDA attention for {} query heads over {} KV heads of {} (GQA groups 1, 2, 3, "
-                 "4, 8, head_dim <= {}); use --device cpu",
+                 "4, 8, head_dim a multiple of 32 up to {}); use --device cpu",
                  kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
                  view.n_head, view.n_head_kv, view.head_dim, kAttnSplitMaxHeadDim);
         }
@@ -502,10 +502,11 @@ public:
         }
         const KvCodes codes = kv_codes(view);
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
-            return fmt::format("cuda {} / {} pages on the device read in place by the split-K kernel (keys {}), f32 "
-                               "softmax",
+            return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
+                               "(keys {}), f32 softmax",
                                kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
-                               codes.k == KvCode::F16 ? "in f32" : "against the query quantized to q8_0, dp4a");
+                               codes.k == KvCode::F16 ? "against hi/lo fp16 splits of q"
+                                                      : "against the query quantized to q8_0, int8 MMA");
         }
         return view.flash_attn
                    ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "

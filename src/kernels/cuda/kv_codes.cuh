@@ -11,10 +11,9 @@
 //         value of largest magnitude, d = m / -8, q = min(15, int8(trunc(x / d + 8.5)))), value j
 //         in the low nibble of qs[j], value j + 16 in its high nibble
 //
-// q8_0 / q4_0 keys are scored as the CPU does (kernels/cpu/kv_read_baseline.cpp): the query is
-// quantized to q8_0 once per step, each 32-block's integer dot is exact (dp4a) and scaled by
-// d_k * d_q; only the f32 summation order differs. Values are dequantized as decode() does,
-// float(q) * d, and weighted in f32.
+// The attention (attention.cu) reads these bytes in place: q8_0 / q4_0 keys as the CPU does
+// (kernels/cpu/kv_read_baseline.cpp: the query quantized to q8_0 once per step, each 32-block's
+// integer dot exact, times d_k * d_q), values as float(q) * d.
 #pragma once
 
 #include <cstdint>
@@ -108,42 +107,11 @@ __device__ __forceinline__ void kv_store_row(KvCode c, const float* x, uint8_t* 
     }
 }
 
-// ---- readers of a token in shared memory (tok: its first byte, 2-byte aligned) ----------------
-
-// Value d of a token, as the CPU's decode() gives it.
-template <KvCode C>
-__device__ __forceinline__ float kv_value(const uint8_t* tok, int d) {
-    if constexpr (C == KvCode::F16) {
-        return kv_half_at(tok + 2 * d);
-    } else if constexpr (C == KvCode::Q8_0) {
-        const uint8_t* blk = tok + (d / kQBlock) * kKvQ8BlockBytes;
-        return float(int8_t(blk[2 + d % kQBlock])) * kv_half_at(blk);
-    } else {
-        const uint8_t* blk = tok + (d / kQBlock) * kKvQ4BlockBytes;
-        const int j = d % kQBlock;
-        const int byte = blk[2 + (j & 15)];
-        return float((j < 16 ? byte & 15 : byte >> 4) - 8) * kv_half_at(blk);
-    }
-}
-
-// Four consecutive codes of a q8_0 / q4_0 key, values 4u .. 4u + 3 of the token, as signed bytes
-// of one word (q4_0: nibble - 8), and the scale of their block.
-template <KvCode C>
-__device__ __forceinline__ int kv_key_codes4(const uint8_t* tok, int u, float& d) {
-    const int b = u / 8, o = (u % 8) * 4;  // block, first value in it
-    if constexpr (C == KvCode::Q8_0) {
-        const uint8_t* blk = tok + b * kKvQ8BlockBytes;
-        d = kv_half_at(blk);
-        const auto* w = reinterpret_cast<const uint16_t*>(blk + 2 + o);  // 2-byte aligned
-        return int(unsigned(w[0]) | (unsigned(w[1]) << 16));
-    } else {
-        const uint8_t* blk = tok + b * kKvQ4BlockBytes;
-        d = kv_half_at(blk);
-        const auto* w = reinterpret_cast<const uint16_t*>(blk + 2 + (o & 15));
-        const unsigned bytes = unsigned(w[0]) | (unsigned(w[1]) << 16);
-        const unsigned nib = o < 16 ? bytes & 0x0f0f0f0fu : (bytes >> 4) & 0x0f0f0f0fu;
-        return int(__vsub4(nib, 0x08080808u));  // per byte nib - 8, as int8
-    }
+// Value j's integer code in a q8_0 / q4_0 block (q4_0: nibble - 8), 0 <= j < 32.
+__device__ __forceinline__ int kv_code_at(const uint8_t* blk, int j, KvCode c) {
+    if (c == KvCode::Q8_0) return int8_t(blk[2 + j]);
+    const int byte = blk[2 + (j & 15)];
+    return (j < 16 ? byte & 15 : byte >> 4) - 8;
 }
 #endif
 
