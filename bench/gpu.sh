@@ -23,6 +23,11 @@
 #   VXQ_GPU_BPS_SWEEP  e.g. "2 3": the end-to-end bench also with that many batch-1 GEMV blocks per SM
 #   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24, as prefill)
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
+#   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0")
+#   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
+#   VXQ_GPU_KV_DEPTHS  depths of the decode-vs-context sweep per KV format (default
+#                    1024,4096,16384,32768: a q8_0 / q4_0 prefill re-reads the cache per query
+#                    group, too slow beyond L2-sized caches until a flash prefill exists)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -57,7 +62,7 @@ step "configure + build (CUDA on)"
 if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVXQ_CUDA=ON -DVXQ_BUILD_BENCH=OFF \
       -DVXQ_SHARED_DIR="$SHARED" ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG_EXECUTABLE} \
       >"$LOGS/configure.log" 2>&1 &&
-   cmake --build "$BUILD" -j "$JOBS" --target vxq vxq_gpu_gemv $([ "${VXQ_GPU_BENCH_ONLY:-}" = 1 ] || echo vxq_tests) \
+   cmake --build "$BUILD" -j "$JOBS" --target vxq vxq_gpu_gemv vxq_gpu_attention $([ "${VXQ_GPU_BENCH_ONLY:-}" = 1 ] || echo vxq_tests) \
      >"$LOGS/build.log" 2>&1; then
   status_build=ok
 else
@@ -108,8 +113,28 @@ if [ "$status_build" = ok ]; then
         done
       done
     done
+    # Compressed caches on the device (issue 11): f16 weights, -fa (the fused kernel on both backends).
+    m="$SHARED/assets/models/vxq-llama-h64-f16.gguf"
+    for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0}; do
+      [ -f "$m" ] && [ -f "$TEXT" ] || break
+      for mode in prefill stream; do
+        line="f16 --kv $kv $mode -fa"
+        chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
+        for dev in cpu cuda; do
+          "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks $chunks --mode "$mode" --flash-attn --kv "$kv" \
+            --device "$dev" >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
+          line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
+        done
+        echo "$line" | awk '{ d = ($NF - $(NF-2)) / $(NF-2); printf "%s  rel.diff %+.5f%%%s\n", $0, 100 * d, (d > 0.001 || d < -0.001) ? "  > 0.1 %!" : "" }' |
+          tee -a "$LOGS/ppl.md"
+      done
+    done
     grep -q '0.1 %!' "$LOGS/ppl.md" 2>/dev/null && status_ppl=FAIL
   fi
+
+  step "decode attention alone (bench/gpu_attention.cu)"
+  "$BUILD/bench/vxq_gpu_attention" --splits 32,128 ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
+    tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
 
   E2E_TYPES="${VXQ_E2E_TYPES-f16 q4_0}"
   if [ -n "$E2E_TYPES" ]; then
@@ -161,6 +186,34 @@ if [ "$status_build" = ok ]; then
       fi
     done
     python3 "bench/gpu_e2e_table.py" "$LOGS" "$SYNTH" $E2E_TYPES | tee "$LOGS/e2e.md" || status_e2e=FAIL
+
+    # Decode vs context per KV cache format (issue 11), Q4_0 weights, and llama.cpp's CUDA build
+    # on the same file (llama-batched-bench -fa, its f16 / q8_0 / q4_0 caches) when given.
+    m="$SYNTH/llama3-8b-q4_0.gguf"
+    DEPTHS="${VXQ_GPU_KV_DEPTHS:-1024,4096,16384,32768}"
+    if [ -f "$m" ]; then
+      step "decode vs context per KV cache format (depths $DEPTHS)"
+      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --no-aa --kv f16,q8_0,q4_0 \
+        --json >"$LOGS/kv_sweep.json" 2>"$LOGS/kv_sweep.err" || { echo "kv sweep failed:"; tail -3 "$LOGS/kv_sweep.err"; status_e2e=FAIL; }
+      python3 -c "
+import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(f\"| vxq | {r['kv_format']} | {r['depth']} | {r['tps_median']:.1f} | {r['kv_bytes'] / 1e9:.2f} GB |\")" "$LOGS/kv_sweep.json" |
+        tee "$LOGS/kv_sweep.md"
+      "$BUILD/src/vxq" plot "$LOGS/kv_sweep.json" -o "$LOGS/gpu_decode_vs_context.svg" \
+        --title "H200, synthetic Llama-3-8B Q4_0, tg64 vs depth per KV cache" >/dev/null 2>&1 || true
+      if [ -n "${LLAMA_CPP_BIN:-}" ]; then
+        for kv in f16 q8_0 q4_0; do
+          for d in ${DEPTHS//,/ }; do
+            "$LLAMA_CPP_BIN/llama-batched-bench" -m "$m" -ngl 99 -fa -ctk $kv -ctv $kv -c $((d + 128)) -b 2048 -ub 512 \
+              -npp $d -ntg 64 -npl 1 >"$LOGS/llama_kv_${kv}_$d.log" 2>&1 || { echo "llama-batched-bench $kv $d failed"; continue; }
+            # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+            awk -F'|' -v kv=$kv -v d=$d '$2 ~ /^ *[0-9]+ *$/ { gsub(/ /, "", $9); printf "| llama.cpp | %s | %s | %s | |\n", kv, d, $9 }' \
+              "$LOGS/llama_kv_${kv}_$d.log" | tee -a "$LOGS/kv_sweep.md"
+          done
+        done
+      fi
+    fi
   fi
 fi
 
@@ -174,4 +227,6 @@ echo "perplexity cuda vs cpu: $status_ppl"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
 [ -f "$LOGS/e2e.md" ] && grep '^|' "$LOGS/e2e.md"
+[ -f "$LOGS/attention.log" ] && grep '^|' "$LOGS/attention.log"
+[ -f "$LOGS/kv_sweep.md" ] && { echo "| engine | kv | depth | tg64 t/s | KV bytes |"; cat "$LOGS/kv_sweep.md"; }
 [ "$status_build" = ok ] && { [ "$status_tests" = ok ] || [ "$status_tests" = skipped ]; } && [ "$status_bench" = ok ]
