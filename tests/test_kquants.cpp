@@ -203,12 +203,38 @@ TEST(DotKQuant, MultiTokenEqualsOneToken) {
     }
 }
 
+// The decode kernel of the ternary types (several rows per activation load) against the one-row
+// kernel, row by row, bit for bit, for every row count it takes.
+TEST(DotKQuant, RowsEqualOneRow) {
+    VXQ_REQUIRE_AVX2(std::string(matmul_isa()) == "avx2");
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (GgmlType type : {GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
+        ASSERT_TRUE(avx2::dot_kquant_rows_takes(type));
+        for (int64_t cols : {256, 512, 1536}) {
+            const DotCase dc = dot_case(type, avx2::kRowsTernary, cols, cols == 512 ? 30.0f : 1.0f, rng);
+            const size_t row_bytes = size_t(dc.row(1) - dc.row(0));
+            for (int n_rows = 1; n_rows <= avx2::kRowsTernary; ++n_rows) {
+                float out[avx2::kRowsTernary];
+                avx2::dot_kquant_q8_K_rows(type, dc.row(0), row_bytes, n_rows, dc.xq.data(), cols / kQK_K, out);
+                for (int r = 0; r < n_rows; ++r) {
+                    const float one = avx2::dot_kquant_q8_K(type, dc.row(r), dc.xq.data(), cols / kQK_K);
+                    EXPECT_EQ(std::memcmp(&one, &out[r], sizeof one), 0)
+                        << ggml_type_name(type) << " cols " << cols << " rows " << n_rows << " row " << r << ": " << out[r]
+                        << " vs " << one << " seed " << seed;
+                }
+            }
+        }
+    }
+    EXPECT_FALSE(avx2::dot_kquant_rows_takes(GgmlType::Q6_K));
+}
+
 TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     ThreadPool pool(3);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
-        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}}) {
+        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}, {37, 512, 1}, {130, 1536, 1}}) {
             const test::Weights w = test::random_weights(type, rows, cols, rng);
             EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);
             const std::vector<float> x = test::random_floats(static_cast<size_t>(n * cols), rng, 1.0f);

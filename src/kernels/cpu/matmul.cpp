@@ -304,6 +304,17 @@ const BlockQ8_K* quantize_tokens_q8_K(const float* x, int64_t n, int64_t k, std:
 void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y, ThreadPool& pool) {
     const int64_t m = w.rows, nb = w.cols / kQK_K;
     const BlockQ8_K* xq = quantize_tokens_q8_K(x, n, w.cols, t_scratch.xk);
+    if (n == 1 && avx2::dot_kquant_rows_takes(w.type)) {  // decode: kRowsTernary rows per activation load
+        pool.run([&](int ith, int nth) {
+            int64_t r0, r1;
+            split(m, ith, nth, r0, r1);
+            for (int64_t r = r0; r < r1; r += avx2::kRowsTernary) {
+                const int k = int(std::min<int64_t>(avx2::kRowsTernary, r1 - r));
+                avx2::dot_kquant_q8_K_rows(w.type, row_ptr(w, r), w.row_bytes, k, xq, nb, y + r);
+            }
+        });
+        return;
+    }
     pool.run([&](int ith, int nth) {
         int64_t r0, r1;
         split(m, ith, nth, r0, r1);

@@ -53,6 +53,15 @@ float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_
 constexpr int kMultiTokens = 4;
 void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok,
                            float* out);
+
+// Decode (one token): n_rows <= kRowsTernary consecutive rows (row_bytes apart) of a ternary
+// type (dot_kquant_rows_takes: TQ1_0, TQ2_0, TQ2_G128) against x, out[r] equal bit for bit to
+// dot_kquant_q8_K of row r; each activation vector is loaded once for all the rows (4 at a time
+// for the 2-bit types, 2 for TQ1_0) and the digits never go through memory.
+constexpr int kRowsTernary = 4;
+bool dot_kquant_rows_takes(GgmlType t);
+void dot_kquant_q8_K_rows(GgmlType t, const uint8_t* row0, size_t row_bytes, int n_rows, const BlockQ8_K* x,
+                          int64_t nb, float* out);
 }  // namespace avx2
 
 }  // namespace vxq::cpu

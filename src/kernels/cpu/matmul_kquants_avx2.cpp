@@ -74,7 +74,7 @@ struct TernaryDigits {
     float dw[2];
 };
 
-void ternary_digits(GgmlType type, const uint8_t* row, int64_t i, TernaryDigits& d) {
+__attribute__((always_inline)) inline void ternary_digits(GgmlType type, const uint8_t* row, int64_t i, TernaryDigits& d) {
     const __m256i three = _mm256_set1_epi8(3);
     if (type == GgmlType::TQ1_0) {
         const auto& w = reinterpret_cast<const BlockTQ1_0*>(row)[i];
@@ -121,7 +121,8 @@ void ternary_digits(GgmlType type, const uint8_t* row, int64_t i, TernaryDigits&
 
 // The 16-bit lane sums of vectors [v0, v1) of d against x, minus `sums` (the activations' sums:
 // t - 1 instead of the stored digit t; TQ2_G128 subtracts its 8 sums in lanes 0-7 only).
-__m256i ternary_s16(const TernaryDigits& d, const BlockQ8_K& x, int v0, int v1, __m256i sums) {
+__attribute__((always_inline)) inline __m256i ternary_s16(const TernaryDigits& d, const BlockQ8_K& x, int v0, int v1,
+                                                           __m256i sums) {
     __m256i s16 = _mm256_setzero_si256();
     for (int v = v0; v < v1; ++v) {
         s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(d.t[v], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + d.off[v]))));
@@ -157,6 +158,153 @@ void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, i
         }
     }
     for (int j = 0; j < n_tok; ++j) out[j] = hsum(acc[j]);
+}
+
+namespace {
+
+// R rows of TQ2_0 / TQ2_G128 (2-bit digits, value 32 v + m is digit v % 4 of byte m of the
+// block's 32-byte half v / 4) against one token: each activation vector is loaded once for all
+// rows and every row's digits are shifted out of its two 32-byte loads as they are needed. Per
+// row the same operations in the same order as the one-row kernel (16-bit lane sums over v, minus
+// the activation sums, widened, one fma per scale).
+template <bool G128, int R>
+void dot_2bit_rows(const uint8_t* row0, size_t row_bytes, const BlockQ8_K* x, int64_t nb, float* out) {
+    const __m256i three = _mm256_set1_epi8(3);
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        const BlockQ8_K& xb = x[i];
+        __m256i q[R][2];
+        float dw[R][2];
+        for (int r = 0; r < R; ++r) {
+            const uint8_t* row = row0 + size_t(r) * row_bytes;
+            for (int h = 0; h < 2; ++h) {
+                const uint8_t* qs;
+                if constexpr (G128) {
+                    const auto& w = reinterpret_cast<const BlockTQ2_G128*>(row)[2 * i + h];
+                    qs = w.qs;
+                    dw[r][h] = fp16_to_fp32(w.d);
+                } else {
+                    const auto& w = reinterpret_cast<const BlockTQ2_0*>(row)[i];
+                    qs = w.qs + 32 * h;
+                    dw[r][h] = fp16_to_fp32(w.d);
+                }
+                q[r][h] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+            }
+        }
+        if constexpr (G128) {
+            for (int h = 0; h < 2; ++h) {
+                __m256i s16[R];
+                for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+                for (int l = 0; l < 4; ++l) {
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 128 * h + 32 * l));
+                    for (int r = 0; r < R; ++r) {
+                        const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q[r][h], 2 * l), three);
+                        s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(t, xv));
+                    }
+                }
+                const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8 * h));
+                const __m256i sums = _mm256_inserti128_si256(_mm256_setzero_si256(), bs, 0);
+                for (int r = 0; r < R; ++r) {
+                    const __m256i lanes = widen_pairs(_mm256_sub_epi16(s16[r], sums));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * dw[r][h]), acc[r]);
+                }
+            }
+        } else {
+            __m256i s16[R];
+            for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+            for (int v = 0; v < 8; ++v) {
+                const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 32 * v));
+                for (int r = 0; r < R; ++r) {
+                    const __m256i t = _mm256_and_si256(_mm256_srli_epi16(q[r][v / 4], 2 * (v % 4)), three);
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(t, xv));
+                }
+            }
+            const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+            for (int r = 0; r < R; ++r) {
+                const __m256i lanes = widen_pairs(_mm256_sub_epi16(s16[r], sums));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * dw[r][0]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+// R rows of TQ1_0 against one token, the same way: per row its 32 + 16 qs bytes and qh stay in
+// registers and each digit vector is computed (ternary_digits' arithmetic) as its activation
+// vector comes; the same operations per row as the one-row kernel.
+template <int R>
+void dot_tq1_rows(const uint8_t* row0, size_t row_bytes, const BlockQ8_K* x, int64_t nb, float* out) {
+    constexpr int16_t kPow3[5] = {1, 3, 9, 27, 81};
+    const auto halves = [](int16_t lo, int16_t hi) {
+        return _mm256_setr_epi16(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi);
+    };
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; ++i) {
+        const BlockQ8_K& xb = x[i];
+        __m256i a[R], b[R], c[R];
+        float dw[R];
+        for (int r = 0; r < R; ++r) {
+            const auto& w = reinterpret_cast<const BlockTQ1_0*>(row0 + size_t(r) * row_bytes)[i];
+            a[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.qs));
+            b[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.qs + 32)));
+            uint32_t qh;
+            std::memcpy(&qh, w.qh, sizeof qh);
+            c[r] = _mm256_inserti128_si256(b[r], _mm_set1_epi32(int(qh)), 1);
+            dw[r] = fp16_to_fp32(w.d);
+        }
+        __m256i s16[R];
+        for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
+        for (int v = 0; v < 8; ++v) {
+            const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.qs + 32 * v));
+            for (int r = 0; r < R; ++r) {
+                __m256i t;
+                if (v < 5) {
+                    t = tq1_digits(a[r], _mm256_set1_epi16(kPow3[v]));
+                } else if (v == 5) {
+                    t = tq1_digits(b[r], halves(1, 3));
+                } else if (v == 6) {
+                    t = tq1_digits(b[r], halves(9, 27));
+                } else {
+                    t = tq1_digits(c[r], _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27));
+                }
+                s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(t, xv));
+            }
+        }
+        const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums));
+        for (int r = 0; r < R; ++r) {
+            const __m256i lanes = widen_pairs(_mm256_sub_epi16(s16[r], sums));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * dw[r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
+}
+
+}  // namespace
+
+bool dot_kquant_rows_takes(GgmlType t) {
+    return t == GgmlType::TQ1_0 || t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128;
+}
+
+void dot_kquant_q8_K_rows(GgmlType t, const uint8_t* row0, size_t row_bytes, int n_rows, const BlockQ8_K* x,
+                          int64_t nb, float* out) {
+    if (t == GgmlType::TQ1_0) {  // two rows at a time: three registers of digits' sources per row
+        int r = 0;
+        for (; r + 2 <= n_rows; r += 2) dot_tq1_rows<2>(row0 + size_t(r) * row_bytes, row_bytes, x, nb, out + r);
+        if (r < n_rows) dot_tq1_rows<1>(row0 + size_t(r) * row_bytes, row_bytes, x, nb, out + r);
+        return;
+    }
+    const bool g128 = t == GgmlType::TQ2_G128;
+    if (n_rows == kRowsTernary) {
+        g128 ? dot_2bit_rows<true, kRowsTernary>(row0, row_bytes, x, nb, out)
+             : dot_2bit_rows<false, kRowsTernary>(row0, row_bytes, x, nb, out);
+        return;
+    }
+    for (int r = 0; r < n_rows; ++r) {
+        g128 ? dot_2bit_rows<true, 1>(row0 + size_t(r) * row_bytes, row_bytes, x, nb, out + r)
+             : dot_2bit_rows<false, 1>(row0 + size_t(r) * row_bytes, row_bytes, x, nb, out + r);
+    }
 }
 
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
