@@ -8,7 +8,10 @@
 // variants with a standalone harness (see the commit report):
 //   VXQ_LANES8_CHUNK  tokens per pass over the weights in gemm_lanes8           (96)
 //   VXQ_LANES8_L1     bytes of widened weight panels kept in L1 per pass          (20 KiB)
-//   VXQ_VEC_ROWS      rows per ggml_vec_dot-order GEMV step                        (2)
+//   VXQ_VEC_ROWS      rows per ggml_vec_dot-order GEMV step                        (1)
+//                     (2 measured 1.4-2x slower in decode on the 2-core EPYC VM on 2026-12-02:
+//                     tg64 vxq-ternary-h64-f16 221-250 against 389-426 t/s, vxq-llama-h64-f16
+//                     633-909 against 1244-1246; one row is one sequential weight stream)
 //   VXQ_PF_DIST       software prefetch distance in weight bytes for GEMV (0 = off) (2048)
 //   VXQ_Q0_RM/RN      rows x tokens of a Q0Lanes GEMM tile (GEMV: 4 x 1)           (3 x 3)
 //   VXQ_Q4R_RN        tokens per Q4Repack tile of 8 rows                           (4)
@@ -27,7 +30,7 @@
 #define VXQ_LANES8_L1 (20 * 1024)
 #endif
 #ifndef VXQ_VEC_ROWS
-#define VXQ_VEC_ROWS 2
+#define VXQ_VEC_ROWS 1
 #endif
 #ifndef VXQ_PF_DIST
 #define VXQ_PF_DIST 2048
