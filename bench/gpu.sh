@@ -96,20 +96,26 @@ if [ "$status_build" = ok ]; then
     step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream $STREAM_CHUNKS)"
     status_ppl=ok
     TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
+    # ppl_pair LABEL MODEL CHUNKS ARGS...: perplexity on the CPU and on CUDA, one line with both
+    # and their relative difference (flagged beyond 0.1 %) into ppl.md.
+    ppl_pair() {
+      local line="$1" m="$2" chunks="$3"
+      shift 3
+      for dev in cpu cuda; do
+        "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks "$chunks" "$@" --device "$dev" \
+          >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
+        line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
+      done
+      echo "$line" | awk '{ d = ($NF - $(NF-2)) / $(NF-2); printf "%s  rel.diff %+.5f%%%s\n", $0, 100 * d, (d > 0.001 || d < -0.001) ? "  > 0.1 %!" : "" }' |
+        tee -a "$LOGS/ppl.md"
+    }
     for w in f16 q8_0 q4_0; do
       m="$SHARED/assets/models/vxq-llama-h64-$w.gguf"
       if [ ! -f "$m" ] || [ ! -f "$TEXT" ]; then echo "skipped: $m or $TEXT missing"; status_ppl="not run"; continue; fi
       for mode in prefill stream; do
+        chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
         for fa in "" "--flash-attn"; do
-          line="$w $mode ${fa:-(no -fa)}"
-          chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
-          for dev in cpu cuda; do
-            "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks $chunks --mode "$mode" $fa --device "$dev" \
-              >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
-            line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
-          done
-          echo "$line" | awk '{ d = ($NF - $(NF-2)) / $(NF-2); printf "%s  rel.diff %+.5f%%%s\n", $0, 100 * d, (d > 0.001 || d < -0.001) ? "  > 0.1 %!" : "" }' |
-            tee -a "$LOGS/ppl.md"
+          ppl_pair "$w $mode ${fa:-(no -fa)}" "$m" $chunks --mode "$mode" $fa
         done
       done
     done
@@ -118,15 +124,8 @@ if [ "$status_build" = ok ]; then
     for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0}; do
       [ -f "$m" ] && [ -f "$TEXT" ] || break
       for mode in prefill stream; do
-        line="f16 --kv $kv $mode -fa"
         chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
-        for dev in cpu cuda; do
-          "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks $chunks --mode "$mode" --flash-attn --kv "$kv" \
-            --device "$dev" >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
-          line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
-        done
-        echo "$line" | awk '{ d = ($NF - $(NF-2)) / $(NF-2); printf "%s  rel.diff %+.5f%%%s\n", $0, 100 * d, (d > 0.001 || d < -0.001) ? "  > 0.1 %!" : "" }' |
-          tee -a "$LOGS/ppl.md"
+        ppl_pair "f16 --kv $kv $mode -fa" "$m" $chunks --mode "$mode" --flash-attn --kv "$kv"
       done
     done
     grep -q '0.1 %!' "$LOGS/ppl.md" 2>/dev/null && status_ppl=FAIL
