@@ -234,7 +234,7 @@ TEST(MatmulKQuant, ThreadedEqualsReferenceAndOrderIsNamed) {
     std::mt19937 rng(seed);
     ThreadPool pool(3);
     for (GgmlType type : {GgmlType::Q6_K, GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
-        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}, {37, 512, 1}, {130, 1536, 1}}) {
+        for (auto [rows, cols, n] : {std::tuple<int64_t, int64_t, int64_t>{1, 256, 1}, {7, 512, 3}, {33, 768, 2}, {130, 1536, 5}, {9, 512, 11}, {37, 512, 1}, {130, 1536, 1}, {21, 512, 37}}) {
             const test::Weights w = test::random_weights(type, rows, cols, rng);
             EXPECT_EQ(dot_order(w.view(), n), DotOrder::KLanes);
             const std::vector<float> x = test::random_floats(static_cast<size_t>(n * cols), rng, 1.0f);

@@ -315,15 +315,22 @@ void matmul_kquant_path(const WeightView& w, const float* x, int64_t n, float* y
         });
         return;
     }
+    // Tokens in tiles of kTokenTile, each tile's activations (L1-sized) swept by all of this
+    // thread's rows: a row's weights are read once per tile, the activations stay in L1 (row by row
+    // over all the tokens, every row re-read all the activations from L2).
+    constexpr int64_t kTokenTile = 16;
     pool.run([&](int ith, int nth) {
         int64_t r0, r1;
         split(m, ith, nth, r0, r1);
         float out[avx2::kMultiTokens];
-        for (int64_t r = r0; r < r1; ++r) {
-            for (int64_t t0 = 0; t0 < n; t0 += avx2::kMultiTokens) {
-                const int k = int(std::min<int64_t>(avx2::kMultiTokens, n - t0));
-                avx2::dot_kquant_q8_K_multi(w.type, row_ptr(w, r), xq + t0 * nb, nb, nb, k, out);
-                for (int j = 0; j < k; ++j) y[(t0 + j) * m + r] = out[j];
+        for (int64_t tt = 0; tt < n; tt += kTokenTile) {
+            const int64_t te = std::min(n, tt + kTokenTile);
+            for (int64_t r = r0; r < r1; ++r) {
+                for (int64_t t0 = tt; t0 < te; t0 += avx2::kMultiTokens) {
+                    const int k = int(std::min<int64_t>(avx2::kMultiTokens, te - t0));
+                    avx2::dot_kquant_q8_K_multi(w.type, row_ptr(w, r), xq + t0 * nb, nb, nb, k, out);
+                    for (int j = 0; j < k; ++j) y[(t0 + j) * m + r] = out[j];
+                }
             }
         }
     });

@@ -132,32 +132,55 @@ __attribute__((always_inline)) inline __m256i ternary_s16(const TernaryDigits& d
 
 }  // namespace
 
-void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok,
-                           float* out) {
-    if (t == GgmlType::Q6_K) {
-        for (int j = 0; j < n_tok; ++j) out[j] = dot_kquant_q8_K(t, row, x + j * x_stride, nb);
-        return;
-    }
-    __m256 acc[kMultiTokens];
-    for (int j = 0; j < kMultiTokens; ++j) acc[j] = _mm256_setzero_ps();
+namespace {
+
+// dot_kquant_q8_K_multi for one ternary type and token count, so the accumulators stay in registers.
+template <GgmlType T, int N>
+void dot_ternary_multi(const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, float* out) {
+    __m256 acc[N];
+    for (int j = 0; j < N; ++j) acc[j] = _mm256_setzero_ps();
     TernaryDigits d;
     for (int64_t i = 0; i < nb; ++i) {
-        ternary_digits(t, row, i, d);
-        for (int j = 0; j < n_tok; ++j) {
+        ternary_digits(T, row, i, d);
+        for (int j = 0; j < N; ++j) {
             const BlockQ8_K& xb = x[j * x_stride + i];
-            if (t == GgmlType::TQ2_G128) {
+            if constexpr (T == GgmlType::TQ2_G128) {
                 for (int h = 0; h < 2; ++h) {
                     const __m128i bs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(xb.bsums + 8 * h));
                     const __m256i lanes = widen_pairs(ternary_s16(d, xb, 4 * h, 4 * h + 4, _mm256_inserti128_si256(_mm256_setzero_si256(), bs, 0)));
                     acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * d.dw[h]), acc[j]);
                 }
-                continue;
+            } else {
+                const __m256i lanes = widen_pairs(ternary_s16(d, xb, 0, 8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums))));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * d.dw[0]), acc[j]);
             }
-            const __m256i lanes = widen_pairs(ternary_s16(d, xb, 0, 8, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.bsums))));
-            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_set1_ps(xb.d * d.dw[0]), acc[j]);
         }
     }
-    for (int j = 0; j < n_tok; ++j) out[j] = hsum(acc[j]);
+    for (int j = 0; j < N; ++j) out[j] = hsum(acc[j]);
+}
+
+template <GgmlType T>
+void dot_ternary_multi_n(const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok, float* out) {
+    static_assert(kMultiTokens == 4);
+    switch (n_tok) {
+        case 1: dot_ternary_multi<T, 1>(row, x, x_stride, nb, out); break;
+        case 2: dot_ternary_multi<T, 2>(row, x, x_stride, nb, out); break;
+        case 3: dot_ternary_multi<T, 3>(row, x, x_stride, nb, out); break;
+        default: dot_ternary_multi<T, 4>(row, x, x_stride, nb, out); break;
+    }
+}
+
+}  // namespace
+
+void dot_kquant_q8_K_multi(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t x_stride, int64_t nb, int n_tok,
+                           float* out) {
+    switch (t) {
+        case GgmlType::TQ1_0: dot_ternary_multi_n<GgmlType::TQ1_0>(row, x, x_stride, nb, n_tok, out); return;
+        case GgmlType::TQ2_0: dot_ternary_multi_n<GgmlType::TQ2_0>(row, x, x_stride, nb, n_tok, out); return;
+        case GgmlType::TQ2_G128: dot_ternary_multi_n<GgmlType::TQ2_G128>(row, x, x_stride, nb, n_tok, out); return;
+        default:
+            for (int j = 0; j < n_tok; ++j) out[j] = dot_kquant_q8_K(t, row, x + j * x_stride, nb);
+    }
 }
 
 namespace {
