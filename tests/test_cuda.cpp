@@ -745,7 +745,7 @@ TEST(Cuda, EmbedIntoDeviceBufferAndBack) {
     }
 }
 
-// ---- attention over an f16 cache -----------------------------------------------------------------
+// ---- attention over the device KV cache (f16, q8_0, q4_0) ----------------------------------------
 
 // The raw bytes of a head's packed keys and values (device pages copied to the host).
 std::pair<std::vector<uint8_t>, std::vector<uint8_t>> packed_bytes(const KvCache& cache, int64_t layer, int64_t g) {
