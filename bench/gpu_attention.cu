@@ -40,16 +40,17 @@ struct Row {
     double us;
 };
 
-// Token bytes of a format at head_dim 128 (the pages' layout, kv_codes.cuh).
-int64_t token_bytes(const std::string& kv) {
-    using vxq::cuda::KvCode;
-    const KvCode c = kv == "f16" ? KvCode::F16 : kv == "q8_0" ? KvCode::Q8_0 : KvCode::Q4_0;
-    return vxq::cuda::kv_token_bytes(c, kHeadDim);
-}
+// The formats timed: the --kv name and its device format (kv_codes.cuh), K and V alike.
+struct Format {
+    const char* kv;
+    vxq::cuda::KvCode code;
+};
+constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16}, {"q8_0", vxq::cuda::KvCode::Q8_0}, {"q4_0", vxq::cuda::KvCode::Q4_0}};
 
-std::vector<Row> run_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& split_counts, cudaStream_t st) {
+std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_t>& split_counts, cudaStream_t st) {
+    const std::string kv = f.kv;
     using namespace vxq;
-    const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * token_bytes(kv));
+    const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * cuda::kv_token_bytes(f.code, kHeadDim));
     const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes,
                                                                   int64_t(kMaxCacheBytes / layer_bytes)));
     auto be = make_backend("cuda", 1);
@@ -84,10 +85,7 @@ std::vector<Row> run_case(const std::string& kv, int64_t ctx, const std::vector<
     int64_t most = 0;
     for (int64_t s : split_counts) most = std::max(most, s);
     p.scale = 1.0f / std::sqrt(float(kHeadDim));
-    const KvHeadView& h0 = cache->view(0).heads[0];
-    p.k_code = h0.k.fmt.kind == KvFormatKind::F16 ? cuda::KvCode::F16
-               : h0.k.fmt.kind == KvFormatKind::Q8_0 ? cuda::KvCode::Q8_0 : cuda::KvCode::Q4_0;
-    p.v_code = p.k_code;
+    p.k_code = p.v_code = f.code;
     float *q, *out, *partial;
     int64_t* pos0;
     unsigned* arrivals;
@@ -178,9 +176,9 @@ int main(int argc, char** argv) {
         std::printf("\n| kv | context | layers rotated | splits | MB/call | us/call | GB/s | of copy |\n");
         std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
-        for (const char* kv : {"f16", "q8_0", "q4_0"}) {
+        for (const Format& f : kFormats) {
             for (int64_t ctx : contexts) {
-                for (const Row& r : run_case(kv, ctx, split_counts, st)) {
+                for (const Row& r : run_case(f, ctx, split_counts, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     std::printf("| %s | %lld | %lld | %lld%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
                                 (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.splits == chosen ? "*" : "",

@@ -6,6 +6,7 @@
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
+#include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/cublas_api.h"
 
@@ -51,8 +52,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
             const float qd = p.round_f16 ? __half2float(__float2half_rn(q[d])) : q[d];
             dot += qd * __half2float(k[t * p.head_dim + d]);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot = warp_sum(dot);
         if (lane == 0) sc[t] = dot * p.scale;
     }
     __syncthreads();
@@ -100,16 +100,6 @@ __global__ void store_kv_kernel(KvStoreParams p) {
 constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_add(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Rotates pair i of a row at position pos as rope_kernel does (the same recurrence and products).
 __device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
@@ -156,7 +146,7 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
             wz[r][z] = w;
             l += lz[r][z] * w;
         }
-        l = warp_add(l);
+        l = warp_sum(l);
         // ggml_soft_max: the reciprocal taken in double.
         if (lane == 0) inv_s[r] = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
     }
@@ -472,7 +462,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             const float m_new = fmaxf(m_run[r], warp_max(x));
             const float e = m_new == -INFINITY ? 0.0f : expf(x - m_new);
             sc[r][lane] = e;
-            const float sum = warp_add(e);
+            const float sum = warp_sum(e);
             if (lane == 0) {
                 const float f = m_new == -INFINITY ? 0.0f : expf(m_run[r] - m_new);  // 0 while m_run is -inf
                 factor[r] = f;

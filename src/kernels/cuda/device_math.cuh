@@ -34,6 +34,19 @@ __device__ __forceinline__ float rms_apply(float x, float scale, float weight) {
     return __fmul_rn(__fmul_rn(x, scale), weight);
 }
 
+// Sum and maximum over the 32 lanes of a warp (all lanes call; every lane gets the result), in a
+// fixed butterfly order.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
 // silu(g) * u as ggml's swiglu.
 __device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
 

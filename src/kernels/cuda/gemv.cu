@@ -59,12 +59,6 @@ struct BF16Elem {
     }
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 // ---- activation conversion --------------------------------------------------------------------
 
 template <class E>
@@ -974,11 +968,35 @@ void gemv_dense(const DeviceWeight& w, const float* x, int64_t n, float* y, Gemv
     }
 }
 
-// Scratch of the Q8_0/Q4_0 GEMV: [n, cols] int8 quants, then (256-byte aligned) [n, cols / 32]
-// Q8Scale.
-size_t gemv_quant_scratch_bytes(const DeviceWeight& w, int64_t n) {
-    return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQBlock)) * sizeof(Q8Scale);
+// The quantized activations of a Q8_0/Q4_0 (q8_0 blocks of 32, Q8Scale) or TQ2_0 (q8_K blocks of
+// 256, Q8KScale) GEMV, in its scratch: [n, cols] int8 quants, then (256-byte aligned) [n, cols /
+// block] scales.
+template <class Scale>
+struct QuantX {
+    int8_t* qs;
+    Scale* s;
+};
+template <class Scale>
+size_t quant_x_bytes(int64_t n, int64_t cols, int64_t block) {
+    return align256(size_t(n * cols)) + size_t(n * (cols / block)) * sizeof(Scale);
 }
+template <class Scale>
+QuantX<Scale> quant_x_in(GemvScratch& s, int64_t n, int64_t cols, int64_t block) {
+    auto* base = static_cast<uint8_t*>(s.reserve(quant_x_bytes<Scale>(n, cols, block)));
+    return {reinterpret_cast<int8_t*>(base), reinterpret_cast<Scale*>(base + align256(size_t(n * cols)))};
+}
+// x quantized into the scratch by `kernel` (a warp per block).
+template <class Scale>
+QuantX<Scale> quantize_x(void (*kernel)(const float*, int8_t*, Scale*, int64_t), const float* x, int64_t n, int64_t cols,
+                         int64_t block, GemvScratch& s, cudaStream_t st) {
+    const QuantX<Scale> q = quant_x_in<Scale>(s, n, cols, block);
+    const int64_t blocks = n * (cols / block);
+    kernel<<<unsigned((blocks * 32 + 255) / 256), 256, 0, st>>>(x, q.qs, q.s, blocks);
+    VXQ_CUDA_CHECK_LAUNCH();
+    return q;
+}
+
+size_t gemv_quant_scratch_bytes(const DeviceWeight& w, int64_t n) { return quant_x_bytes<Q8Scale>(n, w.cols, kQBlock); }
 
 // The Q8_0 or Q4_0 GEMV of ps (x already quantized).
 void launch_quant_group(GgmlType type, const GemvParams* ps, int count, cudaStream_t st) {
@@ -995,14 +1013,9 @@ void launch_quant_group(GgmlType type, const GemvParams* ps, int count, cudaStre
 void gemv_quant_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                       GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
-    const int64_t nb = w.cols / kQBlock;
-    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, n)));
-    int8_t* xq = reinterpret_cast<int8_t*>(base);
-    Q8Scale* xs = reinterpret_cast<Q8Scale*>(base + align256(size_t(n * w.cols)));
-    quantize_q8_0_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
-    VXQ_CUDA_CHECK_LAUNCH();
+    const QuantX<Q8Scale> xa = quantize_x(quantize_q8_0_kernel, x, n, w.cols, kQBlock, s, st);
     GemvParams ps[kGemvGroupMax];
-    for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xq, xs, n, ys[i]);
+    for (int i = 0; i < count; ++i) ps[i] = gemv_params(*ws[i], xa.qs, xa.s, n, ys[i]);
     launch_quant_group(w.type, ps, count, st);
 }
 
@@ -1014,9 +1027,9 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
     Q8Act xa = f.x_q8;
     if (!xa.qs) {
         const int64_t nb = w.cols / kQBlock;
-        uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_quant_scratch_bytes(w, 1)));
-        xa.qs = reinterpret_cast<int8_t*>(base);
-        xa.s = reinterpret_cast<Q8Scale*>(base + align256(size_t(w.cols)));
+        const QuantX<Q8Scale> q = quant_x_in<Q8Scale>(s, 1, w.cols, kQBlock);
+        xa.qs = q.qs;
+        xa.s = q.s;
         const float* in = f.norm_weight ? f.norm_in : x;
         const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
         launch_pdl(quantize_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
@@ -1030,27 +1043,18 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
     launch_quant_group(w.type, ps, count, st);
 }
 
-// Scratch of the TQ2_0 GEMV: [n, cols] int8 q8_K quants, then (256-byte aligned) [n, cols / 256]
-// Q8KScale.
-size_t gemv_tq2_scratch_bytes(const DeviceWeight& w, int64_t n) {
-    return align256(size_t(n * w.cols)) + size_t(n * (w.cols / kQK_K)) * sizeof(Q8KScale);
-}
+size_t gemv_tq2_scratch_bytes(const DeviceWeight& w, int64_t n) { return quant_x_bytes<Q8KScale>(n, w.cols, kQK_K); }
 
 // ws[0..count) share x: x quantized to q8_K once, then one launch. No GEMM path: every batch
 // takes this kernel, 8 tokens per pass over the weights.
 void gemv_tq2_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                     GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
-    const int64_t nb = w.cols / kQK_K;
-    uint8_t* base = static_cast<uint8_t*>(s.reserve(gemv_tq2_scratch_bytes(w, n)));
-    int8_t* xq = reinterpret_cast<int8_t*>(base);
-    Q8KScale* xs = reinterpret_cast<Q8KScale*>(base + align256(size_t(n * w.cols)));
-    quantize_q8_K_kernel<<<unsigned((n * nb * 32 + 255) / 256), 256, 0, st>>>(x, xq, xs, n * nb);
-    VXQ_CUDA_CHECK_LAUNCH();
+    const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
     GemvParams ps[kGemvGroupMax];
     for (int i = 0; i < count; ++i) {
-        ps[i] = gemv_params(*ws[i], xq, nullptr, n, ys[i]);
-        ps[i].xk_scale = xs;
+        ps[i] = gemv_params(*ws[i], xa.qs, nullptr, n, ys[i]);
+        ps[i].xk_scale = xa.s;
     }
     if (tq2_rows() == 2) return launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
     launch_gemv_group<TQ2FormatR<4>>(ps, count, st);

@@ -58,9 +58,7 @@ __device__ __forceinline__ int kv_int8_trunc_x86(float v) {
 
 // One 32-block of a row, value v of lane `lane` (all 32 lanes of the warp call), into blk.
 __device__ __forceinline__ void kv_encode_q8_0(float v, uint8_t* blk, int lane) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float amax = warp_max(fabsf(v));
     const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
     blk[2 + lane] = uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(v, id))));
     if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(__fdiv_rn(amax, 127.0f));

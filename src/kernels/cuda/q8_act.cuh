@@ -8,6 +8,10 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#ifdef __CUDACC__
+#include "kernels/cuda/device_math.cuh"  // device code only (below)
+#endif
+
 namespace vxq::cuda {
 
 constexpr int kQBlock = 32;  // elements per q8_0 / q4_0 block
@@ -35,9 +39,7 @@ struct Q8Lane {
     float d;
 };
 __device__ __forceinline__ Q8Lane quantize_q8_0_lane(float v) {
-    float amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float amax = warp_max(fabsf(v));
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     return Q8Lane{__float2int_rn(__fmul_rn(v, id)), __half2float(__float2half_rn(amax / 127.0f))};  // |v * id| <= 127
 }
