@@ -132,7 +132,7 @@ if [ "$status_build" = ok ]; then
   fi
 
   step "decode attention alone (bench/gpu_attention.cu)"
-  "$BUILD/bench/vxq_gpu_attention" --splits 32,128 ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
+  "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,128 --tile 32,64 --stages 2,3,4} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
     tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
 
   E2E_TYPES="${VXQ_E2E_TYPES-f16 q4_0}"

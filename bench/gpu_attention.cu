@@ -6,9 +6,11 @@
 // device-to-device copy measured in the same run. Layers are rotated so the bytes read between
 // two reads of the same layer are >= kMinWorkingSet (8x the H200's L2): HBM, not cache.
 //
-//   vxq_gpu_attention [--splits N,N,...] [CONTEXTS...]   (default 1024 4096 16384 32768 65536 131072)
-// prints a markdown table and, last, one JSON line per case (for plots and docs). --splits times the
-// kernel with those split counts too (the backend's choice, attention_splits, is marked "*").
+//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [CONTEXTS...]
+//                     (contexts default 1024 4096 16384 32768 65536 131072)
+// prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
+// the kernel with every combination of those split counts, tiles and stages (the backend's
+// choice is always included and marked "*"; a tiling that does not fit is skipped).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,9 +35,15 @@ constexpr size_t kMinWorkingSet = size_t(512) << 20;
 constexpr size_t kMaxCacheBytes = size_t(24) << 30;
 constexpr int64_t kFillChunk = 4096;  // tokens per kv_write while filling
 
+struct Config {
+    int64_t splits;
+    int tile, stages;
+};
+
 struct Row {
     std::string kv;
     int64_t ctx, layers, splits;
+    int tile, stages;
     size_t bytes;  // read per call
     double us;
 };
@@ -47,7 +55,7 @@ struct Format {
 };
 constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16}, {"q8_0", vxq::cuda::KvCode::Q8_0}, {"q4_0", vxq::cuda::KvCode::Q4_0}};
 
-std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_t>& split_counts, cudaStream_t st) {
+std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config>& configs, cudaStream_t st) {
     const std::string kv = f.kv;
     using namespace vxq;
     const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * cuda::kv_token_bytes(f.code, kHeadDim));
@@ -83,7 +91,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_
     p.n_head_kv = kHeadsKv;
     p.head_dim = kHeadDim;
     int64_t most = 0;
-    for (int64_t s : split_counts) most = std::max(most, s);
+    for (const Config& c : configs) most = std::max(most, c.splits);
     p.scale = 1.0f / std::sqrt(float(kHeadDim));
     p.k_code = p.v_code = f.code;
     float *q, *out, *partial;
@@ -116,8 +124,11 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_
     p.pos0 = pos0;
     p.arrivals = arrivals;
     std::vector<Row> rows;
-    for (int64_t splits : split_counts) {
-        p.splits = splits;
+    for (const Config& c : configs) {
+        p.splits = c.splits;
+        p.tile = c.tile;
+        p.stages = c.stages;
+        if (!cuda::attention_split_tiling_fits(p)) continue;
         const double ms = bench::time_calls(st, 40, [&](int i) {
             cuda::SplitAttentionParams pl = p;
             pl.heads = tables + (i % layers) * kHeadsKv;
@@ -132,7 +143,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_
                 std::exit(1);
             }
         }
-        rows.push_back(Row{kv, ctx, layers, splits, layer_bytes, ms * 1e3});
+        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, layer_bytes, ms * 1e3});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
                       static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
@@ -146,25 +157,44 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<int64_
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts;
+        std::vector<int64_t> contexts, split_counts, tiles, stages;
+        const auto list = [](const char* text, std::vector<int64_t>& out) {
+            for (const char* c = text; *c;) {
+                char* end = nullptr;
+                out.push_back(std::strtoll(c, &end, 10));
+                c = *end == ',' ? end + 1 : end;
+                if (end == c && *c) break;
+            }
+        };
         for (int i = 1; i < argc; ++i) {
-            if (std::string(argv[i]) == "--splits" && i + 1 < argc) {
-                for (const char* c = argv[++i]; *c;) {
-                    split_counts.push_back(std::strtoll(c, const_cast<char**>(&c), 10));
-                    if (*c == ',') ++c;
-                }
+            const std::string a = argv[i];
+            if (a == "--splits" && i + 1 < argc) {
+                list(argv[++i], split_counts);
+            } else if (a == "--tile" && i + 1 < argc) {
+                list(argv[++i], tiles);
+            } else if (a == "--stages" && i + 1 < argc) {
+                list(argv[++i], stages);
             } else {
                 contexts.push_back(std::atoll(argv[i]));
             }
         }
         const int64_t chosen = cuda::attention_splits(1, kHeadsKv);
-        if (std::find(split_counts.begin(), split_counts.end(), chosen) == split_counts.end()) split_counts.push_back(chosen);
+        const auto add = [](std::vector<int64_t>& v, int64_t x) {
+            if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
+        };
+        add(split_counts, chosen);
+        add(tiles, cuda::kAttnSplitTile);
+        add(stages, cuda::kAttnSplitStages);
         for (int64_t s : split_counts) {
             if (s < 1 || s > cuda::kAttnSplitMaxSplits) {
                 std::fprintf(stderr, "vxq_gpu_attention: --splits takes 1..%d\n", cuda::kAttnSplitMaxSplits);
                 return 1;
             }
         }
+        std::vector<Config> configs;
+        for (int64_t t : tiles)
+            for (int64_t g : stages)
+                for (int64_t s : split_counts) configs.push_back(Config{s, int(t), int(g)});
         if (contexts.empty()) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -173,16 +203,17 @@ int main(int argc, char** argv) {
         const double copy_gbs = bench::copy_bandwidth_gbs(st);
         std::printf("device: %s, %d SMs, L2 %d MB; d2d copy %.0f GB/s (read + write)\n", prop.name,
                     prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
-        std::printf("\n| kv | context | layers rotated | splits | MB/call | us/call | GB/s | of copy |\n");
-        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        std::printf("\n| kv | context | layers rotated | splits | tile x stages | MB/call | us/call | GB/s | of copy |\n");
+        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
         for (const Format& f : kFormats) {
             for (int64_t ctx : contexts) {
-                for (const Row& r : run_case(f, ctx, split_counts, st)) {
+                for (const Row& r : run_case(f, ctx, configs, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
-                    std::printf("| %s | %lld | %lld | %lld%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
-                                (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.splits == chosen ? "*" : "",
-                                double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs);
+                    const bool dflt = r.splits == chosen && r.tile == cuda::kAttnSplitTile && r.stages == cuda::kAttnSplitStages;
+                    std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
+                                (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
+                                dflt ? "*" : "", double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     rows.push_back(r);
                 }
@@ -190,8 +221,8 @@ int main(int argc, char** argv) {
         }
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"us\": %.2f, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.us, r.bytes, copy_gbs);
+                        "\"tile\": %d, \"stages\": %d, \"us\": %.2f, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.us, r.bytes, copy_gbs);
         }
         return 0;
     } catch (const std::exception& e) {

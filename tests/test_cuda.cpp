@@ -785,16 +785,24 @@ TEST(Cuda, AttentionMatchesCpu) {
                           {33, 128, 8, 8, 33},    {1000, 128, 6, 3, 97}, {600, 128, 32, 8, 512},
                           {5000, 128, 32, 4, 1},  {300, 256, 8, 4, 2},  {129, 64, 8, 8, 3}};
     const char* specs[] = {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"};
+    // The split kernel's tilings (tile tokens x stages): the default and the others it takes.
+    const std::pair<const char*, const char*> tilings[] = {{"32", "3"}, {"64", "2"}, {"64", "4"}, {"128", "2"}};
+    for (const auto& [tile, stages] : tilings) {
     for (const Case& c : cases) {
       for (const char* spec_text : specs) {
         const KvSpec spec = KvSpec::parse(spec_text);
         const bool f16 = std::string(spec_text) == "f16";
         for (bool flash : {true, false}) {
             if (!f16 && !flash) continue;  // the same kernel as with -fa on both backends
+            if (std::string(tile) != "32" && f16 && !flash) continue;  // no split kernel
             SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
                                             << " heads " << c.n_head << "/" << c.n_head_kv << " n_q " << c.n_q
-                                            << " flash " << flash << " seed " << seed);
+                                            << " flash " << flash << " tile " << tile << " x " << stages << " seed " << seed);
+            setenv("VXQ_CUDA_ATTN_TILE", tile, 1);
+            setenv("VXQ_CUDA_ATTN_STAGES", stages, 1);
             auto be = make_backend("cuda", 1);
+            unsetenv("VXQ_CUDA_ATTN_TILE");
+            unsetenv("VXQ_CUDA_ATTN_STAGES");
             KvCacheOptions opts;
             opts.flash_attn = flash;
             const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
@@ -831,6 +839,7 @@ TEST(Cuda, AttentionMatchesCpu) {
             for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << i;
         }
       }
+    }
     }
 }
 

@@ -164,10 +164,10 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
 
 // ---- the tensor-core split kernel ----------------------------------------------------------------
 // A block's 16 rows are (query, query head) pairs: row r is query q0 + r / REP of its group and
-// head g * REP + r % REP; rows past the group's queries are zero. Each tile of kAttnSplitTile
-// tokens is two sets of warp-level MMAs (PTX mma.sync, fragments as the PTX ISA lays them out:
+// head g * REP + r % REP; rows past the group's queries are zero. Each tile of p.tile tokens
+// (32, 64 or 128; p.stages of them in shared memory, stages - 1 in flight) is two sets of warp-level MMAs (PTX mma.sync, fragments as the PTX ISA lays them out:
 // gid = lane / 4, tig = lane % 4):
-//   scores  warp w takes tokens 8w .. 8w + 7 of the tile: S[16 x 8] = Q[16 x hd] K^T.
+//   scores  warp w takes the tile's 8-token blocks w, w + 4, ...: S[16 x 8] = Q[16 x hd] K^T.
 //           f16 keys: m16n8k16 on fp16 operands; q is split into hi = fp16(q) and lo =
 //           fp16((q - hi) * 2^11) and both are multiplied (keys are fp16 already, so every product
 //           is exact in f32): s = S_hi + S_lo / 2^11, q to 2^-22 (the prefill GEMM path's split).
@@ -179,7 +179,6 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
 //           in fp16) and the block scale goes into P: sum_t (p_t d_t) q_t (the CPU: p_t (q_t d_t)).
 // Accumulation is f32 in the tensor cores; results match the CPU's f32 kernel to ~1e-6 relative.
 constexpr int kMmaRows = 16;
-constexpr int kStages = 3;  // tiles in flight: this one and the next two
 constexpr float kLoScale = 2048.0f, kLoInv = 1.0f / 2048.0f;
 
 __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
@@ -218,7 +217,7 @@ __host__ __device__ inline int pad_row(KvCode c, int hd) {
     return c == KvCode::F16 ? b + 16 : b;
 }
 __host__ __device__ inline int align16(int n) { return (n + 15) & ~15; }
-__host__ __device__ inline MmaSmem mma_smem(int hd, KvCode kc, KvCode vc) {
+__host__ __device__ inline MmaSmem mma_smem(int hd, KvCode kc, KvCode vc, int tile, int stages) {
     MmaSmem m{};
     m.qs = 0;
     m.qf = m.qs + kMmaRows * hd * 4;
@@ -226,12 +225,12 @@ __host__ __device__ inline MmaSmem mma_smem(int hd, KvCode kc, KvCode vc) {
     m.qcodes = m.qf + (f16k ? 2 * (hd / 16) * 32 * 16 : (hd / 32) * 32 * 16);
     m.qd = m.qcodes + (f16k ? 0 : kMmaRows * hd);
     m.sc = m.qd + align16(f16k ? 0 : kMmaRows * (hd / 32) * 4);
-    m.tiles = m.sc + kMmaRows * kAttnSplitTile * 4;
+    m.tiles = m.sc + kMmaRows * tile * 4;
     m.k_row = pad_row(kc, hd);
     m.v_row = pad_row(vc, hd);
-    m.k_tile = align16(kAttnSplitTile * m.k_row);
-    m.stage = m.k_tile + align16(kAttnSplitTile * m.v_row);
-    m.total = m.tiles + kStages * m.stage;
+    m.k_tile = align16(tile * m.k_row);
+    m.stage = m.k_tile + align16(tile * m.v_row);
+    m.total = m.tiles + stages * m.stage;
     return m;
 }
 
@@ -262,10 +261,12 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
     const int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
-    const MmaSmem L = mma_smem(hd, KC, VC);
+    const int tile = p.tile, stages = p.stages;  // attention_split checked them
+    const MmaSmem L = mma_smem(hd, KC, VC, tile, stages);
     float* qsm = reinterpret_cast<float*>(smem + L.qs);
     const auto qrow = [&](int r) { return qsm + r * hd; };
-    float(*sc)[kAttnSplitTile] = reinterpret_cast<float(*)[kAttnSplitTile]>(smem + L.sc);
+    float* scp = reinterpret_cast<float*>(smem + L.sc);  // [kMmaRows][tile]: scores, then probabilities
+    const auto sc = [&](int r, int t) -> float& { return scp[r * tile + t]; };
     const int q0 = qg * kQPB;
     const int nq = min(kQPB, int(p.n_q) - q0);  // queries of this block
     const int rows = nq * REP;
@@ -286,12 +287,12 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     {
         const uint8_t* kp = reinterpret_cast<const uint8_t*>(head.k) + t_begin * ktb;
         const uint8_t* vp = reinterpret_cast<const uint8_t*>(head.v) + t_begin * vtb;
-        const int64_t len = min(t_end - t_begin, int64_t(kAttnSplitTile));
+        const int64_t len = min(t_end - t_begin, int64_t(tile));
         for (int64_t l = tid; l < (len * ktb + 127) / 128; l += kSplitThreads) prefetch_l2(kp + 128 * l);
         for (int64_t l = tid; l < (len * vtb + 127) / 128; l += kSplitThreads) prefetch_l2(vp + 128 * l);
     }
     pdl_wait();
-    const int n_tiles = int((t_end - t_begin + kAttnSplitTile - 1) / kAttnSplitTile);
+    const int n_tiles = int((t_end - t_begin + tile - 1) / tile);
     const bool rope = p.rope.q != nullptr;
     // A split without tokens needs q only for the RoPE it takes part in (the merger writes q back).
     if (n_tiles > 0 || rope) {
@@ -373,40 +374,45 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     // Tokens each of this thread's two C rows sees, relative to t_begin (padding rows: none).
     const auto row_vis = [&](int r) { return r < rows ? visible(q0 + r / REP) - t_begin : int64_t(0); };
     const int64_t vis_a = row_vis(gid), vis_b = row_vis(gid + 8);
-    // Tile it goes to stage it % kStages; kStages - 1 tiles ahead are in flight (a group is
+    // Tile it goes to stage it % stages; stages - 1 tiles ahead are in flight (a group is
     // committed for every tile, empty past the last, so cp_async_wait counts the same).
     const auto issue = [&](int it) {
         if (it < n_tiles) {
-            const int64_t c0 = t_begin + int64_t(it) * kAttnSplitTile;
-            const int len = int(min(int64_t(kAttnSplitTile), t_end - c0));
-            uint8_t* stage = smem + L.tiles + (it % kStages) * L.stage;
+            const int64_t c0 = t_begin + int64_t(it) * tile;
+            const int len = int(min(int64_t(tile), t_end - c0));
+            uint8_t* stage = smem + L.tiles + (it % stages) * L.stage;
             load_stream(stage, reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb, len, ktb, L.k_row);
             load_stream(stage + L.k_tile, reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb, len, vtb, L.v_row);
         }
         cp_async_commit();
     };
     if (n_tiles > 0) {
-        for (int it = 0; it < kStages - 1; ++it) issue(it);
+        for (int it = 0; it < stages - 1; ++it) issue(it);
     }
     __syncthreads();  // the q fragments
     for (int it = 0; it < n_tiles; ++it) {
-        const int tile0 = it * kAttnSplitTile;  // relative to t_begin
-        const int len = int(min(int64_t(kAttnSplitTile), t_end - t_begin - tile0));
-        issue(it + kStages - 1);  // into the stage tile it - 1 used (the barrier at the loop's end freed it)
-        cp_async_wait<kStages - 1>();
+        const int tile0 = it * tile;  // relative to t_begin
+        const int len = int(min(int64_t(tile), t_end - t_begin - tile0));
+        issue(it + stages - 1);  // into the stage tile it - 1 used (the barrier at the loop's end freed it)
+        switch (stages) {  // this tile's group done; stages - 2 newer ones may still be in flight
+            case 2: cp_async_wait<1>(); break;
+            case 3: cp_async_wait<2>(); break;
+            default: cp_async_wait<3>(); break;
+        }
         __syncthreads();  // every thread's pieces of this tile have landed
-        const uint8_t* kt = smem + L.tiles + (it % kStages) * L.stage;
+        const uint8_t* kt = smem + L.tiles + (it % stages) * L.stage;
         const uint8_t* vt = kt + L.k_tile;
-        if (len < kAttnSplitTile) {  // the values past len are multiplied by p = 0: make them 0, not stale bytes (NaN)
-            uint8_t* tail = smem + L.tiles + (it % kStages) * L.stage + L.k_tile;
-            for (int o = len * L.v_row + tid * 2; o < kAttnSplitTile * L.v_row; o += kSplitThreads * 2) {
+        if (len < tile) {  // the values past len are multiplied by p = 0: make them 0, not stale bytes (NaN)
+            uint8_t* tail = smem + L.tiles + (it % stages) * L.stage + L.k_tile;
+            for (int o = len * L.v_row + tid * 2; o < tile * L.v_row; o += kSplitThreads * 2) {
                 *reinterpret_cast<uint16_t*>(tail + o) = 0;  // rows are an even number of bytes
             }
             __syncthreads();
         }
-        // Scores of tokens 8w .. 8w + 7 (a token past len reads stale bytes and is masked below).
-        {
-            const int tok = warp * 8 + gid;  // this lane's B column (token) in the tile
+        // Scores: warp w takes the tile's n8 blocks w, w + 4, ... (tokens 8nb .. 8nb + 7; a token
+        // past len reads stale bytes and is masked below).
+        for (int nb = warp; nb < tile / 8; nb += kSplitWarps) {
+            const int tok = nb * 8 + gid;  // this lane's B column (token) in the tile
             const uint8_t* krow = kt + tok * L.k_row;
             float s[4];
             if constexpr (KC == KvCode::F16) {
@@ -423,7 +429,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             } else {
                 constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
                 s[0] = s[1] = s[2] = s[3] = 0.0f;
-                const int t0 = warp * 8 + tig * 2;  // the C columns (tokens) of this lane
+                const int t0 = nb * 8 + tig * 2;  // the C columns (tokens) of this lane
                 for (int b = 0; b < hd / kQBlock; ++b) {
                     const uint8_t* blk = krow + b * kBlockBytes;
                     unsigned b0, b1;
@@ -446,23 +452,28 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                     s[3] += float(c[3]) * (dk1 * dqb);
                 }
             }
-            const int t0 = warp * 8 + tig * 2;
+            const int t0 = nb * 8 + tig * 2;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int t = tile0 + t0 + (j & 1);
                 const bool seen = t < (j < 2 ? vis_a : vis_b) && t0 + (j & 1) < len;
-                sc[gid + (j < 2 ? 0 : 8)][t0 + (j & 1)] = seen ? s[j] * p.scale : -INFINITY;
+                sc(gid + (j < 2 ? 0 : 8), t0 + (j & 1)) = seen ? s[j] * p.scale : -INFINITY;
             }
         }
         __syncthreads();
-        // Online softmax per real row: a warp per row, a lane per token (padding rows' P stays
-        // -inf: an MMA row only feeds its own output row, which is not written).
+        // Online softmax per real row: a warp per row, a lane per 32nd token (padding rows' P
+        // stays -inf: an MMA row only feeds its own output row, which is not written).
         for (int r = warp; r < rows; r += kSplitWarps) {
-            const float x = sc[r][lane];
-            const float m_new = fmaxf(m_run[r], warp_max(x));
-            const float e = m_new == -INFINITY ? 0.0f : expf(x - m_new);
-            sc[r][lane] = e;
-            const float sum = warp_sum(e);
+            float mx = -INFINITY;
+            for (int t = lane; t < tile; t += 32) mx = fmaxf(mx, sc(r, t));
+            const float m_new = fmaxf(m_run[r], warp_max(mx));
+            float part = 0.0f;
+            for (int t = lane; t < tile; t += 32) {
+                const float e = m_new == -INFINITY ? 0.0f : expf(sc(r, t) - m_new);
+                sc(r, t) = e;
+                part += e;
+            }
+            const float sum = warp_sum(part);
             if (lane == 0) {
                 const float f = m_new == -INFINITY ? 0.0f : expf(m_run[r] - m_new);  // 0 while m_run is -inf
                 factor[r] = f;
@@ -471,7 +482,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             }
         }
         __syncthreads();
-        // O += P V over the tile's 32 tokens (two k16 steps), channel blocks w, w + 4, ...
+        // O += P V over the tile's tokens (k16 steps), channel blocks w, w + 4, ...
         const float fa = factor[gid], fb = factor[gid + 8];
 #pragma unroll
         for (int ch = 0; ch < kChunks; ++ch) {
@@ -488,11 +499,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                 acc_lo[ch][n][2] *= fb;
                 acc_lo[ch][n][3] *= fb;
             }
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
+            for (int ks = 0; ks < tile / 16; ++ks) {
                 const int ta = ks * 16 + tig * 2, tb = ta + 8;  // the A columns (tokens) of this lane
-                float pa0 = sc[gid][ta], pa1 = sc[gid][ta + 1], pb0 = sc[gid + 8][ta], pb1 = sc[gid + 8][ta + 1];
-                float pc0 = sc[gid][tb], pc1 = sc[gid][tb + 1], pd0 = sc[gid + 8][tb], pd1 = sc[gid + 8][tb + 1];
+                float pa0 = sc(gid, ta), pa1 = sc(gid, ta + 1), pb0 = sc(gid + 8, ta), pb1 = sc(gid + 8, ta + 1);
+                float pc0 = sc(gid, tb), pc1 = sc(gid, tb + 1), pd0 = sc(gid + 8, tb), pd1 = sc(gid + 8, tb + 1);
                 if constexpr (VC != KvCode::F16) {  // the block scale of each token goes into P
                     constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
                     const float d0 = kv_half_at(vt + ta * L.v_row + cb * kBlockBytes);
@@ -684,6 +694,15 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, K
            head_dim <= kAttnSplitMaxHeadDim && kv_code_fits(k_code, head_dim) && kv_code_fits(v_code, head_dim);
 }
 
+size_t attention_split_smem(const SplitAttentionParams& p) {
+    return size_t(mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages).total);
+}
+
+bool attention_split_tiling_fits(const SplitAttentionParams& p) {
+    return (p.tile == 32 || p.tile == 64 || p.tile == 128) && p.stages >= 2 && p.stages <= 4 &&
+           attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
+}
+
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
     static const int64_t per_sm = [] {  // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides the default (benchmarks)
         const char* e = std::getenv("VXQ_CUDA_ATTN_BLOCKS_PER_SM");
@@ -704,9 +723,9 @@ namespace {
 
 template <int REP, KvCode KC, KvCode VC>
 void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
-    static const bool sized = [] {  // room for the largest head (kAttnSplitMaxHeadDim)
+    static const bool sized = [] {  // room for the largest layout attention_split_fits_smem admits
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            mma_smem(kAttnSplitMaxHeadDim, KC, VC).total));
+                                            kAttnSplitMaxSmem));
         // All of L1 as shared memory, so kAttnSplitBlocksPerSm blocks fit (by default the driver
         // may keep a carveout that holds one or two).
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>,
@@ -716,8 +735,7 @@ void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
     (void)sized;
     const int64_t groups = (p.n_q + kMmaRows / REP - 1) / (kMmaRows / REP);
     const dim3 grid(unsigned(p.n_head_kv), unsigned(groups), unsigned(p.splits));
-    launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), size_t(mma_smem(int(p.head_dim), KC, VC).total),
-               st, p);
+    launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), attention_split_smem(p), st, p);
 }
 
 template <int REP, KvCode KC>
@@ -746,7 +764,7 @@ void attention_split(const SplitAttentionParams& p, cudaStream_t st) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: q8_0 output needs one query and head_dim % 32 == 0",
                          __FILE__, __LINE__);
     }
-    if (!attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code)) {
+    if (!attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) || !attention_split_tiling_fits(p)) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: shape or format not taken (attention_split_fits)",
                          __FILE__, __LINE__);
     }

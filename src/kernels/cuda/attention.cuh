@@ -81,8 +81,8 @@ void rope_store_kv(const RopeStoreParams& p, cudaStream_t stream);
 // Few queries (decode) with flash-attention numerics (f32 softmax, f32-exact products): block (KV
 // head g, query group, split z) takes 16 rows, the query heads that share g (GQA) of up to
 // 16 / group queries, and reads its stretch of g's tokens once for all of them, tile by tile
-// (kAttnSplitTile tokens of keys and of values copied into shared memory with cp.async, two more
-// tiles in flight while one is computed). Scores and the weighted sum of values are tensor-core
+// (p.tile tokens of keys and of values copied into shared memory with cp.async, p.stages - 1
+// more tiles in flight while one is computed). Scores and the weighted sum of values are tensor-core
 // MMAs (attention.cu says how q, the keys, the probabilities and the values enter them exactly);
 // the readers are templates on the key and the value format (kv_codes.cuh): q8_0 / q4_0 keys are
 // scored against the query quantized to q8_0 once per block, as the CPU does. Each split writes
@@ -113,7 +113,13 @@ constexpr int kAttnSplitMaxSplits = 128;
 // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides it.
 constexpr int kAttnSplitBlocksPerSm = 1;
 constexpr int kAttnSplitMinTokens = 16;  // also the stretch's granule: a tile starts 16-byte aligned in every format
-constexpr int kAttnSplitTile = 32;       // tokens per tile
+// Tiles: p.tile tokens (32, 64 or 128) of keys and of values per shared-memory stage, p.stages
+// stages (2 to 4; stages - 1 tiles in flight while one is computed). The backend's choice:
+// kAttnSplitTile x kAttnSplitStages, VXQ_CUDA_ATTN_TILE / VXQ_CUDA_ATTN_STAGES override it where the
+// layout fits kAttnSplitMaxSmem (the H100/H200 opt-in limit per block).
+constexpr int kAttnSplitTile = 32;
+constexpr int kAttnSplitStages = 3;
+constexpr int kAttnSplitMaxSmem = 227 * 1024;
 
 struct SplitAttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device); with rope.q: before
@@ -128,6 +134,7 @@ struct SplitAttentionParams {
     RopeStoreParams rope;     // n_q == 1 and rope.q == q: RoPE + KV store fused (above); else rope.q null
     Q8Act out_q8;             // n_q == 1, head_dim a multiple of 32: out also as q8_0 activations (below)
     KvCode k_code, v_code;    // the pages' formats (rope's store uses the same)
+    int32_t tile, stages;     // the tiling (above); attention_split_tiling_fits
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
@@ -142,6 +149,9 @@ bool attention_split_rope_fits(const SplitAttentionParams& p, const RopeStorePar
 bool attention_split_q8_fits(const SplitAttentionParams& p);
 // Splits for a call: kAttnSplitBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits).
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
+// Dynamic shared memory of a call, and whether p.tile / p.stages are valid and fit kAttnSplitMaxSmem.
+size_t attention_split_smem(const SplitAttentionParams& p);
+bool attention_split_tiling_fits(const SplitAttentionParams& p);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
 void attention_split(const SplitAttentionParams& p, cudaStream_t stream);
 

@@ -127,6 +127,10 @@ public:
         graphs_on_ = !(g && std::string_view(g) == "0");
         const char* q8 = std::getenv("VXQ_CUDA_Q8_HANDOFF");
         q8_handoff_on_ = !(q8 && std::string_view(q8) == "0");
+        const char* tile = std::getenv("VXQ_CUDA_ATTN_TILE");
+        attn_tile_ = tile ? std::atoi(tile) : kAttnSplitTile;
+        const char* stages = std::getenv("VXQ_CUDA_ATTN_STAGES");
+        attn_stages_ = stages ? std::atoi(stages) : kAttnSplitStages;
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
@@ -447,6 +451,12 @@ public:
             SplitAttentionParams p = zeroed<SplitAttentionParams>();
             p.k_code = codes.k;
             p.v_code = codes.v;
+            p.tile = attn_tile_;
+            p.stages = attn_stages_;
+            if (!attention_split_tiling_fits(p)) {  // an override the layout does not fit (head_dim): the default
+                p.tile = kAttnSplitTile;
+                p.stages = kAttnSplitStages;
+            }
             p.splits = attention_splits(n_q, view.n_head_kv);
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
             p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
@@ -1058,6 +1068,7 @@ private:
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
+    int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
