@@ -1208,12 +1208,13 @@ constexpr double kNonFlashTolerance = 1e-3;
 // Prefill of `prompt` (all logits) then `steps` decode steps fed with the CPU's argmax, on both
 // backends; the largest |logit difference| over everything, relative to max(1, max |logit|).
 double forward_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash,
-                          const KvSpec& spec = {}) {
+                          const KvSpec& spec = {}, const EvictSpec& evict = {}) {
     const ModelConfig& c = m.config();
     auto cpu = make_backend("cpu", 2);
     auto gpu = make_backend("cuda", 1);
     KvCacheOptions opts;
     opts.flash_attn = flash;
+    opts.evict = evict;
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(prompt.size()) + steps};
     auto cache_cpu = make_kv_cache(shape, spec, opts);
     opts.memory = gpu->kv_memory();
@@ -1457,6 +1458,76 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
                                std::to_string(diff));
                 EXPECT_LT(diff, tol) << "kv " << spec_text << ", prompt of " << prompt.size() << " tokens, -fa " << flash;
             }
+        }
+    }
+}
+
+// Eviction on the device: StreamingLLM and K-norm (they score from positions and keys, no
+// attention mass) keep the same tokens on both backends (the device keys are the CPU codec's
+// bytes of nearly the same k; K-norm's scores of near-equal keys could order differently, which
+// the tolerance of a q8_0 cache's flip covers), then the decode steps attend over per-head
+// positions. Logits within logit_tolerance(Q8_0) (3e-2) of max |logit|; recorded as evict_difference.
+TEST(Cuda, EvictedCacheLogitsCloseToCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    const auto ids = model->tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back one register at a time.",
+        true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    for (const char* ev : {"streaming:budget=24,sink=4,window=8", "knorm:budget=32"}) {
+        for (const char* kv : {"f16", "q8_0"}) {
+            const double diff = forward_difference(*model, prompt, 12, true, KvSpec::parse(kv), EvictSpec::parse(ev));
+            RecordProperty(std::string("evict_difference_") + kv + "_" + ev, std::to_string(diff));
+            EXPECT_LT(diff, logit_tolerance(GgmlType::Q8_0)) << ev << ", kv " << kv;
+        }
+    }
+}
+
+// Attention over heads that evicted different tokens (retain with random masks, the same on both
+// backends), then a batch of new tokens written at the next positions: the device kernels see
+// each head's count of stored tokens before the batch, as the CPU's positions do. Within 2e-5.
+TEST(Cuda, AttentionOverEvictedHeadsMatchesCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    struct Case { int64_t kv_len, n_head, n_head_kv, n_q; };
+    for (const Case c : {Case{300, 8, 2, 1}, Case{1000, 32, 8, 1}, Case{500, 12, 4, 3}, Case{200, 4, 4, 20}}) {
+        for (const char* spec_text : {"f16", "q8_0", "q4_0"}) {
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " heads " << c.n_head << "/"
+                                            << c.n_head_kv << " n_q " << c.n_q << " seed " << seed);
+            const int64_t hd = 128, kvd = c.n_head_kv * hd;
+            auto be = make_backend("cuda", 1);
+            KvCacheOptions opts;
+            opts.flash_attn = true;
+            const KvShape shape{1, c.n_head, c.n_head_kv, hd, c.kv_len + c.n_q};
+            const KvSpec spec = KvSpec::parse(spec_text);
+            auto host = make_kv_cache(shape, spec, opts);
+            opts.memory = be->kv_memory();
+            auto dev = make_kv_cache(shape, spec, opts);
+            const auto k = random_floats(size_t((c.kv_len + c.n_q) * kvd), rng);
+            const auto v = random_floats(k.size(), rng);
+            host->write(0, 0, k.data(), v.data(), c.kv_len);
+            host->commit(c.kv_len);
+            be->kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
+            dev->commit(c.kv_len);
+            std::bernoulli_distribution keep_p(0.5);
+            for (int64_t g = 0; g < c.n_head_kv; ++g) {
+                std::vector<uint8_t> keep(size_t(c.kv_len));
+                for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
+                host->retain(0, g, keep);
+                dev->retain(0, g, keep);
+            }
+            const int64_t pos0 = c.kv_len;
+            host->write(0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
+            be->kv_write(*dev, 0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
+            const auto q = random_floats(size_t(c.n_q * c.n_head * hd), rng);
+            std::vector<float> ref(q.size()), got(q.size(), NAN);
+            cpu->attention(host->view(0), q.data(), c.n_q, pos0, ref.data());
+            be->attention(dev->view(0), q.data(), c.n_q, pos0, got.data());
+            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
         }
     }
 }

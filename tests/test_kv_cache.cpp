@@ -189,6 +189,7 @@ TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
         }
         bool host_accessible() const override { return true; }
         void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+        void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
         std::string name() const override { return "chunky host RAM"; }
         size_t commit_granularity() const override { return g; }
     };
@@ -205,6 +206,74 @@ TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
             EXPECT_EQ(coarse->bytes_for_tokens(n), streams * ((per_stream + g - 1) / g * g)) << n << " tokens, chunk " << g;
             EXPECT_GE(coarse->bytes_for_tokens(n), streams * g);
         }
+    }
+}
+
+// Eviction of a cache in memory the host may not touch (a device's, here host RAM that says
+// otherwise): retain compacts each stream through copy_to_host / copy_from_host and ends exactly
+// as the same cache in host RAM with the same keep masks (blocks, positions, resident bytes).
+TEST(PagedCache, RetainInOffHostMemoryEqualsHostRam) {
+    struct OffHost final : KvMemory {
+        std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
+            return host_kv_memory().reserve(page_bytes, max_pages);
+        }
+        bool host_accessible() const override { return false; }
+        void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+        void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+        std::string name() const override { return "off-host test memory"; }
+    };
+    const uint32_t seed = std::random_device{}();
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const KvShape shape{2, 4, 2, 64, 512};
+    const int64_t n = 300, kv = shape.n_head_kv * shape.head_dim;
+    for (const char* spec : {"f16", "q8_0", "q4_0"}) {
+        SCOPED_TRACE(testing::Message() << spec << " seed " << seed);
+        std::vector<float> k(size_t(n * kv)), v(k.size());
+        for (float& x : k) x = u(rng);
+        for (float& x : v) x = u(rng);
+        auto host = make_kv_cache(shape, spec, spec);
+        OffHost mem;
+        KvCacheOptions o;
+        o.memory = &mem;
+        auto off = make_kv_cache(shape, spec, spec, o);
+        for (int64_t l = 0; l < shape.n_layer; ++l) {
+            host->write(l, 0, k.data(), v.data(), n);
+            off->reserve_write(l, 0, n);  // a device backend's store kernel would fill these slots
+            const KvLayerView hv = host->view(l), ov = off->view(l);
+            for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                for (int role = 0; role < 2; ++role) {
+                    const KvStreamView& hs = role ? hv.heads[g].v : hv.heads[g].k;
+                    const KvStreamView& os = role ? ov.heads[g].v : ov.heads[g].k;
+                    std::memcpy(const_cast<uint8_t*>(kv_packed_blocks(os)), kv_packed_blocks(hs), size_t(n) * hs.fmt.block_bytes);
+                }
+            }
+        }
+        host->commit(n);
+        off->commit(n);
+        std::bernoulli_distribution keep_p(0.6);
+        for (int round = 0; round < 2; ++round) {
+            for (int64_t l = 0; l < shape.n_layer; ++l) {
+                for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                    std::vector<uint8_t> keep(size_t(host->head_tokens(l, g)));
+                    for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
+                    host->retain(l, g, keep);
+                    off->retain(l, g, keep);
+                }
+            }
+        }
+        for (int64_t l = 0; l < shape.n_layer; ++l) {
+            for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                ASSERT_EQ(off->head_tokens(l, g), host->head_tokens(l, g));
+                EXPECT_EQ(off->head_positions(l, g), host->head_positions(l, g));
+                std::vector<float> hk, hvv, ok, ovv;
+                host->dequantize(l, g, host->head_tokens(l, g), hk, hvv);
+                off->dequantize(l, g, off->head_tokens(l, g), ok, ovv);
+                EXPECT_EQ(ok, hk) << "layer " << l << " head " << g;
+                EXPECT_EQ(ovv, hvv) << "layer " << l << " head " << g;
+            }
+        }
+        EXPECT_EQ(off->resident_bytes(), host->resident_bytes());
     }
 }
 

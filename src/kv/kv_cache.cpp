@@ -92,21 +92,31 @@ public:
     // Keeps the stored tokens t >= first with keep[t] (tokens below `first` all stay). Token-wise
     // formats without a window move blocks (exact); the others decode the tail and append the
     // kept tokens again (a KIVI key group that loses a token is re-quantized without it).
+    // A stream in device memory (token-wise formats only) is compacted through the host: its
+    // blocks from `first` on are copied out, compacted, and the kept ones copied back.
     void retain(int64_t first, std::span<const uint8_t> keep, std::vector<float>& scratch) {
         const int64_t n = size();
-        if (!mem_->host_accessible()) {
-            fail("evicting tokens from a KV cache in {} is not implemented yet", mem_->name());
-        }
         if (token_wise()) {
+            const bool host = mem_->host_accessible();
+            std::vector<uint8_t> staged;
+            if (!host && n > first) {
+                staged.resize(size_t(n - first) * bb_);
+                mem_->copy_to_host(staged.data(), block_ptr(first), staged.size());
+            }
+            const auto at = [&](int64_t t) { return host ? block_ptr(t) : staged.data() + size_t(t - first) * bb_; };
             int64_t w = first;
             for (int64_t t = first; t < n; ++t) {
                 if (!keep[size_t(t)]) continue;
-                if (w != t) std::memcpy(block_ptr(w), block_ptr(t), bb_);
+                if (w != t) std::memcpy(at(w), at(t), bb_);
                 ++w;
             }
+            if (!host && w > first) mem_->copy_from_host(block_ptr(first), staged.data(), size_t(w - first) * bb_);
             n_enc_ = w;
             release_pages_from((n_enc_ + page_tokens_ - 1) / page_tokens_);
             return;
+        }
+        if (!mem_->host_accessible()) {  // the cache's constructor admits only token-wise formats there
+            fail("evicting tokens from a KV cache in {} needs a token-wise format", mem_->name());
         }
         std::vector<float> all;
         decode_all(all);
@@ -298,7 +308,6 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     m.segs.resize(size_t(s.n_layer));
     m.head_views.resize(size_t(s.n_layer));
     if (opts.evict.active()) {
-        if (!mem.host_accessible()) fail("eviction (--evict) of a cache in {} is not supported yet", mem.name());
         evictor_ = std::make_unique<Evictor>(opts.evict, s);
     }
 }

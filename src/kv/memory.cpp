@@ -52,6 +52,7 @@ public:
     }
     bool host_accessible() const override { return true; }
     void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+    void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
     std::string name() const override { return "host RAM"; }
 };
 

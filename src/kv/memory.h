@@ -36,6 +36,9 @@ public:
     virtual bool host_accessible() const = 0;
     // bytes from src (in pages of this memory) to host memory dst, e.g. to dequantize for a test.
     virtual void copy_to_host(void* dst, const void* src, size_t bytes) const = 0;
+    // bytes from host memory src into dst (in pages of this memory), visible to every later reader
+    // (eviction compacts a device stream's blocks through the host).
+    virtual void copy_from_host(void* dst, const void* src, size_t bytes) const = 0;
     // e.g. "host RAM", "GPU 0 (NVIDIA H200)"
     virtual std::string name() const = 0;
     // Bytes a stream commits at a time: what it holds is its pages' bytes rounded up to this

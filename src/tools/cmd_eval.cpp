@@ -236,8 +236,8 @@ void run_eval_cmd(EvalOptions o) {
     std::vector<KvSpec> specs{p.reference.spec};
     for (const EvalMethod& m : p.methods) specs.push_back(m.spec);
     check_device(o.device, specs, p.prefill_exact);
-    if (pk && o.device != "cpu" && std::any_of(p.methods.begin(), p.methods.end(), [](const EvalMethod& m) { return m.evict.active(); })) {
-        fail("--device {}: eviction has no {} path yet; use --device cpu", o.device, o.device);
+    if (pk) {
+        for (const EvalMethod& m : p.methods) check_evict_device(m.evict, o.device);
     }
     const int threads = resolve_threads(o.threads);
     std::optional<EvalResult> r;

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     const int64_t i = blockIdx.x / p.n_head, h = blockIdx.x % p.n_head;
     const int64_t g = h / (p.n_head / p.n_head_kv);
     const KvHeadDev head = p.heads[g];
-    const int64_t seen = *p.pos0 + i + 1;  // positions <= pos0 + i
+    const int64_t seen = *p.pos0 + i + 1 - head.evicted;  // stored tokens at positions <= pos0 + i
     const int64_t n_vis = seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
     const float* q = p.q + (i * p.n_head + h) * p.head_dim;
     const __half* k = reinterpret_cast<const __half*>(head.k);
@@ -273,7 +273,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     // The step block and the pages of earlier steps were written before this step's first kernel.
     const KvHeadDev head = p.heads[g];
     const auto visible = [&](int i) {  // tokens query i sees
-        const int64_t seen = *p.pos0 + i + 1;
+        const int64_t seen = *p.pos0 + i + 1 - head.evicted;
         return seen < 0 ? int64_t(0) : (seen < head.n_tokens ? seen : head.n_tokens);
     };
     const int64_t n_vis = visible(q0 + nq - 1);  // the group's last query sees the most
@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     const int64_t h = r / p.n_q, i = r % p.n_q;
     const int64_t g = h / (p.n_head / p.n_head_kv);
     const int64_t n_tokens = p.heads[g].n_tokens < p.n_kv ? p.heads[g].n_tokens : p.n_kv;
-    const int64_t seen = *p.pos0 + i + 1;  // positions <= pos0 + i
+    const int64_t seen = *p.pos0 + i + 1 - p.heads[g].evicted;  // stored tokens at positions <= pos0 + i
     const int64_t n_vis = seen < 0 ? 0 : (seen < n_tokens ? seen : n_tokens);
     float* sc = scores + r * p.stride;
     __half* hi = p_hi + r * p.stride;

@@ -32,6 +32,10 @@ namespace vxq::cuda {
 struct KvHeadDev {
     uint64_t k, v;      // addresses of the head's key and value pages (token t at t * kv_token_bytes, contiguous)
     int64_t n_tokens;   // tokens stored (store: before this write; attention: all)
+    // Attention: positions before the current batch that the head no longer holds (eviction;
+    // 0 without). The batch's queries are its last stored tokens, so query i (position pos0 + i)
+    // sees its first pos0 + i + 1 - evicted stored tokens.
+    int64_t evicted;
 };
 
 struct KvStoreParams {

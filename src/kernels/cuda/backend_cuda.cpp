@@ -418,8 +418,8 @@ public:
         int64_t max_tokens = 1, min_tokens = INT64_MAX;
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             const KvHeadView& h = view.heads[g];
-            if (h.pos != nullptr) fail("per-head token positions (eviction) have no CUDA attention yet; use --device cpu");
             heads_[size_t(g)] = head_dev(h, h.n_tokens);
+            heads_[size_t(g)].evicted = evicted_before(h, n_q, pos0);
             max_tokens = std::max(max_tokens, h.n_tokens);
             min_tokens = std::min(min_tokens, h.n_tokens);
         }
@@ -572,7 +572,23 @@ private:
     // A head's page addresses (its streams are contiguous) and a token count, as the kernels read them.
     static KvHeadDev head_dev(const KvHeadView& h, int64_t n_tokens) {
         return KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
-                         uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens};
+                         uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens, 0};
+    }
+    // Positions before the batch that a head with its own positions (eviction) no longer holds:
+    // the kernels assume the batch's n_q queries are the head's last stored tokens, at positions
+    // pos0 .. pos0 + n_q - 1 (what a forward pass writes right before its attention), and every
+    // earlier stored token before pos0; anything else is refused.
+    static int64_t evicted_before(const KvHeadView& h, int64_t n_q, int64_t pos0) {
+        if (h.pos == nullptr) return 0;
+        const int64_t before = h.n_tokens - n_q;
+        bool ok = before >= 0 && (before == 0 || h.pos[before - 1] < pos0);
+        for (int64_t i = 0; ok && i < n_q; ++i) ok = h.pos[before + i] == pos0 + i;
+        if (!ok) {
+            fail("CUDA attention over evicted heads needs the {} queries (positions {}..) as each head's last stored "
+                 "tokens; use --device cpu",
+                 n_q, pos0);
+        }
+        return pos0 - before;
     }
     // The device format of a KV format kind, if the CUDA backend stores and reads it.
     static std::optional<KvCode> kv_code_of(KvFormatKind kind) {

@@ -138,6 +138,13 @@ public:
         drain_();
         VXQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     }
+    // After the backend's queued work (which may read the pages); synchronized, so the kernels of
+    // the backend's non-blocking stream that come after see the bytes.
+    void copy_from_host(void* dst, const void* src, size_t bytes) const override {
+        drain_();
+        VXQ_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+        VXQ_CUDA_CHECK(cudaDeviceSynchronize());
+    }
     std::string name() const override { return name_; }
     size_t commit_granularity() const override { return chunk_; }
 
