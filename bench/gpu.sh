@@ -132,8 +132,16 @@ if [ "$status_build" = ok ]; then
   fi
 
   step "decode attention alone (bench/gpu_attention.cu)"
-  "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,128 --tile 32,64 --stages 2,3,4} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
+  "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,64 --tile 32,64 --stages 2,3} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
     tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
+  # The same shape through PyTorch's scaled_dot_product_attention (issue 11 compares f16 with it),
+  # where the machine's Python has torch with CUDA.
+  if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    python3 bench/gpu_sdpa_torch.py ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} 2>/dev/null |
+      tee "$LOGS/sdpa_torch.log" | grep -v '^{' || status_bench=FAIL
+  else
+    echo "skipped: PyTorch with CUDA not importable (the SDPA comparison)"
+  fi
 
   E2E_TYPES="${VXQ_E2E_TYPES-f16 q4_0}"
   if [ -n "$E2E_TYPES" ]; then

@@ -178,11 +178,10 @@ int main(int argc, char** argv) {
                 contexts.push_back(std::atoll(argv[i]));
             }
         }
-        const int64_t chosen = cuda::attention_splits(1, kHeadsKv);
         const auto add = [](std::vector<int64_t>& v, int64_t x) {
             if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
         };
-        add(split_counts, chosen);
+        for (const Format& f : kFormats) add(split_counts, cuda::attention_splits(1, kHeadsKv, f.code));
         add(tiles, cuda::kAttnSplitTile);
         add(stages, cuda::kAttnSplitStages);
         for (int64_t s : split_counts) {
@@ -210,7 +209,7 @@ int main(int argc, char** argv) {
             for (int64_t ctx : contexts) {
                 for (const Row& r : run_case(f, ctx, configs, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
-                    const bool dflt = r.splits == chosen && r.tile == cuda::kAttnSplitTile && r.stages == cuda::kAttnSplitStages;
+                    const bool dflt = r.splits == cuda::attention_splits(1, kHeadsKv, f.code) && r.tile == cuda::kAttnSplitTile && r.stages == cuda::kAttnSplitStages;
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
                                 (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
                                 dflt ? "*" : "", double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs);

@@ -703,12 +703,15 @@ bool attention_split_tiling_fits(const SplitAttentionParams& p) {
            attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
 }
 
-int64_t attention_splits(int64_t n_q, int64_t n_head_kv) {
-    static const int64_t per_sm = [] {  // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides the default (benchmarks)
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
+    static const int64_t forced = [] {  // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides the default (benchmarks)
         const char* e = std::getenv("VXQ_CUDA_ATTN_BLOCKS_PER_SM");
         const long v = e ? std::strtol(e, nullptr, 10) : 0;
-        return v >= 1 && v <= 64 ? int64_t(v) : int64_t(kAttnSplitBlocksPerSm);
+        return v >= 1 && v <= 64 ? int64_t(v) : int64_t(0);
     }();
+    const int64_t per_sm = forced ? forced
+                           : k_code == KvCode::F16 ? int64_t(kAttnSplitBlocksPerSmF16)
+                                                   : int64_t(kAttnSplitBlocksPerSmQuant);
     const int64_t want = (per_sm * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
@@ -723,10 +726,19 @@ namespace {
 
 template <int REP, KvCode KC, KvCode VC>
 void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
-    static const bool sized = [] {  // room for the largest layout attention_split_fits_smem admits
+    static const bool sized = [] {  // room for the largest layout attention_split_tiling_fits admits
+        cudaFuncAttributes fa{};
+        VXQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, attention_split_kernel<REP, KC, VC>));
+        int dev = 0, optin = 0;
+        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        if (fa.sharedSizeBytes + size_t(kAttnSplitMaxSmem) > size_t(optin)) {
+            throw_cuda_error(cudaErrorInvalidValue, "attention: static + largest dynamic shared memory above the device's limit",
+                             __FILE__, __LINE__);
+        }
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             kAttnSplitMaxSmem));
-        // All of L1 as shared memory, so kAttnSplitBlocksPerSm blocks fit (by default the driver
+        // All of L1 as shared memory, so kAttnSplitBlocksPerSm* blocks fit (by default the driver
         // may keep a carveout that holds one or two).
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>,
                                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));

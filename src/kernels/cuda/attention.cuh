@@ -108,22 +108,30 @@ void rope_store_kv(const RopeStoreParams& p, cudaStream_t stream);
 constexpr int kAttnSplitMaxHeadDim = 256;
 constexpr int kAttnSplitMaxSplits = 128;
 // Splits are planned for the whole context (fixed per shape, so a step's graph holds at any
-// depth): about kAttnSplitBlocksPerSm blocks per SM, rounded up to a power of two (for 8 KV
-// heads on 132 SMs: 32 splits, 256 blocks, one wave). A split's stretch holds at least
-// kAttnSplitMinTokens tokens, so at a short depth only the first splits hold any (the others
-// exit after the RoPE) and the merge reads those alone. The value comes from vxq_gpu_attention's
-// sweep on the H200 (docs/gpu.md): 32 splits against 128 took 15.5 against 28.9 us at 1K tokens
-// and 101 against 120 us at 32K, 358 against 337 us at 128K (f16, 32/8 heads of 128).
-// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides it.
-constexpr int kAttnSplitBlocksPerSm = 1;
+// depth): about kAttnSplitBlocksPerSm* blocks per SM, rounded up to a power of two (for 8 KV
+// heads on 132 SMs: 32 splits for f16 keys, one wave of 256 blocks; 64 for q8_0 / q4_0 keys). A
+// split's stretch holds at least kAttnSplitMinTokens tokens, so at a short depth only the first
+// splits hold any (the others exit after the RoPE) and the merge reads those alone. The values
+// come from vxq_gpu_attention's sweep on the H200 (docs/gpu.md, 2026-12-02: splits 32/64/128 x
+// tile 32/64/128 x stages 2-4 at 4K/32K/128K tokens, 32/8 heads of 128): with 64-token tiles in 2
+// stages, f16 took 99 / 358 us at 32K / 128K with 32 splits against 115 / 372 with 64; q4_0 84 /
+// 285 with 32 against 67 / 209 with 64 (q8_0 88 / 299 against 70 / 218).
+// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides both.
+constexpr int kAttnSplitBlocksPerSmF16 = 1;
+constexpr int kAttnSplitBlocksPerSmQuant = 2;
 constexpr int kAttnSplitMinTokens = 16;  // also the stretch's granule: a tile starts 16-byte aligned in every format
 // Tiles: p.tile tokens (32, 64 or 128) of keys and of values per shared-memory stage, p.stages
 // stages (2 to 4; stages - 1 tiles in flight while one is computed). The backend's choice:
 // kAttnSplitTile x kAttnSplitStages, VXQ_CUDA_ATTN_TILE / VXQ_CUDA_ATTN_STAGES override it where the
-// layout fits kAttnSplitMaxSmem (the H100/H200 opt-in limit per block).
-constexpr int kAttnSplitTile = 32;
-constexpr int kAttnSplitStages = 3;
-constexpr int kAttnSplitMaxSmem = 227 * 1024;
+// layout fits kAttnSplitMaxSmem: dynamic shared memory, below the H100/H200 opt-in limit per block
+// (227 KB) by room for the kernel's static shared memory (up to ~10 KB: the merge's weights at
+// GQA 8; the launcher checks the sum against the device's limit).
+// The same sweep: 64 x 2 was the fastest or within 6 % of it for every format and context at its
+// split count (geometric mean 0.78 of the time of 32 x 3, the layout before); more stages cost more
+// in blocks per SM (shared memory) than they buy in loads in flight.
+constexpr int kAttnSplitTile = 64;
+constexpr int kAttnSplitStages = 2;
+constexpr int kAttnSplitMaxSmem = 213 * 1024;
 
 struct SplitAttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device); with rope.q: before
@@ -151,8 +159,8 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, K
 bool attention_split_rope_fits(const SplitAttentionParams& p, const RopeStoreParams& rope);
 // Whether the split kernel can write out as q8_0 for p (one query, head_dim a multiple of 32).
 bool attention_split_q8_fits(const SplitAttentionParams& p);
-// Splits for a call: kAttnSplitBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits).
-int64_t attention_splits(int64_t n_q, int64_t n_head_kv);
+// Splits for a call: kAttnSplitBlocksPerSmF16 or ...Quant blocks per SM by the key format (a power of two, at most kAttnSplitMaxSplits).
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code);
 // Dynamic shared memory of a call, and whether p.tile / p.stages are valid and fit kAttnSplitMaxSmem.
 size_t attention_split_smem(const SplitAttentionParams& p);
 bool attention_split_tiling_fits(const SplitAttentionParams& p);

@@ -451,16 +451,16 @@ public:
             SplitAttentionParams p = zeroed<SplitAttentionParams>();
             p.k_code = codes.k;
             p.v_code = codes.v;
-            p.tile = attn_tile_;
-            p.stages = attn_stages_;
-            if (!attention_split_tiling_fits(p)) {  // an override the layout does not fit (head_dim): the default
-                p.tile = kAttnSplitTile;
-                p.stages = kAttnSplitStages;
-            }
-            p.splits = attention_splits(n_q, view.n_head_kv);
+            p.splits = attention_splits(n_q, view.n_head_kv, codes.k);
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
             p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
             attention_inputs(p, view, q, n_q, pos0, dev_out);
+            p.tile = attn_tile_;
+            p.stages = attn_stages_;
+            if (!attention_split_tiling_fits(p)) {  // an override the layout (head_dim) does not fit: the default
+                p.tile = kAttnSplitTile;
+                p.stages = kAttnSplitStages;
+            }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
             const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() && attention_split_rope_fits(p, rs.f) &&

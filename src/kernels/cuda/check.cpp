@@ -11,6 +11,9 @@
 namespace vxq::cuda {
 
 void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
+    // A failed runtime call also leaves its status as the thread's last error (unless the context
+    // is lost): take it, so the next launch check reports its own status, not this one.
+    (void)cudaGetLastError();
     fail("CUDA error at {}:{}: {} ({})", file, line, call, cudaGetErrorString(status));
 }
 
