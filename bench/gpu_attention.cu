@@ -4,13 +4,19 @@
 // decode step launches it. Bandwidth counts every byte the kernel must read: keys and values with
 // their block scales (q, the partials and the output are < 0.1 % of them), against a
 // device-to-device copy measured in the same run. Layers are rotated so the bytes read between
-// two reads of the same layer are >= kMinWorkingSet (8x the H200's L2): HBM, not cache.
+// two reads of the same layer are >= kMinWorkingSet (8x the H200's L2): HBM, not cache; except
+// where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
+// stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [CONTEXTS...]
+//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles and stages (the backend's
 // choice is always included and marked "*"; a tiling that does not fit is skipped).
+// --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
+// the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
+// bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are
+// (0 contexts: only this table).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kv/kv_cache.h"
+#include "kv/memory.h"
 #include "gpu_timing.cuh"
 
 namespace {
@@ -58,10 +65,15 @@ constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16}, {"q8_0", vxq::cu
 std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config>& configs, cudaStream_t st) {
     const std::string kv = f.kv;
     using namespace vxq;
-    const size_t layer_bytes = size_t(ctx * kHeadsKv * 2 * cuda::kv_token_bytes(f.code, kHeadDim));
-    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes,
-                                                                  int64_t(kMaxCacheBytes / layer_bytes)));
+    const size_t stream_bytes = size_t(ctx * cuda::kv_token_bytes(f.code, kHeadDim));
+    const size_t layer_bytes = stream_bytes * kHeadsKv * 2;
     auto be = make_backend("cuda", 1);
+    // Device memory is committed per stream in whole chunks (2 MiB): a short context holds far more
+    // than its bytes, so the cap counts what the layers hold, not what they store.
+    const size_t g = be->kv_memory()->commit_granularity();
+    const size_t layer_held = (stream_bytes + g - 1) / g * g * kHeadsKv * 2;
+    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes,
+                                                                  int64_t(kMaxCacheBytes / layer_held)));
     KvCacheOptions opts;
     opts.memory = be->kv_memory();
     opts.flash_attn = true;
@@ -152,12 +164,57 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     return rows;
 }
 
+// The encoder alone: store_kv of n tokens x kHeadsKv heads in format f, keys and values, from
+// f32 rows (inputs rotated so > kMinWorkingSet is read between two reads of the same rows) into
+// pages of n tokens per head. Returns us per call and bytes (read + written) per call.
+std::pair<double, size_t> run_encode(const Format& f, int64_t n, cudaStream_t st) {
+    using namespace vxq;
+    const size_t in_bytes = size_t(n * kHeadsKv * kHeadDim) * sizeof(float);  // k, and again v
+    const size_t page_bytes = size_t(n * cuda::kv_token_bytes(f.code, kHeadDim));
+    const int64_t copies = std::max<int64_t>(1, int64_t((kMinWorkingSet + 2 * in_bytes - 1) / (2 * in_bytes)));
+    float* in;
+    uint8_t* pages;
+    cuda::KvHeadDev* heads;
+    VXQ_CUDA_CHECK(cudaMalloc(&in, 2 * in_bytes * size_t(copies)));
+    VXQ_CUDA_CHECK(cudaMalloc(&pages, 2 * page_bytes * size_t(kHeadsKv)));
+    VXQ_CUDA_CHECK(cudaMalloc(&heads, size_t(kHeadsKv) * sizeof(cuda::KvHeadDev)));
+    std::vector<float> host(2 * in_bytes / sizeof(float));
+    std::mt19937 rng{uint32_t(n)};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : host) x = nd(rng);
+    for (int64_t c = 0; c < copies; ++c) {
+        VXQ_CUDA_CHECK(cudaMemcpy(reinterpret_cast<uint8_t*>(in) + size_t(c) * 2 * in_bytes, host.data(), 2 * in_bytes,
+                                  cudaMemcpyHostToDevice));
+    }
+    std::vector<cuda::KvHeadDev> table(static_cast<size_t>(kHeadsKv));
+    for (int64_t g = 0; g < kHeadsKv; ++g) {
+        uint8_t* k = pages + size_t(2 * g) * page_bytes;
+        table[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(k)), uint64_t(reinterpret_cast<uintptr_t>(k + page_bytes)), 0, 0};
+    }
+    VXQ_CUDA_CHECK(cudaMemcpy(heads, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
+    cuda::KvStoreParams p{};
+    p.heads = heads;
+    p.n = n;
+    p.n_head_kv = kHeadsKv;
+    p.head_dim = kHeadDim;
+    p.k_code = p.v_code = f.code;
+    const double ms = bench::time_calls(st, 40, [&](int i) {
+        cuda::KvStoreParams pl = p;
+        pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
+        pl.v = pl.k + in_bytes / sizeof(float);
+        cuda::store_kv(pl, st);
+    });
+    for (void* ptr : {static_cast<void*>(in), static_cast<void*>(pages), static_cast<void*>(heads)}) VXQ_CUDA_CHECK(cudaFree(ptr));
+    return {ms * 1e3, 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts, tiles, stages;
+        std::vector<int64_t> contexts, split_counts, tiles, stages, encode;
+        bool only_encode = false;
         const auto list = [](const char* text, std::vector<int64_t>& out) {
             for (const char* c = text; *c;) {
                 char* end = nullptr;
@@ -174,8 +231,18 @@ int main(int argc, char** argv) {
                 list(argv[++i], tiles);
             } else if (a == "--stages" && i + 1 < argc) {
                 list(argv[++i], stages);
+            } else if (a == "--encode" && i + 1 < argc) {
+                list(argv[++i], encode);
+            } else if (a == "0") {
+                only_encode = true;
             } else {
                 contexts.push_back(std::atoll(argv[i]));
+            }
+        }
+        for (int64_t n : encode) {
+            if (n < 1 || n > (int64_t(1) << 20)) {
+                std::fprintf(stderr, "vxq_gpu_attention: --encode takes token counts 1..1048576\n");
+                return 1;
             }
         }
         const auto add = [](std::vector<int64_t>& v, int64_t x) {
@@ -194,7 +261,7 @@ int main(int argc, char** argv) {
         for (int64_t t : tiles)
             for (int64_t g : stages)
                 for (int64_t s : split_counts) configs.push_back(Config{s, int(t), int(g)});
-        if (contexts.empty()) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
+        if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         cudaStream_t st;
@@ -202,6 +269,30 @@ int main(int argc, char** argv) {
         const double copy_gbs = bench::copy_bandwidth_gbs(st);
         std::printf("device: %s, %d SMs, L2 %d MB; d2d copy %.0f GB/s (read + write)\n", prop.name,
                     prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
+        std::vector<std::string> encode_json;
+        if (!encode.empty()) {
+            std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call | GB/s | of copy |\n");
+            std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+            for (const Format& f : kFormats) {
+                for (int64_t n : encode) {
+                    const auto [us, bytes] = run_encode(f, n, st);
+                    const double gbs = double(bytes) / (us * 1e-6) / 1e9;
+                    std::printf("| %s | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", f.kv, (long long)n, double(bytes) / 1e6, us,
+                                gbs, 100.0 * gbs / copy_gbs);
+                    std::fflush(stdout);
+                    char line[256];
+                    std::snprintf(line, sizeof line,
+                                  "{\"bench\": \"kv_encode\", \"kv\": \"%s\", \"tokens\": %lld, \"us\": %.2f, \"bytes\": %zu, "
+                                  "\"copy_gbs\": %.0f}",
+                                  f.kv, (long long)n, us, bytes, copy_gbs);
+                    encode_json.push_back(line);
+                }
+            }
+        }
+        if (contexts.empty()) {
+            for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
+            return 0;
+        }
         std::printf("\n| kv | context | layers rotated | splits | tile x stages | MB/call | us/call | GB/s | of copy |\n");
         std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
@@ -218,6 +309,7 @@ int main(int argc, char** argv) {
                 }
             }
         }
+        for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
                         "\"tile\": %d, \"stages\": %d, \"us\": %.2f, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
