@@ -906,7 +906,7 @@ TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
                 }
             }
             heads[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(kh[size_t(g)].data())),
-                                uint64_t(reinterpret_cast<uintptr_t>(vh[size_t(g)].data())), kv_len};
+                                uint64_t(reinterpret_cast<uintptr_t>(vh[size_t(g)].data())), kv_len, 0};
         }
         cuda::F16AttentionGemmParams p{};
         std::vector<float> got(q.size(), NAN);
