@@ -25,6 +25,7 @@
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
 #   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
+#   VXQ_GPU_NCU_STEP=1  also each decode-step kernel alone under Nsight Compute (time, DRAM bytes)
 #   VXQ_GPU_KV_DEPTHS  depths of the decode-vs-context sweep per KV format (default
 #                    1024,4096,16384,32768: a q8_0 / q4_0 prefill re-reads the cache per query
 #                    group, too slow beyond L2-sized caches until a flash prefill exists)
@@ -181,6 +182,18 @@ if [ "$status_build" = ok ]; then
       VXQ_CUDA_PROFILE=graphs "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 128 -r 3 --no-aa \
         >/dev/null 2>"$LOGS/profile_${t}_graphs.txt" || true
       echo "host time $t (tg128, VXQ_CUDA_PROFILE=graphs):"; grep 'vxq:' "$LOGS/profile_${t}_graphs.txt"
+      # Each kernel of a decode step alone (VXQ_GPU_NCU_STEP=1, where Nsight Compute is installed):
+      # its duration and DRAM bytes, grouped by kernel (bench/gpu_ncu_step.py), ~2 steps of kernels
+      # after 2000 launches of warm-up.
+      NCU="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
+      if [ "${VXQ_GPU_NCU_STEP:-}" = 1 ] && [ -x "$NCU" ]; then
+        "$NCU" --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+          --launch-skip 2000 --launch-count 600 "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 32 -r 1 \
+          --no-aa >"$LOGS/ncu_step_$t.csv" 2>"$LOGS/ncu_step_$t.err" || { echo "ncu $t failed:"; tail -3 "$LOGS/ncu_step_$t.err"; }
+        copy_gbs="$(awk -F'|' '/d2d copy/ { gsub(/ /, "", $7); print $7; exit }' "$LOGS/gemv.log" 2>/dev/null)"
+        echo "decode step kernel by kernel, $t (ncu; % of the copy bandwidth ${copy_gbs:-4270} GB/s):"
+        python3 bench/gpu_ncu_step.py "$LOGS/ncu_step_$t.csv" "${copy_gbs:-4270}" | tee "$LOGS/ncu_step_$t.md" || true
+      fi
       # Batch-1 GEMV blocks per SM (default 2).
       for bps in ${VXQ_GPU_BPS_SWEEP:-}; do
         VXQ_GEMV1_BLOCKS_PER_SM=$bps "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 3 --no-aa --json \
