@@ -867,6 +867,43 @@ void host_gemm_batched(const cuda::AttnGemmCall& c, const void* const* ptrs, int
 }
 #endif
 
+// The split kernel's default tiling fits every shape it takes (head_dim 32..256, every K/V format
+// pair) within its shared-memory limit, and the tilings it refuses are refused. Host code only
+// (needs no GPU): a default that does not fit would fail every decode step on the device.
+TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
+#if !VXQ_HAVE_CUDA
+    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF) ***";
+#else
+    using cuda::KvCode;
+    for (int64_t hd = 32; hd <= cuda::kAttnSplitMaxHeadDim; hd += 32) {
+        for (KvCode k : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0}) {
+            for (KvCode v : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0}) {
+                cuda::SplitAttentionParams p{};
+                p.head_dim = hd;
+                p.k_code = k;
+                p.v_code = v;
+                p.tile = cuda::kAttnSplitTile;
+                p.stages = cuda::kAttnSplitStages;
+                EXPECT_TRUE(cuda::attention_split_tiling_fits(p)) << "head_dim " << hd;
+                EXPECT_LE(cuda::attention_split_smem(p), size_t(cuda::kAttnSplitMaxSmem));
+            }
+        }
+    }
+    cuda::SplitAttentionParams p{};
+    p.head_dim = 128;
+    p.k_code = p.v_code = KvCode::F16;
+    for (const auto& [tile, stages] : std::vector<std::pair<int, int>>{{16, 2}, {48, 2}, {256, 2}, {64, 1}, {64, 5}}) {
+        p.tile = tile;
+        p.stages = stages;
+        EXPECT_FALSE(cuda::attention_split_tiling_fits(p)) << tile << " x " << stages;
+    }
+    p.head_dim = 256;  // f16 rows of 528 bytes: 128-token tiles in 4 stages are ~540 KB
+    p.tile = 128;
+    p.stages = 4;
+    EXPECT_FALSE(cuda::attention_split_tiling_fits(p));
+#endif
+}
+
 // The GEMM path's host side (scratch layout, operand pointers, the cuBLAS calls' arguments) run
 // on the CPU: the split and softmax kernels written again on host memory, the calls through
 // host_gemm_batched. Catches a wrong leading dimension, operand or transposition without a GPU
