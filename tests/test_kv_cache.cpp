@@ -178,26 +178,30 @@ TEST(PagedCache, ResidentBytesMatchFormula) {
     EXPECT_NEAR(double(kivi->resident_bytes()) / (k_bytes + v_bytes), 1.0, 0.01);
 }
 
+// Host RAM posing as another memory (a device's): its pages are host_kv_memory()'s, but it
+// reports its own commit granularity and whether the host may touch them (copies are memcpy).
+struct StandInMemory final : KvMemory {
+    bool host = true;
+    size_t granularity = 1;
+    std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
+        return host_kv_memory().reserve(page_bytes, max_pages);
+    }
+    bool host_accessible() const override { return host; }
+    void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+    void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
+    std::string name() const override { return "stand-in memory"; }
+    size_t commit_granularity() const override { return granularity; }
+};
+
 // A memory that commits in coarse chunks (CUDA's 2 MiB): bytes_for_tokens, the memory check's
 // figure, counts each stream's bytes rounded up to whole chunks.
 TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
-    struct Chunky final : KvMemory {
-        size_t g;
-        explicit Chunky(size_t granularity) : g(granularity) {}
-        std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
-            return host_kv_memory().reserve(page_bytes, max_pages);
-        }
-        bool host_accessible() const override { return true; }
-        void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
-        void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
-        std::string name() const override { return "chunky host RAM"; }
-        size_t commit_granularity() const override { return g; }
-    };
     const KvShape shape{2, 4, 2, 64, 4096};
     auto fine = make_kv_cache(shape, KvSpec{});
     for (const int64_t n : {int64_t(1), int64_t(100), int64_t(4096)}) {
         for (const size_t g : {size_t(1) << 20, size_t(2) << 20}) {
-            Chunky mem(g);
+            StandInMemory mem;
+            mem.granularity = g;
             KvCacheOptions o;
             o.memory = &mem;
             auto coarse = make_kv_cache(shape, KvSpec{}, o);
@@ -213,15 +217,6 @@ TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
 // otherwise): retain compacts each stream through copy_to_host / copy_from_host and ends exactly
 // as the same cache in host RAM with the same keep masks (blocks, positions, resident bytes).
 TEST(PagedCache, RetainInOffHostMemoryEqualsHostRam) {
-    struct OffHost final : KvMemory {
-        std::unique_ptr<KvPages> reserve(size_t page_bytes, int64_t max_pages) override {
-            return host_kv_memory().reserve(page_bytes, max_pages);
-        }
-        bool host_accessible() const override { return false; }
-        void copy_to_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
-        void copy_from_host(void* dst, const void* src, size_t bytes) const override { std::memcpy(dst, src, bytes); }
-        std::string name() const override { return "off-host test memory"; }
-    };
     const uint32_t seed = std::random_device{}();
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -233,7 +228,8 @@ TEST(PagedCache, RetainInOffHostMemoryEqualsHostRam) {
         for (float& x : k) x = u(rng);
         for (float& x : v) x = u(rng);
         auto host = make_kv_cache(shape, spec, spec);
-        OffHost mem;
+        StandInMemory mem;
+        mem.host = false;
         KvCacheOptions o;
         o.memory = &mem;
         auto off = make_kv_cache(shape, spec, spec, o);
