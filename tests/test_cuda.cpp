@@ -72,6 +72,12 @@ std::unique_ptr<Backend> try_cuda(std::string* why) {
                      << " — the CUDA backend is NOT verified by this run ***";                       \
     }
 
+// A test of the CUDA backend's host-side code (it needs no GPU, only a build with the backend):
+// in a build without it (VXQ_CUDA=OFF, no nvcc) there is nothing to test; skip loudly, counted.
+#define VXQ_SKIP_WITHOUT_CUDA_BUILD(what)                                                              \
+    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so " << (what)     \
+                 << " is NOT verified by this run ***"
+
 uint32_t fresh_seed() { return std::random_device{}(); }
 
 // Options of a cache that lives where `be` reads it.
@@ -872,7 +878,7 @@ void host_gemm_batched(const cuda::AttnGemmCall& c, const void* const* ptrs, int
 // (needs no GPU): a default that does not fit would fail every decode step on the device.
 TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
 #if !VXQ_HAVE_CUDA
-    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF) ***";
+    VXQ_SKIP_WITHOUT_CUDA_BUILD("the split attention's tiling plan");
 #else
     using cuda::KvCode;
     for (int64_t hd = 32; hd <= cuda::kAttnSplitMaxHeadDim; hd += 32) {
@@ -910,8 +916,7 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
 // (this test needs none); the kernels and cuBLAS itself are checked by AttentionMatchesCpu.
 TEST(Cuda, AttentionGemmPlanComputesAttentionOnTheHost) {
 #if !VXQ_HAVE_CUDA
-    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF: no cuBLAS types to plan "
-                    "with), so the attention GEMM plan is NOT verified by this run ***";
+    VXQ_SKIP_WITHOUT_CUDA_BUILD("the attention GEMM plan (no cuBLAS types to plan with)");
 #else
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
