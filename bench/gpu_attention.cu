@@ -12,7 +12,9 @@
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles and stages (the backend's
-// choice is always included and marked "*"; a tiling that does not fit is skipped).
+// choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
+// of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
+// max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
 // bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are
@@ -52,7 +54,8 @@ struct Row {
     int64_t ctx, layers, splits;
     int tile, stages;
     size_t bytes;  // read per call
-    double us;
+    double us, us_min, us_max;  // median, min, max over the interleaved repetitions
+    bool aa;                    // the default layout's second arm (A/A: the noise floor)
 };
 
 // The formats timed: the --kv name and its device format (kv_codes.cuh), K and V alike.
@@ -135,27 +138,42 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     p.partial = partial;
     p.pos0 = pos0;
     p.arrivals = arrivals;
-    std::vector<Row> rows;
+    // The layouts that fit, and the default one again as an A/A arm; all timed interleaved.
+    std::vector<cuda::SplitAttentionParams> arms;
+    std::vector<bool> aa;
     for (const Config& c : configs) {
         p.splits = c.splits;
         p.tile = c.tile;
         p.stages = c.stages;
         if (!cuda::attention_split_tiling_fits(p)) continue;
-        const double ms = bench::time_calls(st, 40, [&](int i) {
-            cuda::SplitAttentionParams pl = p;
-            pl.heads = tables + (i % layers) * kHeadsKv;
-            cuda::attention_split(pl, st);
-        });
-        std::vector<float> o(size_t(kHeads * kHeadDim));
-        VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
-        for (float x : o) {
-            if (!std::isfinite(x)) {
-                std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
-                             (long long)ctx);
-                std::exit(1);
-            }
+        const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
+                          c.stages == cuda::kAttnSplitStages;
+        arms.push_back(p);
+        aa.push_back(false);
+        if (dflt) {
+            arms.push_back(p);
+            aa.push_back(true);
         }
-        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, layer_bytes, ms * 1e3});
+    }
+    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
+        cuda::SplitAttentionParams pl = arms[size_t(arm)];
+        pl.heads = tables + (i % layers) * kHeadsKv;
+        cuda::attention_split(pl, st);
+    });
+    std::vector<float> o(size_t(kHeads * kHeadDim));
+    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+    for (float x : o) {
+        if (!std::isfinite(x)) {
+            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
+                         (long long)ctx);
+            std::exit(1);
+        }
+    }
+    std::vector<Row> rows;
+    for (size_t a = 0; a < arms.size(); ++a) {
+        const auto& c = arms[a];
+        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+                           ms[a].max * 1e3, aa[a]});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
                       static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
@@ -166,8 +184,8 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
 
 // The encoder alone: store_kv of n tokens x kHeadsKv heads in format f, keys and values, from
 // f32 rows (inputs rotated so > kMinWorkingSet is read between two reads of the same rows) into
-// pages of n tokens per head. Returns us per call and bytes (read + written) per call.
-std::pair<double, size_t> run_encode(const Format& f, int64_t n, cudaStream_t st) {
+// pages of n tokens per head. Returns ms per call and bytes (read + written) per call.
+std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cudaStream_t st) {
     using namespace vxq;
     const size_t in_bytes = size_t(n * kHeadsKv * kHeadDim) * sizeof(float);  // k, and again v
     const size_t page_bytes = size_t(n * cuda::kv_token_bytes(f.code, kHeadDim));
@@ -198,14 +216,14 @@ std::pair<double, size_t> run_encode(const Format& f, int64_t n, cudaStream_t st
     p.n_head_kv = kHeadsKv;
     p.head_dim = kHeadDim;
     p.k_code = p.v_code = f.code;
-    const double ms = bench::time_calls(st, 40, [&](int i) {
+    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, 1, [&](int, int i) {
         cuda::KvStoreParams pl = p;
         pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
         pl.v = pl.k + in_bytes / sizeof(float);
         cuda::store_kv(pl, st);
     });
     for (void* ptr : {static_cast<void*>(in), static_cast<void*>(pages), static_cast<void*>(heads)}) VXQ_CUDA_CHECK(cudaFree(ptr));
-    return {ms * 1e3, 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
+    return {ms[0], 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
 }
 
 }  // namespace
@@ -271,20 +289,21 @@ int main(int argc, char** argv) {
                     prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
         std::vector<std::string> encode_json;
         if (!encode.empty()) {
-            std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call | GB/s | of copy |\n");
+            std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call (min-max) | GB/s | of copy |\n");
             std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
             for (const Format& f : kFormats) {
                 for (int64_t n : encode) {
-                    const auto [us, bytes] = run_encode(f, n, st);
+                    const auto [t, bytes] = run_encode(f, n, st);
+                    const double us = t.median * 1e3;
                     const double gbs = double(bytes) / (us * 1e-6) / 1e9;
-                    std::printf("| %s | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", f.kv, (long long)n, double(bytes) / 1e6, us,
-                                gbs, 100.0 * gbs / copy_gbs);
+                    std::printf("| %s | %lld | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n", f.kv, (long long)n,
+                                double(bytes) / 1e6, us, t.min * 1e3, t.max * 1e3, gbs, 100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     char line[256];
                     std::snprintf(line, sizeof line,
-                                  "{\"bench\": \"kv_encode\", \"kv\": \"%s\", \"tokens\": %lld, \"us\": %.2f, \"bytes\": %zu, "
-                                  "\"copy_gbs\": %.0f}",
-                                  f.kv, (long long)n, us, bytes, copy_gbs);
+                                  "{\"bench\": \"kv_encode\", \"kv\": \"%s\", \"tokens\": %lld, \"us\": %.2f, \"us_min\": %.2f, "
+                                  "\"us_max\": %.2f, \"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}",
+                                  f.kv, (long long)n, us, t.min * 1e3, t.max * 1e3, bench::kGpuRepeats, bytes, copy_gbs);
                     encode_json.push_back(line);
                 }
             }
@@ -293,7 +312,10 @@ int main(int argc, char** argv) {
             for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
             return 0;
         }
-        std::printf("\n| kv | context | layers rotated | splits | tile x stages | MB/call | us/call | GB/s | of copy |\n");
+        std::printf("\n%d interleaved repetitions of 40 calls per layout (median, min-max); '*' the backend's layout, "
+                    "'A/A' the same layout again as a second arm (the noise floor)\n",
+                    bench::kGpuRepeats);
+        std::printf("\n| kv | context | layers rotated | splits | tile x stages | MB/call | us/call (min-max) | GB/s | of copy |\n");
         std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
         for (const Format& f : kFormats) {
@@ -301,9 +323,10 @@ int main(int argc, char** argv) {
                 for (const Row& r : run_case(f, ctx, configs, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     const bool dflt = r.splits == cuda::attention_splits(1, kHeadsKv, f.code) && r.tile == cuda::kAttnSplitTile && r.stages == cuda::kAttnSplitStages;
-                    std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %.1f | %.1f | %.0f | %.0f%% |\n", r.kv.c_str(),
-                                (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
-                                dflt ? "*" : "", double(r.bytes) / 1e6, r.us, gbs, 100.0 * gbs / copy_gbs);
+                    std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
+                                r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
+                                r.aa ? " A/A" : dflt ? "*" : "", double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
+                                100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     rows.push_back(r);
                 }
@@ -312,8 +335,10 @@ int main(int argc, char** argv) {
         for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"tile\": %d, \"stages\": %d, \"us\": %.2f, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.us, r.bytes, copy_gbs);
+                        "\"tile\": %d, \"stages\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
+                        "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.aa ? "true" : "false", r.us,
+                        r.us_min, r.us_max, bench::kGpuRepeats, r.bytes, copy_gbs);
         }
         return 0;
     } catch (const std::exception& e) {

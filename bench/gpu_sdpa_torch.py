@@ -99,7 +99,6 @@ def run(ctx, copy):
 
 def main():
     contexts = [int(a) for a in sys.argv[1:]] or [1024, 4096, 32768, 131072]
-    torch.backends.cuda.matmul.allow_tf32 = False
     prop = torch.cuda.get_device_properties(0)
     copy = copy_gbs()
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {prop.name}; d2d copy {copy:.0f} GB/s (read + write)")

@@ -11,34 +11,53 @@
 
 namespace vxq::bench {
 
-constexpr int kGpuRepeats = 7;  // timed repetitions; the median is reported
+constexpr int kGpuRepeats = 7;  // timed repetitions; the median is reported, with min and max
 
 inline double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
 }
 
-// Milliseconds per call of f (enqueued on `st`), median over kGpuRepeats runs of `calls` calls.
+// Milliseconds per call over kGpuRepeats repetitions.
+struct Timing {
+    double median, min, max;
+};
+
+// Interleaved arms (MEASURE.md): f(arm, i) enqueues call i of arm `arm` on `st`. Each of
+// kGpuRepeats rounds times `calls` back-to-back calls of every arm in turn (A B C A B C ...), so
+// drift and clock changes hit every arm alike. Returns each arm's timing per call.
 template <class F>
-double time_calls(cudaStream_t st, int calls, F&& f) {
+std::vector<Timing> time_interleaved(cudaStream_t st, int calls, int arms, F&& f) {
     cudaEvent_t a, b;
     VXQ_CUDA_CHECK(cudaEventCreate(&a));
     VXQ_CUDA_CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 5; ++i) f(i);  // warm-up (and lazy module loading)
+    for (int arm = 0; arm < arms; ++arm) {
+        for (int i = 0; i < 5; ++i) f(arm, i);  // warm-up (and lazy module loading)
+    }
     VXQ_CUDA_CHECK(cudaStreamSynchronize(st));
-    std::vector<double> ms;
+    std::vector<std::vector<double>> ms(static_cast<size_t>(arms));
     for (int r = 0; r < kGpuRepeats; ++r) {
-        VXQ_CUDA_CHECK(cudaEventRecord(a, st));
-        for (int i = 0; i < calls; ++i) f(i);
-        VXQ_CUDA_CHECK(cudaEventRecord(b, st));
-        VXQ_CUDA_CHECK(cudaEventSynchronize(b));
-        float t = 0;
-        VXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(double(t) / calls);
+        for (int arm = 0; arm < arms; ++arm) {
+            VXQ_CUDA_CHECK(cudaEventRecord(a, st));
+            for (int i = 0; i < calls; ++i) f(arm, i);
+            VXQ_CUDA_CHECK(cudaEventRecord(b, st));
+            VXQ_CUDA_CHECK(cudaEventSynchronize(b));
+            float t = 0;
+            VXQ_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+            ms[size_t(arm)].push_back(double(t) / calls);
+        }
     }
     cudaEventDestroy(a);
     cudaEventDestroy(b);
-    return median(ms);
+    std::vector<Timing> out;
+    for (const auto& m : ms) out.push_back({median(m), *std::min_element(m.begin(), m.end()), *std::max_element(m.begin(), m.end())});
+    return out;
+}
+
+// Milliseconds per call of f (enqueued on `st`): the median of one arm.
+template <class F>
+double time_calls(cudaStream_t st, int calls, F&& f) {
+    return time_interleaved(st, calls, 1, [&](int, int i) { f(i); })[0].median;
 }
 
 // GB/s of a 2 GiB device-to-device copy (bytes read + bytes written per call).
