@@ -182,12 +182,13 @@ if [ "$status_build" = ok ]; then
       VXQ_CUDA_PROFILE=graphs "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 128 -r 3 --no-aa \
         >/dev/null 2>"$LOGS/profile_${t}_graphs.txt" || true
       echo "host time $t (tg128, VXQ_CUDA_PROFILE=graphs):"; grep 'vxq:' "$LOGS/profile_${t}_graphs.txt"
-      # Each kernel of a decode step alone (VXQ_GPU_NCU_STEP=1, where Nsight Compute is installed):
+      # Each kernel of a decode step alone (VXQ_GPU_NCU_STEP=1, where Nsight Compute is installed;
+      # --clock-control none: the card's clocks stay as found, as for every other timing here):
       # its duration and DRAM bytes, grouped by kernel (bench/gpu_ncu_step.py), ~2 steps of kernels
       # after 2000 launches of warm-up.
       NCU="$(command -v ncu || echo /usr/local/cuda/bin/ncu)"
       if [ "${VXQ_GPU_NCU_STEP:-}" = 1 ] && [ -x "$NCU" ]; then
-        "$NCU" --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        "$NCU" --clock-control none --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
           --launch-skip 2000 --launch-count 600 "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 32 -r 1 \
           --no-aa >"$LOGS/ncu_step_$t.csv" 2>"$LOGS/ncu_step_$t.err" || { echo "ncu $t failed:"; tail -3 "$LOGS/ncu_step_$t.err"; }
         copy_gbs="$(awk -F'|' '/d2d copy/ { gsub(/ /, "", $7); print $7; exit }' "$LOGS/gemv.log" 2>/dev/null)"
