@@ -4,9 +4,11 @@
 bench/gpu.sh (VXQ_GPU_NCU_STEP=1) runs `ncu --csv --metrics gpu__time_duration.sum,
 dram__bytes_read.sum,dram__bytes_write.sum --launch-skip S --launch-count C vxq bench ...` on a
 decode run (CUDA graphs: ncu profiles each kernel node alone, so PDL overlap and the gaps between
-kernels are not in these times: this is each kernel's own duration and traffic). This script
-groups the profiled kernels by name and prints, per kernel: calls, mean us, mean MB read +
-written from DRAM, GB/s and % of the copy bandwidth given, and its share of the profiled time.
+kernels are not in these times: this is each kernel's own duration and traffic; ncu also flushes
+the caches before each kernel, so a small kernel's inputs come from DRAM, not L2). This script
+groups the profiled kernels by name and grid (one kernel function serves several matrices) and
+prints, per group: calls, mean us, mean MB read + written from DRAM, GB/s and % of the copy
+bandwidth given, and its share of the profiled time.
 
 Usage: python3 bench/gpu_ncu_step.py NCU_CSV COPY_GBS
 """
@@ -34,9 +36,13 @@ def main():
         except (KeyError, ValueError):
             continue
         unit = row.get("Metric Unit", "")
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6,
-                 "Gbyte": 1e9}.get(unit, 1.0)
-        kernels[(row["ID"], short(row["Kernel Name"]))][row["Metric Name"]] = value * scale
+        scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "byte": 1.0,
+                 "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(unit)
+        if scale is None:
+            sys.exit(f"gpu_ncu_step.py: unknown unit '{unit}' of {row['Metric Name']}")
+        # One kernel function serves several matrices: its grid tells them apart.
+        name = f"{short(row['Kernel Name'])} grid {row.get('Grid Size', '?').replace(' ', '')}"
+        kernels[(row["ID"], name)][row["Metric Name"]] = value * scale
     by_name = defaultdict(lambda: [0, 0.0, 0.0])
     for (_, name), m in kernels.items():
         agg = by_name[name]
