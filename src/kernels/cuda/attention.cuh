@@ -119,7 +119,12 @@ constexpr int kAttnSplitMaxSplits = 128;
 // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides both.
 constexpr int kAttnSplitBlocksPerSmF16 = 1;
 constexpr int kAttnSplitBlocksPerSmQuant = 2;
-constexpr int kAttnSplitMinTokens = 16;  // also the stretch's granule: a tile starts 16-byte aligned in every format
+constexpr int kAttnSplitMinTokens = 16;  // the stretch's granule: a tile starts 16-byte aligned in every format
+// The fewest tokens a split holds (SplitAttentionParams::min_stretch; VXQ_CUDA_ATTN_MIN_STRETCH
+// overrides it): at a short depth fewer splits hold tokens, so fewer blocks read, write partials
+// and are merged. 64: on the H200 (docs/gpu.md, 2026-12-02) 64 f16 tokens took 11.0 us in one
+// split against 13.8 in the 4 splits of 16 tokens that the granule alone gave.
+constexpr int kAttnSplitMinStretch = 64;
 // Tiles: p.tile tokens (32, 64 or 128) of keys and of values per shared-memory stage, p.stages
 // stages (2 to 4; stages - 1 tiles in flight while one is computed). The backend's choice:
 // kAttnSplitTile x kAttnSplitStages, VXQ_CUDA_ATTN_TILE / VXQ_CUDA_ATTN_STAGES override it where the
@@ -147,6 +152,7 @@ struct SplitAttentionParams {
     Q8Act out_q8;             // n_q == 1, head_dim a multiple of 32: out also as q8_0 activations (below)
     KvCode k_code, v_code;    // the pages' formats (rope's store uses the same)
     int32_t tile, stages;     // the tiling (above); attention_split_tiling_fits
+    int32_t min_stretch;      // tokens a split holds at least: a multiple of kAttnSplitMinTokens (below it: that)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0

@@ -131,6 +131,10 @@ public:
         attn_tile_ = tile ? std::atoi(tile) : kAttnSplitTile;
         const char* stages = std::getenv("VXQ_CUDA_ATTN_STAGES");
         attn_stages_ = stages ? std::atoi(stages) : kAttnSplitStages;
+        if (const char* ms = std::getenv("VXQ_CUDA_ATTN_MIN_STRETCH")) {  // rounded up to whole granules
+            attn_min_stretch_ = (std::clamp(std::atoi(ms), kAttnSplitMinTokens, 1 << 20) + kAttnSplitMinTokens - 1) /
+                                kAttnSplitMinTokens * kAttnSplitMinTokens;
+        }
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
@@ -457,6 +461,7 @@ public:
             attention_inputs(p, view, q, n_q, pos0, dev_out);
             p.tile = attn_tile_;
             p.stages = attn_stages_;
+            p.min_stretch = attn_min_stretch_;
             if (!attention_split_tiling_fits(p)) {  // an override the layout (head_dim) does not fit: the default
                 p.tile = kAttnSplitTile;
                 p.stages = kAttnSplitStages;
@@ -1085,6 +1090,7 @@ private:
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
+    int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
