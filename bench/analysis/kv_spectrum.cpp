@@ -1,0 +1,256 @@
+// vxq_kv_spectrum: how much a calibrated rotation could buy a TurboQuant-style cache (issue 12's
+// "<= 3.25 bits with KL below q4_0's").
+//
+// Runs a model over a text (an f16 cache, contexts of --ctx tokens) and keeps every post-RoPE key
+// and value. Per layer, KV head and role it takes the unit vectors x / |x| (what `turbo` codes
+// after its fp16 norm) and their second-moment matrix, and reports:
+//   - AM/GM of its eigenvalues and the top eigenvalue's share (a random rotation makes every
+//     coordinate carry 1/d; an eigenbasis keeps the spread);
+//   - the mean squared error of b-bit Lloyd-Max scalar quantization per coordinate after a random
+//     rotation (each coordinate ~ N(0, 1/d): D = c(b), the turbo codec's distortion), and after
+//     the eigenbasis with b * d bits given out one at a time to the coordinate whose error falls
+//     most (integer bits 0..8, coordinate i ~ N(0, lambda_i): D = sum lambda_i c(b_i));
+//   - with --kl-weights A,B (KL ~ A * D_keys + B * D_values, fitted to measured runs), the best
+//     split of 2 b d bits between a head's keys and values and the KL it predicts.
+// c(b) is the mean squared error of the library's own Lloyd-Max codebook for N(0, 1)
+// (lloyd_max_gaussian, integrated on a grid). Gaussian coordinates and in-sample statistics: an
+// estimate of what a calibrated codec could reach, not a codec.
+//
+//   vxq_kv_spectrum MODEL TEXT [--tokens N] [--ctx N] [--bits B] [--kl-weights A,B]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kv/formats/turbo.h"
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace {
+
+using namespace vxq;
+
+constexpr int kMaxBits = 8;
+
+std::string read_text(const char* path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) fail("cannot open '{}'", path);
+    std::ostringstream s;
+    s << f.rdbuf();
+    return s.str();
+}
+
+// Every K and V the model writes, per layer: [token, n_head_kv, head_dim].
+class Collector final : public KvObserver {
+public:
+    Collector(int64_t n_layer, size_t row) : k(size_t(n_layer)), v(size_t(n_layer)), row_(row) {}
+    void on_write(int64_t layer, int64_t, const float* kk, const float* vv, int64_t n) override {
+        k[size_t(layer)].insert(k[size_t(layer)].end(), kk, kk + size_t(n) * row_);
+        v[size_t(layer)].insert(v[size_t(layer)].end(), vv, vv + size_t(n) * row_);
+    }
+    void on_attention(int64_t, const float*, int64_t, int64_t, const float*) override {}
+    std::vector<std::vector<float>> k, v;
+
+private:
+    size_t row_;
+};
+
+// E[(y - c[Q(y)])^2] for y ~ N(0, 1) and the b-bit Lloyd-Max codebook (nearest centroid).
+double gaussian_mse(int bits) {
+    if (bits == 0) return 1.0;
+    const std::vector<double> c = codecs::turbo::lloyd_max_gaussian(bits);
+    constexpr double kRange = 10.0;
+    constexpr int kSteps = 400000;
+    const double h = 2 * kRange / kSteps;
+    double sum = 0.0;
+    size_t j = 0;
+    for (int i = 0; i < kSteps; ++i) {
+        const double y = -kRange + (i + 0.5) * h;
+        while (j + 1 < c.size() && std::fabs(c[j + 1] - y) <= std::fabs(c[j] - y)) ++j;
+        sum += (y - c[j]) * (y - c[j]) * std::exp(-0.5 * y * y);
+    }
+    return sum * h / std::sqrt(2 * M_PI);
+}
+
+// Eigenvalues of the symmetric d x d matrix a (cyclic Jacobi), descending.
+std::vector<double> eigenvalues(std::vector<double> a, int d) {
+    for (int sweep = 0; sweep < 100; ++sweep) {
+        double off = 0.0;
+        for (int i = 0; i < d; ++i) {
+            for (int j = i + 1; j < d; ++j) off += a[size_t(i * d + j)] * a[size_t(i * d + j)];
+        }
+        if (off < 1e-24) break;
+        for (int p = 0; p < d; ++p) {
+            for (int q = p + 1; q < d; ++q) {
+                const double apq = a[size_t(p * d + q)];
+                if (std::fabs(apq) < 1e-300) continue;
+                const double theta = (a[size_t(q * d + q)] - a[size_t(p * d + p)]) / (2 * apq);
+                const double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+                const double c = 1 / std::sqrt(t * t + 1), s = t * c;
+                for (int k = 0; k < d; ++k) {
+                    const double kp = a[size_t(k * d + p)], kq = a[size_t(k * d + q)];
+                    a[size_t(k * d + p)] = c * kp - s * kq;
+                    a[size_t(k * d + q)] = s * kp + c * kq;
+                }
+                for (int k = 0; k < d; ++k) {
+                    const double pk = a[size_t(p * d + k)], qk = a[size_t(q * d + k)];
+                    a[size_t(p * d + k)] = c * pk - s * qk;
+                    a[size_t(q * d + k)] = s * pk + c * qk;
+                }
+            }
+        }
+    }
+    std::vector<double> e(static_cast<size_t>(d));
+    for (int i = 0; i < d; ++i) e[size_t(i)] = a[size_t(i * d + i)];
+    std::sort(e.rbegin(), e.rend());
+    return e;
+}
+
+// Greedy integer bit allocation of `total` bits over variances w (weighted): each bit to the
+// coordinate whose weighted error falls most (optimal for the convex c(b)). Returns the bits.
+std::vector<int> allocate(const std::vector<double>& w, int total, const std::vector<double>& c) {
+    std::vector<int> b(w.size(), 0);
+    for (int n = 0; n < total; ++n) {
+        size_t best = 0;
+        double gain = -1.0;
+        for (size_t i = 0; i < w.size(); ++i) {
+            if (b[i] < kMaxBits && w[i] * (c[size_t(b[i])] - c[size_t(b[i] + 1)]) > gain) {
+                gain = w[i] * (c[size_t(b[i])] - c[size_t(b[i] + 1)]);
+                best = i;
+            }
+        }
+        ++b[best];
+    }
+    return b;
+}
+
+double distortion(const std::vector<double>& lambda, const std::vector<int>& bits, size_t offset,
+                  const std::vector<double>& c) {
+    double d = 0.0;
+    for (size_t i = 0; i < lambda.size(); ++i) d += lambda[i] * c[size_t(bits[offset + i])];
+    return d;
+}
+
+// The unit vectors' second moment of head h in rows [token, row] (zero vectors skipped).
+std::vector<double> second_moment(const std::vector<float>& x, size_t row, int64_t h, int d) {
+    std::vector<double> m(size_t(d * d), 0.0);
+    const size_t n = x.size() / row;
+    size_t used = 0;
+    for (size_t t = 0; t < n; ++t) {
+        const float* v = &x[t * row + size_t(h * d)];
+        double norm2 = 0.0;
+        for (int i = 0; i < d; ++i) norm2 += double(v[i]) * v[i];
+        if (norm2 <= 0.0) continue;
+        ++used;
+        for (int i = 0; i < d; ++i) {
+            for (int j = 0; j < d; ++j) m[size_t(i * d + j)] += double(v[i]) * v[j] / norm2;
+        }
+    }
+    for (double& e : m) e /= double(std::max<size_t>(used, 1));
+    return m;
+}
+
+int run(int argc, char** argv) {
+    if (argc < 3) fail("usage: vxq_kv_spectrum MODEL TEXT [--tokens N] [--ctx N] [--bits B] [--kl-weights A,B]");
+    int64_t max_tokens = 4096, n_ctx = 1024;
+    int bits = 3;
+    double wk = 0.0, wv = 0.0;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        const std::string_view flag = argv[i];
+        if (flag == "--tokens") max_tokens = std::atoll(argv[i + 1]);
+        else if (flag == "--ctx") n_ctx = std::atoll(argv[i + 1]);
+        else if (flag == "--bits") bits = std::atoi(argv[i + 1]);
+        else if (flag == "--kl-weights") {
+            if (std::sscanf(argv[i + 1], "%lf,%lf", &wk, &wv) != 2) fail("--kl-weights '{}': expected A,B", argv[i + 1]);
+        } else {
+            fail("unknown option '{}'", flag);
+        }
+    }
+    if (bits < 1 || bits > 7 || max_tokens < 1 || n_ctx < 1) fail("--bits 1..7, --tokens and --ctx >= 1");
+
+    const auto model = Model::load(argv[1], "cpu");
+    const auto be = make_backend("cpu", 2);
+    const ModelConfig& cfg = model->config();
+    std::vector<TokenId> tokens = model->tokenizer().encode(read_text(argv[2]), /*add_special=*/true);
+    if (int64_t(tokens.size()) > max_tokens) tokens.resize(size_t(max_tokens));
+    const size_t row = size_t(cfg.n_head_kv * cfg.head_dim);
+    Collector col(cfg.n_layer, row);
+    n_ctx = std::min<int64_t>(n_ctx, int64_t(tokens.size()));
+    auto cache = make_kv_cache(KvShape{cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx}, "f16", "f16");
+    cache->set_observer(&col);
+    std::vector<float> logits(size_t(cfg.n_vocab));
+    for (int64_t t0 = 0; t0 < int64_t(tokens.size()); t0 += n_ctx) {
+        const std::vector<TokenId> chunk(tokens.begin() + t0, tokens.begin() + std::min<int64_t>(t0 + n_ctx, tokens.size()));
+        cache->truncate(0);
+        model->forward(*be, *cache, chunk, int64_t(1), logits.data());
+    }
+    cache->set_observer(nullptr);
+
+    std::vector<double> c(kMaxBits + 1);
+    for (int b = 0; b <= kMaxBits; ++b) c[size_t(b)] = gaussian_mse(b);
+    const int d = int(cfg.head_dim);
+    fmt::print("{}: {} tokens, contexts of {}; Lloyd-Max N(0,1) MSE c(1..4) = {:.4f} {:.4f} {:.5f} {:.6f}\n", argv[1],
+               tokens.size(), n_ctx, c[1], c[2], c[3], c[4]);
+    fmt::print("| layer | head | role | AM/GM | top eigenvalue | rotation @{0} | eigenbasis @{0} | eigenbasis @{1} |\n", bits,
+               bits + 1);
+    fmt::print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    double sum[2][2] = {}, joint_kl = 0.0, joint_bits = 0.0;
+    int heads = 0;
+    for (int64_t l = 0; l < cfg.n_layer; ++l) {
+        for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
+            std::vector<double> lam[2];
+            for (int role = 0; role < 2; ++role) {
+                lam[role] = eigenvalues(second_moment(role ? col.v[size_t(l)] : col.k[size_t(l)], row, h, d), d);
+                double am = 0.0, log_gm = 0.0;
+                for (double e : lam[role]) {
+                    am += e / d;
+                    log_gm += std::log(std::max(e, 1e-300)) / d;
+                }
+                const double at_b = distortion(lam[role], allocate(lam[role], bits * d, c), 0, c);
+                const double at_b1 = distortion(lam[role], allocate(lam[role], (bits + 1) * d, c), 0, c);
+                sum[role][0] += at_b;
+                sum[role][1] += at_b1;
+                fmt::print("| {} | {} | {} | {:.2f} | {:.3f} | {:.4f} | {:.4f} | {:.5f} |\n", l, h, role ? "V" : "K",
+                           am / std::exp(log_gm), lam[role][0], c[size_t(bits)], at_b, at_b1);
+            }
+            ++heads;
+            if (wk > 0.0 && wv > 0.0) {  // one allocation over the head's keys and values
+                std::vector<double> w;
+                for (double e : lam[0]) w.push_back(wk * e);
+                for (double e : lam[1]) w.push_back(wv * e);
+                const std::vector<int> b = allocate(w, 2 * bits * d, c);
+                joint_kl += wk * distortion(lam[0], b, 0, c) + wv * distortion(lam[1], b, size_t(d), c);
+                for (int i = 0; i < d; ++i) joint_bits += b[size_t(i)];
+            }
+        }
+    }
+    fmt::print("mean MSE over heads: keys {:.4f} @{} / {:.5f} @{}, values {:.4f} / {:.5f} (a random rotation: {:.4f} / {:.5f})\n",
+               sum[0][0] / heads, bits, sum[0][1] / heads, bits + 1, sum[1][0] / heads, sum[1][1] / heads, c[size_t(bits)],
+               c[size_t(bits + 1)]);
+    if (wk > 0.0 && wv > 0.0) {
+        fmt::print("joint K/V allocation of {} bits per coordinate pair: keys get {:.2f} bits on average; predicted KL "
+                   "{:.4f} (KL ~ {} D_keys + {} D_values)\n",
+                   2 * bits, joint_bits / (heads * d), joint_kl / heads, wk, wv);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "vxq: error: %s\n", e.what());
+        return 1;
+    }
+}
