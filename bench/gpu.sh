@@ -14,6 +14,8 @@
 #   VXQ_SHARED_DIR   shared assets (models, golden files); default ../shared
 #   VXQ_DEPS_PREFIX  a folder where the Debian -dev packages this project needs were unpacked
 #                    with `dpkg -x` (for a machine that has CUDA but not those packages)
+#   VXQ_DEPS_DEBS    a folder of those packages as .deb files (scripts/device_prepare.sh makes it):
+#                    unpacked into a temporary VXQ_DEPS_PREFIX first
 #   OUT              if set, full logs are written there
 #   VXQ_SYNTH_DIR    where the synthetic GGUFs are written (default BUILD_DIR/synth; ~21 GB)
 #   VXQ_E2E_TYPES    weight types of the end-to-end runs (default "f16 q4_0"; empty: skip them)
@@ -21,6 +23,9 @@
 #   VXQ_GPU_BENCH_ONLY=1  skip the tests, compute-sanitizer and the perplexity comparison (a
 #                    benchmark-only rerun)
 #   VXQ_GPU_BPS_SWEEP  e.g. "2 3": the end-to-end bench also with that many batch-1 GEMV blocks per SM
+#   VXQ_GPU_AB_ARMS  e.g. "VXQ_GEMV_Q4_ROWS=2;VXQ_CUDA_PDL=0": decode tg64 per arm (its environment),
+#                    interleaved over VXQ_GPU_AB_ROUNDS rounds (3) with the default first and last
+#                    (an A/A arm), at depths VXQ_GPU_AB_DEPTHS (0,4096); table ab.md
 #   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24, as prefill)
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
 #   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0")
@@ -37,6 +42,10 @@ LOGS="${OUT:-$BUILD}"
 mkdir -p "$LOGS"
 JOBS="$(nproc)"
 
+if [ -n "${VXQ_DEPS_DEBS:-}" ]; then
+  VXQ_DEPS_PREFIX="$(mktemp -d)"
+  for f in "$VXQ_DEPS_DEBS"/*.deb; do dpkg -x "$f" "$VXQ_DEPS_PREFIX"; done
+fi
 if [ -n "${VXQ_DEPS_PREFIX:-}" ]; then
   P="$VXQ_DEPS_PREFIX"
   export CMAKE_PREFIX_PATH="$P/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
@@ -195,6 +204,21 @@ if [ "$status_build" = ok ]; then
         echo "decode step kernel by kernel, $t (ncu; % of the copy bandwidth ${copy_gbs:-4270} GB/s):"
         python3 bench/gpu_ncu_step.py "$LOGS/ncu_step_$t.csv" "${copy_gbs:-4270}" | tee "$LOGS/ncu_step_$t.md" || true
       fi
+      # A/B arms (VXQ_GPU_AB_ARMS="VXQ_X=1;VXQ_Y=0 VXQ_Z=2"): decode with each arm's environment,
+      # arms interleaved round by round, the default first and last (its second run is the A/A arm:
+      # the noise floor, MEASURE.md).
+      if [ -n "${VXQ_GPU_AB_ARMS:-}" ]; then
+        IFS=';' read -ra arms <<<"default;${VXQ_GPU_AB_ARMS};default"
+        for round in $(seq 1 "${VXQ_GPU_AB_ROUNDS:-3}"); do
+          for arm in "${arms[@]}"; do
+            envs=(); [ "$arm" = default ] || read -ra envs <<<"$arm"
+            env "${envs[@]}" "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "${VXQ_GPU_AB_DEPTHS:-0,4096}" \
+              -r 3 --no-aa --json >"$LOGS/ab.json" 2>"$LOGS/ab.err" || { echo "A/B arm '$arm' failed:"; tail -2 "$LOGS/ab.err"; continue; }
+            echo "| $t | $round | $arm | $(python3 -c "import json,sys; print(' | '.join(f\"{r['depth']}: {r['tps_median']:.1f}\" for r in json.load(open(sys.argv[1]))['rows']))" "$LOGS/ab.json") |" |
+              tee -a "$LOGS/ab.md"
+          done
+        done
+      fi
       # Batch-1 GEMV blocks per SM (default 2).
       for bps in ${VXQ_GPU_BPS_SWEEP:-}; do
         VXQ_GEMV1_BLOCKS_PER_SM=$bps "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 512 -n 128 -r 3 --no-aa --json \
@@ -248,6 +272,7 @@ echo "perplexity cuda vs cpu: $status_ppl"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
 [ -f "$LOGS/e2e.md" ] && grep '^|' "$LOGS/e2e.md"
+[ -f "$LOGS/ab.md" ] && { echo "| weights | round | arm | tg64 t/s by depth |"; cat "$LOGS/ab.md"; }
 [ -f "$LOGS/attention.log" ] && grep '^|' "$LOGS/attention.log"
 [ -f "$LOGS/kv_sweep.md" ] && { echo "| engine | kv | depth | tg64 t/s | KV bytes |"; cat "$LOGS/kv_sweep.md"; }
 [ "$status_build" = ok ] && { [ "$status_tests" = ok ] || [ "$status_tests" = skipped ]; } && [ "$status_bench" = ok ]

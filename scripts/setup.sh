@@ -15,6 +15,8 @@ PACKAGES=(
   clang libclang-rt-14-dev           # libFuzzer targets (scripts/fuzz.sh)
   python3                            # scripts/make_references.sh writes the reference JSON
 )
+# --list: print the packages (one per line) and exit (scripts/device_prepare.sh reads them).
+if [ "${1:-}" = --list ]; then printf '%s\n' "${PACKAGES[@]}"; exit 0; fi
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
