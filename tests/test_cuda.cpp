@@ -910,6 +910,36 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
 #endif
 }
 
+// The split attention's cut of the visible tokens (split_stretch, shared with the kernel): every
+// token in exactly one active split, stretches of whole 16-token granules (a tile starts 16-byte
+// aligned in every format) and at least the minimum stretch, never more splits than planned.
+TEST(Cuda, AttentionSplitStretchCoversEveryTokenOnce) {
+#if !VXQ_HAVE_CUDA
+    VXQ_SKIP_WITHOUT_CUDA_BUILD("the split attention's stretch plan");
+#else
+    for (int64_t splits : {1, 2, 8, 32, 64, 128}) {
+        for (int32_t min_stretch : {0, 1, 16, 40, 64, 100, cuda::kAttnSplitMinStretch}) {
+            for (int64_t n_vis = 0; n_vis <= 20000; n_vis += n_vis < 300 ? 1 : 97) {
+                SCOPED_TRACE(testing::Message() << "splits " << splits << " min " << min_stretch << " n_vis " << n_vis);
+                const cuda::SplitStretch c = cuda::split_stretch(n_vis, splits, min_stretch);
+                ASSERT_EQ(c.per % cuda::kAttnSplitMinTokens, 0);
+                ASSERT_GE(c.per, std::max<int64_t>(min_stretch, cuda::kAttnSplitMinTokens));
+                ASSERT_LE(c.active, splits);
+                ASSERT_EQ(c.active == 0, n_vis == 0);
+                if (n_vis > 0) {
+                    ASSERT_GE(c.active * c.per, n_vis);       // the active splits hold every token
+                    ASSERT_LT((c.active - 1) * c.per, n_vis);  // and each of them holds some
+                }
+            }
+        }
+    }
+    // The defaults: one split up to 64 tokens, and a stretch of 64 once every split is needed.
+    EXPECT_EQ(cuda::split_stretch(64, 32, cuda::kAttnSplitMinStretch).active, 1);
+    EXPECT_EQ(cuda::split_stretch(65, 32, cuda::kAttnSplitMinStretch).active, 2);
+    EXPECT_EQ(cuda::split_stretch(4096, 64, cuda::kAttnSplitMinStretch).per, 64);
+#endif
+}
+
 // The GEMM path's host side (scratch layout, operand pointers, the cuBLAS calls' arguments) run
 // on the CPU: the split and softmax kernels written again on host memory, the calls through
 // host_gemm_batched. Catches a wrong leading dimension, operand or transposition without a GPU

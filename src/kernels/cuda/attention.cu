@@ -279,10 +279,9 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     const int64_t n_vis = visible(q0 + nq - 1);  // the group's last query sees the most
     // Stretches of whole granules of kAttnSplitMinTokens, at least p.min_stretch: a short context leaves the last splits
     // empty (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
-    const int64_t want = (n_vis + p.splits - 1) / p.splits;
-    const int64_t per = max((want + kAttnSplitMinTokens - 1) / kAttnSplitMinTokens * kAttnSplitMinTokens,
-                            int64_t(max(p.min_stretch, kAttnSplitMinTokens)));
-    const int active = int((n_vis + per - 1) / per);  // splits holding tokens (0 when n_vis is 0)
+    const SplitStretch cut = split_stretch(n_vis, p.splits, p.min_stretch);
+    const int64_t per = cut.per;
+    const int active = cut.active;  // splits holding tokens (0 when n_vis is 0)
     const int64_t t_begin = min(n_vis, int64_t(z) * per), t_end = min(n_vis, t_begin + per);
     {
         const uint8_t* kp = reinterpret_cast<const uint8_t*>(head.k) + t_begin * ktb;

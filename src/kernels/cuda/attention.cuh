@@ -125,6 +125,22 @@ constexpr int kAttnSplitMinTokens = 16;  // the stretch's granule: a tile starts
 // and are merged. 64: on the H200 (docs/gpu.md, 2026-12-02) 64 f16 tokens took 11.0 us in one
 // split against 13.8 in the 4 splits of 16 tokens that the granule alone gave.
 constexpr int kAttnSplitMinStretch = 64;
+// How a query group's n_vis visible tokens are cut: stretches of `per` tokens (whole granules of
+// kAttnSplitMinTokens, at least min_stretch rounded up to a granule, and few enough that `splits`
+// of them hold all), the first `active` splits holding tokens (0 when n_vis is 0; the last may
+// hold fewer). The kernel and the host-side test share it.
+struct SplitStretch {
+    int64_t per;
+    int active;
+};
+__host__ __device__ inline SplitStretch split_stretch(int64_t n_vis, int64_t splits, int32_t min_stretch) {
+    const int64_t g = kAttnSplitMinTokens;
+    const int64_t want = (n_vis + splits - 1) / splits;
+    const int64_t floor_tokens = ((min_stretch > g ? min_stretch : g) + g - 1) / g * g;
+    const int64_t whole = (want + g - 1) / g * g;
+    const int64_t per = whole > floor_tokens ? whole : floor_tokens;
+    return SplitStretch{per, int((n_vis + per - 1) / per)};
+}
 // Tiles: p.tile tokens (32, 64 or 128) of keys and of values per shared-memory stage, p.stages
 // stages (2 to 4; stages - 1 tiles in flight while one is computed). The backend's choice:
 // kAttnSplitTile x kAttnSplitStages, VXQ_CUDA_ATTN_TILE / VXQ_CUDA_ATTN_STAGES override it where the
