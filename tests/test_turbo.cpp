@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <numbers>
 #include <random>
 #include <string>
@@ -17,12 +19,14 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/kv_reader.h"
+#include "kv/calibration.h"
 #include "kv/codec.h"
 #include "kv/formats/turbo.h"
 #include "kv/kv_cache.h"
 #include "support/attend.h"
 #include "support/bound_codec.h"
 #include "support/run_cli.h"
+#include "support/text.h"
 
 namespace vxq {
 namespace {
@@ -30,6 +34,7 @@ namespace {
 namespace turbo = codecs::turbo;
 
 using Bound = test::BoundCodec;
+using test::error_of;
 
 std::vector<float> random_unit(std::mt19937& rng, int64_t d) {
     std::normal_distribution<float> nd;
@@ -350,6 +355,122 @@ TEST(TurboCache, ResidentBytesMatchTheFormula) {
         const double formula = states + double(L * H * n) * (r.k_block + r.v_block);
         EXPECT_NEAR(double(cache->resident_bytes()) / formula, 1.0, 0.01) << r.spec;
     }
+}
+
+// turbo:rot=calib on its own spectrum (calib=random: a seeded basis, variances 0.85^i): b x d
+// bits given out by variance, more to the larger ones, and on vectors drawn from that spectrum
+// (y_i ~ N(0, lambda_i) in the basis) a distortion near the predicted sum lambda_i c(b_i) and
+// below the random rotation's c(b).
+TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
+    const int64_t d = 64;
+    for (int b = 2; b <= 4; ++b) {
+        const CodecSpec spec = CodecSpec::parse(fmt::format("turbo:bits={},rot=calib,calib=random", b));
+        const auto state = make_layer_state(spec, KvRole::Key, d, 1);
+        const auto& st = dynamic_cast<const turbo::State&>(*state);
+        int total = 0;
+        double predicted = 0.0;
+        for (int64_t c = 0; c < d; ++c) {
+            total += st.coord_bits[size_t(c)];
+            if (c > 0) {
+                EXPECT_LE(st.coord_bits[size_t(c)], st.coord_bits[size_t(c - 1)]) << "coordinate " << c;
+            }
+            predicted += st.variances[size_t(c)] * turbo::lloyd_max_mse(st.coord_bits[size_t(c)]);
+        }
+        EXPECT_EQ(total, b * d);
+        const auto codec = make_codec(spec, KvRole::Key, d, state.get());
+        std::mt19937 rng(uint32_t(7 + b));
+        std::normal_distribution<float> nd;
+        std::vector<float> x(static_cast<size_t>(d)), back(static_cast<size_t>(d));
+        std::vector<uint8_t> block(codec->block_bytes(d));
+        double err = 0.0, energy = 0.0;
+        for (int n = 0; n < 4000; ++n) {
+            for (int64_t c = 0; c < d; ++c) x[size_t(c)] = float(std::sqrt(st.variances[size_t(c)])) * nd(rng);
+            st.rot.apply_t(x.data());  // into the model's domain
+            codec->encode(x.data(), d, block.data());
+            codec->decode(block.data(), d, back.data());
+            for (int64_t c = 0; c < d; ++c) {
+                err += double(back[size_t(c)] - x[size_t(c)]) * (back[size_t(c)] - x[size_t(c)]);
+                energy += double(x[size_t(c)]) * x[size_t(c)];
+            }
+        }
+        // The norm is coded apart and the unit vector's coordinates are not exactly Gaussian: 15 %.
+        EXPECT_NEAR(err / energy / predicted, 1.0, 0.15) << "b=" << b;
+        EXPECT_LT(err / energy, 0.6 * turbo::lloyd_max_mse(b)) << "b=" << b;
+    }
+    EXPECT_NE(error_of([] { make_layer_state(CodecSpec::parse("turbo:rot=calib"), KvRole::Key, 64, 0); }).find("calib=FILE"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { make_layer_state(CodecSpec::parse("turbo:calib=random"), KvRole::Key, 64, 0); })
+                  .find("goes with rot=calib"),
+              std::string::npos);
+    EXPECT_NE(error_of([] { make_layer_state(CodecSpec::parse("turbo-rvq:rot=calib,calib=random"), KvRole::Key, 64, 0); })
+                  .find("rot=calib"),
+              std::string::npos);
+}
+
+// The calibration file (kv/calibration.h): what is saved loads back, and a file for another head
+// size or fewer layers, with a row that is not a unit vector, a negative variance, truncated, or
+// made for another model is refused by name.
+TEST(TurboCalibrationFile, RoundTripAndRefusals) {
+    const auto path = [](const std::string& name) {
+        return (std::filesystem::temp_directory_path() / ("vxq_turbo_" + name)).string();
+    };
+    const int64_t d = 32;
+    TurboCalibration c;
+    c.model_sha256 = std::string(64, '0');
+    c.model_file = "model.gguf";
+    c.tokens = 100;
+    c.n_layer = 2;
+    c.head_dim = d;
+    for (int64_t l = 0; l < 2; ++l) {
+        TurboCalibration::Layer L;
+        for (auto* basis : {&L.key_basis, &L.value_basis}) {
+            basis->assign(size_t(d * d), 0.0f);
+            for (int64_t i = 0; i < d; ++i) (*basis)[size_t(i * d + (i + l) % d)] = 1.0f;  // a permutation
+        }
+        for (auto* var : {&L.key_variance, &L.value_variance}) {
+            for (int64_t i = 0; i < d; ++i) var->push_back(float(d - i) / float(d * (d + 1) / 2));
+        }
+        for (int64_t i = 0; i < d; ++i) L.key_weight.push_back(1.0f + 0.1f * float(i % 3));
+        c.layers.push_back(L);
+    }
+    const std::string good = path("good.gguf");
+    save_turbo_calibration(good, c);
+    const TurboCalibration back = load_turbo_calibration(good);
+    EXPECT_EQ(back.layers[1].key_basis, c.layers[1].key_basis);
+    EXPECT_EQ(back.layers[0].value_variance, c.layers[0].value_variance);
+    const KvShape shape{2, 2, 2, d, 16};
+    EXPECT_EQ(error_of([&] { make_kv_cache(shape, "turbo:rot=calib,calib=" + good, "turbo:bits=2,rot=calib,calib=" + good); }), "");
+    EXPECT_NE(error_of([&] { make_kv_cache(KvShape{2, 2, 2, 64, 16}, "turbo:rot=calib,calib=" + good, "f16"); })
+                  .find("head_dim 32, not 64"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { make_kv_cache(KvShape{3, 2, 2, d, 16}, "turbo:rot=calib,calib=" + good, "f16"); })
+                  .find("calibrated for 2 layers"),
+              std::string::npos);
+    auto refusal = [&](TurboCalibration bad, const std::string& name) {
+        const std::string f = path(name + ".gguf");
+        save_turbo_calibration(f, bad);
+        return error_of([&] { load_turbo_calibration(f); });
+    };
+    TurboCalibration bad = c;
+    bad.layers[1].value_basis[5] = 2.0f;
+    EXPECT_NE(refusal(bad, "not_unit").find("not a unit vector"), std::string::npos);
+    bad = c;
+    bad.layers[0].key_variance[3] = -0.5f;
+    EXPECT_NE(refusal(bad, "negative").find("negative variance"), std::string::npos);
+    bad = c;
+    bad.layers[1].key_weight[0] = 0.0f;
+    EXPECT_NE(refusal(bad, "weight").find("weight <= 0"), std::string::npos);
+    EXPECT_EQ(back.layers[1].key_weight, c.layers[1].key_weight);
+    std::ifstream in(good, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string cut = path("cut.gguf");
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+    EXPECT_NE(error_of([&] { load_turbo_calibration(cut); }).find(cut), std::string::npos);
+    const std::string other = path("other_model.bin");
+    std::ofstream(other, std::ios::binary) << "some other model";
+    EXPECT_NE(error_of([&] { check_calibration_model(KvSpec::parse("turbo:rot=calib,calib=" + good), other); })
+                  .find("calibration of another model"),
+              std::string::npos);
 }
 
 }  // namespace

@@ -13,7 +13,8 @@
 //   - with --kl-weights A,B (KL ~ A * D_keys + B * D_values, fitted to measured runs), the best
 //     split of 2 b d bits between a head's keys and values and the KL it predicts.
 // c(b) is the mean squared error of the library's own Lloyd-Max codebook for N(0, 1)
-// (lloyd_max_gaussian, integrated on a grid). Gaussian coordinates and in-sample statistics: an
+// (codecs::turbo::lloyd_max_mse); the allocation is turbo:rot=calib's (allocate_bits), whose codec
+// measures what this estimates (docs/kv-methods.md). Gaussian coordinates and in-sample statistics: an
 // estimate of what a calibrated codec could reach, not a codec.
 //
 //   vxq_kv_spectrum MODEL TEXT [--tokens N] [--ctx N] [--bits B] [--kl-weights A,B]
@@ -30,6 +31,7 @@
 #include <fmt/core.h>
 
 #include "backend/backend.h"
+#include "core/eigen.h"
 #include "core/error.h"
 #include "kv/formats/turbo.h"
 #include "kv/kv_cache.h"
@@ -64,77 +66,12 @@ private:
     size_t row_;
 };
 
-// E[(y - c[Q(y)])^2] for y ~ N(0, 1) and the b-bit Lloyd-Max codebook (nearest centroid).
-double gaussian_mse(int bits) {
-    if (bits == 0) return 1.0;
-    const std::vector<double> c = codecs::turbo::lloyd_max_gaussian(bits);
-    constexpr double kRange = 10.0;
-    constexpr int kSteps = 400000;
-    const double h = 2 * kRange / kSteps;
-    double sum = 0.0;
-    size_t j = 0;
-    for (int i = 0; i < kSteps; ++i) {
-        const double y = -kRange + (i + 0.5) * h;
-        while (j + 1 < c.size() && std::fabs(c[j + 1] - y) <= std::fabs(c[j] - y)) ++j;
-        sum += (y - c[j]) * (y - c[j]) * std::exp(-0.5 * y * y);
-    }
-    return sum * h / std::sqrt(2 * M_PI);
-}
-
-// Eigenvalues of the symmetric d x d matrix a (cyclic Jacobi), descending.
-std::vector<double> eigenvalues(std::vector<double> a, int d) {
-    for (int sweep = 0; sweep < 100; ++sweep) {
-        double off = 0.0;
-        for (int i = 0; i < d; ++i) {
-            for (int j = i + 1; j < d; ++j) off += a[size_t(i * d + j)] * a[size_t(i * d + j)];
-        }
-        if (off < 1e-24) break;
-        for (int p = 0; p < d; ++p) {
-            for (int q = p + 1; q < d; ++q) {
-                const double apq = a[size_t(p * d + q)];
-                if (std::fabs(apq) < 1e-300) continue;
-                const double theta = (a[size_t(q * d + q)] - a[size_t(p * d + p)]) / (2 * apq);
-                const double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
-                const double c = 1 / std::sqrt(t * t + 1), s = t * c;
-                for (int k = 0; k < d; ++k) {
-                    const double kp = a[size_t(k * d + p)], kq = a[size_t(k * d + q)];
-                    a[size_t(k * d + p)] = c * kp - s * kq;
-                    a[size_t(k * d + q)] = s * kp + c * kq;
-                }
-                for (int k = 0; k < d; ++k) {
-                    const double pk = a[size_t(p * d + k)], qk = a[size_t(q * d + k)];
-                    a[size_t(p * d + k)] = c * pk - s * qk;
-                    a[size_t(q * d + k)] = s * pk + c * qk;
-                }
-            }
-        }
-    }
-    std::vector<double> e(static_cast<size_t>(d));
-    for (int i = 0; i < d; ++i) e[size_t(i)] = a[size_t(i * d + i)];
-    std::sort(e.rbegin(), e.rend());
-    return e;
-}
-
-// Greedy integer bit allocation of `total` bits over variances w (weighted): each bit to the
-// coordinate whose weighted error falls most (optimal for the convex c(b)). Returns the bits.
-std::vector<int> allocate(const std::vector<double>& w, int total, const std::vector<double>& c) {
-    std::vector<int> b(w.size(), 0);
-    for (int n = 0; n < total; ++n) {
-        size_t best = 0;
-        double gain = -1.0;
-        for (size_t i = 0; i < w.size(); ++i) {
-            if (b[i] < kMaxBits && w[i] * (c[size_t(b[i])] - c[size_t(b[i] + 1)]) > gain) {
-                gain = w[i] * (c[size_t(b[i])] - c[size_t(b[i] + 1)]);
-                best = i;
-            }
-        }
-        ++b[best];
-    }
-    return b;
-}
+// Bits given out one at a time where the (weighted) error falls most: the allocation of
+// turbo:rot=calib (codecs::turbo::allocate_bits).
+std::vector<int> allocate(const std::vector<double>& w, int total) { return codecs::turbo::allocate_bits(w, total); }
 
 double distortion(const std::vector<double>& lambda, const std::vector<int>& bits, size_t offset,
-                  const std::vector<double>& c) {
+                  const std::vector<double>& c) {  // c: lloyd_max_mse by bits
     double d = 0.0;
     for (size_t i = 0; i < lambda.size(); ++i) d += lambda[i] * c[size_t(bits[offset + i])];
     return d;
@@ -196,7 +133,7 @@ int run(int argc, char** argv) {
     cache->set_observer(nullptr);
 
     std::vector<double> c(kMaxBits + 1);
-    for (int b = 0; b <= kMaxBits; ++b) c[size_t(b)] = gaussian_mse(b);
+    for (int b = 0; b <= kMaxBits; ++b) c[size_t(b)] = codecs::turbo::lloyd_max_mse(b);
     const int d = int(cfg.head_dim);
     fmt::print("{}: {} tokens, contexts of {}; Lloyd-Max N(0,1) MSE c(1..4) = {:.4f} {:.4f} {:.5f} {:.6f}\n", argv[1],
                tokens.size(), n_ctx, c[1], c[2], c[3], c[4]);
@@ -209,14 +146,14 @@ int run(int argc, char** argv) {
         for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
             std::vector<double> lam[2];
             for (int role = 0; role < 2; ++role) {
-                lam[role] = eigenvalues(second_moment(role ? col.v[size_t(l)] : col.k[size_t(l)], row, h, d), d);
+                lam[role] = symmetric_eigen(second_moment(role ? col.v[size_t(l)] : col.k[size_t(l)], row, h, d), d).values;
                 double am = 0.0, log_gm = 0.0;
                 for (double e : lam[role]) {
                     am += e / d;
                     log_gm += std::log(std::max(e, 1e-300)) / d;
                 }
-                const double at_b = distortion(lam[role], allocate(lam[role], bits * d, c), 0, c);
-                const double at_b1 = distortion(lam[role], allocate(lam[role], (bits + 1) * d, c), 0, c);
+                const double at_b = distortion(lam[role], allocate(lam[role], bits * d), 0, c);
+                const double at_b1 = distortion(lam[role], allocate(lam[role], (bits + 1) * d), 0, c);
                 sum[role][0] += at_b;
                 sum[role][1] += at_b1;
                 fmt::print("| {} | {} | {} | {:.2f} | {:.3f} | {:.4f} | {:.4f} | {:.5f} |\n", l, h, role ? "V" : "K",
@@ -227,7 +164,7 @@ int run(int argc, char** argv) {
                 std::vector<double> w;
                 for (double e : lam[0]) w.push_back(wk * e);
                 for (double e : lam[1]) w.push_back(wv * e);
-                const std::vector<int> b = allocate(w, 2 * bits * d, c);
+                const std::vector<int> b = allocate(w, 2 * bits * d);
                 joint_kl += wk * distortion(lam[0], b, 0, c) + wv * distortion(lam[1], b, size_t(d), c);
                 for (int i = 0; i < d; ++i) joint_bits += b[size_t(i)];
             }

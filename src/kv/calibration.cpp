@@ -169,6 +169,70 @@ QFiltersCalibration load_qfilters_calibration(const std::string& path) {
     return c;
 }
 
+void save_turbo_calibration(const std::string& path, const TurboCalibration& c) {
+    const int64_t d = c.head_dim;
+    VXQ_ASSERT(int64_t(c.layers.size()) == c.n_layer && is_sha256_hex(c.model_sha256));
+    GgufStreamWriter w;
+    write_common(w, "turbo", c);
+    w.add("turbo.layers", GgufWriterValue::i64(c.n_layer));
+    w.add("turbo.head_dim", GgufWriterValue::i64(d));
+    std::vector<const std::vector<float>*> data;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        const TurboCalibration::Layer& L = c.layers[size_t(l)];
+        VXQ_ASSERT(int64_t(L.key_basis.size()) == d * d && int64_t(L.value_basis.size()) == d * d &&
+                   int64_t(L.key_variance.size()) == d && int64_t(L.value_variance.size()) == d &&
+                   int64_t(L.key_weight.size()) == d);
+        w.add_tensor(tensor_name(l, "key_basis"), {d, d}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "key_variance"), {d}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "value_basis"), {d, d}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "value_variance"), {d}, GgmlType::F32);
+        w.add_tensor(tensor_name(l, "key_weight"), {d}, GgmlType::F32);
+        data.insert(data.end(), {&L.key_basis, &L.key_variance, &L.value_basis, &L.value_variance, &L.key_weight});
+    }
+    w.write(path, [&](size_t tensor, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
+        const int64_t row = w.tensors()[tensor].ne[0];
+        std::memcpy(out.data(), data[tensor]->data() + row0 * row, size_t(n_rows * row) * sizeof(float));
+    });
+}
+
+TurboCalibration load_turbo_calibration(const std::string& path) {
+    const GgufFile f = GgufFile::open(path);
+    TurboCalibration c;
+    read_common(f, "turbo", c);
+    c.n_layer = int_key(f, "turbo.layers", 1, 4096);
+    c.head_dim = int_key(f, "turbo.head_dim", 1, 1024);
+    const int64_t d = c.head_dim;
+    if (int64_t(f.tensors().size()) != 5 * c.n_layer) {
+        fail("{}: {} tensors, expected 5 per layer for {} layers", path, f.tensors().size(), c.n_layer);
+    }
+    c.layers.resize(size_t(c.n_layer));
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        TurboCalibration::Layer& L = c.layers[size_t(l)];
+        for (const char* role : {"key", "value"}) {
+            const bool key = role[0] == 'k';
+            std::vector<float>& basis = key ? L.key_basis : L.value_basis;
+            std::vector<float>& var = key ? L.key_variance : L.value_variance;
+            const std::string bn = tensor_name(l, key ? "key_basis" : "value_basis");
+            const std::string vn = tensor_name(l, key ? "key_variance" : "value_variance");
+            basis = f32_tensor(f, bn, {d, d});
+            var = f32_tensor(f, vn, {d});
+            for (float v : var) {
+                if (v < 0.0f) fail("{}: calibration tensor '{}' holds a negative variance", path, vn);
+            }
+            for (int64_t i = 0; i < d; ++i) {  // rows of unit length (orthonormality within float rounding)
+                double n2 = 0.0;
+                for (int64_t k = 0; k < d; ++k) n2 += double(basis[size_t(i * d + k)]) * basis[size_t(i * d + k)];
+                if (std::fabs(n2 - 1.0) > 1e-3) fail("{}: calibration tensor '{}': row {} is not a unit vector", path, bn, i);
+            }
+        }
+        L.key_weight = f32_tensor(f, tensor_name(l, "key_weight"), {d});
+        for (float v : L.key_weight) {
+            if (!(v > 0.0f)) fail("{}: calibration tensor '{}' holds a weight <= 0", path, tensor_name(l, "key_weight"));
+        }
+    }
+    return c;
+}
+
 namespace {
 
 // vxq::Error unless the calibration (file `calib`, made from `calib_model` with sha `calib_sha`)
@@ -190,9 +254,13 @@ void check_calibration_model(const KvSpec& spec, const std::string& model_path) 
     for (const CodecSpec* s : {&spec.k, &spec.v}) {
         const auto it = s->options.find("calib");
         if (it == s->options.end() || it->second == "random") continue;
-        if (s->name != "vecinfer") continue;  // the codec refuses an option it does not have
-        const VecinferCalibration c = load_vecinfer_calibration(it->second);
-        check_model_sha(it->second, c.model_file, c.model_sha256, model_path, model_sha);
+        if (s->name == "vecinfer") {
+            const VecinferCalibration c = load_vecinfer_calibration(it->second);
+            check_model_sha(it->second, c.model_file, c.model_sha256, model_path, model_sha);
+        } else if (s->name == "turbo") {
+            const TurboCalibration c = load_turbo_calibration(it->second);
+            check_model_sha(it->second, c.model_file, c.model_sha256, model_path, model_sha);
+        }  // other codecs refuse an option they do not have
     }
 }
 

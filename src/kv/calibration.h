@@ -57,6 +57,30 @@ struct QFiltersCalibration {
 void save_qfilters_calibration(const std::string& path, const QFiltersCalibration& c);
 QFiltersCalibration load_qfilters_calibration(const std::string& path);
 
+// TurboQuant's calibrated eigenbasis (turbo:rot=calib, kv/formats/turbo.h): per layer and role
+// the eigenvectors and eigenvalues of the second moment of the unit vectors x / |x| over the
+// layer's KV heads and the calibration tokens. Same header keys; then
+//   turbo.layers / .head_dim                  int64
+//   blk.L.key_basis, blk.L.value_basis        [head_dim, head_dim]  row i: eigenvector i (unit)
+//   blk.L.key_variance, blk.L.value_variance  [head_dim]            eigenvalue i, descending, >= 0
+//   blk.L.key_weight                          [head_dim]            the queries' mean square along key
+//       eigenvector i over the layer's query heads, relative to its mean over i (> 0): how much an
+//       error in that coordinate moves the scores, so key bits go where variance x weight is largest
+struct TurboCalibration {
+    std::string model_sha256;
+    std::string model_file;
+    int64_t tokens = 0;
+    int64_t n_layer = 0, head_dim = 0;
+    struct Layer {
+        std::vector<float> key_basis, value_basis;        // [head_dim * head_dim]
+        std::vector<float> key_variance, value_variance;  // [head_dim]
+        std::vector<float> key_weight;                    // [head_dim]
+    };
+    std::vector<Layer> layers;  // [n_layer]
+};
+void save_turbo_calibration(const std::string& path, const TurboCalibration& c);
+TurboCalibration load_turbo_calibration(const std::string& path);
+
 // Refuses (vxq::Error) a K/V spec whose calibration file (`calib=FILE`, any method that takes
 // one) was made from another model than the file at model_path (sha256 of the bytes), or is not
 // a valid calibration. Nothing is read when no method names a calibration file.

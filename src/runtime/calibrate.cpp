@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "core/eigen.h"
 #include "core/error.h"
 #include "core/sha256.h"
 #include "core/thread_pool.h"
@@ -56,6 +57,23 @@ public:
     }
     int64_t n_head, d, n_queries = 0;
     std::vector<double> qq, qs;
+};
+
+// Hands every event to two observers (the keys and values, and the queries, in one run).
+class Tee final : public KvObserver {
+public:
+    Tee(KvObserver& a, KvObserver& b) : a_(a), b_(b) {}
+    void on_write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) override {
+        a_.on_write(layer, pos0, k, v, n);
+        b_.on_write(layer, pos0, k, v, n);
+    }
+    void on_attention(int64_t layer, const float* q, int64_t n_q, int64_t pos0, const float* out) override {
+        a_.on_attention(layer, q, n_q, pos0, out);
+        b_.on_attention(layer, q, n_q, pos0, out);
+    }
+
+private:
+    KvObserver &a_, &b_;
 };
 
 // The text's first max_tokens tokens (vxq::Error when it has none).
@@ -244,6 +262,74 @@ VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::str
             }
         }
     });
+    return c;
+}
+
+TurboCalibration calibrate_turbo(const Model& model, Backend& be, std::string_view text, const TurboCalibrateParams& p,
+                                 const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    const int64_t d = cfg.head_dim, H = cfg.n_head_kv, L = cfg.n_layer;
+    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    if (d > 1024) fail("calibrate: head_dim {} is above turbo's 1024", d);
+    const std::vector<TokenId> tokens = calibration_tokens(model, text, p.max_tokens);
+    KvCollector col(L);
+    col.row = size_t(H * d);
+    QueryMoments queries(L, cfg.n_head, d);
+    Tee both(col, queries);
+    run_tokens(model, be, tokens, p.n_ctx, both, progress);
+
+    TurboCalibration c;
+    stamp(c, model, tokens);
+    c.n_layer = L;
+    c.head_dim = d;
+    c.layers.resize(size_t(L));
+    for (int64_t l = 0; l < L; ++l) {
+        for (const bool key : {true, false}) {
+            const std::vector<float>& x = key ? col.k[size_t(l)] : col.v[size_t(l)];
+            std::vector<double> m(size_t(d * d), 0.0);
+            int64_t used = 0;
+            for (size_t off = 0; off + size_t(d) <= x.size(); off += size_t(d)) {  // every (token, KV head) row
+                const float* v = &x[off];
+                double n2 = 0.0;
+                for (int64_t i = 0; i < d; ++i) n2 += double(v[i]) * v[i];
+                if (n2 <= 0.0) continue;
+                ++used;
+                for (int64_t i = 0; i < d; ++i) {
+                    const double vi = v[i] / n2;
+                    for (int64_t j = 0; j < d; ++j) m[size_t(i * d + j)] += vi * v[j];
+                }
+            }
+            if (used == 0) fail("calibrate: layer {} wrote only zero {}", l, key ? "keys" : "values");
+            for (double& e : m) e /= double(used);
+            const SymmetricEigen e = symmetric_eigen(std::move(m), d);
+            TurboCalibration::Layer& out = c.layers[size_t(l)];
+            std::vector<float>& basis = key ? out.key_basis : out.value_basis;
+            std::vector<float>& var = key ? out.key_variance : out.value_variance;
+            basis.assign(e.vectors.begin(), e.vectors.end());
+            for (double v : e.values) var.push_back(float(std::max(v, 0.0)));
+            if (!key) continue;
+            // The queries' mean square along each key eigenvector e_i: e_i^T (sum over the layer's
+            // query heads of q q^T) e_i, relative to its mean over i.
+            std::vector<double> w(static_cast<size_t>(d), 0.0);
+            for (int64_t h = 0; h < cfg.n_head; ++h) {
+                const double* qq = &queries.qq[size_t((l * cfg.n_head + h) * d * d)];
+                for (int64_t i = 0; i < d; ++i) {
+                    const double* ei = &e.vectors[size_t(i * d)];
+                    double s = 0.0;
+                    for (int64_t a = 0; a < d; ++a) {
+                        double row = 0.0;
+                        for (int64_t b = 0; b < d; ++b) row += qq[a * d + b] * ei[b];
+                        s += ei[a] * row;
+                    }
+                    w[size_t(i)] += s;
+                }
+            }
+            double mean = 0.0;
+            for (double v : w) mean += v / double(d);
+            for (double v : w) out.key_weight.push_back(mean > 0.0 ? float(std::max(v / mean, 1e-6)) : 1.0f);
+        }
+        if (progress) progress("eigenbasis", l + 1, L);
+    }
     return c;
 }
 

@@ -59,4 +59,17 @@ QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::str
                                        const QFiltersCalibrateParams& p, QFiltersCalibrateStats* stats = nullptr,
                                        const std::function<void(const char*, int64_t, int64_t)>& progress = {});
 
+struct TurboCalibrateParams {
+    int64_t max_tokens = 2048;  // tokens of the text's start run through the model
+    int64_t n_ctx = 512;        // tokens per forward pass; each chunk starts a fresh context
+};
+
+// TurboQuant's calibrated eigenbasis (turbo:rot=calib; kv/calibration.h): runs the model over the
+// first max_tokens tokens of `text` (an f16 cache, an observer on the post-RoPE K and V), then per
+// layer and role the second moment of the unit vectors x / |x| over every KV head and token (zero
+// vectors skipped), in double, and its eigen-decomposition (core/eigen.h): the basis rows and the
+// variances (eigenvalues, negative rounding clamped to 0).
+TurboCalibration calibrate_turbo(const Model& model, Backend& be, std::string_view text, const TurboCalibrateParams& p,
+                                 const std::function<void(const char*, int64_t, int64_t)>& progress = {});
+
 }  // namespace vxq

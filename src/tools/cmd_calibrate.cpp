@@ -21,7 +21,7 @@ namespace {
 struct CalibrateOptions {
     std::string model, file, method, out;
     int64_t tokens = 2048;
-    int64_t n_ctx = 512;
+    int64_t n_ctx = 0;  // 0: the method's default (calibrate_context)
     int iterations = 30;
     uint64_t seed = 0;
     int threads = 0;
@@ -41,7 +41,7 @@ void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
     codecs::check_known_options(spec, {});
     QFiltersCalibrateParams p;
     p.max_tokens = o.tokens;
-    p.n_ctx = o.n_ctx;
+    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
     check_writable(o.out);
     const std::string text = read_file(o.file);
     const auto model = Model::load(o.model, "cpu");
@@ -64,16 +64,47 @@ void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
     fmt::print("wrote {}: use --evict qfilters:budget=N,calib={}\n", o.out, o.out);
 }
 
+void run_calibrate_turbo(const CalibrateOptions& o, const CodecSpec& spec) {
+    codecs::check_known_options(spec, {});
+    TurboCalibrateParams p;
+    p.max_tokens = o.tokens;
+    check_writable(o.out);
+    const std::string text = read_file(o.file);
+    const auto model = Model::load(o.model, "cpu");
+    // Post-RoPE keys turn with the position: a basis fitted on positions below 512 codes the
+    // others badly (vxq-llama-h64 at -c 1024: 4x the error), so by default every position.
+    const int64_t train = model->config().n_ctx_train;
+    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : train > 0 ? train : 512;
+    if (p.max_tokens < p.n_ctx) {
+        fmt::print(stderr, "vxq: note: --tokens {} is below the context {}: positions from {} on are not calibrated\n",
+                   p.max_tokens, p.n_ctx, p.max_tokens);
+    }
+    const auto be = make_backend("cpu", resolve_threads(o.threads));
+    const bool tty = stderr_is_tty();
+    const TurboCalibration c = calibrate_turbo(*model, *be, text, p, stage_progress(tty));
+    end_progress(tty);
+    save_turbo_calibration(o.out, c);
+    fmt::print("calibrate: turbo (eigenbasis) | model {} (sha256 {}) | {} tokens in contexts of {}, {} layers, head_dim {}\n",
+               c.model_file, c.model_sha256, c.tokens, p.n_ctx, c.n_layer, c.head_dim);
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+        const TurboCalibration::Layer& L = c.layers[size_t(l)];
+        fmt::print("layer {}: top variance keys {:.3f}, values {:.3f} (a random rotation: {:.3f})\n", l, L.key_variance[0],
+                   L.value_variance[0], 1.0 / double(c.head_dim));
+    }
+    fmt::print("wrote {}: use --kv turbo:bits=B,rot=calib,calib={}\n", o.out, o.out);
+}
+
 void run_calibrate(const CalibrateOptions& o) {
     const CodecSpec spec = CodecSpec::parse(o.method);
     if (spec.name == "qfilters") return run_calibrate_qfilters(o, spec);
-    if (spec.name != "vecinfer") fail("calibrate: method '{}' has no calibration (vecinfer and qfilters have)", spec.name);
+    if (spec.name == "turbo") return run_calibrate_turbo(o, spec);
+    if (spec.name != "vecinfer") fail("calibrate: method '{}' has no calibration (vecinfer, turbo and qfilters have)", spec.name);
     codecs::check_known_options(spec, {"n", "m"});
     VecinferCalibrateParams p;
     p.n = int(codecs::int_option(spec, "n", 4, 1, 64));
     p.m = int(codecs::int_option(spec, "m", 8, 1, 8));
     p.max_tokens = o.tokens;
-    p.n_ctx = o.n_ctx;
+    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
     p.iterations = o.iterations;
     p.seed = o.seed;
     p.threads = resolve_threads(o.threads);
@@ -107,11 +138,12 @@ void add_calibrate(CLI::App& app, int& rc) {
     auto o = std::make_shared<CalibrateOptions>();
     sub->add_option("-m,--model", o->model, "model GGUF file")->required();
     sub->add_option("-f,--file", o->file, "calibration text file")->required();
-    sub->add_option("--method", o->method, "method and its options: vecinfer[:n=N,m=M] (n=4, m=8), or qfilters")->required();
+    sub->add_option("--method", o->method, "method and its options: vecinfer[:n=N,m=M] (n=4, m=8), turbo (the eigenbasis of turbo:rot=calib), or qfilters")->required();
     sub->add_option("-o,--output", o->out, "calibration file to write (atomically)")->required();
     sub->add_option("--tokens", o->tokens, "tokens of the text run through the model (default 2048)")
         ->check(CLI::Range(int64_t(1), int64_t(1) << 24));
-    sub->add_option("-c,--ctx-size", o->n_ctx, "tokens per forward pass, each a fresh context (default 512)")
+    sub->add_option("-c,--ctx-size", o->n_ctx, "tokens per forward pass, each a fresh context (default 512; turbo: the model's training context, so the "
+                    "eigenbasis sees the RoPE of every position)")
         ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
     sub->add_option("--iterations", o->iterations, "k-means rounds at most (default 30)")->check(CLI::Range(1, 30));
     sub->add_option("--seed", o->seed, "k-means initialisation seed (default 0)");

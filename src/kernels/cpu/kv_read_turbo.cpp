@@ -1,6 +1,6 @@
 // CPU readers of the TurboQuant formats (kv/formats/turbo.h): the scalar reference, and the AVX2
-// one (kv_read_turbo_avx2.cpp) for blocks without the QJL term (turbo, turbo-rvq, turbo-prod's
-// values; turbo-prod keys stay scalar). Keys: prepare_query rotates
+// one (kv_read_turbo_avx2.cpp) for blocks without the QJL term and with one bit count for every
+// coordinate (turbo, turbo-rvq, turbo-prod's values; turbo-prod keys and turbo:rot=calib stay scalar). Keys: prepare_query rotates
 // each query head once (q' = Pi q; turbo-prod keys also sketch it, u = S q'), then a key scores
 // n * (<q', y> [+ qjl_scale * gamma * <u, sign>]) with y the block's codebook vector in the rotated
 // domain. Values: the weighted sum of n * y stays in the rotated domain and finish_accumulate
@@ -63,7 +63,7 @@ public:
         const turbo::Layout& l = st.layout;
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const float* qr = static_cast<const float*>(q.data);
-        if (Avx2 && !l.qjl) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
+        if (Avx2 && !l.qjl && !st.params.calibrated) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
         float y[1024], z[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -95,7 +95,7 @@ public:
         const turbo::State& st = state_of(f);
         if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
         VXQ_ASSERT(d == st.layout.d);
-        if (Avx2) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
+        if (Avx2 && !st.params.calibrated) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
         float y[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;

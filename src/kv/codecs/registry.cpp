@@ -34,10 +34,16 @@ std::vector<Entry> builtin_entries() {
           "b + 32/G (+ the fp16 window of R tokens)", {"cpu"},
           {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"}},
          codecs::make_kivi, nullptr},
-        {{"turbo", "bits=1..4 (3), rot=hadamard|haar (hadamard; haar when head_dim is not a power of two), seed=S (0)",
-          "TurboQuant_mse: fp16 norm + seeded rotation + b-bit Lloyd-Max index per coordinate",
-          "b + 16/d (+ per layer and role: rotation d or d^2 fp32, codebook 2^(b+1)-1 fp32)", {"cpu"},
-          {"turbo:bits=3", "turbo:bits=1", "turbo:bits=2", "turbo:bits=4", "turbo:bits=3,rot=haar,seed=5"}},
+        {{"turbo",
+          "bits=1..4 (3), rot=hadamard|haar|calib (hadamard; haar when head_dim is not a power of two), seed=S (0), "
+          "calib=FILE (with rot=calib: vxq calibrate --method turbo)",
+          "TurboQuant_mse: fp16 norm + seeded rotation + b-bit Lloyd-Max index per coordinate; rot=calib: the layer's "
+          "calibrated eigenbasis, b x d bits given out per coordinate by its variance",
+          "b + 16/d (+ per layer and role: rotation d or d^2 fp32, codebook 2^(b+1)-1 fp32; rot=calib: codebooks up to "
+          "8 bits and 25 bytes per coordinate)",
+          {"cpu"},
+          {"turbo:bits=3", "turbo:bits=1", "turbo:bits=2", "turbo:bits=4", "turbo:bits=3,rot=haar,seed=5",
+           "turbo:bits=3,rot=calib,calib=random"}},
          codecs::make_turbo, codecs::make_turbo_state},
         {{"turbo-prod", "bits=1..4 (3), rot, seed as turbo",
           "TurboQuant_prod keys: turbo at b-1 bits + fp16 residual norm + 1-bit QJL sketch (unbiased scores); "

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "kv/calibration.h"
 #include "kv/codecs/codecs.h"
 #include "kv/codecs/option_parse.h"
 
@@ -136,6 +137,46 @@ std::vector<double> lloyd_max_residual(int bits1, int bits2) {
     });
 }
 
+double lloyd_max_mse(int bits) {
+    VXQ_ASSERT(bits >= 0 && bits <= 8);
+    if (bits == 0) return 1.0;
+    return memo(bits, [&] {
+        const std::vector<double>& c = lloyd_max_gaussian(bits);
+        const std::vector<double> p = gaussian_density();
+        const double h = 2 * kRange / kGrid;
+        double sum = 0.0;
+        size_t k = 0;
+        for (int i = 0; i < kGrid; ++i) {
+            const double y = -kRange + (i + 0.5) * h;
+            while (k + 1 < c.size() && 0.5 * (c[k] + c[k + 1]) <= y) ++k;
+            sum += (y - c[k]) * (y - c[k]) * p[size_t(i)];
+        }
+        return std::vector<double>{sum * h / std::sqrt(2 * std::numbers::pi)};
+    })[0];
+}
+
+std::vector<int> allocate_bits(const std::vector<double>& variances, int64_t total) {
+    constexpr int kMax = 8;
+    double c[kMax + 1];
+    for (int b = 0; b <= kMax; ++b) c[b] = lloyd_max_mse(b);
+    std::vector<int> bits(variances.size(), 0);
+    for (int64_t n = 0; n < total; ++n) {
+        size_t best = variances.size();
+        double gain = -1.0;
+        for (size_t i = 0; i < variances.size(); ++i) {
+            if (bits[i] >= kMax) continue;
+            const double g = variances[i] * (c[bits[i]] - c[bits[i] + 1]);
+            if (g > gain) {
+                gain = g;
+                best = i;
+            }
+        }
+        if (best == variances.size()) break;  // every coordinate at kMax bits
+        ++bits[best];
+    }
+    return bits;
+}
+
 int Codebook::index(float y) const {
     return int(std::upper_bound(thresholds.begin(), thresholds.end(), y) - thresholds.begin());
 }
@@ -183,6 +224,10 @@ Rotation::Rotation(int64_t d, bool haar, uint64_t seed) : d_(d) {
     dense_.assign(a.begin(), a.end());
 }
 
+Rotation::Rotation(int64_t d, std::vector<float> rows) : d_(d), dense_(std::move(rows)) {
+    VXQ_ASSERT(int64_t(dense_.size()) == d * d);
+}
+
 void Rotation::apply(float* x) const {
     g_rotation_calls.fetch_add(1, std::memory_order_relaxed);
     if (haar()) {
@@ -225,7 +270,7 @@ uint64_t rotation_calls() { return g_rotation_calls.load(std::memory_order_relax
 // ---- params, layout, state --------------------------------------------------------------------
 
 Params parse_params(const CodecSpec& spec, Family family, int64_t d) {
-    check_known_options(spec, {"bits", "rot", "seed"});
+    check_known_options(spec, {"bits", "rot", "seed", "calib"});
     Params p;
     p.family = family;
     p.bits = int(int_option(spec, "bits", 3, 1, 4));
@@ -238,9 +283,19 @@ Params parse_params(const CodecSpec& spec, Family family, int64_t d) {
         p.haar = true;
     } else if (rot->second == "hadamard") {
         if (!pow2) fail("KV method '{}': rot=hadamard needs a power-of-two head_dim, not {} (use rot=haar)", spec.name, d);
+    } else if (rot->second == "calib" && family == Family::Mse) {
+        p.calibrated = true;
     } else {
-        fail("KV method '{}': rot={} (must be hadamard or haar)", spec.name, rot->second);
+        fail("KV method '{}': rot={} (must be hadamard or haar{})", spec.name, rot->second,
+             family == Family::Mse ? " or calib" : "");
     }
+    if (const auto c = spec.options.find("calib"); c != spec.options.end()) p.calib = c->second;
+    if (p.calibrated && p.calib.empty()) {
+        fail("KV method '{}': rot=calib needs calib=FILE from `vxq calibrate --method turbo` (calib=random: a seeded "
+             "basis and spectrum, for tests only)",
+             spec.name);
+    }
+    if (!p.calibrated && !p.calib.empty()) fail("KV method '{}': calib=FILE goes with rot=calib", spec.name);
     if (d < 1 || d > 1024) fail("KV method '{}': head_dim {} is out of range [1, 1024]", spec.name, d);
     return p;
 }
@@ -251,9 +306,53 @@ Layout layout_of(const Params& p, KvRole role, int64_t d) {
     return {d, p.bits, 0, false};
 }
 
+namespace {
+
+// rot=calib: the layer's basis (Pi's rows) and the variances of the rotated coordinates, from the
+// calibration file or (calib=random) a seeded Haar basis with variances falling as 0.85^i.
+Rotation calibrated_rotation(const Params& p, KvRole role, int64_t d, int64_t layer, std::vector<double>& variances,
+                            std::vector<double>& weights) {
+    weights.assign(size_t(d), 1.0);
+    if (p.calib == "random") {
+        Rotation r(d, true, mix_seed(p.seed, layer, role, 2));
+        variances.resize(size_t(d));
+        double sum = 0.0;
+        for (int64_t i = 0; i < d; ++i) sum += variances[size_t(i)] = std::pow(0.85, double(i));
+        for (double& v : variances) v /= sum;
+        return r;
+    }
+    const TurboCalibration c = load_turbo_calibration(p.calib);
+    if (c.head_dim != d) fail("{}: calibrated for head_dim {}, not {}", p.calib, c.head_dim, d);
+    if (layer >= c.n_layer) fail("{}: calibrated for {} layers, the model has more", p.calib, c.n_layer);
+    const TurboCalibration::Layer& L = c.layers[size_t(layer)];
+    const std::vector<float>& var = role == KvRole::Key ? L.key_variance : L.value_variance;
+    variances.assign(var.begin(), var.end());
+    if (role == KvRole::Key) weights.assign(L.key_weight.begin(), L.key_weight.end());
+    return Rotation(d, role == KvRole::Key ? L.key_basis : L.value_basis);
+}
+
+}  // namespace
+
 State::State(const Params& p, KvRole role, int64_t d, int64_t layer)
-    : params(p), layout(layout_of(p, role, d)), rot(d, p.haar, mix_seed(p.seed, layer, role, 0)) {
+    : params(p),
+      layout(layout_of(p, role, d)),
+      rot(p.calibrated ? calibrated_rotation(p, role, d, layer, variances, weights)
+                       : Rotation(d, p.haar, mix_seed(p.seed, layer, role, 0))) {
     const double unit = 1.0 / std::sqrt(double(d));
+    if (p.calibrated) {  // per coordinate: its bits, where they start, its scale; codebooks per bit count
+        std::vector<double> importance(static_cast<size_t>(d));
+        for (int64_t c = 0; c < d; ++c) importance[size_t(c)] = variances[size_t(c)] * weights[size_t(c)];
+        const std::vector<int> bits = allocate_bits(importance, int64_t(layout.bits1) * d);
+        int32_t offset = 0;
+        for (int64_t c = 0; c < d; ++c) {
+            coord_bits.push_back(uint8_t(bits[size_t(c)]));
+            coord_offset.push_back(offset);
+            coord_scale.push_back(float(std::sqrt(std::max(variances[size_t(c)], 0.0))));
+            offset += bits[size_t(c)];
+        }
+        const int top = *std::max_element(bits.begin(), bits.end());
+        for (int b = 0; b <= top; ++b) cbk.push_back(codebook_of(b == 0 ? std::vector<double>{0.0} : lloyd_max_gaussian(b), 1.0));
+    }
     cb1 = codebook_of(lloyd_max_gaussian(layout.bits1), unit);
     if (layout.bits2 > 0) cb2 = codebook_of(lloyd_max_residual(layout.bits1, layout.bits2), unit);
     if (layout.qjl) {
@@ -263,8 +362,11 @@ State::State(const Params& p, KvRole role, int64_t d, int64_t layer)
 }
 
 size_t State::bytes() const {
-    const size_t floats = cb1.centroids.size() + cb1.thresholds.size() + cb2.centroids.size() + cb2.thresholds.size();
-    return rot.bytes() + floats * sizeof(float) + sketch.bytes();
+    size_t floats = cb1.centroids.size() + cb1.thresholds.size() + cb2.centroids.size() + cb2.thresholds.size();
+    for (const Codebook& c : cbk) floats += c.centroids.size() + c.thresholds.size();
+    const size_t coords = coord_bits.size() + coord_offset.size() * sizeof(int32_t) + coord_scale.size() * sizeof(float) +
+                          (variances.size() + weights.size()) * sizeof(double);
+    return rot.bytes() + floats * sizeof(float) + sketch.bytes() + coords;
 }
 
 // ---- the scalar reference ---------------------------------------------------------------------
@@ -283,6 +385,15 @@ void encode(const State& s, const float* x, uint8_t* block) {
     float y[1024], r[1024];
     for (int64_t c = 0; c < d; ++c) y[c] = x[c] * inv;
     s.rot.apply(y);
+    if (s.params.calibrated) {
+        for (int64_t c = 0; c < d; ++c) {
+            const int b = s.coord_bits[size_t(c)];
+            if (b == 0) continue;
+            const float sc = s.coord_scale[size_t(c)];
+            put_bits(block + l.idx1_offset(), s.coord_offset[size_t(c)], b, s.cbk[size_t(b)].index(sc > 0.0f ? y[c] / sc : 0.0f));
+        }
+        return;
+    }
     double rr = 0;
     for (int64_t c = 0; c < d; ++c) {
         const int i1 = s.cb1.index(y[c]);
@@ -304,6 +415,14 @@ void rotated_codes(const State& s, const uint8_t* block, float* y) {
     const Layout& l = s.layout;
     const uint8_t* a1 = block + l.idx1_offset();
     const uint8_t* a2 = block + l.idx2_offset();
+    if (s.params.calibrated) {
+        for (int64_t c = 0; c < l.d; ++c) {
+            const int b = s.coord_bits[size_t(c)];
+            y[c] = b == 0 ? 0.0f
+                          : s.coord_scale[size_t(c)] * s.cbk[size_t(b)].centroids[size_t(bits_at(a1, s.coord_offset[size_t(c)], b))];
+        }
+        return;
+    }
     for (int64_t c = 0; c < l.d; ++c) {
         y[c] = s.cb1.centroids[size_t(l.bits1 > 0 ? index_at(a1, c, l.bits1) : 0)];
         if (l.bits2 > 0) y[c] += s.cb2.centroids[size_t(index_at(a2, c, l.bits2))];
@@ -341,7 +460,8 @@ public:
     }
     std::string spec() const override {
         std::string s = fmt::format("{}:bits={}", turbo::family_name(p_.family), p_.bits);
-        if (p_.haar) s += ",rot=haar";
+        if (p_.calibrated) s += ",rot=calib,calib=" + p_.calib;
+        if (p_.haar && !p_.calibrated) s += ",rot=haar";
         if (p_.seed != 0) s += fmt::format(",seed={}", p_.seed);
         return s;
     }

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/fp16.h"
@@ -42,6 +43,14 @@ struct Params {
     int bits = 3;           // b, 1..4 (rvq: per stage)
     bool haar = false;      // dense Haar rotation instead of the randomized Hadamard one
     uint64_t seed = 0;      // with the layer and role, seeds the rotation and the sketch
+    // rot=calib (turbo only): the layer's calibrated eigenbasis instead of a random rotation, and
+    // per coordinate its own number of bits (b x d in all, given out where the coordinate's
+    // variance, times for keys the queries' weight on it, makes the error fall most) with the
+    // Lloyd-Max codebook scaled to its variance.
+    // calib: the file (`vxq calibrate --method turbo`), or "random" (a seeded basis and spectrum,
+    // for tests only).
+    bool calibrated = false;
+    std::string calib;
 };
 
 // Reads and validates bits / rot / seed for `family` at head_dim d (vxq::Error on a bad value,
@@ -74,6 +83,8 @@ static_assert(Layout{64, 3, 3, false}.block_bytes() == 2 + 24 + 24);
 class Rotation {
 public:
     Rotation(int64_t d, bool haar, uint64_t seed);
+    Rotation(int64_t d, std::vector<float> rows);  // a given orthonormal Pi: [d, d] row-major
+    const std::vector<float>& rows() const { return dense_; }  // a dense Pi's rows (else empty)
     void apply(float* x) const;     // x <- Pi x      x: [d]
     void apply_t(float* x) const;   // x <- Pi^T x    x: [d]
     size_t bytes() const { return (signs_.size() + dense_.size()) * sizeof(float); }
@@ -104,6 +115,11 @@ struct Codebook {
 // Gaussian quantizer, fitted with b2 bits. The solver is kv/codecs/turbo.cpp's lloyd_max.
 std::vector<double> lloyd_max_gaussian(int bits);
 std::vector<double> lloyd_max_residual(int bits1, int bits2);
+// E[(y - c[Q(y)])^2] for y ~ N(0, 1) and lloyd_max_gaussian(bits), bits 0..8 (1 at 0 bits).
+double lloyd_max_mse(int bits);
+// `total` bits over coordinates of these variances, one at a time to the coordinate whose
+// expected error variance * lloyd_max_mse(b) falls most (at most 8 each; ties to the lower index).
+std::vector<int> allocate_bits(const std::vector<double>& variances, int64_t total);
 
 // Everything a layer's heads share for one role; the readers reach it through
 // KvFormatParams::layer_state.
@@ -113,28 +129,36 @@ struct State final : KvLayerState {
 
     Params params;
     Layout layout;
+    std::vector<double> variances;  // calibrated: each rotated coordinate's variance (sum 1)
+    std::vector<double> weights;    // calibrated: how much each coordinate's error counts (keys: the queries')
     Rotation rot;
     Codebook cb1, cb2;             // in unit-sphere units (N(0,1) values / sqrt(d)); cb2: rvq
+    // calibrated: coordinate c has coord_bits[c] bits at bit coord_offset[c] of the index area and
+    // the value coord_scale[c] * cbk[bits].centroids[index] (cbk in N(0, 1) units).
+    std::vector<uint8_t> coord_bits;
+    std::vector<int32_t> coord_offset;
+    std::vector<float> coord_scale;
+    std::vector<Codebook> cbk;
     qjl::Sketch sketch;            // turbo-prod keys: S [d, d], N(0, 1) entries (kv/formats/qjl_sketch.h)
     float qjl_scale = 0.0f;        // sqrt(pi/2) / d
 };
 
 // ---- the scalar reference of one block ----
 
-// Index j of `bits` bits (1..8), packed LSB first: index_at reads it, put_index ORs it into a
-// zeroed area.
-inline int index_at(const uint8_t* area, int64_t j, int bits) {
-    const int64_t bit = j * bits;
+// A field of `bits` bits (1..8) at bit offset `bit`, packed LSB first: bits_at reads it, put_bits
+// ORs it into a zeroed area. Index j of a uniform area (index_at, put_index) is at j * bits.
+inline int bits_at(const uint8_t* area, int64_t bit, int bits) {
     unsigned w = area[bit >> 3];
     if ((bit & 7) + bits > 8) w |= unsigned(area[(bit >> 3) + 1]) << 8;
     return int(w >> (bit & 7)) & ((1 << bits) - 1);
 }
-inline void put_index(uint8_t* area, int64_t j, int bits, int v) {
-    const int64_t bit = j * bits;
+inline void put_bits(uint8_t* area, int64_t bit, int bits, int v) {
     const unsigned w = unsigned(v) << (bit & 7);
     area[bit >> 3] = uint8_t(area[bit >> 3] | (w & 0xff));
     if ((bit & 7) + bits > 8) area[(bit >> 3) + 1] = uint8_t(area[(bit >> 3) + 1] | (w >> 8));
 }
+inline int index_at(const uint8_t* area, int64_t j, int bits) { return bits_at(area, j * bits, bits); }
+inline void put_index(uint8_t* area, int64_t j, int bits, int v) { put_bits(area, j * bits, bits, v); }
 
 // Rotate + quantize + pack one token in one pass.   x: [d]
 void encode(const State& s, const float* x, uint8_t* block);
