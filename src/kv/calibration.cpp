@@ -83,6 +83,14 @@ void read_common(const GgufFile& f, const char* method, C& c) {
     c.tokens = int_key(f, kTokens, 1, INT64_MAX);
 }
 
+// Writes the file, tensor i's rows from *data[i] (f32, ne[0] contiguous).
+void write_f32_tensors(GgufStreamWriter& w, const std::string& path, const std::vector<const std::vector<float>*>& data) {
+    w.write(path, [&](size_t tensor, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
+        const int64_t row = w.tensors()[tensor].ne[0];
+        std::memcpy(out.data(), data[tensor]->data() + row0 * row, size_t(n_rows * row) * sizeof(float));
+    });
+}
+
 }  // namespace
 
 void save_vecinfer_calibration(const std::string& path, const VecinferCalibration& c) {
@@ -107,10 +115,7 @@ void save_vecinfer_calibration(const std::string& path, const VecinferCalibratio
         w.add_tensor(tensor_name(l, "value_codebook"), {c.n, K, J}, GgmlType::F32);
         data.insert(data.end(), {&L.key_lambda, &L.key_codebook, &L.value_codebook});
     }
-    w.write(path, [&](size_t tensor, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
-        const int64_t row = w.tensors()[tensor].ne[0];
-        std::memcpy(out.data(), data[tensor]->data() + row0 * row, size_t(n_rows * row) * sizeof(float));
-    });
+    write_f32_tensors(w, path, data);
 }
 
 VecinferCalibration load_vecinfer_calibration(const std::string& path) {
@@ -152,9 +157,7 @@ void save_qfilters_calibration(const std::string& path, const QFiltersCalibratio
     w.add("qfilters.kv_heads", GgufWriterValue::i64(c.n_head_kv));
     w.add("qfilters.head_dim", GgufWriterValue::i64(c.head_dim));
     w.add_tensor("qfilters", {c.head_dim, c.n_head_kv, c.n_layer}, GgmlType::F32);
-    w.write(path, [&](size_t, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
-        std::memcpy(out.data(), c.filters.data() + row0 * c.head_dim, size_t(n_rows * c.head_dim) * sizeof(float));
-    });
+    write_f32_tensors(w, path, {&c.filters});
 }
 
 QFiltersCalibration load_qfilters_calibration(const std::string& path) {
@@ -189,10 +192,7 @@ void save_turbo_calibration(const std::string& path, const TurboCalibration& c) 
         w.add_tensor(tensor_name(l, "key_weight"), {d}, GgmlType::F32);
         data.insert(data.end(), {&L.key_basis, &L.key_variance, &L.value_basis, &L.value_variance, &L.key_weight});
     }
-    w.write(path, [&](size_t tensor, int64_t row0, int64_t n_rows, std::span<uint8_t> out) {
-        const int64_t row = w.tensors()[tensor].ne[0];
-        std::memcpy(out.data(), data[tensor]->data() + row0 * row, size_t(n_rows * row) * sizeof(float));
-    });
+    write_f32_tensors(w, path, data);
 }
 
 TurboCalibration load_turbo_calibration(const std::string& path) {

@@ -21,7 +21,8 @@
 // dense Haar rotation (QR of a seeded Gaussian matrix, O(d^2) per vector) is used; `rot=haar`
 // selects it for any d (the reference). Attention never rotates a cached token: the query is
 // rotated once per step (q' = Pi q, the reader's prepare_query) and the values' weighted sum once
-// at the end (o = Pi^T sum p n c), see `rotation_calls`.
+// at the end (o = Pi^T sum p n c), see `rotation_calls`. `rot=calib` (turbo only) takes the
+// layer's calibrated eigenbasis as Pi and per coordinate its own bit count (Params::calibrated).
 #pragma once
 
 #include <cstddef>
