@@ -25,6 +25,7 @@
 #include "kv/kv_cache.h"
 #include "support/attend.h"
 #include "support/bound_codec.h"
+#include "support/isa.h"
 #include "support/run_cli.h"
 #include "support/text.h"
 
@@ -405,6 +406,25 @@ TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
     EXPECT_NE(error_of([] { make_layer_state(CodecSpec::parse("turbo-rvq:rot=calib,calib=random"), KvRole::Key, 64, 0); })
                   .find("rot=calib"),
               std::string::npos);
+}
+
+// The code path a run reports (kv_reader_isa) names the blocks an AVX2 reader leaves to its scalar
+// code: TurboQuant_prod keys and every turbo:rot=calib block; plain turbo stays AVX2.
+TEST(TurboReader, ReportedIsaNamesTheScalarBlocks) {
+    VXQ_REQUIRE_AVX2(cpu::kv_avx2_available());
+    const int64_t d = 64;
+    const auto isa_of = [&](const std::string& spec, KvRole role) {
+        const CodecSpec cs = CodecSpec::parse(spec);
+        const auto state = make_layer_state(cs, role, d, 0);
+        const auto codec = make_codec(cs, role, d, state.get());
+        return cpu::kv_reader_isa(codec->params(d), role == KvRole::Key);
+    };
+    EXPECT_EQ(isa_of("turbo:bits=3", KvRole::Key), cpu::KvIsa::Avx2);
+    EXPECT_EQ(isa_of("turbo:bits=3", KvRole::Value), cpu::KvIsa::Avx2);
+    EXPECT_EQ(isa_of("turbo-prod:bits=3", KvRole::Key), cpu::KvIsa::Scalar);
+    EXPECT_EQ(isa_of("turbo-prod:bits=3", KvRole::Value), cpu::KvIsa::Avx2);
+    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Key), cpu::KvIsa::Scalar);
+    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Value), cpu::KvIsa::Scalar);
 }
 
 // The calibration file (kv/calibration.h): what is saved loads back, and a file for another head

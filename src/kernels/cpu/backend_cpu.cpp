@@ -97,8 +97,11 @@ public:
         if (cpu::attention_f16_applies(view)) return "f16 llama.cpp non-flash order";
         if (view.n_head_kv == 0) return "fused";
         const KvHeadView& h = view.heads[0];
-        return fmt::format("fused, K {} / V {} readers {}", kv_format_kind_name(h.k.fmt.kind), kv_format_kind_name(h.v.fmt.kind),
-                           cpu::kv_avx2_available() ? "avx2" : "scalar");
+        const auto isa = [](const KvFormatParams& f, bool key) {
+            return cpu::kv_reader_isa(f, key) == cpu::KvIsa::Avx2 ? "avx2" : "scalar";
+        };
+        return fmt::format("fused, K {} reader {} / V {} reader {}", kv_format_kind_name(h.k.fmt.kind), isa(h.k.fmt, true),
+                           kv_format_kind_name(h.v.fmt.kind), isa(h.v.fmt, false));
     }
     void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
                    float* const* token_mass) override {

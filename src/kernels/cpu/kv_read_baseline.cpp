@@ -315,6 +315,12 @@ bool kv_scalar_forced() {
     return yes;
 }
 
+KvIsa kv_reader_isa(const KvFormatParams& f, bool key) {
+    const KvReader& r = kv_reader(f.kind);
+    if (&r == kv_reader(f.kind, KvIsa::Scalar) || r.scalar_blocks(f, key)) return KvIsa::Scalar;
+    return KvIsa::Avx2;
+}
+
 const KvReader& kv_reader(KvFormatKind kind) {
     if (!kv_scalar_forced())
         if (const KvReader* r = kv_reader(kind, KvIsa::Avx2)) return *r;

@@ -109,6 +109,10 @@ public:
         }
     }
 
+    bool scalar_blocks(const KvFormatParams& f, bool key) const override {
+        const turbo::State& st = state_of(f);
+        return Avx2 && (st.params.calibrated || (key && st.layout.qjl));
+    }
     bool own_value_domain() const override { return true; }
     void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const override {
         const turbo::State& st = state_of(f);

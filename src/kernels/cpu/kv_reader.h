@@ -42,6 +42,9 @@ public:
     // stream's window tokens (fp16 / exact f32, in the model's domain) apart and adds them after.
     // acc: [n_q, head_dim]
     virtual bool own_value_domain() const { return false; }
+    // Whether this reader takes its scalar code for these blocks although it is an AVX2 reader
+    // (TurboQuant_prod keys, turbo:rot=calib): the code path a run reports names what it ran.
+    virtual bool scalar_blocks(const KvFormatParams& f, bool key) const { return false; }
     virtual void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const {}
 
     // prepare_query + scores, for tests and one-off calls.
@@ -61,6 +64,8 @@ const KvReader* kv_reader(KvFormatKind kind, KvIsa isa);
 // The fastest reader this CPU runs (the scalar one under VXQ_KV_ISA=scalar); vxq::Error naming
 // the kind if none.
 const KvReader& kv_reader(KvFormatKind kind);
+// The instruction set kv_reader(f.kind) runs for blocks of f (keys or values).
+KvIsa kv_reader_isa(const KvFormatParams& f, bool key);
 // VXQ_KV_ISA=scalar: the fused attention reads every KV format with its scalar reader (the A/B of
 // an AVX2 reader against its reference in benchmarks); unset or "auto": the fastest. Read once;
 // vxq::Error on any other value.
