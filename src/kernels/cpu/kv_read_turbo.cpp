@@ -63,7 +63,7 @@ public:
         const turbo::Layout& l = st.layout;
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const float* qr = static_cast<const float*>(q.data);
-        if (Avx2 && !l.qjl && !st.params.calibrated) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
+        if (Avx2 && !scalar_blocks(f, true)) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
         float y[1024], z[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -95,7 +95,7 @@ public:
         const turbo::State& st = state_of(f);
         if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
         VXQ_ASSERT(d == st.layout.d);
-        if (Avx2 && !st.params.calibrated) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
+        if (Avx2 && !scalar_blocks(f, false)) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
         float y[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -109,6 +109,8 @@ public:
         }
     }
 
+    // The AVX2 code takes one bit count for every coordinate and no QJL term: the one decision
+    // that scores / accumulate dispatch on and that the reported code path names.
     bool scalar_blocks(const KvFormatParams& f, bool key) const override {
         const turbo::State& st = state_of(f);
         return Avx2 && (st.params.calibrated || (key && st.layout.qjl));

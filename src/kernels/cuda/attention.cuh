@@ -169,7 +169,7 @@ struct SplitAttentionParams {
     Q8Act out_q8;             // n_q == 1, head_dim a multiple of 32: out also as q8_0 activations (below)
     KvCode k_code, v_code;    // the pages' formats (rope's store uses the same)
     int32_t tile, stages;     // the tiling (above); attention_split_tiling_fits
-    int32_t min_stretch;      // tokens a split holds at least: a multiple of kAttnSplitMinTokens (below it: that)
+    int32_t min_stretch;      // tokens a split holds at least (split_stretch rounds it up to whole granules)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0

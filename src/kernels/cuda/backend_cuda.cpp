@@ -131,9 +131,8 @@ public:
         attn_tile_ = tile ? std::atoi(tile) : kAttnSplitTile;
         const char* stages = std::getenv("VXQ_CUDA_ATTN_STAGES");
         attn_stages_ = stages ? std::atoi(stages) : kAttnSplitStages;
-        if (const char* ms = std::getenv("VXQ_CUDA_ATTN_MIN_STRETCH")) {  // rounded up to whole granules
-            attn_min_stretch_ = (std::clamp(std::atoi(ms), kAttnSplitMinTokens, 1 << 20) + kAttnSplitMinTokens - 1) /
-                                kAttnSplitMinTokens * kAttnSplitMinTokens;
+        if (const char* ms = std::getenv("VXQ_CUDA_ATTN_MIN_STRETCH")) {  // split_stretch rounds it to whole granules
+            attn_min_stretch_ = std::clamp(std::atoi(ms), kAttnSplitMinTokens, 1 << 20);
         }
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
