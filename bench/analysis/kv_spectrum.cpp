@@ -1,8 +1,8 @@
 // vxq_kv_spectrum: how much a calibrated rotation could buy a TurboQuant-style cache (issue 12's
 // "<= 3.25 bits with KL below q4_0's").
 //
-// Runs a model over a text (an f16 cache, contexts of --ctx tokens) and keeps every post-RoPE key
-// and value. Per layer, KV head and role it takes the unit vectors x / |x| (what `turbo` codes
+// Runs a model over a text as `vxq calibrate` does (runtime/calibrate.h's collect_kv: an f16
+// cache, contexts of --ctx tokens) and keeps every post-RoPE key and value. Per layer, KV head and role it takes the unit vectors x / |x| (what `turbo` codes
 // after its fp16 norm) and their second-moment matrix, and reports:
 //   - AM/GM of its eigenvalues and the top eigenvalue's share (a random rotation makes every
 //     coordinate carry 1/d; an eigenbasis keeps the spread);
@@ -34,8 +34,8 @@
 #include "core/eigen.h"
 #include "core/error.h"
 #include "kv/formats/turbo.h"
-#include "kv/kv_cache.h"
 #include "model/model.h"
+#include "runtime/calibrate.h"
 
 namespace {
 
@@ -51,49 +51,11 @@ std::string read_text(const char* path) {
     return s.str();
 }
 
-// Every K and V the model writes, per layer: [token, n_head_kv, head_dim].
-class Collector final : public KvObserver {
-public:
-    Collector(int64_t n_layer, size_t row) : k(size_t(n_layer)), v(size_t(n_layer)), row_(row) {}
-    void on_write(int64_t layer, int64_t, const float* kk, const float* vv, int64_t n) override {
-        k[size_t(layer)].insert(k[size_t(layer)].end(), kk, kk + size_t(n) * row_);
-        v[size_t(layer)].insert(v[size_t(layer)].end(), vv, vv + size_t(n) * row_);
-    }
-    void on_attention(int64_t, const float*, int64_t, int64_t, const float*) override {}
-    std::vector<std::vector<float>> k, v;
-
-private:
-    size_t row_;
-};
-
-// Bits given out one at a time where the (weighted) error falls most: the allocation of
-// turbo:rot=calib (codecs::turbo::allocate_bits).
-std::vector<int> allocate(const std::vector<double>& w, int total) { return codecs::turbo::allocate_bits(w, total); }
-
 double distortion(const std::vector<double>& lambda, const std::vector<int>& bits, size_t offset,
                   const std::vector<double>& c) {  // c: lloyd_max_mse by bits
     double d = 0.0;
     for (size_t i = 0; i < lambda.size(); ++i) d += lambda[i] * c[size_t(bits[offset + i])];
     return d;
-}
-
-// The unit vectors' second moment of head h in rows [token, row] (zero vectors skipped).
-std::vector<double> second_moment(const std::vector<float>& x, size_t row, int64_t h, int d) {
-    std::vector<double> m(size_t(d * d), 0.0);
-    const size_t n = x.size() / row;
-    size_t used = 0;
-    for (size_t t = 0; t < n; ++t) {
-        const float* v = &x[t * row + size_t(h * d)];
-        double norm2 = 0.0;
-        for (int i = 0; i < d; ++i) norm2 += double(v[i]) * v[i];
-        if (norm2 <= 0.0) continue;
-        ++used;
-        for (int i = 0; i < d; ++i) {
-            for (int j = 0; j < d; ++j) m[size_t(i * d + j)] += double(v[i]) * v[j] / norm2;
-        }
-    }
-    for (double& e : m) e /= double(std::max<size_t>(used, 1));
-    return m;
 }
 
 int run(int argc, char** argv) {
@@ -117,26 +79,15 @@ int run(int argc, char** argv) {
     const auto model = Model::load(argv[1], "cpu");
     const auto be = make_backend("cpu", 2);
     const ModelConfig& cfg = model->config();
-    std::vector<TokenId> tokens = model->tokenizer().encode(read_text(argv[2]), /*add_special=*/true);
-    if (int64_t(tokens.size()) > max_tokens) tokens.resize(size_t(max_tokens));
+    const KvSamples kv = collect_kv(*model, *be, read_text(argv[2]), max_tokens, n_ctx);  // vxq calibrate's run
     const size_t row = size_t(cfg.n_head_kv * cfg.head_dim);
-    Collector col(cfg.n_layer, row);
-    n_ctx = std::min<int64_t>(n_ctx, int64_t(tokens.size()));
-    auto cache = make_kv_cache(KvShape{cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, n_ctx}, "f16", "f16");
-    cache->set_observer(&col);
-    std::vector<float> logits(size_t(cfg.n_vocab));
-    for (int64_t t0 = 0; t0 < int64_t(tokens.size()); t0 += n_ctx) {
-        const std::vector<TokenId> chunk(tokens.begin() + t0, tokens.begin() + std::min<int64_t>(t0 + n_ctx, tokens.size()));
-        cache->truncate(0);
-        model->forward(*be, *cache, chunk, int64_t(1), logits.data());
-    }
-    cache->set_observer(nullptr);
+    n_ctx = std::min<int64_t>(n_ctx, kv.tokens);
 
     std::vector<double> c(kMaxBits + 1);
     for (int b = 0; b <= kMaxBits; ++b) c[size_t(b)] = codecs::turbo::lloyd_max_mse(b);
     const int d = int(cfg.head_dim);
     fmt::print("{}: {} tokens, contexts of {}; Lloyd-Max N(0,1) MSE c(1..4) = {:.4f} {:.4f} {:.5f} {:.6f}\n", argv[1],
-               tokens.size(), n_ctx, c[1], c[2], c[3], c[4]);
+               kv.tokens, n_ctx, c[1], c[2], c[3], c[4]);
     fmt::print("| layer | head | role | AM/GM | top eigenvalue | rotation @{0} | eigenbasis @{0} | eigenbasis @{1} |\n", bits,
                bits + 1);
     fmt::print("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
@@ -146,14 +97,15 @@ int run(int argc, char** argv) {
         for (int64_t h = 0; h < cfg.n_head_kv; ++h) {
             std::vector<double> lam[2];
             for (int role = 0; role < 2; ++role) {
-                lam[role] = symmetric_eigen(second_moment(role ? col.v[size_t(l)] : col.k[size_t(l)], row, h, d), d).values;
+                const std::vector<float>& x = role ? kv.v[size_t(l)] : kv.k[size_t(l)];
+                lam[role] = symmetric_eigen(unit_second_moment(x.data() + h * d, x.size() / row, row, d), d).values;
                 double am = 0.0, log_gm = 0.0;
                 for (double e : lam[role]) {
                     am += e / d;
                     log_gm += std::log(std::max(e, 1e-300)) / d;
                 }
-                const double at_b = distortion(lam[role], allocate(lam[role], bits * d), 0, c);
-                const double at_b1 = distortion(lam[role], allocate(lam[role], (bits + 1) * d), 0, c);
+                const double at_b = distortion(lam[role], codecs::turbo::allocate_bits(lam[role], bits * d), 0, c);
+                const double at_b1 = distortion(lam[role], codecs::turbo::allocate_bits(lam[role], (bits + 1) * d), 0, c);
                 sum[role][0] += at_b;
                 sum[role][1] += at_b1;
                 fmt::print("| {} | {} | {} | {:.2f} | {:.3f} | {:.4f} | {:.4f} | {:.5f} |\n", l, h, role ? "V" : "K",
@@ -164,7 +116,7 @@ int run(int argc, char** argv) {
                 std::vector<double> w;
                 for (double e : lam[0]) w.push_back(wk * e);
                 for (double e : lam[1]) w.push_back(wv * e);
-                const std::vector<int> b = allocate(w, 2 * bits * d);
+                const std::vector<int> b = codecs::turbo::allocate_bits(w, 2 * bits * d);
                 joint_kl += wk * distortion(lam[0], b, 0, c) + wv * distortion(lam[1], b, size_t(d), c);
                 for (int i = 0; i < d; ++i) joint_bits += b[size_t(i)];
             }

@@ -106,10 +106,10 @@ void run_tokens(const Model& model, Backend& be, const std::vector<TokenId>& tok
 
 // The model a calibration belongs to (sha256 and file name) and the tokens it saw.
 template <class C>
-void stamp(C& c, const Model& model, const std::vector<TokenId>& tokens) {
+void stamp(C& c, const Model& model, int64_t tokens) {
     c.model_sha256 = sha256_file(model.file().path());
     c.model_file = std::filesystem::path(model.file().path()).filename().string();
-    c.tokens = int64_t(tokens.size());
+    c.tokens = tokens;
 }
 
 // The top eigenvector of the symmetric positive semi-definite d x d matrix C (power iteration in
@@ -155,7 +155,7 @@ QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::str
     run_tokens(model, be, tokens, p.n_ctx, mom, progress);
 
     QFiltersCalibration c;
-    stamp(c, model, tokens);
+    stamp(c, model, int64_t(tokens.size()));
     c.n_layer = L;
     c.n_head_kv = H;
     c.head_dim = d;
@@ -207,7 +207,7 @@ VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::str
     run_tokens(model, be, tokens, p.n_ctx, col, progress);
 
     VecinferCalibration c;
-    stamp(c, model, tokens);
+    stamp(c, model, int64_t(tokens.size()));
     c.n = p.n;
     c.m = p.m;
     c.n_layer = L;
@@ -265,42 +265,62 @@ VecinferCalibration calibrate_vecinfer(const Model& model, Backend& be, std::str
     return c;
 }
 
+KvSamples collect_kv(const Model& model, Backend& be, std::string_view text, int64_t max_tokens, int64_t n_ctx,
+                     KvObserver* also, const std::function<void(const char*, int64_t, int64_t)>& progress) {
+    const ModelConfig& cfg = model.config();
+    if (max_tokens < 1 || n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    const std::vector<TokenId> tokens = calibration_tokens(model, text, max_tokens);
+    KvCollector col(cfg.n_layer);
+    col.row = size_t(cfg.n_head_kv * cfg.head_dim);
+    if (also) {
+        Tee both(col, *also);
+        run_tokens(model, be, tokens, n_ctx, both, progress);
+    } else {
+        run_tokens(model, be, tokens, n_ctx, col, progress);
+    }
+    return KvSamples{int64_t(tokens.size()), std::move(col.k), std::move(col.v)};
+}
+
+std::vector<double> unit_second_moment(const float* x, size_t n, size_t stride, int64_t d, int64_t* used) {
+    std::vector<double> m(size_t(d * d), 0.0);
+    int64_t count = 0;
+    for (size_t t = 0; t < n; ++t) {
+        const float* v = x + t * stride;
+        double n2 = 0.0;
+        for (int64_t i = 0; i < d; ++i) n2 += double(v[i]) * v[i];
+        if (n2 <= 0.0) continue;
+        ++count;
+        for (int64_t i = 0; i < d; ++i) {
+            const double vi = v[i] / n2;
+            for (int64_t j = 0; j < d; ++j) m[size_t(i * d + j)] += vi * v[j];
+        }
+    }
+    if (count > 0) {
+        for (double& e : m) e /= double(count);
+    }
+    if (used) *used = count;
+    return m;
+}
+
 TurboCalibration calibrate_turbo(const Model& model, Backend& be, std::string_view text, const TurboCalibrateParams& p,
                                  const std::function<void(const char*, int64_t, int64_t)>& progress) {
     const ModelConfig& cfg = model.config();
-    const int64_t d = cfg.head_dim, H = cfg.n_head_kv, L = cfg.n_layer;
-    if (p.max_tokens < 1 || p.n_ctx < 1) fail("calibrate: tokens and context must be >= 1");
+    const int64_t d = cfg.head_dim, L = cfg.n_layer;
     if (d > 1024) fail("calibrate: head_dim {} is above turbo's 1024", d);
-    const std::vector<TokenId> tokens = calibration_tokens(model, text, p.max_tokens);
-    KvCollector col(L);
-    col.row = size_t(H * d);
     QueryMoments queries(L, cfg.n_head, d);
-    Tee both(col, queries);
-    run_tokens(model, be, tokens, p.n_ctx, both, progress);
+    const KvSamples kv = collect_kv(model, be, text, p.max_tokens, p.n_ctx, &queries, progress);
 
     TurboCalibration c;
-    stamp(c, model, tokens);
+    stamp(c, model, kv.tokens);
     c.n_layer = L;
     c.head_dim = d;
     c.layers.resize(size_t(L));
     for (int64_t l = 0; l < L; ++l) {
         for (const bool key : {true, false}) {
-            const std::vector<float>& x = key ? col.k[size_t(l)] : col.v[size_t(l)];
-            std::vector<double> m(size_t(d * d), 0.0);
-            int64_t used = 0;
-            for (size_t off = 0; off + size_t(d) <= x.size(); off += size_t(d)) {  // every (token, KV head) row
-                const float* v = &x[off];
-                double n2 = 0.0;
-                for (int64_t i = 0; i < d; ++i) n2 += double(v[i]) * v[i];
-                if (n2 <= 0.0) continue;
-                ++used;
-                for (int64_t i = 0; i < d; ++i) {
-                    const double vi = v[i] / n2;
-                    for (int64_t j = 0; j < d; ++j) m[size_t(i * d + j)] += vi * v[j];
-                }
-            }
+            const std::vector<float>& x = key ? kv.k[size_t(l)] : kv.v[size_t(l)];
+            int64_t used = 0;  // every (token, KV head) row
+            std::vector<double> m = unit_second_moment(x.data(), x.size() / size_t(d), size_t(d), d, &used);
             if (used == 0) fail("calibrate: layer {} wrote only zero {}", l, key ? "keys" : "values");
-            for (double& e : m) e /= double(used);
             const SymmetricEigen e = symmetric_eigen(std::move(m), d);
             TurboCalibration::Layer& out = c.layers[size_t(l)];
             std::vector<float>& basis = key ? out.key_basis : out.value_basis;
@@ -308,20 +328,20 @@ TurboCalibration calibrate_turbo(const Model& model, Backend& be, std::string_vi
             basis.assign(e.vectors.begin(), e.vectors.end());
             for (double v : e.values) var.push_back(float(std::max(v, 0.0)));
             if (!key) continue;
-            // The queries' mean square along each key eigenvector e_i: e_i^T (sum over the layer's
-            // query heads of q q^T) e_i, relative to its mean over i.
-            std::vector<double> w(static_cast<size_t>(d), 0.0);
+            // The queries' mean square along each key eigenvector e_i: e_i^T Q e_i with Q the sum
+            // over the layer's query heads of q q^T (summed once), relative to its mean over i.
+            std::vector<double> q(static_cast<size_t>(d * d), 0.0);
             for (int64_t h = 0; h < cfg.n_head; ++h) {
                 const double* qq = &queries.qq[size_t((l * cfg.n_head + h) * d * d)];
-                for (int64_t i = 0; i < d; ++i) {
-                    const double* ei = &e.vectors[size_t(i * d)];
-                    double s = 0.0;
-                    for (int64_t a = 0; a < d; ++a) {
-                        double row = 0.0;
-                        for (int64_t b = 0; b < d; ++b) row += qq[a * d + b] * ei[b];
-                        s += ei[a] * row;
-                    }
-                    w[size_t(i)] += s;
+                for (int64_t i = 0; i < d * d; ++i) q[size_t(i)] += qq[i];
+            }
+            std::vector<double> w(static_cast<size_t>(d), 0.0);
+            for (int64_t i = 0; i < d; ++i) {
+                const double* ei = &e.vectors[size_t(i * d)];
+                for (int64_t a = 0; a < d; ++a) {
+                    double row = 0.0;
+                    for (int64_t b = 0; b < d; ++b) row += q[size_t(a * d + b)] * ei[b];
+                    w[size_t(i)] += ei[a] * row;
                 }
             }
             double mean = 0.0;

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "kv/calibration.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
 
 namespace vxq {
@@ -58,6 +59,21 @@ struct QFiltersCalibrateStats {
 QFiltersCalibration calibrate_qfilters(const Model& model, Backend& be, std::string_view text,
                                        const QFiltersCalibrateParams& p, QFiltersCalibrateStats* stats = nullptr,
                                        const std::function<void(const char*, int64_t, int64_t)>& progress = {});
+
+// Every post-RoPE key and value the model writes over the first max_tokens tokens of `text`, in
+// fresh contexts of n_ctx tokens on an f16 cache (the run every calibration makes): per layer
+// [token, n_head_kv, head_dim]. `also`, when given, observes the same run (the queries).
+struct KvSamples {
+    int64_t tokens = 0;
+    std::vector<std::vector<float>> k, v;  // [n_layer]
+};
+KvSamples collect_kv(const Model& model, Backend& be, std::string_view text, int64_t max_tokens, int64_t n_ctx,
+                     KvObserver* also = nullptr, const std::function<void(const char*, int64_t, int64_t)>& progress = {});
+
+// The second moment of the unit vectors x / |x| (in double): the mean of x x^T / |x|^2 over the n
+// vectors of d values at x + i * stride, zero vectors skipped; `used` (optional) gets how many
+// counted (0: a zero matrix).   [d, d]
+std::vector<double> unit_second_moment(const float* x, size_t n, size_t stride, int64_t d, int64_t* used = nullptr);
 
 struct TurboCalibrateParams {
     int64_t max_tokens = 2048;  // tokens of the text's start run through the model

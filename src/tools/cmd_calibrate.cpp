@@ -21,11 +21,16 @@ namespace {
 struct CalibrateOptions {
     std::string model, file, method, out;
     int64_t tokens = 2048;
-    int64_t n_ctx = 0;  // 0: the method's default (calibrate_context)
+    int64_t n_ctx = 0;  // 0: the method's default (context_or)
     int iterations = 30;
     uint64_t seed = 0;
     int threads = 0;
 };
+
+// -c, or the method's default when it was not given: kDefaultContext for VecInfer and Q-Filters,
+// the model's training context for TurboQuant.
+constexpr int64_t kDefaultContext = 512;
+int64_t context_or(const CalibrateOptions& o, int64_t fallback) { return o.n_ctx > 0 ? o.n_ctx : fallback; }
 
 // "calibrate: STAGE done/total" on a terminal (nothing otherwise); end_progress closes the line.
 std::function<void(const char*, int64_t, int64_t)> stage_progress(bool tty) {
@@ -41,7 +46,7 @@ void run_calibrate_qfilters(const CalibrateOptions& o, const CodecSpec& spec) {
     codecs::check_known_options(spec, {});
     QFiltersCalibrateParams p;
     p.max_tokens = o.tokens;
-    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
+    p.n_ctx = context_or(o, kDefaultContext);
     check_writable(o.out);
     const std::string text = read_file(o.file);
     const auto model = Model::load(o.model, "cpu");
@@ -74,7 +79,7 @@ void run_calibrate_turbo(const CalibrateOptions& o, const CodecSpec& spec) {
     // Post-RoPE keys turn with the position: a basis fitted on positions below 512 codes the
     // others badly (vxq-llama-h64 at -c 1024: 4x the error), so by default every position.
     const int64_t train = model->config().n_ctx_train;
-    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : train > 0 ? train : 512;
+    p.n_ctx = context_or(o, train > 0 ? train : kDefaultContext);
     if (p.max_tokens < p.n_ctx) {
         fmt::print(stderr, "vxq: note: --tokens {} is below the context {}: positions from {} on are not calibrated\n",
                    p.max_tokens, p.n_ctx, p.max_tokens);
@@ -104,7 +109,7 @@ void run_calibrate(const CalibrateOptions& o) {
     p.n = int(codecs::int_option(spec, "n", 4, 1, 64));
     p.m = int(codecs::int_option(spec, "m", 8, 1, 8));
     p.max_tokens = o.tokens;
-    p.n_ctx = o.n_ctx > 0 ? o.n_ctx : 512;
+    p.n_ctx = context_or(o, kDefaultContext);
     p.iterations = o.iterations;
     p.seed = o.seed;
     p.threads = resolve_threads(o.threads);
