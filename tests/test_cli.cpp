@@ -217,8 +217,6 @@ const BadInput kBadInputs[] = {
      VXQ_HAVE_CUDA ? "--device cuda: KV method fp8 (keys) has no cuda reader yet" : "this build has no CUDA backend"},
     {"DeviceCudaEvalReference", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--ref", "f32", "--device", "cuda"}; },
      VXQ_HAVE_CUDA ? "--device cuda: KV method f32 (keys) has no cuda reader yet" : "this build has no CUDA backend"},
-    {"DeviceCudaEvictH2o", [] { return Args{"generate", "-m", M(), "-p", "x", "--device", "cuda", "--evict", "h2o:budget=64"}; },
-     VXQ_HAVE_CUDA ? "--device cuda: eviction policy h2o needs the attention mass, which has no cuda kernel yet" : "this build has no CUDA backend"},
     {"DeviceCudaBenchMethod", [] { return Args{"bench", "-m", M(), "--kv", "f16,q4_0/qjl", "--device", "cuda"}; },
      VXQ_HAVE_CUDA ? "--device cuda: KV method qjl (values) has no cuda reader yet" : "this build has no CUDA backend"},
     {"BlockCountLowered", [] { return Args{"generate", "-m", broken_model("block_count", [](test::TinyModelSpec& s) { s.meta_n_layer = 1; }), "-p", "x"}; },

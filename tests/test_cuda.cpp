@@ -1557,6 +1557,34 @@ TEST(Cuda, EvictedCacheLogitsCloseToCpu) {
     }
 }
 
+// H2O and SnapKV on the device: they evict by the device's attention mass (SnapKV after the
+// prompt: its last queries against the cache's keys, on the host, as on the CPU), so both backends
+// keep the same tokens unless two candidates' scores tie within the backends' difference (the
+// activations' last bits, ~1e-4 relative); either of two such tokens received little attention,
+// so keeping the other moves the logits little. Without -fa the probabilities are fp16 on both
+// (the f16 row). Logits within logit_tolerance(Q8_0) (3e-2) of max |logit|, as
+// EvictedCacheLogitsCloseToCpu; recorded as evict_difference.
+TEST(Cuda, MassEvictionLogitsCloseToCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    const auto ids = model->tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back one register at a time.",
+        true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    constexpr int64_t kBudget = 24;
+    ASSERT_GT(int64_t(prompt.size()), kBudget + 4) << "the prompt alone must make the policies evict";
+    struct Run { const char* kv; bool flash; };
+    for (const char* ev : {"h2o:budget=24,sink=4,window=8", "snapkv:budget=24,sink=4,window=8"}) {
+        for (const Run r : {Run{"f16", true}, Run{"f16", false}, Run{"q8_0", true}}) {
+            const double diff = forward_difference(*model, prompt, 12, r.flash, KvSpec::parse(r.kv), EvictSpec::parse(ev));
+            RecordProperty(std::string("evict_difference_") + r.kv + (r.flash ? "_fa_" : "_") + ev, std::to_string(diff));
+            EXPECT_LT(diff, logit_tolerance(GgmlType::Q8_0)) << ev << ", kv " << r.kv << ", -fa " << r.flash;
+        }
+    }
+}
+
 // Attention over heads that evicted different tokens (retain with random masks, the same on both
 // backends), then a batch of new tokens written at the next positions: the device kernels see
 // each head's count of stored tokens before the batch, as the CPU's positions do. Within 2e-5.
@@ -1601,6 +1629,103 @@ TEST(Cuda, AttentionOverEvictedHeadsMatchesCpu) {
             be->attention(dev->view(0), q.data(), c.n_q, pos0, got.data());
             for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
         }
+    }
+}
+
+// The attention mass (token_mass: what H2O and SnapKV read) against the CPU backend's, with the
+// output of the same call: f16 (with and without -fa), q8_0 and q4_0 caches, GQA 1/4/8, head_dim
+// 64/128, 1, 5 and 20 queries (20 over whole f16 heads: the attention's GEMM path), odd token
+// counts, whole heads and heads that evicted different tokens (retain). Each head's array starts
+// at a random value (the contract adds), and the call runs three times on the same cache: plain
+// launches, then the pass captured as a CUDA graph, then the graph replayed.
+TEST(Cuda, AttentionMassMatchesCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    // before: stored tokens before the batch of n_q queries (which are the last stored tokens).
+    struct Case { int64_t before, head_dim, n_head, n_head_kv, n_q; };
+    const Case cases[] = {{0, 64, 4, 4, 1},     {30, 64, 8, 2, 5},     {96, 128, 8, 1, 1},   {43, 128, 3, 3, 20},
+                          {237, 128, 32, 8, 20}, {996, 64, 16, 2, 5},  {493, 128, 8, 1, 20}, {1000, 128, 8, 8, 1}};
+    struct Kv { const char* spec; bool flash; };
+    for (const Case& c : cases) {
+      for (const bool evict : {false, true}) {
+        if (evict && c.before == 0) continue;  // nothing to evict
+        for (const Kv kv : {Kv{"f16", true}, Kv{"f16", false}, Kv{"q8_0", true}, Kv{"q4_0", true}}) {
+            SCOPED_TRACE(testing::Message() << "kv " << kv.spec << " -fa " << kv.flash << " before " << c.before
+                                            << " head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
+                                            << " n_q " << c.n_q << " evict " << evict << " seed " << seed);
+            const int64_t hd = c.head_dim, kvd = c.n_head_kv * hd, H = c.n_head_kv;
+            KvCacheOptions opts;
+            opts.flash_attn = kv.flash;
+            const KvShape shape{1, c.n_head, c.n_head_kv, hd, c.before + c.n_q};
+            const KvSpec spec = KvSpec::parse(kv.spec);
+            auto host = make_kv_cache(shape, spec, opts);
+            opts.memory = cuda->kv_memory();
+            auto dev = make_kv_cache(shape, spec, opts);
+            const auto k = random_floats(size_t((c.before + c.n_q) * kvd), rng);
+            const auto v = random_floats(k.size(), rng);
+            if (c.before > 0) {
+                host->write(0, 0, k.data(), v.data(), c.before);
+                host->commit(c.before);
+                cuda->kv_write(*dev, 0, 0, k.data(), v.data(), c.before);
+                dev->commit(c.before);
+            }
+            if (evict) {
+                std::bernoulli_distribution keep_p(0.5);
+                for (int64_t g = 0; g < H; ++g) {
+                    std::vector<uint8_t> keep(size_t(c.before));
+                    for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
+                    host->retain(0, g, keep);
+                    dev->retain(0, g, keep);
+                }
+            }
+            const int64_t pos0 = c.before;
+            host->write(0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
+            cuda->kv_write(*dev, 0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
+            const auto q = random_floats(size_t(c.n_q * c.n_head * hd), rng);
+            const KvLayerView host_view = host->view(0), dev_view = dev->view(0);
+            std::uniform_real_distribution<float> start(0.0f, 1.0f);
+            std::vector<std::vector<float>> base(static_cast<size_t>(H));
+            for (int64_t g = 0; g < H; ++g) {
+                ASSERT_EQ(dev_view.heads[g].n_tokens, host_view.heads[g].n_tokens) << "head " << g;
+                base[size_t(g)].resize(size_t(host_view.heads[g].n_tokens));
+                for (float& x : base[size_t(g)]) x = start(rng);
+            }
+            for (int rep = 0; rep < 3; ++rep) {
+                SCOPED_TRACE(testing::Message() << "call " << rep);
+                std::vector<std::vector<float>> ref_mass = base, got_mass = base;
+                std::vector<float*> ref_heads, got_heads;
+                for (int64_t g = 0; g < H; ++g) {
+                    ref_heads.push_back(ref_mass[size_t(g)].data());
+                    got_heads.push_back(got_mass[size_t(g)].data());
+                }
+                std::vector<float> ref(q.size()), got(q.size(), NAN);
+                cpu->attention(host_view, q.data(), c.n_q, pos0, ref.data(), ref_heads.data());
+                cuda->attention(dev_view, q.data(), c.n_q, pos0, got.data(), got_heads.data());
+                // The outputs: as AttentionMatchesCpu (f32 numerics 2e-5; fp16-rounded probabilities 1e-3).
+                const float out_tol = kv.flash ? 2e-5f : 1e-3f;
+                for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], out_tol) << "output " << i;
+                // The mass: a token's sum of up to n_q * n_gqa = 20 * 8 probabilities. With -fa or
+                // q8_0 / q4_0 keys both sides compute each in f32 (q8_0 / q4_0 scores bit-equal,
+                // f16 scores in another summation order, |s| of a few units: ~1e-6 absolute;
+                // exp, the softmax sum and its reciprocal a few ulps apart): each probability
+                // within ~2e-6 of itself, the sums in another order, so 1e-5 absolute (the masses
+                // here are of order 1) plus 1e-5 of the token's mass for the heavy ones. Without
+                // -fa both round each probability to fp16 (llama.cpp's numerics, as the output);
+                // an f32 value a few ulps apart can round to the neighbouring fp16, at most 2^-10
+                // of it: 2^-10 of the mass.
+                const float rel = kv.flash ? 1e-5f : 1.0f / 1024.0f;
+                for (int64_t g = 0; g < H; ++g) {
+                    for (size_t t = 0; t < ref_mass[size_t(g)].size(); ++t) {
+                        const float r = ref_mass[size_t(g)][t], added = r - base[size_t(g)][t];
+                        ASSERT_NEAR(got_mass[size_t(g)][t], r, 1e-5f + rel * std::fabs(added))
+                            << "head " << g << " token " << t << " of " << ref_mass[size_t(g)].size();
+                    }
+                }
+            }
+        }
+      }
     }
 }
 

@@ -236,9 +236,6 @@ void run_eval_cmd(EvalOptions o) {
     std::vector<KvSpec> specs{p.reference.spec};
     for (const EvalMethod& m : p.methods) specs.push_back(m.spec);
     check_device(o.device, specs, p.prefill_exact);
-    if (pk) {
-        for (const EvalMethod& m : p.methods) check_evict_device(m.evict, o.device);
-    }
     const int threads = resolve_threads(o.threads);
     std::optional<EvalResult> r;
     std::string backend;

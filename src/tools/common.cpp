@@ -126,21 +126,11 @@ void check_device(const std::string& device, std::span<const KvSpec> specs, bool
     }
 }
 
-void check_evict_device(const EvictSpec& e, const std::string& device) {
-    // H2O and SnapKV score tokens by the attention each received, which only the CPU computes.
-    const bool mass = e.policy == EvictPolicy::H2O || e.policy == EvictPolicy::SnapKV;
-    if (e.active() && device != "cpu" && mass) {
-        fail("--device {}: eviction policy {} needs the attention mass, which has no {} kernel yet; use --device cpu",
-             device, evict_policy_name(e.policy), device);
-    }
-}
-
 Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_rows) {
     Engine e;
     const KvSpec spec = o.kv_spec();  // a bad method or device fails before the model loads
     check_device(o.device, std::span(&spec, 1), o.prefill_exact);
     KvCacheOptions cache_opts = o.cache_options();
-    check_evict_device(cache_opts.evict, o.device);
     e.model = Model::load(o.model, o.device);
     check_calibration_model(spec, o.model);
     check_calibration_model(cache_opts.evict, o.model);

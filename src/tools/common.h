@@ -54,8 +54,6 @@ void add_device_option(CLI::App* sub, std::string& device);
 // asked: every K and V method of `specs` needs a reader there (the KV codec registry says which
 // backends have one), and --prefill-exact needs one for the exact batch's f32 blocks.
 void check_device(const std::string& device, std::span<const KvSpec> specs, bool prefill_exact);
-// An eviction policy the device cannot run (H2O and SnapKV read the attention mass: CPU only) is an error.
-void check_evict_device(const EvictSpec& e, const std::string& device);
 
 // The model, a backend and a KV cache sized for n_ctx, built from validated options, after
 // checking that the run fits in the backend's memory (runtime/memory_check.h) with a largest

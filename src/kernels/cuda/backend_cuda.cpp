@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/attention_mass.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kv_memory.h"
@@ -88,12 +89,13 @@ T zeroed() {
 }
 
 enum class Op : uint64_t {
-    Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore
+    Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
+    AttentionMass
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
-                                    "attention gemm", "attention split-K", "rope + kv store"};
-static_assert(std::size(kOpNames) == size_t(Op::RopeStore) + 1);
+                                    "attention gemm", "attention split-K", "rope + kv store", "attention mass"};
+static_assert(std::size(kOpNames) == size_t(Op::AttentionMass) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -156,6 +158,10 @@ public:
         scores_.release();
         split_partial_.release();
         split_arrivals_.release();
+        mass_.release();
+        mass_stats_.release();
+        mass_q8_.release();
+        mass_q8_d_.release();
         q8_handoff_buf_.release();
         for (StepBlock& b : steps_) {
             b.dev.release();
@@ -411,9 +417,37 @@ public:
 
     void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o,
                    float* const* token_mass) override {
-        if (token_mass != nullptr) {
-            fail("attention mass (the score observers H2O/SnapKV) has no CUDA kernel yet; use --device cpu");
+        attend(view, q, n_q, pos0, o);
+        if (token_mass != nullptr) add_attention_mass(view, q, n_q, pos0, token_mass);
+    }
+
+    std::string attention_path(const KvLayerView& view) const override {
+        for (int64_t g = 0; g < view.n_head_kv; ++g) {
+            for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
+                if (!kv_code_of(s->fmt.kind)) {
+                    return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(s->fmt.kind));
+                }
+            }
         }
+        const KvCodes codes = kv_codes(view);
+        if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
+            return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
+                               "(keys {}), f32 softmax",
+                               kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
+                               codes.k == KvCode::F16 ? "against hi/lo fp16 splits of q"
+                                                      : "against the query quantized to q8_0, int8 MMA");
+        }
+        return view.flash_attn
+                   ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "
+                     "fp16 splits of q and the probabilities"
+                   : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
+                     "queries: cuBLAS batched fp16 GEMMs";
+    }
+
+private:
+    // The attention itself: the prefill GEMMs, the split-K decode kernel or the one-block-per-row
+    // kernel (attention.cuh says which takes what).
+    void attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
         require_device(view);
         const KvCodes codes = kv_codes(view);
         const bool f16 = codes.k == KvCode::F16 && codes.v == KvCode::F16;
@@ -506,30 +540,53 @@ public:
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
     }
 
-    std::string attention_path(const KvLayerView& view) const override {
-        for (int64_t g = 0; g < view.n_head_kv; ++g) {
-            for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
-                if (!kv_code_of(s->fmt.kind)) {
-                    return fmt::format("none: KV format {} has no CUDA reader", kv_format_kind_name(s->fmt.kind));
-                }
-            }
-        }
+    // token_mass (backend.h): the mass kernels (attention_mass.cuh) are recorded after the
+    // attention, over the same heads table, and the pass runs at once: the caller's arrays are
+    // host memory, so the mass is copied back and added there, as finish() returns an output.
+    void add_attention_mass(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0,
+                            float* const* token_mass) {
         const KvCodes codes = kv_codes(view);
-        if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
-            return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
-                               "(keys {}), f32 softmax",
-                               kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
-                               codes.k == KvCode::F16 ? "against hi/lo fp16 splits of q"
-                                                      : "against the query quantized to q8_0, int8 MMA");
+        int64_t max_tokens = 0;
+        for (int64_t g = 0; g < view.n_head_kv; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
+        if (n_q == 0 || max_tokens == 0) return;
+        // The stride grows in steps, as the scores' does, so a decode step's pass keeps its
+        // arguments (its graph) while the heads grow.
+        if (mass_stride_ < max_tokens) mass_stride_ = (max_tokens + 1023) / 1024 * 1024;
+        const size_t rows = size_t(n_q * view.n_head), n_q_floats = rows * size_t(view.head_dim);
+        AttentionMassParams p = zeroed<AttentionMassParams>();
+        p.mass = grow(mass_, size_t(view.n_head_kv * mass_stride_));
+        p.stats = grow(mass_stats_, 2 * rows);
+        if (codes.k != KvCode::F16) {
+            p.q8 = grow(mass_q8_, n_q_floats);
+            p.q8_d = grow(mass_q8_d_, rows * size_t(view.head_dim / kQBlock));
         }
-        return view.flash_attn
-                   ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "
-                     "fp16 splits of q and the probabilities"
-                   : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
-                     "queries: cuBLAS batched fp16 GEMMs";
+        step_reserve({host_bytes(q, n_q_floats), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
+        p.q = in(q, n_q_floats);
+        p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+        p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.stride = mass_stride_;
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        p.k_code = codes.k;
+        // The probabilities the CPU backend reports: fp16-rounded where its attention rounds them
+        // (an f16/f16 cache without -fa, attention_f16_applies), f32 otherwise.
+        p.round_f16 = !view.flash_attn && codes.k == KvCode::F16 && codes.v == KvCode::F16;
+        record(Op::AttentionMass, p, [](const AttentionMassParams& p, cudaStream_t st) { attention_mass(p, st); });
+        flush();
+        mass_host_.resize(size_t(view.n_head_kv * max_tokens));
+        VXQ_CUDA_CHECK(cudaMemcpy2DAsync(mass_host_.data(), size_t(max_tokens) * sizeof(float), p.mass,
+                                         size_t(mass_stride_) * sizeof(float), size_t(max_tokens) * sizeof(float),
+                                         size_t(view.n_head_kv), cudaMemcpyDeviceToHost, stream_));
+        wait_stream();
+        for (int64_t g = 0; g < view.n_head_kv; ++g) {
+            const float* m = mass_host_.data() + g * max_tokens;
+            for (int64_t t = 0; t < view.heads[g].n_tokens; ++t) token_mass[g][t] += m[t];
+        }
     }
 
-private:
     // The prefill path (attention.cuh): split q, batched score GEMMs, softmax, batched P V GEMMs.
     // The scratch, the cuBLAS handle and the operand pointers are made here, at record time, so
     // the launch allocates nothing and can be captured. The operand pointers (page addresses,
@@ -1087,6 +1144,12 @@ private:
     DeviceArray<float> scores_;
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
+    DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
+    DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum
+    DeviceArray<int8_t> mass_q8_;           // and q as q8_0 (q8_0 / q4_0 keys)
+    DeviceArray<float> mass_q8_d_;
+    int64_t mass_stride_ = 0;
+    std::vector<float> mass_host_;          // the mass copied back, [n_head_kv, max_tokens]
     bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
