@@ -167,6 +167,12 @@ if [ "$status_build" = ok ]; then
       m="$SYNTH/llama3-8b-$t.gguf"
       [ -f "$m" ] || "$BUILD/src/vxq" synth --shape llama3-8b --type "$t" -o "$m" >"$LOGS/synth_$t.log" 2>&1 ||
         { echo "synth $t failed"; tail -5 "$LOGS/synth_$t.log"; status_e2e=FAIL; continue; }
+      # llama.cpp's system-info line (its build's backends and CPU features), once, from a one-token run on this file.
+      if [ -n "${LLAMA_CPP_BIN:-}" ] && [ -z "${llama_info:-}" ]; then
+        llama_info="$(timeout 120 "$LLAMA_CPP_BIN/llama-cli" -m "$m" -ngl 99 -n 1 -p hi -no-cnv --temp 0 </dev/null 2>&1 |
+          grep -m1 'system_info')"
+        echo "llama.cpp ${llama_info:-system_info: (not printed)}"
+      fi
       # Arms: CUDA graphs with PDL and the step in passes (the default; also at depth 4096), one
       # pass per step, graphs without PDL, plain launches.
       for arm in graphs1 graphs1_pass1 graphs1_pdl0 graphs0; do

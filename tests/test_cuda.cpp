@@ -644,8 +644,10 @@ TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     struct Case { int64_t head_dim, n_rot, n, n_head, n_head_kv, pos0; bool neox; };
+    // n = 1 over at most kAttnShortTokens tokens (pos0 0, 63, 100, 127): the split kernel's short form, fused or not.
     const Case cases[] = {{128, 128, 1, 32, 8, 0, false},   {64, 64, 3, 12, 4, 17, true},  {128, 64, 2, 4, 2, 70000, true},
-                          {128, 128, 1, 32, 4, 5000, false}, {64, 32, 1, 8, 8, 300, true}, {128, 128, 1, 16, 2, 70000, false}};
+                          {128, 128, 1, 32, 4, 5000, false}, {64, 32, 1, 8, 8, 300, true}, {128, 128, 1, 16, 2, 70000, false},
+                          {128, 128, 1, 32, 8, 63, false},  {64, 64, 1, 8, 1, 100, true},  {256, 256, 1, 8, 2, 127, false}};
     for (const Case& c : cases) {
       for (const char* spec_text : {"f16", "q8_0", "q4_0/q8_0"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
@@ -849,6 +851,58 @@ TEST(Cuda, AttentionMatchesCpu) {
     }
 }
 
+// The short form of the split kernel (one query over at most kAttnShortTokens tokens: one block
+// per KV head, no merge) against the CPU and against the split form (VXQ_CUDA_ATTN_SHORT=0) on the
+// same cache: every format pair, GQA 1/2/3/4/8, head_dim 64/128/256, token counts around the
+// granules and the threshold (129: the split form in both). Both are f32 sums of the same exact
+// products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
+TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    setenv("VXQ_CUDA_ATTN_SHORT", "0", 1);
+    auto split = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_ATTN_SHORT");
+    auto be = make_backend("cuda", 1);
+    struct Case { int64_t kv_len, head_dim, n_head, n_head_kv; };
+    const Case cases[] = {{1, 64, 4, 4},    {16, 128, 8, 4},  {17, 128, 32, 8}, {63, 64, 6, 2},  {64, 256, 8, 1},
+                          {100, 128, 24, 8}, {127, 64, 12, 4}, {128, 128, 32, 8}, {128, 256, 16, 2}, {129, 128, 32, 8}};
+    for (const Case& c : cases) {
+        for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"}) {
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
+                                            << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
+            KvCacheOptions opts;
+            opts.flash_attn = true;
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
+            const KvSpec spec = KvSpec::parse(spec_text);
+            auto host = make_kv_cache(shape, spec, opts);
+            opts.memory = be->kv_memory();
+            auto dev = make_kv_cache(shape, spec, opts);
+            opts.memory = split->kv_memory();
+            auto dev_split = make_kv_cache(shape, spec, opts);
+            const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+            const auto v = random_floats(k.size(), rng);
+            const auto q = random_floats(size_t(c.n_head * c.head_dim), rng);
+            host->write(0, 0, k.data(), v.data(), c.kv_len);
+            host->commit(c.kv_len);
+            be->kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
+            dev->commit(c.kv_len);
+            split->kv_write(*dev_split, 0, 0, k.data(), v.data(), c.kv_len);
+            dev_split->commit(c.kv_len);
+            std::vector<float> ref(q.size()), got(q.size(), NAN), got_split(q.size(), NAN);
+            cpu->attention(host->view(0), q.data(), 1, c.kv_len - 1, ref.data());
+            be->attention(dev->view(0), q.data(), 1, c.kv_len - 1, got.data());
+            split->attention(dev_split->view(0), q.data(), 1, c.kv_len - 1, got_split.data());
+            for (size_t i = 0; i < ref.size(); ++i) {
+                ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
+                ASSERT_NEAR(got_split[i], ref[i], 2e-5f) << i;
+                ASSERT_NEAR(got[i], got_split[i], 2e-5f) << i;
+            }
+        }
+    }
+}
+
 #if VXQ_HAVE_CUDA
 // C = alpha op(A) op(B) + beta C for every batch entry, as cuBLAS defines it (column-major, A/B
 // fp16, C f32), on host memory: the test below runs the GEMM path's calls through it.
@@ -892,6 +946,12 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                 p.stages = cuda::kAttnSplitStages;
                 EXPECT_TRUE(cuda::attention_split_tiling_fits(p)) << "head_dim " << hd;
                 EXPECT_LE(cuda::attention_split_smem(p), size_t(cuda::kAttnSplitMaxSmem));
+                // The short form holds its whole threshold in the same shared memory at every GQA group.
+                for (int64_t rep : {1, 2, 3, 4, 8}) {
+                    p.n_head_kv = 8;
+                    p.n_head = 8 * rep;
+                    EXPECT_EQ(cuda::attention_split_short_cap(p), cuda::kAttnShortTokens) << "head_dim " << hd << " rep " << rep;
+                }
             }
         }
     }
@@ -907,6 +967,15 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
     p.tile = 128;
     p.stages = 4;
     EXPECT_FALSE(cuda::attention_split_tiling_fits(p));
+    EXPECT_EQ(cuda::attention_split_short_cap(p), 0);  // nor short
+    // A smaller tiling holds fewer short tokens, whole 16-token granules: 32 x 2 f16 tiles of
+    // 128-wide rows at GQA 4 leave 36 KB, 560 bytes a token (key and value rows of 272, 4 scores).
+    p.head_dim = 128;
+    p.n_head = 32;
+    p.n_head_kv = 8;
+    p.tile = 32;
+    p.stages = 2;
+    EXPECT_EQ(cuda::attention_split_short_cap(p), 64);
 #endif
 }
 
@@ -1594,7 +1663,8 @@ TEST(Cuda, AttentionOverEvictedHeadsMatchesCpu) {
     std::mt19937 rng(seed);
     auto cpu = make_backend("cpu", 2);
     struct Case { int64_t kv_len, n_head, n_head_kv, n_q; };
-    for (const Case c : {Case{300, 8, 2, 1}, Case{1000, 32, 8, 1}, Case{500, 12, 4, 3}, Case{200, 4, 4, 20}}) {
+    // 150: about 76 tokens left per head, the split kernel's short form.
+    for (const Case c : {Case{300, 8, 2, 1}, Case{150, 32, 8, 1}, Case{1000, 32, 8, 1}, Case{500, 12, 4, 3}, Case{200, 4, 4, 20}}) {
         for (const char* spec_text : {"f16", "q8_0", "q4_0"}) {
             SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " heads " << c.n_head << "/"
                                             << c.n_head_kv << " n_q " << c.n_q << " seed " << seed);

@@ -250,6 +250,197 @@ __device__ __forceinline__ void load_stream(uint8_t* dst, const uint8_t* src, in
     }
 }
 
+// The short form's shared memory (attention.cuh), from the split layout's score buffer on: the
+// keys and the values of up to `cap` tokens in the tiles' padded rows, then the scores [REP][cap].
+// q (and for q8_0 / q4_0 keys its codes and scales) stays where the split form keeps it.
+struct ShortSmem {
+    int k, v, sc, cap;
+};
+__host__ __device__ inline ShortSmem short_smem(const MmaSmem& L, int rep) {
+    const int avail = L.total - L.sc;
+    int cap = min(kAttnShortTokens, avail / (L.k_row + L.v_row + rep * 4)) / kAttnSplitMinTokens * kAttnSplitMinTokens;
+    const auto bytes = [&](int n) { return align16(n * L.k_row) + align16(n * L.v_row) + n * rep * 4; };
+    while (cap > 0 && bytes(cap) > avail) cap -= kAttnSplitMinTokens;
+    ShortSmem s{};
+    s.cap = cap;
+    s.k = L.sc;
+    s.v = s.k + align16(cap * L.k_row);
+    s.sc = s.v + align16(cap * L.v_row);
+    return s;
+}
+
+// Value j of token row `row` (its bytes in shared memory) as float: f16, or code * d of its 32-block.
+template <KvCode VC>
+__device__ __forceinline__ float short_value(const uint8_t* row, int j) {
+    if constexpr (VC == KvCode::F16) {
+        return __half2float(reinterpret_cast<const __half*>(row)[j]);
+    } else {
+        constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+        const uint8_t* blk = row + (j / kQBlock) * kBlockBytes;
+        return float(kv_code_at(blk, j % kQBlock, VC)) * kv_half_at(blk);
+    }
+}
+
+// The short form (attention.cuh) by block (g, 0, 0): n_vis <= p.short_tokens tokens, one query.
+// `kn`: the kernel's buffer for the new key. Called by every thread of the block.
+template <int REP, KvCode KC, KvCode VC>
+__device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& head, int n, uint8_t* smem, float* kn) {
+    __shared__ float inv_s[REP];
+    const int g = blockIdx.x, hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
+    const MmaSmem L = mma_smem(hd, KC, VC, p.tile, p.stages);
+    const ShortSmem S = short_smem(L, REP);
+    float* qsm = reinterpret_cast<float*>(smem + L.qs);  // [REP][hd]: q, later the output rows
+    uint8_t* ks = smem + S.k;
+    uint8_t* vs = smem + S.v;
+    float* sc = reinterpret_cast<float*>(smem + S.sc);  // [REP][n]: scores, then exponentials
+    const bool rope = p.rope.q != nullptr;
+    // Every visible token's key and value. With `rope` the pages hold earlier steps' tokens only
+    // (this kernel writes the new one): copied before waiting for the previous kernel.
+    const auto copy = [&] {
+        load_stream(ks, reinterpret_cast<const uint8_t*>(head.k), n, ktb, L.k_row);
+        load_stream(vs, reinterpret_cast<const uint8_t*>(head.v), n, vtb, L.v_row);
+        cp_async_commit();
+    };
+    if (rope) copy();
+    pdl_wait();
+    pdl_launch_dependents();  // this block is resident already: the next kernel's blocks may start loading
+    if (!rope) copy();
+    for (int e = tid; e < REP * hd; e += kSplitThreads) qsm[e] = p.q[int64_t(g) * REP * hd + e];
+    int64_t slot = -1;
+    if (rope) {  // the split form's RoPE + store, by this block alone
+        const int64_t pos = *p.rope.pos0;
+        slot = p.rope.heads[g].n_tokens;
+        float* kg = p.rope.k + int64_t(g) * hd;
+        for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
+        __syncthreads();
+        const int half = int(p.rope.n_rot / 2);
+        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qsm + (e / half) * hd, e % half, pos, p.rope);
+        for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
+        __syncthreads();
+        const KvHeadDev sh = p.rope.heads[g];
+        const float* vg = p.rope.v + int64_t(g) * hd;
+        for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
+        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[int64_t(g) * REP * hd + e] = qsm[e];
+        kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads);
+        kv_store_row(VC, vg, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid, kSplitThreads);
+        if (slot < n) {  // its copy in shared memory: the same bytes, once the copies have landed there
+            cp_async_wait<0>();
+            __syncthreads();
+            kv_store_row(KC, kn, ks + slot * L.k_row, hd, tid, kSplitThreads);
+            kv_store_row(VC, vg, vs + slot * L.v_row, hd, tid, kSplitThreads);
+        }
+    }
+    // q8_0 / q4_0 keys: q as q8_0, the CPU reader's prepare_query (the split form's codes).
+    int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
+    float* qd = reinterpret_cast<float*>(smem + L.qd);
+    if constexpr (KC != KvCode::F16) {
+        __syncthreads();  // q rotated
+        for (int b = warp; b < REP * (hd / kQBlock); b += kSplitWarps) {
+            const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
+            const Q8Lane ql = quantize_q8_0_lane(qsm[r * hd + bb * kQBlock + lane]);
+            qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
+            if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // keys, values (and the new row), q and its codes
+    // Scores: a thread per token, all REP query heads at once.
+    for (int t = tid; t < n; t += kSplitThreads) {
+        const uint8_t* kr = ks + t * L.k_row;
+        float s[REP];
+#pragma unroll
+        for (int r = 0; r < REP; ++r) s[r] = 0.0f;
+        if constexpr (KC == KvCode::F16) {
+            for (int c = 0; c < hd; c += 8) {
+                const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
+                const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
+#pragma unroll
+                    for (int r = 0; r < REP; ++r) {
+                        const float2 qf = *reinterpret_cast<const float2*>(qsm + r * hd + c + 2 * j);
+                        s[r] = fmaf(qf.x, kf.x, s[r]);
+                        s[r] = fmaf(qf.y, kf.y, s[r]);
+                    }
+                }
+            }
+        } else {
+            constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+            for (int b = 0; b < hd / kQBlock; ++b) {
+                const uint8_t* blk = kr + b * kBlockBytes;
+                int dot[REP];
+#pragma unroll
+                for (int r = 0; r < REP; ++r) dot[r] = 0;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) {  // codes 4w..4w+3 and 16+4w..16+4w+3
+                    int k0, k1;
+                    if constexpr (KC == KvCode::Q8_0) {
+                        k0 = int(u32_at2(blk + 2 + 4 * w));
+                        k1 = int(u32_at2(blk + 2 + 16 + 4 * w));
+                    } else {
+                        const unsigned u = u32_at2(blk + 2 + 4 * w);
+                        k0 = int(__vsub4(u & 0x0f0f0f0fu, 0x08080808u));
+                        k1 = int(__vsub4((u >> 4) & 0x0f0f0f0fu, 0x08080808u));
+                    }
+#pragma unroll
+                    for (int r = 0; r < REP; ++r) {
+                        const int8_t* qr = qc + r * hd + b * kQBlock;
+                        dot[r] = __dp4a(k0, *reinterpret_cast<const int*>(qr + 4 * w), dot[r]);
+                        dot[r] = __dp4a(k1, *reinterpret_cast<const int*>(qr + 16 + 4 * w), dot[r]);
+                    }
+                }
+                const float dk = kv_half_at(blk);
+#pragma unroll
+                for (int r = 0; r < REP; ++r) s[r] += float(dot[r]) * (dk * qd[r * (hd / kQBlock) + b]);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < REP; ++r) sc[r * n + t] = s[r] * p.scale;
+    }
+    __syncthreads();
+    // Softmax per query head: a warp per row; p = e * float(1 / double(sum)) (ggml_soft_max).
+    for (int r = warp; r < REP; r += kSplitWarps) {
+        float mx = -INFINITY;
+        for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[r * n + t]);
+        mx = warp_max(mx);
+        float sum = 0.0f;
+        for (int t = lane; t < n; t += 32) {
+            const float e = expf(sc[r * n + t] - mx);
+            sc[r * n + t] = e;
+            sum += e;
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) inv_s[r] = sum > 0.0f ? float(1.0 / double(sum)) : 0.0f;
+    }
+    __syncthreads();
+    // The V sum: a thread per channel, all REP query heads; q's rows (written back above) take the output.
+    for (int d = tid; d < hd; d += kSplitThreads) {
+        float acc[REP];
+#pragma unroll
+        for (int r = 0; r < REP; ++r) acc[r] = 0.0f;
+        for (int t = 0; t < n; ++t) {
+            const float v = short_value<VC>(vs + t * L.v_row, d);
+#pragma unroll
+            for (int r = 0; r < REP; ++r) acc[r] = fmaf(sc[r * n + t], v, acc[r]);
+        }
+#pragma unroll
+        for (int r = 0; r < REP; ++r) {
+            const float o = acc[r] * inv_s[r];
+            p.out[(int64_t(g) * REP + r) * hd + d] = o;
+            qsm[r * hd + d] = o;
+        }
+    }
+    if (p.out_q8.qs) {  // the group's rows of out, contiguous, whole 32-element blocks
+        __syncthreads();
+        const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
+        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
+            quantize_block_q8_0(qsm[b * kQBlock + lane], b0 + b, lane, p.out_q8.qs, p.out_q8.s);
+        }
+    }
+}
+
 template <int REP, KvCode KC, KvCode VC>
 __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const SplitAttentionParams p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -277,6 +468,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         return seen < 0 ? int64_t(0) : (seen < head.n_tokens ? seen : head.n_tokens);
     };
     const int64_t n_vis = visible(q0 + nq - 1);  // the group's last query sees the most
+    if (p.n_q == 1 && p.short_tokens > 0 && n_vis <= p.short_tokens) {  // the short form: the first split alone (attention.cuh)
+        if (z == 0) attention_short<REP, KC, VC>(p, head, int(n_vis), smem, kn);
+        return;
+    }
     // Stretches of whole granules of kAttnSplitMinTokens, at least p.min_stretch: a short context leaves the last splits
     // empty (they only take part in the RoPE and the count of arrivals), so its merge reads few partials.
     const SplitStretch cut = split_stretch(n_vis, p.splits, p.min_stretch);
@@ -700,6 +895,12 @@ size_t attention_split_smem(const SplitAttentionParams& p) {
 bool attention_split_tiling_fits(const SplitAttentionParams& p) {
     return (p.tile == 32 || p.tile == 64 || p.tile == 128) && p.stages >= 2 && p.stages <= 4 &&
            attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
+}
+
+int32_t attention_split_short_cap(const SplitAttentionParams& p) {
+    if (!attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) || !attention_split_tiling_fits(p)) return 0;
+    const MmaSmem L = mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages);
+    return short_smem(L, int(p.n_head / p.n_head_kv)).cap;
 }
 
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {

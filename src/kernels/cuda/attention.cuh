@@ -170,11 +170,27 @@ struct SplitAttentionParams {
     KvCode k_code, v_code;    // the pages' formats (rope's store uses the same)
     int32_t tile, stages;     // the tiling (above); attention_split_tiling_fits
     int32_t min_stretch;      // tokens a split holds at least (split_stretch rounds it up to whole granules)
+    int32_t short_tokens;     // one query seeing at most this many tokens: the short form (below); 0: never
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
 // (the quantize kernel's bits, q8_act.cuh), for a Q8_0/Q4_0 output projection that then needs no
 // quantize kernel (GemvFusion::x_q8).
+//
+// The short form: one query (n_q == 1) that sees at most p.short_tokens tokens (at most
+// attention_split_short_cap(p), a multiple of kAttnSplitMinTokens) is taken by the first split of
+// each KV head alone; the other splits exit at once, and no partial, arrival counter or merge is
+// used, so a decode step over a short context is a short chain: the block copies all the head's
+// keys and values into shared memory (with `rope`, before waiting for the previous kernel: they
+// were written by earlier steps, and the new token's row, written by this kernel, is encoded into
+// shared memory by the block itself instead of being read back), then scores every token (a thread
+// per token) and sums the values (a thread per channel) in f32 FMAs: the products of the split
+// form's MMAs (q8_0 / q4_0 keys: the same q8_0 query and exact int32 block dots, times d_k * d_q),
+// summed in another order (~1e-7 relative). On the H200, with the GEMVs' weights evict-first in
+// L2 (gemv.cu), Q4_0 8B decode from an empty cache ran 9 % faster with it than without; with
+// weights at the normal priority, level (docs/gpu.md, 2026-12-02, fourth session).
+// VXQ_CUDA_ATTN_SHORT=N sets the backend's threshold (0: off).
+constexpr int kAttnShortTokens = 128;
 // Whether the split kernel takes this shape (GQA group, head_dim) and these formats.
 bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code);
 // Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
@@ -187,6 +203,8 @@ int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code);
 // Dynamic shared memory of a call, and whether p.tile / p.stages are valid and fit kAttnSplitMaxSmem.
 size_t attention_split_smem(const SplitAttentionParams& p);
 bool attention_split_tiling_fits(const SplitAttentionParams& p);
+// The most tokens the short form holds in p's shared memory (p's tiling, shape and formats), at most kAttnShortTokens.
+int32_t attention_split_short_cap(const SplitAttentionParams& p);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
 void attention_split(const SplitAttentionParams& p, cudaStream_t stream);
 

@@ -136,6 +136,11 @@ public:
         if (const char* ms = std::getenv("VXQ_CUDA_ATTN_MIN_STRETCH")) {  // split_stretch rounds it to whole granules
             attn_min_stretch_ = std::clamp(std::atoi(ms), kAttnSplitMinTokens, 1 << 20);
         }
+        const char* ef = std::getenv("VXQ_CUDA_WEIGHT_EVICT_FIRST");
+        set_weight_evict_first(!(ef && std::string_view(ef) == "0"));
+        if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
+            attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
+        }
         const char* prof = std::getenv("VXQ_CUDA_PROFILE");
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
@@ -499,6 +504,7 @@ private:
                 p.tile = kAttnSplitTile;
                 p.stages = kAttnSplitStages;
             }
+            p.short_tokens = std::min(attn_short_, attention_split_short_cap(p));
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
             const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() && attention_split_rope_fits(p, rs.f) &&
@@ -1153,6 +1159,7 @@ private:
     bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
+    int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;

@@ -139,6 +139,38 @@ struct Q8KScale {
     int sum[4];
 };
 
+// Weights are read once per step and are most of its bytes: they stream through L2 with the
+// evict-first priority, so that what the step reads again (activations, the KV cache, the
+// kernels' own instructions and parameters, which a cold L2 makes every small kernel fetch from
+// DRAM) stays there. On the H200 (docs/gpu.md, 2026-12-02, fourth session) it took the decode
+// attention from 25 to 15 us per call and Q4_0 / F16 decode up 5 %.
+// VXQ_CUDA_WEIGHT_EVICT_FIRST=0 (set_weight_evict_first) gives them the normal priority (A/B).
+__constant__ int c_weight_evict_first = 1;
+__device__ __forceinline__ uint64_t weight_policy() {  // both policies made, one selected: no branch per load
+    uint64_t first, normal;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+    return c_weight_evict_first ? first : normal;
+}
+// 16 bytes of weights (read-only for the kernel's lifetime: the non-coherent path, as __ldg).
+__device__ __forceinline__ int4 ld_weight16(const void* ptr) {
+    int4 v;
+    asm("ld.global.nc.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(ptr), "l"(weight_policy()));
+    return v;
+}
+__device__ __forceinline__ float ld_weight_half(const __half* ptr) {
+    unsigned short v;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(ptr), "l"(weight_policy()));
+    return __half2float(__ushort_as_half(v));
+}
+__device__ __forceinline__ void cp_async16_weight(void* smem, const void* gmem) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "l"(weight_policy())
+                 : "memory");
+}
+
 struct GemvParams {
     const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2];
                                // TQ2_0 [rows, cols / 4] (each 256-block's 64 quant bytes)
@@ -161,7 +193,8 @@ struct DenseFormat {
     static constexpr int kUnitsPerIter = kGemvLoadsPerRow;
     static __host__ __device__ int units(int cols) { return cols / kPer16; }
     static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
-        return __ldg(static_cast<const uint4*>(p.w) + int64_t(row) * units(p.cols) + u);
+        const int4 v = ld_weight16(static_cast<const uint4*>(p.w) + int64_t(row) * units(p.cols) + u);
+        return uint4{unsigned(v.x), unsigned(v.y), unsigned(v.z), unsigned(v.w)};
     }
     template <int R>
     static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
@@ -204,7 +237,7 @@ struct Q8Format {
     static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int b) {
         const int64_t i = int64_t(row) * units(p.cols) + b;
         const int4* q = static_cast<const int4*>(p.w) + 2 * i;
-        return Unit{__ldg(q), __ldg(q + 1), __half2float(__ldg(p.w_scale + i))};
+        return Unit{ld_weight16(q), ld_weight16(q + 1), ld_weight_half(p.w_scale + i)};
     }
     template <int R>
     static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
@@ -234,7 +267,7 @@ struct Q4Format {
     static __host__ __device__ int units(int cols) { return cols / kQBlock; }
     static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int b) {
         const int64_t i = int64_t(row) * units(p.cols) + b;
-        return Unit{__ldg(static_cast<const int4*>(p.w) + i), __half2float(__ldg(p.w_scale + i))};
+        return Unit{ld_weight16(static_cast<const int4*>(p.w) + i), ld_weight_half(p.w_scale + i)};
     }
     static __device__ __forceinline__ int4 low_nibbles(const int4& v) {
         return make_int4(v.x & 0x0f0f0f0f, v.y & 0x0f0f0f0f, v.z & 0x0f0f0f0f, v.w & 0x0f0f0f0f);
@@ -272,8 +305,8 @@ struct TQ2Format {  // kRows: TQ2FormatR
     static __host__ __device__ int units(int cols) { return cols / 64; }
     static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
         const int64_t i = int64_t(row) * units(p.cols) + u;
-        return Unit{__ldg(static_cast<const int4*>(p.w) + i),
-                    __half2float(__ldg(p.w_scale + int64_t(row) * (p.cols / kQK_K) + u / 4))};
+        return Unit{ld_weight16(static_cast<const int4*>(p.w) + i),
+                    ld_weight_half(p.w_scale + int64_t(row) * (p.cols / kQK_K) + u / 4)};
     }
     static __device__ __forceinline__ int4 digits(const int4& q, int l) {
         const unsigned m = 0x03030303u;
@@ -680,7 +713,7 @@ __device__ __forceinline__ void g1_issue(const G1Params& p, int item, const int 
                 r = row0 + slot[j] - m * p.rows_per_item;
             }
             const G1Matrix& M = g1_matrix(p, m);
-            cp_async16(stage + j * kG1Threads + threadIdx.x, F::address(M, p.upr, min(r, M.rows - 1), unit[j]));
+            cp_async16_weight(stage + j * kG1Threads + threadIdx.x, F::address(M, p.upr, min(r, M.rows - 1), unit[j]));
         }
     }
     cp_async_commit();
@@ -1260,6 +1293,11 @@ GemvScratch::~GemvScratch() {
         cublas_api().destroy(cublas);
     }
     cudaFree(buf);
+}
+
+void set_weight_evict_first(bool on) {
+    const int v = on ? 1 : 0;
+    VXQ_CUDA_CHECK(cudaMemcpyToSymbol(c_weight_evict_first, &v, sizeof v));
 }
 
 void* GemvScratch::reserve(size_t n) {

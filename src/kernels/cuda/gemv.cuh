@@ -116,6 +116,9 @@ size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path = Ma
 std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path = MatmulPath::Auto);
 
 // y = x W^T on `stream`.  x: [n, w.cols] f32 (device); y: [n, w.rows] f32 (device)
+// The L2 priority of the GEMV kernels' weight loads: evict-first (the default) or normal, for the
+// device the calling thread uses (gemv.cu says why).
+void set_weight_evict_first(bool on);
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream);
 // The same with the path forced (tests and benchmarks compare the two paths).
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream,
