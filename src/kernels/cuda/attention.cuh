@@ -187,8 +187,9 @@ struct SplitAttentionParams {
 // per token) and sums the values (a thread per channel) in f32 FMAs: the products of the split
 // form's MMAs (q8_0 / q4_0 keys: the same q8_0 query and exact int32 block dots, times d_k * d_q),
 // summed in another order (~1e-7 relative). On the H200, with the GEMVs' weights evict-first in
-// L2 (gemv.cu), Q4_0 8B decode from an empty cache ran 9 % faster with it than without; with
-// weights at the normal priority, level (docs/gpu.md, 2026-12-02, fourth session).
+// L2 (gemv.cu), Q4_0 8B decode from an empty cache ran 8 % faster with it than without (440-446
+// against 406-408 t/s); with weights at the normal priority, level (docs/gpu.md, 2026-12-02,
+// fourth session).
 // VXQ_CUDA_ATTN_SHORT=N sets the backend's threshold (0: off).
 constexpr int kAttnShortTokens = 128;
 // Whether the split kernel takes this shape (GQA group, head_dim) and these formats.
