@@ -89,6 +89,19 @@ KvCacheOptions device_cache(Backend& be) {
 
 using test::random_floats;
 
+// Eviction as both backends see it: per KV head one random keep mask (each of the first n tokens
+// with probability 1/2), retained by the host cache and the device cache alike.
+template <class Cache>
+void retain_same_random(Cache& host, Cache& dev, int64_t n_head_kv, int64_t n, std::mt19937& rng) {
+    std::bernoulli_distribution keep_p(0.5);
+    for (int64_t g = 0; g < n_head_kv; ++g) {
+        std::vector<uint8_t> keep(static_cast<size_t>(n));
+        for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
+        host.retain(0, g, keep);
+        dev.retain(0, g, keep);
+    }
+}
+
 TEST(Cuda, MakeBackendIsTheDeviceOrAOneLineError) {
     try {
         auto be = make_backend("cuda", 1);
@@ -1603,6 +1616,15 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
     }
 }
 
+// The prompt the device eviction tests prefill (longer than their budgets) before decoding.
+std::vector<TokenId> eviction_prompt(const Model& model) {
+    const auto ids = model.tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back one register at a time.",
+        true);
+    return {ids.begin(), ids.end()};
+}
+
 // Eviction on the device: StreamingLLM and K-norm (they score from positions and keys, no
 // attention mass) keep the same tokens on both backends (the device keys are the CPU codec's
 // bytes of nearly the same k; K-norm's scores of near-equal keys could order differently, which
@@ -1612,11 +1634,7 @@ TEST(Cuda, EvictedCacheLogitsCloseToCpu) {
     VXQ_REQUIRE_CUDA(cuda);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
     auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
-    const auto ids = model->tokenizer().encode(
-        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
-        "the limits the hardware reports, and writes the new settings back one register at a time.",
-        true);
-    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    const std::vector<TokenId> prompt = eviction_prompt(*model);
     for (const char* ev : {"streaming:budget=24,sink=4,window=8", "knorm:budget=32"}) {
         for (const char* kv : {"f16", "q8_0"}) {
             const double diff = forward_difference(*model, prompt, 12, true, KvSpec::parse(kv), EvictSpec::parse(ev));
@@ -1641,11 +1659,7 @@ TEST(Cuda, MassEvictionLogitsCloseToCpu) {
     VXQ_REQUIRE_CUDA(cuda);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
     auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
-    const auto ids = model->tokenizer().encode(
-        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
-        "the limits the hardware reports, and writes the new settings back one register at a time.",
-        true);
-    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    const std::vector<TokenId> prompt = eviction_prompt(*model);
     constexpr int64_t kBudget = 24;
     ASSERT_GT(int64_t(prompt.size()), kBudget + 4) << "the prompt alone must make the policies evict";
     struct Run { const char* kv; bool flash; };
@@ -1688,13 +1702,7 @@ TEST(Cuda, AttentionOverEvictedHeadsMatchesCpu) {
             host->commit(c.kv_len);
             be->kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
             dev->commit(c.kv_len);
-            std::bernoulli_distribution keep_p(0.5);
-            for (int64_t g = 0; g < c.n_head_kv; ++g) {
-                std::vector<uint8_t> keep(size_t(c.kv_len));
-                for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
-                host->retain(0, g, keep);
-                dev->retain(0, g, keep);
-            }
+            retain_same_random(*host, *dev, c.n_head_kv, c.kv_len, rng);
             const int64_t pos0 = c.kv_len;
             host->write(0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
             be->kv_write(*dev, 0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
@@ -1746,15 +1754,7 @@ TEST(Cuda, AttentionMassMatchesCpu) {
                 cuda->kv_write(*dev, 0, 0, k.data(), v.data(), c.before);
                 dev->commit(c.before);
             }
-            if (evict) {
-                std::bernoulli_distribution keep_p(0.5);
-                for (int64_t g = 0; g < H; ++g) {
-                    std::vector<uint8_t> keep(size_t(c.before));
-                    for (auto& b : keep) b = keep_p(rng) ? 1 : 0;
-                    host->retain(0, g, keep);
-                    dev->retain(0, g, keep);
-                }
-            }
+            if (evict) retain_same_random(*host, *dev, H, c.before, rng);
             const int64_t pos0 = c.before;
             host->write(0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);
             cuda->kv_write(*dev, 0, pos0, k.data() + pos0 * kvd, v.data() + pos0 * kvd, c.n_q);

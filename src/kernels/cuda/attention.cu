@@ -16,21 +16,6 @@ namespace {
 
 constexpr int kAttnWarps = 4;
 
-__device__ __forceinline__ float block_reduce(float v, float* shared, bool is_max) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? fmaxf(v, other) : v + other;
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    __syncthreads();  // `shared` may still be read from the previous reduction
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float r = shared[0];
-    for (int w = 1; w < kAttnWarps; ++w) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
-    return r;
-}
-
 // Block (i, h): query token i, query head h, reading KV head h / (n_head / n_head_kv).
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16AttentionParams p) {
     __shared__ float red[kAttnWarps];
@@ -58,14 +43,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     __syncthreads();
     float m = -INFINITY;
     for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) m = fmaxf(m, sc[t]);
-    m = block_reduce(m, red, true);
+    m = block_reduce<kAttnWarps>(m, red, true);
     float sum = 0.0f;
     for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) {
         const float e = expf(sc[t] - m);
         sc[t] = e;
         sum += e;
     }
-    sum = block_reduce(sum, red, false);  // its barriers also publish the exponentials in sc
+    sum = block_reduce<kAttnWarps>(sum, red, false);  // its barriers also publish the exponentials in sc
     if (n_vis == 0) {
         for (int64_t d = threadIdx.x; d < p.head_dim; d += blockDim.x) out[d] = 0.0f;
         return;
@@ -843,14 +828,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
     float m = -INFINITY;
     for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) m = fmaxf(m, __fmul_rn(sc[t], p.scale));
-    m = block_reduce(m, red, true);
+    m = block_reduce<kAttnWarps>(m, red, true);
     float sum = 0.0f;
     for (int64_t t = threadIdx.x; t < n_vis; t += blockDim.x) {
         const float e = expf(__fmul_rn(sc[t], p.scale) - m);
         sc[t] = e;  // read back below by this same thread
         sum += e;
     }
-    sum = block_reduce(sum, red, false);
+    sum = block_reduce<kAttnWarps>(sum, red, false);
     // ggml_soft_max: p = e * float(1 / sum) with the reciprocal taken in double.
     const float inv = n_vis > 0 ? float(1.0 / double(sum)) : 0.0f;
     for (int64_t t = threadIdx.x; t < p.n_kv; t += blockDim.x) {

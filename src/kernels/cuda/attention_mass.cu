@@ -58,17 +58,6 @@ __device__ __forceinline__ float mass_score(const AttentionMassParams& p, const 
     return __fmul_rn(__fadd_rn(__fadd_rn(v0, v2), __fadd_rn(v1, v3)), p.scale);
 }
 
-__device__ __forceinline__ float block_reduce(float v, float* shared, bool is_max) {
-    v = is_max ? warp_max(v) : warp_sum(v);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    __syncthreads();  // `shared` may still be read from the previous reduction
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float r = shared[0];
-    for (int w = 1; w < kMassWarps; ++w) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
-    return r;
-}
-
 // Block r = i * n_head + h: (q8_0 / q4_0 keys) q's row quantized as the CPU's reader does, then the row's
 // max score and 1 / sum exp(s - max) (ggml's reciprocal in double, as the attention kernels).
 __global__ void __launch_bounds__(kMassThreads) mass_stats_kernel(const AttentionMassParams p) {
@@ -90,10 +79,10 @@ __global__ void __launch_bounds__(kMassThreads) mass_stats_kernel(const Attentio
     const uint8_t* keys = reinterpret_cast<const uint8_t*>(head.k);
     float m = -INFINITY;
     for (int64_t t = threadIdx.x; t < n_vis; t += kMassThreads) m = fmaxf(m, mass_score(p, keys, r, t));
-    m = block_reduce(m, red, true);
+    m = block_reduce<kMassWarps>(m, red, true);
     float sum = 0.0f;
     for (int64_t t = threadIdx.x; t < n_vis; t += kMassThreads) sum += expf(mass_score(p, keys, r, t) - m);
-    sum = block_reduce(sum, red, false);
+    sum = block_reduce<kMassWarps>(sum, red, false);
     if (threadIdx.x == 0) {
         p.stats[2 * r] = m;
         p.stats[2 * r + 1] = n_vis > 0 ? float(1.0 / double(sum)) : 0.0f;

@@ -529,14 +529,14 @@ private:
         finish(o, p.out, n_out);
     }
 
-    // The fields both decode attention kernels take: output, inputs (q, the step's position and
-    // heads table in the step block), shape and score scale. Called after every grow of the call.
+    // The fields the decode attention kernels and the mass kernels take: inputs (q, the step's
+    // position and heads table in the step block), shape and score scale. Called after every
+    // grow of the call.
     template <class P>
-    void attention_inputs(P& p, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* dev_out) {
-        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
-        p.out = dev_out;
-        step_reserve({host_bytes(q, n_out), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
-        p.q = in(q, n_out);
+    void attention_step_inputs(P& p, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0) {
+        const size_t n_q_floats = size_t(n_q * view.n_head * view.head_dim);
+        step_reserve({host_bytes(q, n_q_floats), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
+        p.q = in(q, n_q_floats);
         p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
         p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
         p.n_q = n_q;
@@ -544,6 +544,12 @@ private:
         p.n_head_kv = view.n_head_kv;
         p.head_dim = view.head_dim;
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
+    }
+    // ... and the attention's output.
+    template <class P>
+    void attention_inputs(P& p, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* dev_out) {
+        p.out = dev_out;
+        attention_step_inputs(p, view, q, n_q, pos0);
     }
 
     // token_mass (backend.h): the mass kernels (attention_mass.cuh) are recorded after the
@@ -566,16 +572,8 @@ private:
             p.q8 = grow(mass_q8_, n_q_floats);
             p.q8_d = grow(mass_q8_d_, rows * size_t(view.head_dim / kQBlock));
         }
-        step_reserve({host_bytes(q, n_q_floats), sizeof pos0, heads_.size() * sizeof(KvHeadDev)});
-        p.q = in(q, n_q_floats);
-        p.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
-        p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
-        p.n_q = n_q;
-        p.n_head = view.n_head;
-        p.n_head_kv = view.n_head_kv;
-        p.head_dim = view.head_dim;
+        attention_step_inputs(p, view, q, n_q, pos0);
         p.stride = mass_stride_;
-        p.scale = 1.0f / std::sqrt(float(view.head_dim));
         p.k_code = codes.k;
         // The probabilities the CPU backend reports: fp16-rounded where its attention rounds them
         // (an f16/f16 cache without -fa, attention_f16_applies), f32 otherwise.

@@ -47,6 +47,20 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Maximum (is_max) or sum of v over a block of kWarps warps (all threads call; every thread gets
+// it): the warp's butterfly, then the warps' results in order. `shared`: kWarps floats.
+template <int kWarps>
+__device__ __forceinline__ float block_reduce(float v, float* shared, bool is_max) {
+    v = is_max ? warp_max(v) : warp_sum(v);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    __syncthreads();  // `shared` may still be read from the previous reduction
+    if (lane == 0) shared[warp] = v;
+    __syncthreads();
+    float r = shared[0];
+    for (int w = 1; w < kWarps; ++w) r = is_max ? fmaxf(r, shared[w]) : r + shared[w];
+    return r;
+}
+
 // silu(g) * u as ggml's swiglu.
 __device__ __forceinline__ float silu_mul(float g, float u) { return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u); }
 
