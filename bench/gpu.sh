@@ -19,6 +19,8 @@
 #   OUT              if set, full logs are written there
 #   VXQ_SYNTH_DIR    where the synthetic GGUFs are written (default BUILD_DIR/synth; ~21 GB)
 #   VXQ_E2E_TYPES    weight types of the end-to-end runs (default "f16 q4_0"; empty: skip them)
+#   VXQ_GPU_E2E_ARMS the end-to-end arms (default "graphs1 graphs1_pass1 graphs1_pdl0 graphs0";
+#                    "graphs1" alone: the default path, for a run that must stay short)
 #   LLAMA_CPP_BIN    a llama.cpp build's bin/ folder (llama-bench): run on the same files
 #   VXQ_GPU_BENCH_ONLY=1  skip the tests, compute-sanitizer and the perplexity comparison (a
 #                    benchmark-only rerun)
@@ -175,7 +177,7 @@ if [ "$status_build" = ok ]; then
       fi
       # Arms: CUDA graphs with PDL and the step in passes (the default; also at depth 4096), one
       # pass per step, graphs without PDL, plain launches.
-      for arm in graphs1 graphs1_pass1 graphs1_pdl0 graphs0; do
+      for arm in ${VXQ_GPU_E2E_ARMS:-graphs1 graphs1_pass1 graphs1_pdl0 graphs0}; do
         g=1; pdl=1; chunk=8; depth=0
         [ "$arm" = graphs1 ] && depth=0,4096
         [ "$arm" = graphs0 ] && g=0
