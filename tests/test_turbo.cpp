@@ -6,6 +6,7 @@
 // (Fused attention vs dequantize-then-attend: tests/test_kv_cache.cpp, over the registry's variants.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -409,7 +410,7 @@ TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
 }
 
 // The code path a run reports (kv_reader_isa) names the blocks an AVX2 reader leaves to its scalar
-// code: TurboQuant_prod keys and every turbo:rot=calib block; plain turbo stays AVX2.
+// code: TurboQuant_prod keys; plain turbo and turbo:rot=calib (keys and values) run AVX2.
 TEST(TurboReader, ReportedIsaNamesTheScalarBlocks) {
     VXQ_REQUIRE_AVX2(cpu::kv_avx2_available());
     const int64_t d = 64;
@@ -423,8 +424,8 @@ TEST(TurboReader, ReportedIsaNamesTheScalarBlocks) {
     EXPECT_EQ(isa_of("turbo:bits=3", KvRole::Value), cpu::KvIsa::Avx2);
     EXPECT_EQ(isa_of("turbo-prod:bits=3", KvRole::Key), cpu::KvIsa::Scalar);
     EXPECT_EQ(isa_of("turbo-prod:bits=3", KvRole::Value), cpu::KvIsa::Avx2);
-    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Key), cpu::KvIsa::Scalar);
-    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Value), cpu::KvIsa::Scalar);
+    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Key), cpu::KvIsa::Avx2);
+    EXPECT_EQ(isa_of("turbo:bits=3,rot=calib,calib=random", KvRole::Value), cpu::KvIsa::Avx2);
 }
 
 // The calibration file (kv/calibration.h): what is saved loads back, and a file for another head
@@ -499,78 +500,138 @@ TEST(TurboCalibrationFile, RoundTripAndRefusals) {
 namespace vxq {
 namespace {
 
-// The AVX2 reader (kernels/cpu/kv_read_turbo_avx2.cpp) against the scalar reference on fresh
-// random blocks: turbo and turbo-rvq (both roles), turbo-prod's values, bits 1..4, d = 64 and 128
-// (Hadamard) and d = 100 (Haar: the d % 8 tail), odd token counts, GQA 1, 3 and 4.
+// The AVX2 reader of `spec` against the scalar reference on fresh random blocks (norms spread
+// over 0.1..4), odd token counts and GQA 1, 3, 4 and 5.
 //   scores: the AVX2 reader sums q'_c y_c in 8 lanes with FMA, then across lanes; the scalar one
 //     channel by channel. Both are within gamma_{d+3} * sum_c |q'_c y_c| of the exact dot
 //     (Higham, recursive and pairwise summation; u = 2^-24), so they differ by at most
 //     2 (d + 4) u n ||q|| ||y|| (Cauchy-Schwarz, ||q'|| = ||q||), plus the final product n * dot
-//     (one rounding each, covered by the + 4).
+//     (one rounding each, covered by the + 4). y is the same in both (the same codebook value, or
+//     for rot=calib the same product scale * centroid), so this is the whole difference.
 //   values: the same operations in the same order per channel (fl(p n) * y added token after
 //     token), so bit for bit.
+void expect_avx2_matches_scalar(const std::string& spec, KvRole role, int64_t d, std::mt19937& rng, uint32_t seed) {
+    std::normal_distribution<float> nd;
+    std::uniform_real_distribution<float> ud(0.1f, 4.0f);
+    const double u = std::ldexp(1.0, -24);
+    const Bound bd(spec, role, d);
+    const KvFormatParams f = bd.codec->params(d);
+    const auto& st = *static_cast<const turbo::State*>(f.layer_state);
+    const cpu::KvReader* scalar = cpu::kv_reader(f.kind, cpu::KvIsa::Scalar);
+    const cpu::KvReader* avx2 = cpu::kv_reader(f.kind, cpu::KvIsa::Avx2);
+    ASSERT_TRUE(scalar && avx2 && scalar != avx2) << spec;
+    ASSERT_FALSE(avx2->scalar_blocks(f, role == KvRole::Key)) << spec << ": the AVX2 code must run";
+    for (const int64_t n : {1, 7, 33, 130})
+        for (const int64_t n_q : {1, 3, 4, 5}) {
+            const std::string at =
+                fmt::format("{} role={} d={} n={} n_q={} seed={}", spec, role == KvRole::Key ? "key" : "value", d, n, n_q, seed);
+            std::vector<uint8_t> blk(size_t(n) * f.block_bytes);
+            std::vector<float> x(static_cast<size_t>(d));
+            for (int64_t t = 0; t < n; ++t) {
+                const float scale = ud(rng);
+                for (auto& v : x) v = scale * nd(rng);
+                bd.codec->encode(x.data(), d, blk.data() + size_t(t) * f.block_bytes);
+            }
+            if (role == KvRole::Key) {
+                std::vector<float> q(size_t(n_q * d)), s0(size_t(n_q * n)), s1(s0.size()), y(static_cast<size_t>(d));
+                for (auto& v : q) v = nd(rng);
+                scalar->scores_of(f, q.data(), n_q, blk.data(), n, d, s0.data());
+                avx2->scores_of(f, q.data(), n_q, blk.data(), n, d, s1.data());
+                for (int64_t t = 0; t < n; ++t) {
+                    const uint8_t* B = blk.data() + size_t(t) * f.block_bytes;
+                    turbo::rotated_codes(st, B, y.data());
+                    double yy = 0;
+                    for (float v : y) yy += double(v) * v;
+                    for (int64_t h = 0; h < n_q; ++h) {
+                        double qq = 0;
+                        for (int64_t c = 0; c < d; ++c) qq += double(q[size_t(h * d + c)]) * q[size_t(h * d + c)];
+                        const double tol = 2.0 * double(d + 4) * u * load_fp16(B) * std::sqrt(qq * yy);
+                        ASSERT_NEAR(s1[size_t(h * n + t)], s0[size_t(h * n + t)], tol) << at << " t=" << t << " h=" << h;
+                    }
+                }
+            } else {
+                std::vector<float> p(size_t(n_q * n)), a0(size_t(n_q * d)), a1;
+                for (auto& v : p) v = std::abs(nd(rng));
+                for (auto& v : a0) v = nd(rng);
+                a1 = a0;
+                scalar->accumulate(f, p.data(), n_q, blk.data(), n, d, a0.data());
+                avx2->accumulate(f, p.data(), n_q, blk.data(), n, d, a1.data());
+                ASSERT_EQ(a0, a1) << at;
+            }
+        }
+}
+
+// turbo and turbo-rvq (both roles), turbo-prod's values, bits 1..4, d = 64 and 128 (Hadamard)
+// and d = 100 (Haar: the d % 8 tail).
 TEST(TurboReader, Avx2MatchesTheScalarReference) {
     VXQ_REQUIRE_KV_AVX2();
     const uint32_t seed = std::random_device{}();
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    std::uniform_real_distribution<float> ud(0.1f, 4.0f);
     struct Case {
         const char* family;
         KvRole role;
     };
     const Case cases[] = {{"turbo", KvRole::Key}, {"turbo", KvRole::Value}, {"turbo-rvq", KvRole::Key},
                           {"turbo-rvq", KvRole::Value}, {"turbo-prod", KvRole::Value}};
-    const double u = std::ldexp(1.0, -24);
     for (const Case& cs : cases)
         for (int b = 1; b <= 4; ++b)
-            for (const int64_t d : {64, 128, 100}) {
-                const std::string spec = fmt::format("{}:bits={}{}", cs.family, b, d == 100 ? ",rot=haar" : "");
-                const Bound bd(spec, cs.role, d);
-                const KvFormatParams f = bd.codec->params(d);
-                const auto& st = *static_cast<const turbo::State*>(f.layer_state);
-                const cpu::KvReader* scalar = cpu::kv_reader(f.kind, cpu::KvIsa::Scalar);
-                const cpu::KvReader* avx2 = cpu::kv_reader(f.kind, cpu::KvIsa::Avx2);
-                ASSERT_TRUE(scalar && avx2 && scalar != avx2) << spec;
-                for (const int64_t n : {1, 7, 33, 130})
-                    for (const int64_t n_q : {1, 3, 4}) {
-                        const std::string at = fmt::format("{} role={} n={} n_q={} seed={}", spec,
-                                                           cs.role == KvRole::Key ? "key" : "value", n, n_q, seed);
-                        std::vector<uint8_t> blk(size_t(n) * f.block_bytes);
-                        std::vector<float> x(static_cast<size_t>(d));
-                        for (int64_t t = 0; t < n; ++t) {
-                            const float scale = ud(rng);
-                            for (auto& v : x) v = scale * nd(rng);
-                            bd.codec->encode(x.data(), d, blk.data() + size_t(t) * f.block_bytes);
-                        }
-                        if (cs.role == KvRole::Key) {
-                            std::vector<float> q(size_t(n_q * d)), s0(size_t(n_q * n)), s1(s0.size()), y(static_cast<size_t>(d));
-                            for (auto& v : q) v = nd(rng);
-                            scalar->scores_of(f, q.data(), n_q, blk.data(), n, d, s0.data());
-                            avx2->scores_of(f, q.data(), n_q, blk.data(), n, d, s1.data());
-                            for (int64_t t = 0; t < n; ++t) {
-                                const uint8_t* B = blk.data() + size_t(t) * f.block_bytes;
-                                turbo::rotated_codes(st, B, y.data());
-                                double yy = 0;
-                                for (float v : y) yy += double(v) * v;
-                                for (int64_t h = 0; h < n_q; ++h) {
-                                    double qq = 0;
-                                    for (int64_t c = 0; c < d; ++c) qq += double(q[size_t(h * d + c)]) * q[size_t(h * d + c)];
-                                    const double tol = 2.0 * double(d + 4) * u * load_fp16(B) * std::sqrt(qq * yy);
-                                    ASSERT_NEAR(s1[size_t(h * n + t)], s0[size_t(h * n + t)], tol) << at << " t=" << t << " h=" << h;
-                                }
-                            }
-                        } else {
-                            std::vector<float> p(size_t(n_q * n)), a0(size_t(n_q * d)), a1;
-                            for (auto& v : p) v = std::abs(nd(rng));
-                            for (auto& v : a0) v = nd(rng);
-                            a1 = a0;
-                            scalar->accumulate(f, p.data(), n_q, blk.data(), n, d, a0.data());
-                            avx2->accumulate(f, p.data(), n_q, blk.data(), n, d, a1.data());
-                            ASSERT_EQ(a0, a1) << at;
-                        }
+            for (const int64_t d : {64, 128, 100})
+                ASSERT_NO_FATAL_FAILURE(expect_avx2_matches_scalar(
+                    fmt::format("{}:bits={}{}", cs.family, b, d == 100 ? ",rot=haar" : ""), cs.role, d, rng, seed));
+}
+
+// turbo:rot=calib (per coordinate its own bit count and scaled codebook, kv_read_turbo_avx2.cpp's
+// CalibView), both roles, budgets b = 1..4 (b = 1 at d = 64: an index area under 16 bytes, read
+// through the padded copy), d = 64, 128 and 100 (the d % 8 tail), on two spectra: calib=random
+// (0.85^i, widths falling with the index) and a file whose variances 0.6^i sit at shuffled
+// coordinates with uneven key weights, so that neighbouring coordinates get widths from 0 to 8 and
+// a group of 8 starts at any bit. Tolerances: expect_avx2_matches_scalar's.
+TEST(TurboReader, Avx2MatchesTheScalarReferenceOnCalibratedBlocks) {
+    VXQ_REQUIRE_KV_AVX2();
+    const uint32_t seed = std::random_device{}();
+    std::mt19937 rng(seed);
+    int widest = 0, zeros = 0;
+    for (const int64_t d : {64, 128, 100}) {
+        TurboCalibration c;
+        c.model_sha256 = std::string(64, '0');
+        c.model_file = "model.gguf";
+        c.tokens = 100;
+        c.n_layer = 1;
+        c.head_dim = d;
+        TurboCalibration::Layer L;
+        std::vector<int64_t> perm(static_cast<size_t>(d));
+        for (int64_t i = 0; i < d; ++i) perm[size_t(i)] = i;
+        std::shuffle(perm.begin(), perm.end(), std::mt19937(uint32_t(d)));
+        for (auto* basis : {&L.key_basis, &L.value_basis}) {
+            basis->assign(size_t(d * d), 0.0f);
+            for (int64_t i = 0; i < d; ++i) (*basis)[size_t(i * d + perm[size_t(i)])] = 1.0f;
+        }
+        std::vector<float> var(static_cast<size_t>(d));
+        double sum = 0;
+        for (int64_t i = 0; i < d; ++i) sum += std::pow(0.6, double(i));
+        for (int64_t i = 0; i < d; ++i) var[size_t(perm[size_t(i)])] = float(std::pow(0.6, double(i)) / sum);
+        L.key_variance = L.value_variance = var;
+        for (int64_t i = 0; i < d; ++i) L.key_weight.push_back(1.0f + 0.5f * float(i % 3));
+        c.layers.push_back(L);
+        const std::string file =
+            (std::filesystem::temp_directory_path() / fmt::format("vxq_turbo_avx2_calib_{}_{}.gguf", d, seed)).string();
+        save_turbo_calibration(file, c);
+        for (const std::string& calib : {std::string("random"), file})
+            for (int b = 1; b <= 4; ++b)
+                for (const KvRole role : {KvRole::Key, KvRole::Value}) {
+                    const std::string spec = fmt::format("turbo:bits={},rot=calib,calib={}", b, calib);
+                    const Bound bd(spec, role, d);
+                    const auto& st = *static_cast<const turbo::State*>(bd.state.get());
+                    for (const uint8_t w : st.coord_bits) {
+                        widest = std::max(widest, int(w));
+                        zeros += w == 0;
                     }
-            }
+                    ASSERT_NO_FATAL_FAILURE(expect_avx2_matches_scalar(spec, role, d, rng, seed));
+                }
+        std::filesystem::remove(file);
+    }
+    EXPECT_EQ(widest, 8) << "some coordinate has the most bits a field can have";
+    EXPECT_GT(zeros, 0) << "and some none";
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // CPU readers of the TurboQuant formats (kv/formats/turbo.h): the scalar reference, and the AVX2
-// one (kv_read_turbo_avx2.cpp) for blocks without the QJL term and with one bit count for every
-// coordinate (turbo, turbo-rvq, turbo-prod's values; turbo-prod keys and turbo:rot=calib stay scalar). Keys: prepare_query rotates
-// each query head once (q' = Pi q; turbo-prod keys also sketch it, u = S q'), then a key scores
+// one (kv_read_turbo_avx2.cpp) for blocks without the QJL term (turbo with one bit count for every
+// coordinate or, rot=calib, its own per coordinate; turbo-rvq; turbo-prod's values; turbo-prod
+// keys stay scalar). Keys: prepare_query rotates each query head once (q' = Pi q; turbo-prod keys
+// also sketch it, u = S q'), then a key scores
 // n * (<q', y> [+ qjl_scale * gamma * <u, sign>]) with y the block's codebook vector in the rotated
 // domain. Values: the weighted sum of n * y stays in the rotated domain and finish_accumulate
 // applies Pi^T once. No cached token is ever rotated.
@@ -37,6 +38,21 @@ turbo_avx2::CodePage page_of(const turbo::State& st, const KvFormatParams& f) {
     return c;
 }
 
+turbo_avx2::CalibPage calib_page_of(const turbo::State& st, const KvFormatParams& f) {
+    const turbo::Layout& l = st.layout;
+    turbo_avx2::CalibPage c;
+    c.d = l.d;
+    c.block_bytes = f.block_bytes;
+    c.idx_offset = l.idx1_offset();
+    c.idx_bytes = size_t(turbo::Layout::area(l.d, l.bits1));
+    c.bits = st.coord_bits.data();
+    c.offset = st.coord_offset.data();
+    c.scale = st.coord_scale.data();
+    VXQ_ASSERT(st.params.calibrated && !l.qjl && l.bits2 == 0 && l.d <= 1024 && st.cbk.size() <= 9);
+    for (size_t w = 0; w < st.cbk.size(); ++w) c.cb[w] = st.cbk[w].centroids.data();
+    return c;
+}
+
 template <bool Avx2>
 class TurboReader final : public KvReader {
 public:
@@ -63,7 +79,10 @@ public:
         const turbo::Layout& l = st.layout;
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const float* qr = static_cast<const float*>(q.data);
-        if (Avx2 && !scalar_blocks(f, true)) return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
+        if (Avx2 && !scalar_blocks(f, true)) {
+            if (st.params.calibrated) return turbo_avx2::key_scores(calib_page_of(st, f), qr, n_q, blk, n, s);
+            return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
+        }
         float y[1024], z[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -95,7 +114,10 @@ public:
         const turbo::State& st = state_of(f);
         if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
         VXQ_ASSERT(d == st.layout.d);
-        if (Avx2 && !scalar_blocks(f, false)) return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
+        if (Avx2 && !scalar_blocks(f, false)) {
+            if (st.params.calibrated) return turbo_avx2::value_accumulate(calib_page_of(st, f), p, n_q, blk, n, acc);
+            return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
+        }
         float y[1024];
         for (int64_t t = 0; t < n; ++t) {
             const uint8_t* B = blk + size_t(t) * f.block_bytes;
@@ -109,11 +131,10 @@ public:
         }
     }
 
-    // The AVX2 code takes one bit count for every coordinate and no QJL term: the one decision
-    // that scores / accumulate dispatch on and that the reported code path names.
+    // The AVX2 code takes no QJL term: the one decision that scores / accumulate dispatch on and
+    // that the reported code path names.
     bool scalar_blocks(const KvFormatParams& f, bool key) const override {
-        const turbo::State& st = state_of(f);
-        return Avx2 && (st.params.calibrated || (key && st.layout.qjl));
+        return Avx2 && key && state_of(f).layout.qjl;
     }
     bool own_value_domain() const override { return true; }
     void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const override {

@@ -43,7 +43,7 @@ public:
     // acc: [n_q, head_dim]
     virtual bool own_value_domain() const { return false; }
     // Whether this reader takes its scalar code for these blocks although it is an AVX2 reader
-    // (TurboQuant_prod keys, turbo:rot=calib): the code path a run reports names what it ran.
+    // (TurboQuant_prod keys): the code path a run reports names what it ran.
     virtual bool scalar_blocks(const KvFormatParams& f, bool key) const { return false; }
     virtual void finish_accumulate(const KvFormatParams& f, float* acc, int64_t n_q, int64_t d) const {}
 
