@@ -437,14 +437,17 @@ public:
         const KvCodes codes = kv_codes(view);
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
             return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
-                               "(keys {}), f32 softmax",
+                               "(keys {}; one query over <= {} tokens: its short form, f32 FMAs), f32 softmax",
                                kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
                                codes.k == KvCode::F16 ? "against hi/lo fp16 splits of q"
-                                                      : "against the query quantized to q8_0, int8 MMA");
+                                                      : "against the query quantized to q8_0, int8 MMA",
+                               attn_short_);
         }
         return view.flash_attn
-                   ? "cuda f16 pages on the device, f32 softmax (-fa); >= 16 queries: cuBLAS batched fp16 GEMMs on hi/lo "
-                     "fp16 splits of q and the probabilities"
+                   ? fmt::format("cuda f16 pages on the device, f32 softmax (-fa): split-K tensor-core kernel (one query "
+                                 "over <= {} tokens: its short form, f32 FMAs); >= 16 queries: cuBLAS batched fp16 GEMMs "
+                                 "on hi/lo fp16 splits of q and the probabilities",
+                                 attn_short_)
                    : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
                      "queries: cuBLAS batched fp16 GEMMs";
     }
