@@ -369,6 +369,8 @@ TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
         const CodecSpec spec = CodecSpec::parse(fmt::format("turbo:bits={},rot=calib,calib=random", b));
         const auto state = make_layer_state(spec, KvRole::Key, d, 1);
         const auto& st = dynamic_cast<const turbo::State&>(*state);
+        // Coordinate c's variance: the square of its codebook's scale.
+        const auto variance = [&](int64_t c) { return double(st.coord_scale[size_t(c)]) * st.coord_scale[size_t(c)]; };
         int total = 0;
         double predicted = 0.0;
         for (int64_t c = 0; c < d; ++c) {
@@ -376,7 +378,7 @@ TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
             if (c > 0) {
                 EXPECT_LE(st.coord_bits[size_t(c)], st.coord_bits[size_t(c - 1)]) << "coordinate " << c;
             }
-            predicted += st.variances[size_t(c)] * turbo::lloyd_max_mse(st.coord_bits[size_t(c)]);
+            predicted += variance(c) * turbo::lloyd_max_mse(st.coord_bits[size_t(c)]);
         }
         EXPECT_EQ(total, b * d);
         const auto codec = make_codec(spec, KvRole::Key, d, state.get());
@@ -386,7 +388,7 @@ TEST(TurboCalib, BitsFollowTheSpectrumAndTheDistortionItsPrediction) {
         std::vector<uint8_t> block(codec->block_bytes(d));
         double err = 0.0, energy = 0.0;
         for (int n = 0; n < 4000; ++n) {
-            for (int64_t c = 0; c < d; ++c) x[size_t(c)] = float(std::sqrt(st.variances[size_t(c)])) * nd(rng);
+            for (int64_t c = 0; c < d; ++c) x[size_t(c)] = st.coord_scale[size_t(c)] * nd(rng);
             st.rot.apply_t(x.data());  // into the model's domain
             codec->encode(x.data(), d, block.data());
             codec->decode(block.data(), d, back.data());

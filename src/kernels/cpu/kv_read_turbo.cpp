@@ -48,7 +48,7 @@ turbo_avx2::CalibPage calib_page_of(const turbo::State& st, const KvFormatParams
     c.bits = st.coord_bits.data();
     c.offset = st.coord_offset.data();
     c.scale = st.coord_scale.data();
-    VXQ_ASSERT(st.params.calibrated && !l.qjl && l.bits2 == 0 && l.d <= 1024 && st.cbk.size() <= 9);
+    VXQ_ASSERT(st.params.calibrated() && !l.qjl && l.bits2 == 0 && l.d <= 1024 && st.cbk.size() <= 9);
     for (size_t w = 0; w < st.cbk.size(); ++w) c.cb[w] = st.cbk[w].centroids.data();
     return c;
 }
@@ -80,7 +80,7 @@ public:
         VXQ_ASSERT(d == l.d && q.data != nullptr);
         const float* qr = static_cast<const float*>(q.data);
         if (Avx2 && !scalar_blocks(f, true)) {
-            if (st.params.calibrated) return turbo_avx2::key_scores(calib_page_of(st, f), qr, n_q, blk, n, s);
+            if (st.params.calibrated()) return turbo_avx2::key_scores(calib_page_of(st, f), qr, n_q, blk, n, s);
             return turbo_avx2::key_scores(page_of(st, f), qr, n_q, blk, n, s);
         }
         float y[1024], z[1024];
@@ -115,7 +115,7 @@ public:
         if (st.layout.qjl) fail("TurboQuant_prod blocks are keys only (values use TurboQuant_mse)");
         VXQ_ASSERT(d == st.layout.d);
         if (Avx2 && !scalar_blocks(f, false)) {
-            if (st.params.calibrated) return turbo_avx2::value_accumulate(calib_page_of(st, f), p, n_q, blk, n, acc);
+            if (st.params.calibrated()) return turbo_avx2::value_accumulate(calib_page_of(st, f), p, n_q, blk, n, acc);
             return turbo_avx2::value_accumulate(page_of(st, f), p, n_q, blk, n, acc);
         }
         float y[1024];

@@ -292,10 +292,8 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     pdl_launch_dependents();  // this block is resident already: the next kernel's blocks may start loading
     if (!rope) copy();
     for (int e = tid; e < REP * hd; e += kSplitThreads) qsm[e] = p.q[int64_t(g) * REP * hd + e];
-    int64_t slot = -1;
     if (rope) {  // the split form's RoPE + store, by this block alone
-        const int64_t pos = *p.rope.pos0;
-        slot = p.rope.heads[g].n_tokens;
+        const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
         float* kg = p.rope.k + int64_t(g) * hd;
         for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
         __syncthreads();

@@ -291,6 +291,7 @@ Params parse_params(const CodecSpec& spec, Family family, int64_t d) {
     p.seed = uint64_t(int_option(spec, "seed", 0, 0, INT64_MAX));
     const bool pow2 = d > 0 && std::has_single_bit(uint64_t(d));
     const auto rot = spec.options.find("rot");
+    bool rot_calib = false;
     if (rot == spec.options.end()) {
         p.haar = !pow2;
     } else if (rot->second == "haar") {
@@ -298,18 +299,18 @@ Params parse_params(const CodecSpec& spec, Family family, int64_t d) {
     } else if (rot->second == "hadamard") {
         if (!pow2) fail("KV method '{}': rot=hadamard needs a power-of-two head_dim, not {} (use rot=haar)", spec.name, d);
     } else if (rot->second == "calib" && family == Family::Mse) {
-        p.calibrated = true;
+        rot_calib = true;
     } else {
         fail("KV method '{}': rot={} (must be hadamard or haar{})", spec.name, rot->second,
              family == Family::Mse ? " or calib" : "");
     }
     if (const auto c = spec.options.find("calib"); c != spec.options.end()) p.calib = c->second;
-    if (p.calibrated && p.calib.empty()) {
+    if (rot_calib && p.calib.empty()) {
         fail("KV method '{}': rot=calib needs calib=FILE from `vxq calibrate --method turbo` (calib=random: a seeded "
              "basis and spectrum, for tests only)",
              spec.name);
     }
-    if (!p.calibrated && !p.calib.empty()) fail("KV method '{}': calib=FILE goes with rot=calib", spec.name);
+    if (!rot_calib && !p.calib.empty()) fail("KV method '{}': calib=FILE goes with rot=calib", spec.name);
     if (d < 1 || d > 1024) fail("KV method '{}': head_dim {} is out of range [1, 1024]", spec.name, d);
     return p;
 }
@@ -322,40 +323,40 @@ Layout layout_of(const Params& p, KvRole role, int64_t d) {
 
 namespace {
 
-// rot=calib: the layer's basis (Pi's rows) and the variances of the rotated coordinates, from the
-// calibration file or (calib=random) a seeded Haar basis with variances falling as 0.85^i.
-Rotation calibrated_rotation(const Params& p, KvRole role, int64_t d, int64_t layer, std::vector<double>& variances,
-                            std::vector<double>& weights) {
-    weights.assign(size_t(d), 1.0);
+// The layer's basis: a seeded Hadamard or Haar rotation; rot=calib: Pi's rows and the rotated
+// coordinates' variances from the calibration file, or (calib=random) a seeded Haar basis with
+// variances falling as 0.85^i.
+Basis basis_of(const Params& p, KvRole role, int64_t d, int64_t layer) {
+    if (!p.calibrated()) return {Rotation(d, p.haar, mix_seed(p.seed, layer, role, 0)), {}, {}};
     if (p.calib == "random") {
-        Rotation r(d, true, mix_seed(p.seed, layer, role, 2));
-        variances.resize(size_t(d));
+        Basis b{Rotation(d, true, mix_seed(p.seed, layer, role, 2)), std::vector<double>(size_t(d)),
+                std::vector<double>(size_t(d), 1.0)};
         double sum = 0.0;
-        for (int64_t i = 0; i < d; ++i) sum += variances[size_t(i)] = std::pow(0.85, double(i));
-        for (double& v : variances) v /= sum;
-        return r;
+        for (int64_t i = 0; i < d; ++i) sum += b.variances[size_t(i)] = std::pow(0.85, double(i));
+        for (double& v : b.variances) v /= sum;
+        return b;
     }
     const TurboCalibration c = load_turbo_calibration(p.calib);
     if (c.head_dim != d) fail("{}: calibrated for head_dim {}, not {}", p.calib, c.head_dim, d);
     if (layer >= c.n_layer) fail("{}: calibrated for {} layers, the model has more", p.calib, c.n_layer);
     const TurboCalibration::Layer& L = c.layers[size_t(layer)];
-    const std::vector<float>& var = role == KvRole::Key ? L.key_variance : L.value_variance;
-    variances.assign(var.begin(), var.end());
-    if (role == KvRole::Key) weights.assign(L.key_weight.begin(), L.key_weight.end());
-    return Rotation(d, role == KvRole::Key ? L.key_basis : L.value_basis);
+    const bool key = role == KvRole::Key;
+    const std::vector<float>& var = key ? L.key_variance : L.value_variance;
+    return {Rotation(d, key ? L.key_basis : L.value_basis), std::vector<double>(var.begin(), var.end()),
+            key ? std::vector<double>(L.key_weight.begin(), L.key_weight.end()) : std::vector<double>(size_t(d), 1.0)};
 }
 
 }  // namespace
 
-State::State(const Params& p, KvRole role, int64_t d, int64_t layer)
-    : params(p),
-      layout(layout_of(p, role, d)),
-      rot(p.calibrated ? calibrated_rotation(p, role, d, layer, variances, weights)
-                       : Rotation(d, p.haar, mix_seed(p.seed, layer, role, 0))) {
+State::State(const Params& p, KvRole role, int64_t d, int64_t layer) : State(p, role, d, layer, basis_of(p, role, d, layer)) {}
+
+State::State(const Params& p, KvRole role, int64_t d, int64_t layer, Basis basis)
+    : params(p), layout(layout_of(p, role, d)), rot(std::move(basis.rot)) {
     const double unit = 1.0 / std::sqrt(double(d));
-    if (p.calibrated) {  // per coordinate: its bits, where they start, its scale; codebooks per bit count
+    if (p.calibrated()) {  // per coordinate: its bits, where they start, its scale; codebooks per bit count
+        const std::vector<double>& variances = basis.variances;
         std::vector<double> importance(static_cast<size_t>(d));
-        for (int64_t c = 0; c < d; ++c) importance[size_t(c)] = variances[size_t(c)] * weights[size_t(c)];
+        for (int64_t c = 0; c < d; ++c) importance[size_t(c)] = variances[size_t(c)] * basis.weights[size_t(c)];
         const std::vector<int> bits = allocate_bits(importance, int64_t(layout.bits1) * d);
         int32_t offset = 0;
         for (int64_t c = 0; c < d; ++c) {
@@ -378,8 +379,7 @@ State::State(const Params& p, KvRole role, int64_t d, int64_t layer)
 size_t State::bytes() const {
     size_t floats = cb1.centroids.size() + cb1.thresholds.size() + cb2.centroids.size() + cb2.thresholds.size();
     for (const Codebook& c : cbk) floats += c.centroids.size() + c.thresholds.size();
-    const size_t coords = coord_bits.size() + coord_offset.size() * sizeof(int32_t) + coord_scale.size() * sizeof(float) +
-                          (variances.size() + weights.size()) * sizeof(double);
+    const size_t coords = coord_bits.size() + coord_offset.size() * sizeof(int32_t) + coord_scale.size() * sizeof(float);
     return rot.bytes() + floats * sizeof(float) + sketch.bytes() + coords;
 }
 
@@ -399,7 +399,7 @@ void encode(const State& s, const float* x, uint8_t* block) {
     float y[1024], r[1024];
     for (int64_t c = 0; c < d; ++c) y[c] = x[c] * inv;
     s.rot.apply(y);
-    if (s.params.calibrated) {
+    if (s.params.calibrated()) {
         for (int64_t c = 0; c < d; ++c) {
             const int b = s.coord_bits[size_t(c)];
             if (b == 0) continue;
@@ -429,7 +429,7 @@ void rotated_codes(const State& s, const uint8_t* block, float* y) {
     const Layout& l = s.layout;
     const uint8_t* a1 = block + l.idx1_offset();
     const uint8_t* a2 = block + l.idx2_offset();
-    if (s.params.calibrated) {
+    if (s.params.calibrated()) {
         for (int64_t c = 0; c < l.d; ++c) {
             const int b = s.coord_bits[size_t(c)];
             y[c] = b == 0 ? 0.0f
@@ -474,8 +474,8 @@ public:
     }
     std::string spec() const override {
         std::string s = fmt::format("{}:bits={}", turbo::family_name(p_.family), p_.bits);
-        if (p_.calibrated) s += ",rot=calib,calib=" + p_.calib;
-        if (p_.haar && !p_.calibrated) s += ",rot=haar";
+        if (p_.calibrated()) s += ",rot=calib,calib=" + p_.calib;
+        if (p_.haar) s += ",rot=haar";
         if (p_.seed != 0) s += fmt::format(",seed={}", p_.seed);
         return s;
     }

@@ -49,9 +49,9 @@ struct Params {
     // variance, times for keys the queries' weight on it, makes the error fall most) with the
     // Lloyd-Max codebook scaled to its variance.
     // calib: the file (`vxq calibrate --method turbo`), or "random" (a seeded basis and spectrum,
-    // for tests only).
-    bool calibrated = false;
+    // for tests only); set exactly when rot=calib.
     std::string calib;
+    bool calibrated() const { return !calib.empty(); }
 };
 
 // Reads and validates bits / rot / seed for `family` at head_dim d (vxq::Error on a bad value,
@@ -122,6 +122,14 @@ double lloyd_max_mse(int bits);
 // expected error variance * lloyd_max_mse(b) falls most (at most 8 each; ties to the lower index).
 std::vector<int> allocate_bits(const std::vector<double>& variances, int64_t total);
 
+// A layer's rotation for one role and, with rot=calib, what its coordinates' bits are given out
+// by: each rotated coordinate's variance (sum 1) and how much its error counts (keys: the queries'
+// weight on it). Needed while the State is built, not kept.
+struct Basis {
+    Rotation rot;
+    std::vector<double> variances, weights;
+};
+
 // Everything a layer's heads share for one role; the readers reach it through
 // KvFormatParams::layer_state.
 struct State final : KvLayerState {
@@ -130,8 +138,6 @@ struct State final : KvLayerState {
 
     Params params;
     Layout layout;
-    std::vector<double> variances;  // calibrated: each rotated coordinate's variance (sum 1)
-    std::vector<double> weights;    // calibrated: how much each coordinate's error counts (keys: the queries')
     Rotation rot;
     Codebook cb1, cb2;             // in unit-sphere units (N(0,1) values / sqrt(d)); cb2: rvq
     // calibrated: coordinate c has coord_bits[c] bits at bit coord_offset[c] of the index area and
@@ -142,6 +148,9 @@ struct State final : KvLayerState {
     std::vector<Codebook> cbk;
     qjl::Sketch sketch;            // turbo-prod keys: S [d, d], N(0, 1) entries (kv/formats/qjl_sketch.h)
     float qjl_scale = 0.0f;        // sqrt(pi/2) / d
+
+private:
+    State(const Params& p, KvRole role, int64_t d, int64_t layer, Basis basis);
 };
 
 // ---- the scalar reference of one block ----
