@@ -23,6 +23,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kv_memory.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "kv/kv_cache.h"
 #include "kv/kv_view.h"
@@ -145,6 +146,7 @@ public:
         profile_ = prof && std::string_view(prof) == "1";
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
         graph_timing_ = prof && std::string_view(prof) == "graphs";
+        if (prof && std::string_view(prof) == "timeline") start_timeline();
         kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name), [this] { drain(); });
     }
     ~CudaBackend() override {
@@ -155,6 +157,7 @@ public:
         cudaStreamSynchronize(stream_);
         print_profile();
         print_graph_timing();
+        print_timeline();
         drop_graphs();
         for (auto& [ptr, w] : weights_) free_weight(w);
         for (auto& [ptr, p] : params_) p.dev.release();
@@ -168,6 +171,7 @@ public:
         mass_q8_.release();
         mass_q8_d_.release();
         q8_handoff_buf_.release();
+        timeline_.buf.release();
         for (StepBlock& b : steps_) {
             b.dev.release();
             b.host.release();
@@ -723,6 +727,7 @@ private:
         }
         try {
             if (g && !g->exec) capture(*g);
+            if (timeline_.count) VXQ_CUDA_CHECK(cudaMemsetAsync(timeline_.count, 0, sizeof(unsigned), stream_));
             if (g) {
                 cudaEvent_t* ev = graph_timing_ ? graph_event_pair() : nullptr;
                 if (ev) VXQ_CUDA_CHECK(cudaEventRecord(ev[0], stream_));
@@ -735,6 +740,7 @@ private:
             clear_pass();
             throw;
         }
+        if (timeline_.count) read_timeline();
         VXQ_CUDA_CHECK(cudaEventRecord(sb().done, stream_));
         sb().in_flight = true;
         step_at_ = (step_at_ + 1) % kStepBlocks;  // the next pass puts into the next block
@@ -814,6 +820,55 @@ private:
             std::fprintf(stderr, "vxq: per host output (%lld): recording %.1f us, flush %.1f us, waiting %.1f us, copy %.1f us\n",
                          (long long)host_outputs_, host_us_.record * k, host_us_.flush * k, host_us_.wait * k, host_us_.copy * k);
         }
+    }
+    // VXQ_CUDA_PROFILE=timeline (launch.cuh's PdlTrace; a build with -DVXQ_CUDA_TRACE=ON): after
+    // every pass (waited for), the time from each kernel's stamp to the next, summed by the
+    // kernel's grid, and the first kernels of the last pass in order. At exit.
+    void start_timeline() {
+#ifndef VXQ_CUDA_TRACE
+        fail("VXQ_CUDA_PROFILE=timeline needs a build configured with -DVXQ_CUDA_TRACE=ON");
+#endif
+        timeline_.buf.reserve(sizeof(unsigned) + kTimelineCap * sizeof(PdlStamp) + 16);
+        timeline_.count = reinterpret_cast<unsigned*>(timeline_.buf.data);
+        timeline_.stamps = reinterpret_cast<PdlStamp*>(timeline_.buf.data + 16);
+        pdl_trace_bind(PdlTrace{timeline_.stamps, timeline_.count, unsigned(kTimelineCap)});
+    }
+    void read_timeline() {
+        unsigned n = 0;
+        VXQ_CUDA_CHECK(cudaMemcpyAsync(&n, timeline_.count, sizeof n, cudaMemcpyDeviceToHost, stream_));
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        timeline_.dropped += n > kTimelineCap ? n - kTimelineCap : 0;
+        n = std::min<unsigned>(n, unsigned(kTimelineCap));
+        std::vector<PdlStamp> st(n);
+        if (n) VXQ_CUDA_CHECK(cudaMemcpy(st.data(), timeline_.stamps, n * sizeof(PdlStamp), cudaMemcpyDeviceToHost));
+        timeline_.last.clear();
+        for (unsigned i = 0; i + 1 < n; ++i) {
+            const std::string sig = fmt::format("grid {}x{}x{} of {}", st[i].grid[0], st[i].grid[1], st[i].grid[2], st[i].threads);
+            const double us = 1e-3 * double(st[i + 1].ns - st[i].ns);
+            auto& [calls, total] = timeline_.by_grid[sig];
+            ++calls;
+            total += us;
+            if (timeline_.last.size() < kTimelineShown) timeline_.last.emplace_back(sig, us);
+        }
+        if (n > 1) {
+            timeline_.span_us += 1e-3 * double(st[n - 1].ns - st[0].ns);
+            ++timeline_.passes;
+        }
+    }
+    void print_timeline() {
+        if (!timeline_.passes) return;
+        std::fprintf(stderr, "vxq: CUDA timeline (VXQ_CUDA_PROFILE=timeline): %lld passes, %.1f us from first to last stamp per pass%s\n",
+                     (long long)timeline_.passes, timeline_.span_us / double(timeline_.passes),
+                     timeline_.dropped ? " (stamps dropped: passes longer than the buffer)" : "");
+        std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(timeline_.by_grid.begin(), timeline_.by_grid.end());
+        std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+        for (const auto& [sig, ct] : rows) {
+            std::fprintf(stderr, "vxq:   %-34s %8.1f per pass %9.2f us/call %9.1f us per pass\n", sig.c_str(),
+                         double(ct.first) / double(timeline_.passes), ct.second / double(ct.first),
+                         ct.second / double(timeline_.passes));
+        }
+        std::fprintf(stderr, "vxq: the last pass's first kernels (us until the next one's stamp):\n");
+        for (const auto& [sig, us] : timeline_.last) std::fprintf(stderr, "vxq:   %-34s %8.2f\n", sig.c_str(), us);
     }
     void capture(Graph& g) {
         VXQ_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -1137,6 +1192,16 @@ private:
         double record = 0, flush = 0, wait = 0, copy = 0;  // host microseconds per phase (print_graph_timing)
     } host_us_;
     int64_t host_outputs_ = 0;
+    static constexpr size_t kTimelineCap = 16384, kTimelineShown = 48;
+    struct {
+        DeviceArray<uint8_t> buf;
+        unsigned* count = nullptr;  // null: no timeline
+        PdlStamp* stamps = nullptr;
+        std::map<std::string, std::pair<int64_t, double>> by_grid;  // calls, us
+        std::vector<std::pair<std::string, double>> last;
+        double span_us = 0.0;
+        int64_t passes = 0, dropped = 0;
+    } timeline_;
     std::vector<cudaEvent_t> prof_events_;
     std::map<std::string, std::pair<int64_t, double>> profile_by_op_;  // calls, ms
     std::unique_ptr<KvMemory> kv_memory_;

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <string_view>
+#include <vector>
 
 #include "core/error.h"
 
@@ -27,6 +28,19 @@ bool pdl_enabled() {
         return !(v && std::string_view(v) == "0");
     }();
     return on;
+}
+
+namespace {
+std::vector<void (*)(const PdlTrace&)>& pdl_trace_binders() {
+    static std::vector<void (*)(const PdlTrace&)> v;
+    return v;
+}
+}  // namespace
+
+void pdl_trace_register(void (*bind)(const PdlTrace&)) { pdl_trace_binders().push_back(bind); }
+
+void pdl_trace_bind(const PdlTrace& t) {
+    for (auto* bind : pdl_trace_binders()) bind(t);
 }
 
 int sm_count() {

@@ -9,20 +9,51 @@ namespace vxq::cuda {
 
 constexpr int kNormThreads = 256;  // the block size of every block_rms_scale caller
 
+// for c = threadIdx.x + k N below n (k = 0, 1, ...): f(c, load(c)), the loads of K values
+// issued before any f, in c's order. A strided loop over global memory as plain C++ leaves about
+// four loads in flight per thread, and at 4096+ columns per block its latency chain was most of
+// a small kernel's time on the H200 (docs/gpu.md, 2026-12-02, fifth session).
+template <int N, int K = 16, class Load, class F>
+__device__ __forceinline__ void strided_batches(int64_t n, Load load, F f) {
+    for (int64_t c0 = threadIdx.x; c0 < n; c0 += int64_t(K) * N) {
+        float v[K];
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int64_t c = c0 + int64_t(k) * N;
+            v[k] = c < n ? load(c) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const int64_t c = c0 + int64_t(k) * N;
+            if (c < n) f(c, v[k]);
+        }
+    }
+}
+
 // 1 / sqrt(mean(x^2) + eps) of x[0, dim), by the whole block (kNormThreads threads, all of them
 // calling). The sum of squares is accumulated in double as ggml (ggml_float) and the CPU
-// backend do; the order is a fixed tree, so every caller gets the same bits, and the CPU's
-// value to rounding. `partial`: kNormThreads doubles of shared memory. Ends with the block
-// synchronized (partial may be reused after it).
+// backend do; the order is a fixed tree (thread t sums x[t + 256 k] in k's order, then partial
+// t takes partial t + s for s = 128, 64, ..., 1: the last five levels as shuffles within warp 0,
+// the same additions), so every caller gets the same bits, and the CPU's value to rounding.
+// `partial`: kNormThreads doubles of shared memory. Ends with the block synchronized (partial
+// may be reused after it).
 __device__ __forceinline__ float block_rms_scale(const float* x, int64_t dim, float eps, double* partial) {
     double sum = 0.0;
-    for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) sum += double(__fmul_rn(x[c], x[c]));
+    strided_batches<kNormThreads>(dim, [&](int64_t c) { return x[c]; },
+                                  [&](int64_t, float v) { sum += double(__fmul_rn(v, v)); });
     partial[threadIdx.x] = sum;
     __syncthreads();
-    for (int s = kNormThreads / 2; s > 0; s >>= 1) {
+    for (int s = kNormThreads / 2; s > 32; s >>= 1) {
         if (threadIdx.x < s) partial[threadIdx.x] += partial[threadIdx.x + s];
         __syncthreads();
     }
+    if (threadIdx.x < 32) {
+        double v = partial[threadIdx.x] + partial[threadIdx.x + 32];
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1) v += __shfl_down_sync(0xffffffffu, v, s);
+        if (threadIdx.x == 0) partial[0] = v;
+    }
+    __syncthreads();
     // ggml: the mean is rounded to float before eps is added (in float).
     const float mean = float(partial[0] / double(dim));
     __syncthreads();  // every thread has read partial[0]

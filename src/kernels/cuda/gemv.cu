@@ -91,19 +91,23 @@ quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ no
     pdl_launch_dependents();
     const int lane = threadIdx.x & 31;
     const int64_t b = int64_t(blockIdx.x) * (kQuantFusedThreads / 32) + (threadIdx.x >> 5);
+    const bool mine = b < cols / kQBlock;
+    const int64_t c = b * kQBlock + lane;
+    // This thread's element and its factors, loaded before the norm's loads and barriers.
+    float v = mine ? in[c] : 0.0f;
+    const float w = norm_w && mine ? norm_w[c] : 0.0f, u = up && mine ? up[c] : 0.0f;
     float scale = 1.0f;
     if (norm_w) {
         scale = block_rms_scale(in, cols, eps, partial);
         if (blockIdx.x == 0) {
-            for (int64_t c = threadIdx.x; c < cols; c += kQuantFusedThreads) x[c] = rms_apply(in[c], scale, norm_w[c]);
+            strided_batches<kQuantFusedThreads>(cols, [&](int64_t i) { return rms_apply(in[i], scale, norm_w[i]); },
+                                                [&](int64_t i, float y) { x[i] = y; });
         }
     }
-    if (b >= cols / kQBlock) return;  // after the block-wide norm
-    const int64_t c = b * kQBlock + lane;
-    float v = in[c];
-    if (norm_w) v = rms_apply(v, scale, norm_w[c]);
+    if (!mine) return;  // after the block-wide norm
+    if (norm_w) v = rms_apply(v, scale, w);
     if (up) {
-        v = silu_mul(v, up[c]);
+        v = silu_mul(v, u);
         x[c] = v;
     }
     quantize_block_q8_0(v, b, lane, qs, s);
@@ -629,7 +633,9 @@ void launch_gemv(GemvParams p, cudaStream_t st) {
 // the same slots and units for every item. Each unit's dot product is one partial sum in shared
 // memory; a row's sum adds its units' partials in a fixed order (lane-strided, then a warp
 // tree), which depends neither on the rows per item nor on the grid: the same bits for a matrix
-// alone or in a group, fused or not.
+// alone or in a group, fused or not. Rows of more than 1024 units (f16 cols > 8192: ffn down)
+// are items alone, each thread's units summed in registers first (whole_row below): one warp
+// then adds 256 sums instead of 1792 partials per item, the chain each item waited for.
 constexpr int kG1Threads = 256;
 static_assert(kG1Threads == kNormThreads, "the RMSNorm prologue reduces over the block");
 constexpr int kG1Warps = kG1Threads / 32;
@@ -676,11 +682,15 @@ struct G1Dense {
         for (int e = 0; e < kPer; ++e) acc = fmaf(wf[e], xf[e], acc);
         return acc;
     }
-    // value(c): x[c] after the optional norm. All threads call.
+    // value(c): x[c] after the optional norm, also written to copy[c] where copy is not null. All
+    // threads call.
     template <class V>
-    static __device__ __forceinline__ void stage(int cols, uint8_t* xs, V value) {
+    static __device__ __forceinline__ void stage(int cols, uint8_t* xs, V value, float* copy) {
         auto* out = reinterpret_cast<typename E::Raw*>(xs);
-        for (int c = threadIdx.x; c < cols; c += kG1Threads) out[c] = E::from_float(value(c));
+        strided_batches<kG1Threads>(cols, value, [&](int64_t c, float v) {
+            out[c] = E::from_float(v);
+            if (copy) copy[c] = v;
+        });
     }
 };
 
@@ -758,18 +768,27 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     float scale = 1.0f;
     if (p.norm_w) {
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
-        if (blockIdx.x == 0) {
-            for (int c = tid; c < p.cols; c += kG1Threads) p.norm_out[c] = rms_apply(p.x[c], scale, p.norm_w[c]);
-        }
-        F::stage(p.cols, xs, [&](int c) { return rms_apply(p.x[c], scale, p.norm_w[c]); });
+        float* out = blockIdx.x == 0 ? p.norm_out : nullptr;  // block 0 also writes the normalized row
+        F::stage(p.cols, xs, [&](int64_t c) { return rms_apply(p.x[c], scale, p.norm_w[c]); }, out);
     } else {
-        F::stage(p.cols, xs, [&](int c) { return p.x[c]; });
+        F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr);
     }
     __syncthreads();
 
+    // A row longer than half of what a block takes per item is an item alone, every unit of this
+    // thread in it (a property of cols, not of the plan): the thread sums its units first, in j's
+    // order, and the row's sum adds the 256 threads' sums (lane-strided, then a warp tree).
+    const bool whole_row = 2 * p.upr > L * kG1Threads;
     int k = 0;  // ring stage of `item`
     for (int item = blockIdx.x, buf = 0; item < p.n_items; item += grid, buf ^= 1) {
         Unit* stage = ring + k * L * kG1Threads;
+        int mi, row0;
+        g1_item(p, item, mi, row0);
+        const G1Matrix& M = g1_matrix(p, mi);
+        // The residual this warp's first slot adds to, loaded now so that its latency passes
+        // during the dot products and the barrier.
+        const bool resid_mine = p.resid && lane == 0 && warp < p.slots && row0 + warp < M.rows;
+        const float resid_old = resid_mine ? p.resid[row0 + warp] : 0.0f;
         cp_async_wait<S - 1>();  // this item's group (the oldest of the S in flight)
         float acc[L];
 #pragma unroll
@@ -777,16 +796,33 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         g1_issue<F>(p, item + S * grid, slot, unit, n_units, stage);  // the stage is free again: S items ahead
         k = k + 1 == S ? 0 : k + 1;
         float* r = red + buf * L * kG1Threads;
+        if (whole_row) {
+            float a = 0.0f;
 #pragma unroll
-        for (int j = 0; j < L; ++j) {
-            if (j < n_units) r[j * kG1Threads + tid] = acc[j];
+            for (int j = 0; j < L; ++j) {
+                if (j < n_units) a += acc[j];
+            }
+            r[tid] = a;
+        } else {
+#pragma unroll
+            for (int j = 0; j < L; ++j) {
+                if (j < n_units) r[j * kG1Threads + tid] = acc[j];
+            }
         }
         // One barrier per item: red is double-buffered, and a buffer is written again only after
         // the next barrier, which every warp passes after its reads of this one.
         __syncthreads();
-        int mi, row0;
-        g1_item(p, item, mi, row0);
-        if (p.swiglu) {
+        const auto store = [&](int s, float v) {  // lane 0
+            if (row0 + s >= M.rows) return;
+            M.y[row0 + s] = v;
+            if (p.resid) p.resid[row0 + s] = (s == warp ? resid_old : p.resid[row0 + s]) + v;
+        };
+        if (whole_row) {
+            if (warp == 0) {
+                const float v = g1_slot_sum(r, 0, kG1Threads, lane);
+                if (lane == 0) store(0, v);
+            }
+        } else if (p.swiglu) {
             const G1Matrix &gate = g1_matrix(p, 0), &up = g1_matrix(p, 1);
             for (int s = warp; s < p.rows_per_item; s += kG1Warps) {
                 const float g = g1_slot_sum(r, s, p.upr, lane), u = g1_slot_sum(r, p.rows_per_item + s, p.upr, lane);
@@ -796,13 +832,9 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
                 }
             }
         } else {
-            const G1Matrix& M = g1_matrix(p, mi);
             for (int s = warp; s < p.slots; s += kG1Warps) {
                 const float v = g1_slot_sum(r, s, p.upr, lane);
-                if (lane == 0 && row0 + s < M.rows) {
-                    M.y[row0 + s] = v;
-                    if (p.resid) p.resid[row0 + s] += v;
-                }
+                if (lane == 0) store(s, v);
             }
         }
     }

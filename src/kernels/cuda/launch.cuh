@@ -18,9 +18,45 @@
 
 namespace vxq::cuda {
 
+// The timeline of the GPU's passes (VXQ_CUDA_PROFILE=timeline), in builds configured with
+// -DVXQ_CUDA_TRACE=ON only (it costs an atomic per kernel): the first thread of every kernel's
+// first block stamps %globaltimer and the kernel's grid as its pdl_wait() returns, that is when
+// the kernel before it has completed. The difference of two stamps is a kernel's time in the
+// stream, graph and PDL overlap included, which no event can time (backend_cuda.cpp prints them).
+struct PdlStamp {
+    unsigned long long ns;
+    unsigned grid[3], threads;
+};
+struct PdlTrace {
+    PdlStamp* stamps;
+    unsigned* count;  // stamps taken (may pass cap: those past it are dropped)
+    unsigned cap;
+};
+// Every CUDA translation unit has its own copy of the trace's address (a __constant__ without
+// relocatable device code); each registers a function that sets it, and pdl_trace_bind sets all.
+void pdl_trace_register(void (*bind)(const PdlTrace&));
+void pdl_trace_bind(const PdlTrace& t);
+#if defined(VXQ_CUDA_TRACE) && defined(__CUDACC__)
+namespace {
+__constant__ PdlTrace c_pdl_trace;
+[[maybe_unused]] const bool pdl_trace_registered = (pdl_trace_register([](const PdlTrace& t) {
+                                                        VXQ_CUDA_CHECK(cudaMemcpyToSymbol(c_pdl_trace, &t, sizeof t));
+                                                    }),
+                                                    true);
+}  // namespace
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(VXQ_CUDA_TRACE) && defined(__CUDA_ARCH__)
+    if ((threadIdx.x | threadIdx.y | blockIdx.x | blockIdx.y | blockIdx.z) == 0 && c_pdl_trace.stamps) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        const unsigned i = atomicAdd(c_pdl_trace.count, 1u);
+        if (i < c_pdl_trace.cap) c_pdl_trace.stamps[i] = PdlStamp{now, {gridDim.x, gridDim.y, gridDim.z}, blockDim.x};
+    }
 #endif
 }
 

@@ -27,7 +27,8 @@ rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t dim, float 
     const float* xr = x + blockIdx.x * dim;
     float* yr = y + blockIdx.x * dim;
     const float scale = block_rms_scale(xr, dim, eps, partial);
-    for (int64_t c = threadIdx.x; c < dim; c += kNormThreads) yr[c] = rms_apply(xr[c], scale, w[c]);
+    strided_batches<kNormThreads>(dim, [&](int64_t c) { return rms_apply(xr[c], scale, w[c]); },
+                                  [&](int64_t c, float v) { yr[c] = v; });
 }
 
 // One thread per rotated pair (token, head, i). theta follows ggml_rope_cache_init's recurrence,
