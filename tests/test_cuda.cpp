@@ -134,11 +134,13 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
     // (rows, cols, n): single rows and tokens, rows not a multiple of a block's rows, every
     // tokens-per-pass kernel (n = 1, 2, 3-4, 5-8) and batches of several passes (9, 13; all below
     // the GEMM thresholds), warps splitting a row's columns (few rows: 1024 x 4096, 77 x 8192)
-    // with a partial last iteration (cols 1056), cols not a multiple of 8 (dense scalar path).
+    // with a partial last iteration (cols 1056), cols not a multiple of 8 (dense scalar path),
+    // rows past 1024 16-byte units (f16 8224, 14336: the batch-1 kernel's whole_row sums, 8224
+    // leaving some threads a unit more than others).
     std::vector<GemvCase> cases = {{type, 1, 32, 1},    {type, 37, 64, 1},    {type, 129, 96, 3},
                                    {type, 65, 160, 5},  {type, 17, 1056, 9},  {type, 300, 4096, 1},
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
-                                   {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1},
+                                   {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1}, {type, 3, 8224, 1},
                                    {type, 2049, 512, 1}, {type, 3, 32768, 1}};
     if (!quant && type != GgmlType::TQ2_0) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
     if (type == GgmlType::TQ2_0) {  // rows of whole 256-blocks; the Bonsai shapes scaled down

@@ -10,9 +10,10 @@ namespace vxq::cuda {
 constexpr int kNormThreads = 256;  // the block size of every block_rms_scale caller
 
 // for c = threadIdx.x + k N below n (k = 0, 1, ...): f(c, load(c)), the loads of K values
-// issued before any f, in c's order. A strided loop over global memory as plain C++ leaves about
-// four loads in flight per thread, and at 4096+ columns per block its latency chain was most of
-// a small kernel's time on the H200 (docs/gpu.md, 2026-12-02, fifth session).
+// issued before any f, in c's order, so that a thread has K loads in flight rather than what
+// the compiler overlaps of a plain strided loop (the batch-1 GEMV stages 14336 activations per
+// block for ffn down; with this and whole_row (gemv.cu) that GEMV went from 39-43 to 32-35 us
+// per call inside the graph on the H200: docs/gpu.md, 2026-12-02, fifth session).
 template <int N, int K = 16, class Load, class F>
 __device__ __forceinline__ void strided_batches(int64_t n, Load load, F f) {
     for (int64_t c0 = threadIdx.x; c0 < n; c0 += int64_t(K) * N) {
