@@ -33,6 +33,9 @@
 #   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
 #   VXQ_GPU_NCU_STEP=1  also each decode-step kernel alone under Nsight Compute (time, DRAM bytes)
+#   VXQ_GPU_TIMELINE=1  also a second build with -DVXQ_CUDA_TRACE=ON (BUILD_DIR-trace) and, per
+#                    weight type, each decode-step kernel's time inside the graph from an empty
+#                    cache (VXQ_CUDA_PROFILE=timeline; launch.cuh)
 #   VXQ_GPU_KV_DEPTHS  depths of the decode-vs-context sweep per KV format (default
 #                    1024,4096,16384,32768: a q8_0 / q4_0 prefill re-reads the cache per query
 #                    group, too slow beyond L2-sized caches until a flash prefill exists)
@@ -79,6 +82,15 @@ if cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVXQ_CUDA=ON -DVX
   status_build=ok
 else
   tail -40 "$LOGS/configure.log" "$LOGS/build.log"
+fi
+
+# The timeline build (VXQ_GPU_TIMELINE=1): vxq alone, every kernel stamping its start.
+TRACE_BUILD="$BUILD-trace"
+if [ "$status_build" = ok ] && [ "${VXQ_GPU_TIMELINE:-}" = 1 ]; then
+  cmake -S . -B "$TRACE_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVXQ_CUDA=ON -DVXQ_CUDA_TRACE=ON -DVXQ_BUILD_TESTS=OFF \
+        -DVXQ_BUILD_BENCH=OFF -DVXQ_SHARED_DIR="$SHARED" ${PKG_CONFIG_EXECUTABLE:+-DPKG_CONFIG_EXECUTABLE=$PKG_CONFIG_EXECUTABLE} \
+        >"$LOGS/configure_trace.log" 2>&1 && cmake --build "$TRACE_BUILD" -j "$JOBS" --target vxq >"$LOGS/build_trace.log" 2>&1 ||
+    { echo "timeline build failed:"; tail -20 "$LOGS/build_trace.log"; }
 fi
 
 if [ "$status_build" = ok ]; then
@@ -211,6 +223,13 @@ if [ "$status_build" = ok ]; then
         copy_gbs="$(awk -F'|' '/d2d copy/ { gsub(/ /, "", $7); print $7; exit }' "$LOGS/gemv.log" 2>/dev/null)"
         echo "decode step kernel by kernel, $t (ncu; % of the copy bandwidth ${copy_gbs:-4270} GB/s):"
         python3 bench/gpu_ncu_step.py "$LOGS/ncu_step_$t.csv" "${copy_gbs:-4270}" | tee "$LOGS/ncu_step_$t.md" || true
+      fi
+      # Each kernel's time inside the decode step's graph (VXQ_GPU_TIMELINE=1): from its wait
+      # returning to the next kernel's, by grid, and the first kernels of a step in order.
+      if [ "${VXQ_GPU_TIMELINE:-}" = 1 ] && [ -x "$TRACE_BUILD/src/vxq" ]; then
+        VXQ_CUDA_PROFILE=timeline "$TRACE_BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 32 -r 1 --no-aa \
+          >/dev/null 2>"$LOGS/timeline_$t.txt" || true
+        echo "decode step inside the graph, $t (timeline build):"; grep 'vxq:' "$LOGS/timeline_$t.txt" | head -30
       fi
       # A/B arms (VXQ_GPU_AB_ARMS="VXQ_X=1;VXQ_Y=0 VXQ_Z=2"): decode with each arm's environment,
       # arms interleaved round by round, the default first and last (its second run is the A/A arm:
