@@ -557,12 +557,20 @@ gemv_dense_scalar_kernel(const typename E::Raw* __restrict__ w, const typename E
 
 // Warps per row group (gemv_group_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
 // warps per SM and every warp of the group keeps at least one full iteration of units.
+// Warps sharing a row group: doubled while the grid holds fewer warps than the target and each
+// warp keeps at least one iteration of loads (VXQ_GEMV_SPLIT_FILL=1: half an iteration, so that
+// the ffn down matrix of Llama-3-8B (448 Q4_0 blocks per row) is one round of loads per warp, all
+// issued before the PDL wait; an A/B knob, not yet measured).
 int gemv_split(int64_t rows, int64_t units, int units_per_iter, int rows_per_warp) {
+    static const int64_t fill = [] {
+        const char* e = std::getenv("VXQ_GEMV_SPLIT_FILL");
+        return e && std::atoi(e) == 1 ? int64_t(1) : int64_t(2);
+    }();
     const int64_t row_warps = (rows + rows_per_warp - 1) / rows_per_warp;
     const int64_t target = int64_t(sm_count()) * kGemvTargetWarpsPerSm;
     const int64_t per_warp_iter = int64_t(32) * units_per_iter;
     int split = 1;
-    while (split < kGemvWarps && row_warps * split < target && units >= int64_t(2 * split) * per_warp_iter) split *= 2;
+    while (split < kGemvWarps && row_warps * split < target && units * 2 >= fill * int64_t(2 * split) * per_warp_iter) split *= 2;
     return split;
 }
 
