@@ -38,6 +38,17 @@ namespace turbo = codecs::turbo;
 using Bound = test::BoundCodec;
 using test::error_of;
 
+// A calibration's header for the tests: a made-up model, n_layer layers of head_dim d (layers empty).
+TurboCalibration calibration_header(int64_t n_layer, int64_t d) {
+    TurboCalibration c;
+    c.model_sha256 = std::string(64, '0');
+    c.model_file = "model.gguf";
+    c.tokens = 100;
+    c.n_layer = n_layer;
+    c.head_dim = d;
+    return c;
+}
+
 std::vector<float> random_unit(std::mt19937& rng, int64_t d) {
     std::normal_distribution<float> nd;
     std::vector<float> x(static_cast<size_t>(d));
@@ -438,12 +449,7 @@ TEST(TurboCalibrationFile, RoundTripAndRefusals) {
         return (std::filesystem::temp_directory_path() / ("vxq_turbo_" + name)).string();
     };
     const int64_t d = 32;
-    TurboCalibration c;
-    c.model_sha256 = std::string(64, '0');
-    c.model_file = "model.gguf";
-    c.tokens = 100;
-    c.n_layer = 2;
-    c.head_dim = d;
+    TurboCalibration c = calibration_header(2, d);
     for (int64_t l = 0; l < 2; ++l) {
         TurboCalibration::Layer L;
         for (auto* basis : {&L.key_basis, &L.value_basis}) {
@@ -594,12 +600,7 @@ TEST(TurboReader, Avx2MatchesTheScalarReferenceOnCalibratedBlocks) {
     std::mt19937 rng(seed);
     int widest = 0, zeros = 0;
     for (const int64_t d : {64, 128, 100}) {
-        TurboCalibration c;
-        c.model_sha256 = std::string(64, '0');
-        c.model_file = "model.gguf";
-        c.tokens = 100;
-        c.n_layer = 1;
-        c.head_dim = d;
+        TurboCalibration c = calibration_header(1, d);
         TurboCalibration::Layer L;
         std::vector<int64_t> perm(static_cast<size_t>(d));
         for (int64_t i = 0; i < d; ++i) perm[size_t(i)] = i;

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels/cpu/kv_read_turbo.h"
 
@@ -331,32 +332,35 @@ void value_accumulate(const CodePage& c, const float* p, int64_t n_q, const uint
 }
 
 // rot=calib: every head of the call (up to 4 at a time) in one tile, so that a token's block is
-// unpacked once for all of them (GQA 3 would otherwise go as 2 + 1 and unpack twice); keys one
-// token a tile, which leaves registers for the codebooks.
+// unpacked once for all of them (GQA 3 would otherwise go as 2 + 1 and unpack twice):
+// f(NH, h) for heads [h, h + NH), NH a std::integral_constant.
+template <class F>
+void calib_head_tiles(int64_t n_q, F f) {
+    for (int64_t h = 0; h < n_q; h += 4) {
+        switch (n_q - h < 4 ? n_q - h : 4) {
+            case 1: f(std::integral_constant<int, 1>{}, h); break;
+            case 2: f(std::integral_constant<int, 2>{}, h); break;
+            case 3: f(std::integral_constant<int, 3>{}, h); break;
+            default: f(std::integral_constant<int, 4>{}, h); break;
+        }
+    }
+}
+
+// Keys one token a tile, which leaves registers for the codebooks.
 void key_scores(const CalibPage& c, const float* q, int64_t n_q, const uint8_t* blk, int64_t n, float* s) {
     const CalibView v(c);
     const int64_t d = c.d;
-    for (int64_t h = 0; h < n_q; h += 4) {
-        switch (n_q - h < 4 ? n_q - h : 4) {
-            case 1: key_heads<CalibView, 1, 1>(v, q + h * d, blk, n, s + h * n); break;
-            case 2: key_heads<CalibView, 2, 1>(v, q + h * d, blk, n, s + h * n); break;
-            case 3: key_heads<CalibView, 3, 1>(v, q + h * d, blk, n, s + h * n); break;
-            default: key_heads<CalibView, 4, 1>(v, q + h * d, blk, n, s + h * n); break;
-        }
-    }
+    calib_head_tiles(n_q, [&](auto nh, int64_t h) {
+        key_heads<CalibView, decltype(nh)::value, 1>(v, q + h * d, blk, n, s + h * n);
+    });
 }
 
 void value_accumulate(const CalibPage& c, const float* p, int64_t n_q, const uint8_t* blk, int64_t n, float* acc) {
     const CalibView v(c);
     const int64_t d = c.d;
-    for (int64_t h = 0; h < n_q; h += 4) {
-        switch (n_q - h < 4 ? n_q - h : 4) {
-            case 1: value_heads<CalibView, 1, 8>(v, p + h * n, blk, n, acc + h * d); break;
-            case 2: value_heads<CalibView, 2, 4>(v, p + h * n, blk, n, acc + h * d); break;
-            case 3: value_heads<CalibView, 3, 2>(v, p + h * n, blk, n, acc + h * d); break;
-            default: value_heads<CalibView, 4, 2>(v, p + h * n, blk, n, acc + h * d); break;
-        }
-    }
+    calib_head_tiles(n_q, [&](auto nh, int64_t h) {
+        value_heads<CalibView, decltype(nh)::value>(v, p + h * n, blk, n, acc + h * d);
+    });
 }
 
 }  // namespace vxq::cpu::turbo_avx2
