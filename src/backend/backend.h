@@ -49,6 +49,11 @@ public:
     virtual float* activation_buffer(int id, size_t n) = 0;
     // Bytes held by the activation buffers.
     virtual size_t activation_bytes() const = 0;
+    // Host memory for n floats of output (the forward pass's logits) that this backend fills
+    // without a host-side copy: the CUDA backend's page-locked buffer, which the logits reach by
+    // DMA as the step's last op (a copy into pageable memory costs ~37 us a step for 128K floats).
+    // Valid until the next call or the backend's end; nullptr where there is none (pass your own).
+    virtual float* output_buffer(size_t /*n*/) { return nullptr; }
     // n floats of x (an activation buffer, or host memory) where host code can read them: x itself
     // if it is host memory; otherwise a host copy, valid until the next call with the same `slot`
     // (0, 1, ...). The forward pass hands the KV cache (host storage) its new keys and values, and

@@ -148,19 +148,22 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     auto run_on = [&](size_t ci, KvCache& cache, const Test& t, const std::vector<TokenId>& prompt) {
         const Model& m = *configs[ci].model;
         logits.resize(size_t(m.config().n_vocab));
+        // The backend's own output memory where it has one (as llama.cpp's pinned output buffer).
+        float* out = backend->output_buffer(logits.size());
+        if (!out) out = logits.data();
         cache.truncate(0);
         const auto depth = static_cast<size_t>(t.depth);
         // The depth prefix in batches of kDepthBatch tokens, as llama.cpp's ubatch: a device's
         // prefill attention holds a score row per (query, token) of a batch.
         for (size_t d0 = 0; d0 < depth; d0 += kDepthBatch) {
-            m.forward(*backend, cache, std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), false, logits.data());
+            m.forward(*backend, cache, std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), false, out);
         }
         const auto body = std::span(prompt).subspan(depth);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.prefill) {
-            m.forward(*backend, cache, body.first(size_t(t.n)), false, logits.data());
+            m.forward(*backend, cache, body.first(size_t(t.n)), false, out);
         } else {
-            for (int64_t i = 0; i < t.n; ++i) m.forward(*backend, cache, body.subspan(size_t(i), 1), false, logits.data());
+            for (int64_t i = 0; i < t.n; ++i) m.forward(*backend, cache, body.subspan(size_t(i), 1), false, out);
         }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return double(t.n) / s;

@@ -26,13 +26,19 @@ GenerateResult generate(const Model& model, Backend& be, KvCache& cache, std::st
     }
 
     const int64_t n_vocab = model.config().n_vocab;
-    std::vector<float> logits(static_cast<size_t>(n_vocab));
+    std::vector<float> own;
+    float* out = be.output_buffer(static_cast<size_t>(n_vocab));  // the backend's, where it has one
+    if (!out) {
+        own.resize(static_cast<size_t>(n_vocab));
+        out = own.data();
+    }
+    const std::span<const float> logits(out, static_cast<size_t>(n_vocab));
     Sampler sampler(p.sampler);
     Utf8Stream utf8;
 
     auto t0 = std::chrono::steady_clock::now();
     cache.truncate(0);
-    model.forward(be, cache, r.prompt_ids, false, logits.data());
+    model.forward(be, cache, r.prompt_ids, false, out);
     r.prompt_ms = ms_since(t0);
 
     r.stop_reason = "n_predict";
@@ -53,7 +59,7 @@ GenerateResult generate(const Model& model, Backend& be, KvCache& cache, std::st
             break;
         }
         const TokenId one[1] = {next};
-        model.forward(be, cache, one, false, logits.data());
+        model.forward(be, cache, one, false, out);
     }
     r.decode_ms = ms_since(t0);
     const std::string rest = utf8.finish();

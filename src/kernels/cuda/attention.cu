@@ -86,17 +86,23 @@ constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
 
 
-// Rotates pair i of a row at position pos as rope_kernel does (the same recurrence and products).
-__device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
-    const int64_t half = p.n_rot / 2;
+// RoPE of pair i at position pos as rope_kernel does (the same recurrence and products): the
+// angle's (cos, sin), then the rotation of a row's pair.
+__device__ __forceinline__ float2 rope_cos_sin(int64_t i, int64_t pos, const RopeStoreParams& p) {
     float theta = float(pos);
     for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, p.theta_scale);
-    const float c = cosf(theta), s = sinf(theta);
+    return make_float2(cosf(theta), sinf(theta));
+}
+__device__ __forceinline__ void rope_rotate(float* row, int64_t i, float2 cs, const RopeStoreParams& p) {
+    const int64_t half = p.n_rot / 2;
     const int64_t a = p.neox ? i : 2 * i;
     const int64_t b = p.neox ? i + half : 2 * i + 1;
     const float x0 = row[a], x1 = row[b];
-    row[a] = fmaf(x0, c, -__fmul_rn(x1, s));
-    row[b] = fmaf(x0, s, __fmul_rn(x1, c));
+    row[a] = fmaf(x0, cs.x, -__fmul_rn(x1, cs.y));
+    row[b] = fmaf(x0, cs.y, __fmul_rn(x1, cs.x));
+}
+__device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
+    rope_rotate(row, i, rope_cos_sin(i, pos, p), p);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr) {
@@ -235,8 +241,16 @@ __device__ __forceinline__ void load_stream(uint8_t* dst, const uint8_t* src, in
     }
 }
 
+// The short form's V sum: a thread per channel pair and token group (tokens t = k, k + G, ...;
+// G a power of two, lanes k = tid % G of a pair adjacent), the groups' sums added by shuffles.
+__host__ __device__ inline int short_v_groups(int hd) {
+    int g = 1;
+    while (2 * g * (hd / 2) <= kSplitThreads) g *= 2;
+    return g;
+}
+
 // The short form's shared memory (attention.cuh), from the split layout's score buffer on: the
-// keys and the values of up to `cap` tokens in the tiles' padded rows, then the scores [REP][cap].
+// keys and the values of up to `cap` tokens in the tiles' padded rows, then the scores (cap x REP).
 // q (and for q8_0 / q4_0 keys its codes and scales) stays where the split form keeps it.
 struct ShortSmem {
     int k, v, sc, cap;
@@ -254,15 +268,92 @@ __host__ __device__ inline ShortSmem short_smem(const MmaSmem& L, int rep) {
     return s;
 }
 
-// Value j of token row `row` (its bytes in shared memory) as float: f16, or code * d of its 32-block.
+// Values j and j + 1 (j even) of token row `row` (its bytes in shared memory) as float: f16, or
+// code * d of their 32-block.
 template <KvCode VC>
-__device__ __forceinline__ float short_value(const uint8_t* row, int j) {
+__device__ __forceinline__ float2 short_value2(const uint8_t* row, int j) {
     if constexpr (VC == KvCode::F16) {
-        return __half2float(reinterpret_cast<const __half*>(row)[j]);
+        return __half22float2(reinterpret_cast<const __half2*>(row)[j / 2]);
     } else {
         constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
         const uint8_t* blk = row + (j / kQBlock) * kBlockBytes;
-        return float(kv_code_at(blk, j % kQBlock, VC)) * kv_half_at(blk);
+        const float d = kv_half_at(blk);
+        return make_float2(float(kv_code_at(blk, j % kQBlock, VC)) * d, float(kv_code_at(blk, j % kQBlock + 1, VC)) * d);
+    }
+}
+// src[0, REP) (16-byte aligned where REP is a multiple of 4, 8-byte where 2) into w.
+template <int REP>
+__device__ __forceinline__ void load_rep(const float* src, float (&w)[REP]) {
+    if constexpr (REP % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < REP / 4; ++i) {
+            const float4 x = reinterpret_cast<const float4*>(src)[i];
+            w[4 * i] = x.x;
+            w[4 * i + 1] = x.y;
+            w[4 * i + 2] = x.z;
+            w[4 * i + 3] = x.w;
+        }
+    } else if constexpr (REP == 2) {
+        const float2 x = *reinterpret_cast<const float2*>(src);
+        w[0] = x.x;
+        w[1] = x.y;
+    } else {
+#pragma unroll
+        for (int r = 0; r < REP; ++r) w[r] = src[r];
+    }
+}
+
+// The dot products of token row kr's key with the block's REP query rows, added to s: of f16 keys
+// the 8-channel pieces first, first + step, ... (16-byte loads), of q8_0 / q4_0 keys the 32-blocks
+// first, first + step, ... (the q8_0 query's codes qc and scales qd: exact int32 block dots times
+// d_k * d_q, as the split form's MMAs).
+template <int REP, KvCode KC>
+__device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qsm, const int8_t* qc, const float* qd, int hd,
+                                              int first, int step, float (&s)[REP]) {
+    if constexpr (KC == KvCode::F16) {
+        for (int c = first * 8; c < hd; c += step * 8) {
+            const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
+            const unsigned words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
+#pragma unroll
+                for (int r = 0; r < REP; ++r) {
+                    const float2 qf = *reinterpret_cast<const float2*>(qsm + r * hd + c + 2 * j);
+                    s[r] = fmaf(qf.x, kf.x, s[r]);
+                    s[r] = fmaf(qf.y, kf.y, s[r]);
+                }
+            }
+        }
+    } else {
+        constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+        for (int b = first; b < hd / kQBlock; b += step) {
+            const uint8_t* blk = kr + b * kBlockBytes;
+            int dot[REP];
+#pragma unroll
+            for (int r = 0; r < REP; ++r) dot[r] = 0;
+#pragma unroll
+            for (int w = 0; w < 4; ++w) {  // codes 4w..4w+3 and 16+4w..16+4w+3
+                int k0, k1;
+                if constexpr (KC == KvCode::Q8_0) {
+                    k0 = int(u32_at2(blk + 2 + 4 * w));
+                    k1 = int(u32_at2(blk + 2 + 16 + 4 * w));
+                } else {
+                    const unsigned u = u32_at2(blk + 2 + 4 * w);
+                    k0 = int(__vsub4(u & 0x0f0f0f0fu, 0x08080808u));
+                    k1 = int(__vsub4((u >> 4) & 0x0f0f0f0fu, 0x08080808u));
+                }
+#pragma unroll
+                for (int r = 0; r < REP; ++r) {
+                    const int8_t* qr = qc + r * hd + b * kQBlock;
+                    dot[r] = __dp4a(k0, *reinterpret_cast<const int*>(qr + 4 * w), dot[r]);
+                    dot[r] = __dp4a(k1, *reinterpret_cast<const int*>(qr + 16 + 4 * w), dot[r]);
+                }
+            }
+            const float dk = kv_half_at(blk);
+#pragma unroll
+            for (int r = 0; r < REP; ++r) s[r] += float(dot[r]) * (dk * qd[r * (hd / kQBlock) + b]);
+        }
     }
 }
 
@@ -271,6 +362,7 @@ __device__ __forceinline__ float short_value(const uint8_t* row, int j) {
 template <int REP, KvCode KC, KvCode VC>
 __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& head, int n, uint8_t* smem, float* kn) {
     __shared__ float inv_s[REP];
+    __shared__ float2 rope_cs[kAttnSplitMaxHeadDim / 2];
     const int g = blockIdx.x, hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
     const MmaSmem L = mma_smem(hd, KC, VC, p.tile, p.stages);
@@ -278,30 +370,49 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     float* qsm = reinterpret_cast<float*>(smem + L.qs);  // [REP][hd]: q, later the output rows
     uint8_t* ks = smem + S.k;
     uint8_t* vs = smem + S.v;
-    float* sc = reinterpret_cast<float*>(smem + S.sc);  // [REP][n]: scores, then exponentials
+    float* sc = reinterpret_cast<float*>(smem + S.sc);  // [n][REP]: scores, then exponentials
     const bool rope = p.rope.q != nullptr;
     // Every visible token's key and value. With `rope` the pages hold earlier steps' tokens only
-    // (this kernel writes the new one): copied before waiting for the previous kernel.
+    // (this kernel writes the new one): copied before waiting for the previous kernel, as are the
+    // RoPE's angles (the position is in the step block, written before the step).
     const auto copy = [&] {
         load_stream(ks, reinterpret_cast<const uint8_t*>(head.k), n, ktb, L.k_row);
         load_stream(vs, reinterpret_cast<const uint8_t*>(head.v), n, vtb, L.v_row);
         cp_async_commit();
     };
-    if (rope) copy();
+    const int half = rope ? int(p.rope.n_rot / 2) : 0;
+    int64_t pos = 0;
+    KvHeadDev sh{};
+    if (rope) {
+        copy();
+        pos = *p.rope.pos0;
+        sh = p.rope.heads[g];
+        for (int i = tid; i < half; i += kSplitThreads) rope_cs[i] = rope_cos_sin(i, pos, p.rope);
+    }
     pdl_wait();
     pdl_launch_dependents();  // this block is resident already: the next kernel's blocks may start loading
     if (!rope) copy();
-    for (int e = tid; e < REP * hd; e += kSplitThreads) qsm[e] = p.q[int64_t(g) * REP * hd + e];
+    const float* qg = p.q + int64_t(g) * REP * hd;
+    float* kg = rope ? p.rope.k + int64_t(g) * hd : nullptr;
+    {  // q and the new key, all loads issued before any store
+        const int nq = REP * hd, nk = rope ? hd : 0;
+        strided_batches<kSplitThreads, 8>(
+            nq + nk, [&](int64_t e) { return e < nq ? qg[e] : kg[e - nq]; },
+            [&](int64_t e, float v) {
+                if (e < nq) qsm[e] = v;
+                else kn[e - nq] = v;
+            });
+    }
     if (rope) {  // the split form's RoPE + store, by this block alone
-        const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
-        float* kg = p.rope.k + int64_t(g) * hd;
-        for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
+        const int64_t slot = sh.n_tokens;
         __syncthreads();
-        const int half = int(p.rope.n_rot / 2);
-        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qsm + (e / half) * hd, e % half, pos, p.rope);
-        for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
+        pdl_trace_mark(11);
+        for (int e = tid; e < (REP + 1) * half; e += kSplitThreads) {  // the REP rows of q, then k
+            const int r = e / half, i = e - r * half;
+            rope_rotate(r < REP ? qsm + r * hd : kn, i, rope_cs[i], p.rope);
+        }
         __syncthreads();
-        const KvHeadDev sh = p.rope.heads[g];
+        pdl_trace_mark(12);
         const float* vg = p.rope.v + int64_t(g) * hd;
         for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
         for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[int64_t(g) * REP * hd + e] = qsm[e];
@@ -328,100 +439,86 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     }
     cp_async_wait<0>();
     __syncthreads();  // keys, values (and the new row), q and its codes
-    // Scores: a thread per token, all REP query heads at once.
-    for (int t = tid; t < n; t += kSplitThreads) {
-        const uint8_t* kr = ks + t * L.k_row;
+    pdl_trace_mark(13);
+    // Scores: 8 tokens per warp, each token's row in 4 quarters (16-byte pieces or 32-blocks
+    // q, q + 4, ...) by lanes t, t + 8, t + 16, t + 24, added by two shuffles.
+    const int quarter = lane >> 3;
+    for (int t0 = warp * 8; t0 < n; t0 += kSplitWarps * 8) {
+        const int t = t0 + (lane & 7);
         float s[REP];
 #pragma unroll
         for (int r = 0; r < REP; ++r) s[r] = 0.0f;
-        if constexpr (KC == KvCode::F16) {
-            for (int c = 0; c < hd; c += 8) {
-                const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
-                const unsigned words[4] = {w.x, w.y, w.z, w.w};
+        short_key_dot<REP, KC>(ks + min(t, n - 1) * L.k_row, qsm, qc, qd, hd, quarter, 4, s);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
-#pragma unroll
-                    for (int r = 0; r < REP; ++r) {
-                        const float2 qf = *reinterpret_cast<const float2*>(qsm + r * hd + c + 2 * j);
-                        s[r] = fmaf(qf.x, kf.x, s[r]);
-                        s[r] = fmaf(qf.y, kf.y, s[r]);
-                    }
-                }
-            }
-        } else {
-            constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
-            for (int b = 0; b < hd / kQBlock; ++b) {
-                const uint8_t* blk = kr + b * kBlockBytes;
-                int dot[REP];
-#pragma unroll
-                for (int r = 0; r < REP; ++r) dot[r] = 0;
-#pragma unroll
-                for (int w = 0; w < 4; ++w) {  // codes 4w..4w+3 and 16+4w..16+4w+3
-                    int k0, k1;
-                    if constexpr (KC == KvCode::Q8_0) {
-                        k0 = int(u32_at2(blk + 2 + 4 * w));
-                        k1 = int(u32_at2(blk + 2 + 16 + 4 * w));
-                    } else {
-                        const unsigned u = u32_at2(blk + 2 + 4 * w);
-                        k0 = int(__vsub4(u & 0x0f0f0f0fu, 0x08080808u));
-                        k1 = int(__vsub4((u >> 4) & 0x0f0f0f0fu, 0x08080808u));
-                    }
-#pragma unroll
-                    for (int r = 0; r < REP; ++r) {
-                        const int8_t* qr = qc + r * hd + b * kQBlock;
-                        dot[r] = __dp4a(k0, *reinterpret_cast<const int*>(qr + 4 * w), dot[r]);
-                        dot[r] = __dp4a(k1, *reinterpret_cast<const int*>(qr + 16 + 4 * w), dot[r]);
-                    }
-                }
-                const float dk = kv_half_at(blk);
-#pragma unroll
-                for (int r = 0; r < REP; ++r) s[r] += float(dot[r]) * (dk * qd[r * (hd / kQBlock) + b]);
-            }
+        for (int r = 0; r < REP; ++r) {
+            s[r] += __shfl_xor_sync(0xffffffffu, s[r], 8);
+            s[r] += __shfl_xor_sync(0xffffffffu, s[r], 16);
         }
+        if (t < n && quarter == 0) {
 #pragma unroll
-        for (int r = 0; r < REP; ++r) sc[r * n + t] = s[r] * p.scale;
+            for (int r = 0; r < REP; ++r) sc[t * REP + r] = s[r] * p.scale;
+        }
     }
     __syncthreads();
+    pdl_trace_mark(14);
     // Softmax per query head: a warp per row; p = e * float(1 / double(sum)) (ggml_soft_max).
     for (int r = warp; r < REP; r += kSplitWarps) {
         float mx = -INFINITY;
-        for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[r * n + t]);
+        for (int t = lane; t < n; t += 32) mx = fmaxf(mx, sc[t * REP + r]);
         mx = warp_max(mx);
         float sum = 0.0f;
         for (int t = lane; t < n; t += 32) {
-            const float e = expf(sc[r * n + t] - mx);
-            sc[r * n + t] = e;
+            const float e = expf(sc[t * REP + r] - mx);
+            sc[t * REP + r] = e;
             sum += e;
         }
         sum = warp_sum(sum);
         if (lane == 0) inv_s[r] = sum > 0.0f ? float(1.0 / double(sum)) : 0.0f;
     }
     __syncthreads();
-    // The V sum: a thread per channel, all REP query heads; q's rows (written back above) take the output.
-    for (int d = tid; d < hd; d += kSplitThreads) {
-        float acc[REP];
+    pdl_trace_mark(15);
+    // The V sum (short_v_groups); q's rows (written back above) take the output.
+    const int G = short_v_groups(hd), k = tid % G, j = tid / G;  // pair j: channels 2j, 2j + 1
+    const bool mine = j < hd / 2;
+    float a0[REP], a1[REP];
 #pragma unroll
-        for (int r = 0; r < REP; ++r) acc[r] = 0.0f;
-        for (int t = 0; t < n; ++t) {
-            const float v = short_value<VC>(vs + t * L.v_row, d);
+    for (int r = 0; r < REP; ++r) a0[r] = a1[r] = 0.0f;
+    if (mine) {
+        for (int t = k; t < n; t += G) {
+            const float2 v = short_value2<VC>(vs + t * L.v_row, 2 * j);
+            float w[REP];
+            load_rep<REP>(sc + t * REP, w);
 #pragma unroll
-            for (int r = 0; r < REP; ++r) acc[r] = fmaf(sc[r * n + t], v, acc[r]);
+            for (int r = 0; r < REP; ++r) {
+                a0[r] = fmaf(w[r], v.x, a0[r]);
+                a1[r] = fmaf(w[r], v.y, a1[r]);
+            }
         }
+    }
+    for (int o = 1; o < G; o <<= 1) {
 #pragma unroll
         for (int r = 0; r < REP; ++r) {
-            const float o = acc[r] * inv_s[r];
-            p.out[(int64_t(g) * REP + r) * hd + d] = o;
-            qsm[r * hd + d] = o;
+            a0[r] += __shfl_xor_sync(0xffffffffu, a0[r], o);
+            a1[r] += __shfl_xor_sync(0xffffffffu, a1[r], o);
+        }
+    }
+    if (mine && k == 0) {
+#pragma unroll
+        for (int r = 0; r < REP; ++r) {
+            const float2 o = make_float2(a0[r] * inv_s[r], a1[r] * inv_s[r]);
+            *reinterpret_cast<float2*>(p.out + (int64_t(g) * REP + r) * hd + 2 * j) = o;
+            *reinterpret_cast<float2*>(qsm + r * hd + 2 * j) = o;
         }
     }
     if (p.out_q8.qs) {  // the group's rows of out, contiguous, whole 32-element blocks
         __syncthreads();
+        pdl_trace_mark(16);
         const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
         for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
             quantize_block_q8_0(qsm[b * kQBlock + lane], b0 + b, lane, p.out_q8.qs, p.out_q8.s);
         }
     }
+    pdl_trace_mark(17);
 }
 
 template <int REP, KvCode KC, KvCode VC>

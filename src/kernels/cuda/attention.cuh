@@ -183,13 +183,16 @@ struct SplitAttentionParams {
 // used, so a decode step over a short context is a short chain: the block copies all the head's
 // keys and values into shared memory (with `rope`, before waiting for the previous kernel: they
 // were written by earlier steps, and the new token's row, written by this kernel, is encoded into
-// shared memory by the block itself instead of being read back), then scores every token (a thread
-// per token) and sums the values (a thread per channel) in f32 FMAs: the products of the split
-// form's MMAs (q8_0 / q4_0 keys: the same q8_0 query and exact int32 block dots, times d_k * d_q),
-// summed in another order (~1e-7 relative). On the H200, with the GEMVs' weights evict-first in
-// L2 (gemv.cu), Q4_0 8B decode from an empty cache ran 8 % faster with it than without (440-446
-// against 406-408 t/s); with weights at the normal priority, level (docs/gpu.md, 2026-12-02,
-// fourth session).
+// shared memory by the block itself instead of being read back), then scores every token (four
+// lanes per token, each a quarter of the row, added by shuffles) and sums the values (a thread per
+// channel pair and token group, the groups added by shuffles) in f32 FMAs: the products of the
+// split form's MMAs (q8_0 / q4_0 keys: the same q8_0 query and exact int32 block dots, times d_k *
+// d_q), summed in another order (~1e-7 relative). The RoPE's angles are computed before the wait
+// (the position is in the step block), and q and the new key are loaded in one batch after it. On
+// the H200, with the GEMVs' weights evict-first in L2 (gemv.cu), Q4_0 8B decode from an empty
+// cache ran 8 % faster with it than without (440-446 against 406-408 t/s; docs/gpu.md, 2026-12-02,
+// fourth session); these parallel loops (against a thread per token and per channel) made Q4_0 3 %
+// and F16 1.4 % faster (sixth session).
 // VXQ_CUDA_ATTN_SHORT=N sets the backend's threshold (0: off).
 constexpr int kAttnShortTokens = 128;
 // Whether the split kernel takes this shape (GQA group, head_dim) and these formats.

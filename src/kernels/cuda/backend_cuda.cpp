@@ -178,6 +178,7 @@ public:
             cudaEventDestroy(b.done);
         }
         out_host_.release();
+        user_out_.release();
         cudaStreamDestroy(stream_);
     }
 
@@ -843,7 +844,8 @@ private:
         if (n) VXQ_CUDA_CHECK(cudaMemcpy(st.data(), timeline_.stamps, n * sizeof(PdlStamp), cudaMemcpyDeviceToHost));
         timeline_.last.clear();
         for (unsigned i = 0; i + 1 < n; ++i) {
-            const std::string sig = fmt::format("grid {}x{}x{} of {}", st[i].grid[0], st[i].grid[1], st[i].grid[2], st[i].threads);
+            const std::string sig = st[i].threads ? fmt::format("grid {}x{}x{} of {}", st[i].grid[0], st[i].grid[1], st[i].grid[2], st[i].threads)
+                                                  : fmt::format("  mark {}", st[i].grid[0]);  // pdl_trace_mark
             const double us = 1e-3 * double(st[i + 1].ns - st[i].ns);
             auto& [calls, total] = timeline_.by_grid[sig];
             ++calls;
@@ -1121,10 +1123,21 @@ private:
     float* inout(float* x, size_t n) {
         return is_device(x) ? x : static_cast<float*>(step_put(x, n * sizeof(float)));
     }
-    // An output in host memory: the copy back is the last op of the pass, which runs now.
+    float* output_buffer(size_t n) override {
+        if (n * sizeof(float) > user_out_.size) {
+            drain();
+            drop_graphs();  // they may copy into the old buffer
+            user_out_.reserve(n * sizeof(float));
+        }
+        return reinterpret_cast<float*>(user_out_.data);
+    }
+    // An output in host memory: the copy back is the last op of the pass, which runs now. Into
+    // output_buffer's memory directly; elsewhere through out_host_ and a host copy.
     void finish(float* host, const float* dev, size_t n) {
         if (host == dev) return;
-        if (n * sizeof(float) > out_host_.size) {
+        const auto* u = reinterpret_cast<const float*>(user_out_.data);
+        const bool direct = u && host >= u && host + n <= u + user_out_.size / sizeof(float);
+        if (!direct && n * sizeof(float) > out_host_.size) {
             drain();
             drop_graphs();  // they copy into the old buffer
             out_host_.reserve(n * sizeof(float));
@@ -1134,7 +1147,7 @@ private:
             const void* src;
             uint64_t bytes;
         } a = zeroed<A>();
-        a.dst = out_host_.data;
+        a.dst = direct ? static_cast<void*>(host) : out_host_.data;
         a.src = dev;
         a.bytes = n * sizeof(float);
         record(Op::CopyOut, a, [](const A& a, cudaStream_t st) {
@@ -1146,7 +1159,7 @@ private:
         const auto t1 = clk::now();
         wait_stream();
         const auto t2 = clk::now();
-        std::memcpy(host, out_host_.data, n * sizeof(float));
+        if (!direct) std::memcpy(host, out_host_.data, n * sizeof(float));
         if (graph_timing_) {
             const auto t3 = clk::now();
             const auto us = [](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
@@ -1192,7 +1205,7 @@ private:
         double record = 0, flush = 0, wait = 0, copy = 0;  // host microseconds per phase (print_graph_timing)
     } host_us_;
     int64_t host_outputs_ = 0;
-    static constexpr size_t kTimelineCap = 16384, kTimelineShown = 48;
+    static constexpr size_t kTimelineCap = 16384, kTimelineShown = 64;
     struct {
         DeviceArray<uint8_t> buf;
         unsigned* count = nullptr;  // null: no timeline
@@ -1208,6 +1221,7 @@ private:
     std::vector<DeviceArray<float>> activations_;  // by id
     DeviceArray<float> out_stage_;                 // device side of outputs in host memory
     PinnedArray out_host_;                         // host side of the same
+    PinnedArray user_out_;                         // output_buffer(): outputs copied there with no host copy
     std::vector<std::vector<float>> host_copies_;  // to_host, by slot
     std::unordered_map<const void*, DeviceWeight> weights_;
     size_t weight_bytes_ = 0;

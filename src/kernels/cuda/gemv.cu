@@ -78,8 +78,9 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
 }
 
 // quantize_q8_0_kernel for one row with the op before it done on the way (GemvFusion, n = 1):
-// the RMSNorm (every block computes the row's scale as cuda::rms_norm does; block 0 writes the
-// normalized row to x) or the SwiGLU x = silu(x) * up (each element written back to x). A warp
+// the RMSNorm (every block computes the row's scale as cuda::rms_norm does; each element of the
+// normalized row is written to x by its own thread) or the SwiGLU x = silu(x) * up (each element
+// written back to x). A warp
 // per 32-element block, as quantize_q8_0_kernel: the same quants and scales, bit for bit.
 constexpr int kQuantFusedThreads = 256;
 static_assert(kQuantFusedThreads == kNormThreads, "the RMSNorm prologue reduces over the block");
@@ -99,18 +100,17 @@ quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ no
     float scale = 1.0f;
     if (norm_w) {
         scale = block_rms_scale(in, cols, eps, partial);
-        if (blockIdx.x == 0) {
-            strided_batches<kQuantFusedThreads>(cols, [&](int64_t i) { return rms_apply(in[i], scale, norm_w[i]); },
-                                                [&](int64_t i, float y) { x[i] = y; });
-        }
+        pdl_trace_mark(21);
     }
     if (!mine) return;  // after the block-wide norm
     if (norm_w) v = rms_apply(v, scale, w);
+    if (norm_w) x[c] = v;  // each element by its own thread (in and x do not overlap: the backend's fusion)
     if (up) {
         v = silu_mul(v, u);
         x[c] = v;
     }
     quantize_block_q8_0(v, b, lane, qs, s);
+    pdl_trace_mark(22);
 }
 
 // ---- GEMV --------------------------------------------------------------------------------------
@@ -557,20 +557,12 @@ gemv_dense_scalar_kernel(const typename E::Raw* __restrict__ w, const typename E
 
 // Warps per row group (gemv_group_kernel): split while the grid has fewer than kGemvTargetWarpsPerSm
 // warps per SM and every warp of the group keeps at least one full iteration of units.
-// Warps sharing a row group: doubled while the grid holds fewer warps than the target and each
-// warp keeps at least one iteration of loads (VXQ_GEMV_SPLIT_FILL=1: half an iteration, so that
-// the ffn down matrix of Llama-3-8B (448 Q4_0 blocks per row) is one round of loads per warp, all
-// issued before the PDL wait; an A/B knob, not yet measured).
 int gemv_split(int64_t rows, int64_t units, int units_per_iter, int rows_per_warp) {
-    static const int64_t fill = [] {
-        const char* e = std::getenv("VXQ_GEMV_SPLIT_FILL");
-        return e && std::atoi(e) == 1 ? int64_t(1) : int64_t(2);
-    }();
     const int64_t row_warps = (rows + rows_per_warp - 1) / rows_per_warp;
     const int64_t target = int64_t(sm_count()) * kGemvTargetWarpsPerSm;
     const int64_t per_warp_iter = int64_t(32) * units_per_iter;
     int split = 1;
-    while (split < kGemvWarps && row_warps * split < target && units * 2 >= fill * int64_t(2 * split) * per_warp_iter) split *= 2;
+    while (split < kGemvWarps && row_warps * split < target && units >= int64_t(2 * split) * per_warp_iter) split *= 2;
     return split;
 }
 
@@ -660,7 +652,7 @@ struct G1Params {
     int count, n_items;
     const float* x;          // f32 activations (the norm's input with norm_w)
     const float* norm_w;     // RMSNorm weight, or nullptr
-    float* norm_out;         // with norm_w: the normalized x (block 0 writes it)
+    float* norm_out;         // with norm_w: the normalized x (each block writes its stretch)
     float eps;
     float* resid;            // resid[r] += y[r], or nullptr (one matrix)
     int swiglu;              // two matrices: slots [0, R) are gate rows, [R, 2R) up rows
@@ -690,14 +682,14 @@ struct G1Dense {
         for (int e = 0; e < kPer; ++e) acc = fmaf(wf[e], xf[e], acc);
         return acc;
     }
-    // value(c): x[c] after the optional norm, also written to copy[c] where copy is not null. All
-    // threads call.
+    // value(c): x[c] after the optional norm, also written to copy[c] for c in [lo, hi) where copy
+    // is not null. All threads call.
     template <class V>
-    static __device__ __forceinline__ void stage(int cols, uint8_t* xs, V value, float* copy) {
+    static __device__ __forceinline__ void stage(int cols, uint8_t* xs, V value, float* copy, int64_t lo, int64_t hi) {
         auto* out = reinterpret_cast<typename E::Raw*>(xs);
         strided_batches<kG1Threads>(cols, value, [&](int64_t c, float v) {
             out[c] = E::from_float(v);
-            if (copy) copy[c] = v;
+            if (copy && c >= lo && c < hi) copy[c] = v;
         });
     }
 };
@@ -776,12 +768,15 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     float scale = 1.0f;
     if (p.norm_w) {
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
-        float* out = blockIdx.x == 0 ? p.norm_out : nullptr;  // block 0 also writes the normalized row
-        F::stage(p.cols, xs, [&](int64_t c) { return rms_apply(p.x[c], scale, p.norm_w[c]); }, out);
+        // The normalized row is also written out, each block its stretch of it (every block
+        // stages the whole row).
+        const int64_t per = (int64_t(p.cols) + grid - 1) / grid, lo = int64_t(blockIdx.x) * per;
+        F::stage(p.cols, xs, [&](int64_t c) { return rms_apply(p.x[c], scale, p.norm_w[c]); }, p.norm_out, lo, lo + per);
     } else {
-        F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr);
+        F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr, 0, 0);
     }
     __syncthreads();
+    pdl_trace_mark(31);
 
     // A row longer than half of what a block takes per item is an item alone, every unit of this
     // thread in it (a property of cols, not of the plan): the thread sums its units first, in j's
@@ -847,6 +842,7 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         }
     }
     cp_async_wait<0>();  // no copy outlives the block
+    pdl_trace_mark(32);
 }
 
 constexpr int kG1BlocksPerSmDefault = 2;

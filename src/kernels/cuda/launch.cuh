@@ -46,17 +46,32 @@ __constant__ PdlTrace c_pdl_trace;
 }  // namespace
 #endif
 
+#if defined(VXQ_CUDA_TRACE) && defined(__CUDA_ARCH__)
+// A stamp by the first thread of the first block (trace builds).
+__device__ __forceinline__ void pdl_trace_stamp(unsigned g0, unsigned g1, unsigned g2, unsigned threads) {
+    if ((threadIdx.x | threadIdx.y | blockIdx.x | blockIdx.y | blockIdx.z) == 0 && c_pdl_trace.stamps) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now) :: "memory");
+        const unsigned i = atomicAdd(c_pdl_trace.count, 1u);
+        if (i < c_pdl_trace.cap) c_pdl_trace.stamps[i] = PdlStamp{now, {g0, g1, g2}, threads};
+    }
+}
+#endif
+
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 #if defined(VXQ_CUDA_TRACE) && defined(__CUDA_ARCH__)
-    if ((threadIdx.x | threadIdx.y | blockIdx.x | blockIdx.y | blockIdx.z) == 0 && c_pdl_trace.stamps) {
-        unsigned long long now;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-        const unsigned i = atomicAdd(c_pdl_trace.count, 1u);
-        if (i < c_pdl_trace.cap) c_pdl_trace.stamps[i] = PdlStamp{now, {gridDim.x, gridDim.y, gridDim.z}, blockDim.x};
-    }
+    pdl_trace_stamp(gridDim.x, gridDim.y, gridDim.z, blockDim.x);
+#endif
+}
+
+// Trace builds: a stamp inside a kernel (the first block's first thread reaching it), `tag` > 0,
+// which the timeline prints as "mark TAG": it splits the kernel's time into phases. No-op otherwise.
+__device__ __forceinline__ void pdl_trace_mark([[maybe_unused]] unsigned tag) {
+#if defined(VXQ_CUDA_TRACE) && defined(__CUDA_ARCH__)
+    pdl_trace_stamp(tag, 0, 0, 0);
 #endif
 }
 
