@@ -494,6 +494,74 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 // residual add. Each equals the separate kernels (cuda::rms_norm, gemv_group, cuda::swiglu,
 // cuda::add) bit for bit: the same arithmetic in the same order (device_math.cuh), and the
 // GEMV's sums do not depend on the grid or the group.
+// The batch-1 dense GEMV with x in registers (set_gemv1_x_in_registers; an A/B knob, off by
+// default) against x staged in shared memory: the same conversions and products in the same order,
+// so the same bits, alone, in a group, with the residual add and the SwiGLU; rows of whole and of
+// ragged units per thread (cols 14336 and 8224: whole rows; 4096 and 1056: items of several rows).
+TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
+    VXQ_REQUIRE_CUDA(cuda);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    enum Kind { Plain, Resid, Swiglu };
+    struct XrCase { GgmlType type; Kind kind; int64_t rows[3]; int count; int64_t cols; };
+    const XrCase cases[] = {{GgmlType::F16, Resid, {4096, 0, 0}, 1, 14336}, {GgmlType::F16, Plain, {33, 0, 0}, 1, 8224},
+                            {GgmlType::F16, Plain, {4096, 1024, 1024}, 3, 4096}, {GgmlType::BF16, Resid, {65, 0, 0}, 1, 1056},
+                            {GgmlType::F32, Plain, {300, 0, 0}, 1, 4096}, {GgmlType::F16, Swiglu, {1001, 1001, 0}, 2, 512},
+                            {GgmlType::BF16, Plain, {7, 5, 0}, 2, 96}};
+    CudaStream st;
+    for (const XrCase& xc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(xc.type) << " kind " << int(xc.kind) << " rows " << xc.rows[0]
+                                        << " cols " << xc.cols << " count " << xc.count << " seed " << seed);
+        std::vector<Weights> ws;
+        std::vector<std::unique_ptr<UploadedWeight>> dws;
+        const cuda::DeviceWeight* wp[3];
+        for (int i = 0; i < xc.count; ++i) {
+            ws.push_back(random_weights(xc.type, xc.rows[i], xc.cols, rng));
+            dws.push_back(std::make_unique<UploadedWeight>(ws.back().view()));
+            wp[i] = &dws.back()->w;
+        }
+        const std::vector<float> x = random_floats(size_t(xc.cols), rng, 3.0f);
+        const std::vector<float> r0 = random_floats(size_t(xc.rows[0]), rng);
+        DeviceFloats xd(x.size());
+        xd.upload(x);
+        std::vector<std::vector<float>> outs[2];
+        std::vector<float> resids[2];
+        for (int xr = 0; xr < 2; ++xr) {
+            cuda::set_gemv1_x_in_registers(xr == 1);
+            std::vector<std::unique_ptr<DeviceFloats>> ys;
+            float* yp[3];
+            for (int i = 0; i < xc.count; ++i) {
+                ys.push_back(std::make_unique<DeviceFloats>(size_t(xc.rows[i])));
+                yp[i] = ys.back()->p;
+            }
+            DeviceFloats rd(r0.size());
+            rd.upload(r0);
+            cuda::GemvScratch scratch;
+            if (xc.kind == Plain) {
+                cuda::gemv_group(wp, yp, xc.count, xd.p, 1, scratch, st.s);
+            } else {
+                cuda::GemvFusion f;
+                f.swiglu = xc.kind == Swiglu;
+                if (xc.kind == Resid) f.resid = rd.p;
+                ASSERT_TRUE(cuda::gemv_fusable(wp, xc.count, f));
+                cuda::gemv_group(wp, yp, xc.count, xd.p, scratch, st.s, f);
+            }
+            VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+            for (int i = 0; i < xc.count; ++i) outs[xr].push_back(ys[size_t(i)]->download());
+            resids[xr] = rd.download();
+        }
+        cuda::set_gemv1_x_in_registers(false);
+        for (int i = 0; i < xc.count; ++i) {
+            const std::vector<float>&a = outs[0][size_t(i)], &b = outs[1][size_t(i)];
+            for (float v : b) ASSERT_FALSE(std::isnan(v)) << "an output was not written";
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "matrix " << i;
+        }
+        EXPECT_EQ(std::memcmp(resids[0].data(), resids[1].data(), r0.size() * sizeof(float)), 0) << "the residual";
+    }
+#endif
+}
+
 TEST(Cuda, FusedGemvEqualsSeparateOps) {
     VXQ_REQUIRE_CUDA(cuda);
 #if VXQ_HAVE_CUDA

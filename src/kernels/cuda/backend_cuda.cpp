@@ -139,6 +139,8 @@ public:
         }
         const char* ef = std::getenv("VXQ_CUDA_WEIGHT_EVICT_FIRST");
         set_weight_evict_first(!(ef && std::string_view(ef) == "0"));
+        const char* xr = std::getenv("VXQ_GEMV1_X_REGS");
+        set_gemv1_x_in_registers(xr && std::string_view(xr) == "1");
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
         }

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
@@ -673,7 +675,10 @@ struct G1Dense {
         return static_cast<const uint4*>(m.w) + int64_t(row) * upr + u;
     }
     static __device__ __forceinline__ float dot(const Unit& w, const uint8_t* xs, int u) {
-        const uint4 xv = reinterpret_cast<const uint4*>(xs)[u];
+        return dot_r(w, reinterpret_cast<const uint4*>(xs)[u]);
+    }
+    // The same with x's unit given (x in registers).
+    static __device__ __forceinline__ float dot_r(const Unit& w, const Unit& xv) {
         float wf[kPer], xf[kPer];
         DenseFormat<E>::widen(w, wf);
         DenseFormat<E>::widen(xv, xf);
@@ -681,6 +686,24 @@ struct G1Dense {
 #pragma unroll
         for (int e = 0; e < kPer; ++e) acc = fmaf(wf[e], xf[e], acc);
         return acc;
+    }
+    // Unit u of x (f32, 16-byte aligned, no norm) in the weight's 16-bit type, converted as stage does.
+    static __device__ __forceinline__ Unit x_unit(const float* x, int u) {
+        float f[kPer];
+#pragma unroll
+        for (int i = 0; i < kPer / 4; ++i) {
+            const float4 v = reinterpret_cast<const float4*>(x + int64_t(u) * kPer)[i];
+            f[4 * i] = v.x;
+            f[4 * i + 1] = v.y;
+            f[4 * i + 2] = v.z;
+            f[4 * i + 3] = v.w;
+        }
+        typename E::Raw r[kPer];
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) r[e] = E::from_float(f[e]);
+        Unit out;
+        memcpy(&out, r, sizeof out);
+        return out;
     }
     // value(c): x[c] after the optional norm, also written to copy[c] for c in [lo, hi) where copy
     // is not null. All threads call.
@@ -737,7 +760,11 @@ __device__ __forceinline__ float g1_slot_sum(const float* red, int slot, int upr
     return warp_sum(a);
 }
 
-template <class F, int S>
+// XR (x in registers; no norm, x 16-byte aligned: g1_x_regs_fit): every item of a thread uses the
+// same units of x, so the thread loads and converts those (unit[j]) into registers after the wait
+// instead of the block staging all of x in shared memory: one batch of 16-byte loads, no barrier
+// before the first item (ffn down stages 14336 values per block otherwise). Same bits.
+template <class F, int S, bool XR>
 __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) {
     constexpr int L = F::kMaxUnits;
     using Unit = typename F::Unit;
@@ -765,8 +792,12 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
 
     pdl_wait();
     pdl_launch_dependents();
+    Unit xr[XR ? L : 1];
     float scale = 1.0f;
-    if (p.norm_w) {
+    if constexpr (XR) {
+#pragma unroll
+        for (int j = 0; j < L; ++j) xr[j] = j < n_units ? F::x_unit(p.x, unit[j]) : Unit{};
+    } else if (p.norm_w) {
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
         // The normalized row is also written out, each block its stretch of it (every block
         // stages the whole row).
@@ -775,7 +806,7 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     } else {
         F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr, 0, 0);
     }
-    __syncthreads();
+    if constexpr (!XR) __syncthreads();
     pdl_trace_mark(31);
 
     // A row longer than half of what a block takes per item is an item alone, every unit of this
@@ -795,7 +826,13 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         cp_async_wait<S - 1>();  // this item's group (the oldest of the S in flight)
         float acc[L];
 #pragma unroll
-        for (int j = 0; j < L; ++j) acc[j] = j < n_units ? F::dot(stage[j * kG1Threads + tid], xs, unit[j]) : 0.0f;
+        for (int j = 0; j < L; ++j) {
+            if constexpr (XR) {
+                acc[j] = j < n_units ? F::dot_r(stage[j * kG1Threads + tid], xr[j]) : 0.0f;
+            } else {
+                acc[j] = j < n_units ? F::dot(stage[j * kG1Threads + tid], xs, unit[j]) : 0.0f;
+            }
+        }
         g1_issue<F>(p, item + S * grid, slot, unit, n_units, stage);  // the stage is free again: S items ahead
         k = k + 1 == S ? 0 : k + 1;
         float* r = red + buf * L * kG1Threads;
@@ -936,19 +973,32 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     return true;
 }
 
-template <class F, int S>
+template <class F, int S, bool XR = false>
 void g1_launch_stages(const G1Params& p, int grid, cudaStream_t st) {
     static const bool attr_set = [] {  // the most any call asks for (once per kernel, before any launch)
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S, XR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(g1_smem_bytes<F>(kG1MaxXBytes, S))));
         return true;
     }();
     (void)attr_set;
-    launch_pdl(gemv1_kernel<F, S>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st, p);
+    launch_pdl(gemv1_kernel<F, S, XR>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st,
+               p);
+}
+
+bool g_gemv1_x_regs = false;  // set_gemv1_x_in_registers
+
+// Whether p can take the x-in-registers kernel (gemv1_kernel's XR): no norm, x 16-byte aligned.
+bool g1_x_regs_fit(const G1Params& p) {
+    return !p.norm_w && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
 }
 
 template <class F>
 void g1_launch(const G1Params& p, int grid, cudaStream_t st) {
+    if (g_gemv1_x_regs && g1_stages() == 2 && g1_x_regs_fit(p)) {
+        G1Params q = p;
+        q.x_bytes = 0;  // no x in shared memory
+        return g1_launch_stages<F, 2, true>(q, grid, st);
+    }
     switch (g1_stages()) {
         case 1: return g1_launch_stages<F, 1>(p, grid, st);
         case 3: return g1_launch_stages<F, 3>(p, grid, st);
@@ -1331,6 +1381,8 @@ GemvScratch::~GemvScratch() {
     }
     cudaFree(buf);
 }
+
+void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
 void set_weight_evict_first(bool on) {
     const int v = on ? 1 : 0;
