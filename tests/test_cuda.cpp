@@ -490,25 +490,25 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 #endif
 }
 
-// The batch-1 GEMV with its fusions (GemvFusion): an RMSNorm prologue, a SwiGLU epilogue, a
-// residual add. Each equals the separate kernels (cuda::rms_norm, gemv_group, cuda::swiglu,
-// cuda::add) bit for bit: the same arithmetic in the same order (device_math.cuh), and the
-// GEMV's sums do not depend on the grid or the group.
 // The batch-1 dense GEMV with x in registers (set_gemv1_x_in_registers; an A/B knob, off by
 // default) against x staged in shared memory: the same conversions and products in the same order,
-// so the same bits, alone, in a group, with the residual add and the SwiGLU; rows of whole and of
-// ragged units per thread (cols 14336 and 8224: whole rows; 4096 and 1056: items of several rows).
+// so the same bits, alone, in a group, with the residual add, the SwiGLU and the RMSNorm (whose
+// normalized row too); rows of whole and of ragged units per thread (cols 14336 and 8224: whole
+// rows; 4096 and 1056: items of several rows); a norm over rows of other than 256 or 512 units
+// stays staged (f16 1056) and must give the same bits as well.
 TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
     VXQ_REQUIRE_CUDA(cuda);
 #if VXQ_HAVE_CUDA
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    enum Kind { Plain, Resid, Swiglu };
+    enum Kind { Plain, Resid, Swiglu, Norm, NormSwiglu };
     struct XrCase { GgmlType type; Kind kind; int64_t rows[3]; int count; int64_t cols; };
     const XrCase cases[] = {{GgmlType::F16, Resid, {4096, 0, 0}, 1, 14336}, {GgmlType::F16, Plain, {33, 0, 0}, 1, 8224},
                             {GgmlType::F16, Plain, {4096, 1024, 1024}, 3, 4096}, {GgmlType::BF16, Resid, {65, 0, 0}, 1, 1056},
                             {GgmlType::F32, Plain, {300, 0, 0}, 1, 4096}, {GgmlType::F16, Swiglu, {1001, 1001, 0}, 2, 512},
-                            {GgmlType::BF16, Plain, {7, 5, 0}, 2, 96}};
+                            {GgmlType::BF16, Plain, {7, 5, 0}, 2, 96}, {GgmlType::F16, Norm, {4096, 1024, 1024}, 3, 4096},
+                            {GgmlType::BF16, NormSwiglu, {1001, 1001, 0}, 2, 2048}, {GgmlType::F32, Norm, {31, 17, 9}, 3, 1024},
+                            {GgmlType::F16, Norm, {65, 0, 0}, 1, 1056}};
     CudaStream st;
     for (const XrCase& xc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(xc.type) << " kind " << int(xc.kind) << " rows " << xc.rows[0]
@@ -523,10 +523,12 @@ TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
         }
         const std::vector<float> x = random_floats(size_t(xc.cols), rng, 3.0f);
         const std::vector<float> r0 = random_floats(size_t(xc.rows[0]), rng);
-        DeviceFloats xd(x.size());
+        const bool norm = xc.kind == Norm || xc.kind == NormSwiglu;
+        DeviceFloats xd(x.size()), nwd(x.size());
         xd.upload(x);
+        nwd.upload(random_floats(x.size(), rng));
         std::vector<std::vector<float>> outs[2];
-        std::vector<float> resids[2];
+        std::vector<float> resids[2], normed[2];
         for (int xr = 0; xr < 2; ++xr) {
             cuda::set_gemv1_x_in_registers(xr == 1);
             std::vector<std::unique_ptr<DeviceFloats>> ys;
@@ -535,21 +537,27 @@ TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
                 ys.push_back(std::make_unique<DeviceFloats>(size_t(xc.rows[i])));
                 yp[i] = ys.back()->p;
             }
-            DeviceFloats rd(r0.size());
+            DeviceFloats rd(r0.size()), xn(x.size());
             rd.upload(r0);
             cuda::GemvScratch scratch;
             if (xc.kind == Plain) {
                 cuda::gemv_group(wp, yp, xc.count, xd.p, 1, scratch, st.s);
             } else {
                 cuda::GemvFusion f;
-                f.swiglu = xc.kind == Swiglu;
+                f.swiglu = xc.kind == Swiglu || xc.kind == NormSwiglu;
                 if (xc.kind == Resid) f.resid = rd.p;
+                if (norm) {
+                    f.norm_in = xd.p;
+                    f.norm_weight = nwd.p;
+                    f.norm_eps = 1e-5f;
+                }
                 ASSERT_TRUE(cuda::gemv_fusable(wp, xc.count, f));
-                cuda::gemv_group(wp, yp, xc.count, xd.p, scratch, st.s, f);
+                cuda::gemv_group(wp, yp, xc.count, norm ? xn.p : xd.p, scratch, st.s, f);
             }
             VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
             for (int i = 0; i < xc.count; ++i) outs[xr].push_back(ys[size_t(i)]->download());
             resids[xr] = rd.download();
+            normed[xr] = xn.download();
         }
         cuda::set_gemv1_x_in_registers(false);
         for (int i = 0; i < xc.count; ++i) {
@@ -558,10 +566,18 @@ TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
             EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "matrix " << i;
         }
         EXPECT_EQ(std::memcmp(resids[0].data(), resids[1].data(), r0.size() * sizeof(float)), 0) << "the residual";
+        if (norm) {
+            for (float v : normed[1]) ASSERT_FALSE(std::isnan(v)) << "the normalized row was not written";
+            EXPECT_EQ(std::memcmp(normed[0].data(), normed[1].data(), x.size() * sizeof(float)), 0) << "the normalized x";
+        }
     }
 #endif
 }
 
+// The batch-1 GEMV with its fusions (GemvFusion): an RMSNorm prologue, a SwiGLU epilogue, a
+// residual add. Each equals the separate kernels (cuda::rms_norm, gemv_group, cuda::swiglu,
+// cuda::add) bit for bit: the same arithmetic in the same order (device_math.cuh), and the
+// GEMV's sums do not depend on the grid or the group.
 TEST(Cuda, FusedGemvEqualsSeparateOps) {
     VXQ_REQUIRE_CUDA(cuda);
 #if VXQ_HAVE_CUDA

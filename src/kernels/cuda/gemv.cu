@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
@@ -82,8 +81,8 @@ __global__ void quantize_q8_0_kernel(const float* __restrict__ x, int8_t* __rest
 // quantize_q8_0_kernel for one row with the op before it done on the way (GemvFusion, n = 1):
 // the RMSNorm (every block computes the row's scale as cuda::rms_norm does; each element of the
 // normalized row is written to x by its own thread) or the SwiGLU x = silu(x) * up (each element
-// written back to x). A warp
-// per 32-element block, as quantize_q8_0_kernel: the same quants and scales, bit for bit.
+// written back to x). A warp per 32-element block, as quantize_q8_0_kernel: the same quants and
+// scales, bit for bit.
 constexpr int kQuantFusedThreads = 256;
 static_assert(kQuantFusedThreads == kNormThreads, "the RMSNorm prologue reduces over the block");
 __global__ void __launch_bounds__(kQuantFusedThreads)
@@ -687,23 +686,37 @@ struct G1Dense {
         for (int e = 0; e < kPer; ++e) acc = fmaf(wf[e], xf[e], acc);
         return acc;
     }
-    // Unit u of x (f32, 16-byte aligned, no norm) in the weight's 16-bit type, converted as stage does.
-    static __device__ __forceinline__ Unit x_unit(const float* x, int u) {
-        float f[kPer];
+    // Unit u of a f32 row (16-byte aligned) into f.
+    static __device__ __forceinline__ void load_unit(const float* row, int u, float (&f)[kPer]) {
 #pragma unroll
         for (int i = 0; i < kPer / 4; ++i) {
-            const float4 v = reinterpret_cast<const float4*>(x + int64_t(u) * kPer)[i];
+            const float4 v = reinterpret_cast<const float4*>(row + int64_t(u) * kPer)[i];
             f[4 * i] = v.x;
             f[4 * i + 1] = v.y;
             f[4 * i + 2] = v.z;
             f[4 * i + 3] = v.w;
         }
-        typename E::Raw r[kPer];
+    }
+    // f in the weight's 16-bit type (f32 as is), converted as stage does, in memory order.
+    static __device__ __forceinline__ Unit pack(const float (&f)[kPer]) {
+        unsigned w[4];
 #pragma unroll
-        for (int e = 0; e < kPer; ++e) r[e] = E::from_float(f[e]);
-        Unit out;
-        memcpy(&out, r, sizeof out);
-        return out;
+        for (int i = 0; i < 4; ++i) {
+            if constexpr (E::kPerWord == 1) {
+                w[i] = __float_as_uint(f[i]);
+            } else {
+                w[i] = raw16(E::from_float(f[2 * i])) | (raw16(E::from_float(f[2 * i + 1])) << 16);
+            }
+        }
+        return Unit{w[0], w[1], w[2], w[3]};
+    }
+    static __device__ __forceinline__ unsigned raw16(__half h) { return __half_as_ushort(h); }
+    static __device__ __forceinline__ unsigned raw16(uint16_t b) { return b; }
+    // Unit u of x (no norm), converted.
+    static __device__ __forceinline__ Unit x_unit(const float* x, int u) {
+        float f[kPer];
+        load_unit(x, u, f);
+        return pack(f);
     }
     // value(c): x[c] after the optional norm, also written to copy[c] for c in [lo, hi) where copy
     // is not null. All threads call.
@@ -760,12 +773,16 @@ __device__ __forceinline__ float g1_slot_sum(const float* red, int slot, int upr
     return warp_sum(a);
 }
 
-// XR (x in registers; no norm, x 16-byte aligned: g1_x_regs_fit): every item of a thread uses the
-// same units of x, so the thread loads and converts those (unit[j]) into registers after the wait
-// instead of the block staging all of x in shared memory: one batch of 16-byte loads, no barrier
-// before the first item (ffn down stages 14336 values per block otherwise). Same bits.
-template <class F, int S, bool XR>
+// Where x is (XM): kG1XStaged, the block stages all of x in shared memory (converted, after the
+// norm); kG1XRegs (no norm), kG1XRegsNorm (norm, rows of 256 or 512 units): every item of a thread
+// uses the same units of x (unit[j]), so the thread loads and converts those into registers after
+// the wait (with the norm: its units and their norm weights loaded before the row's scale is
+// computed, each unit written to norm_out where in the block's stretch), with no barrier before
+// the first item (ffn down stages 14336 values per block otherwise). Same bits (g1_x_mode).
+constexpr int kG1XStaged = 0, kG1XRegs = 1, kG1XRegsNorm = 2;
+template <class F, int S, int XM>
 __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) {
+    constexpr bool XR = XM == kG1XRegs, XN = XM == kG1XRegsNorm;
     constexpr int L = F::kMaxUnits;
     using Unit = typename F::Unit;
     extern __shared__ uint4 g1_smem[];
@@ -792,11 +809,37 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
 
     pdl_wait();
     pdl_launch_dependents();
-    Unit xr[XR ? L : 1];
+    Unit xr[XR ? L : XN ? 2 : 1];  // XR: unit[j]'s; XN: units tid and tid + 256
     float scale = 1.0f;
     if constexpr (XR) {
 #pragma unroll
         for (int j = 0; j < L; ++j) xr[j] = j < n_units ? F::x_unit(p.x, unit[j]) : Unit{};
+    } else if constexpr (XN) {
+        const int D = p.upr / kG1Threads;  // 1 or 2 (g1_x_mode)
+        float xf[2][F::kPer], wf[2][F::kPer];
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+            if (d < D) {
+                F::load_unit(p.x, tid + kG1Threads * d, xf[d]);
+                F::load_unit(p.norm_w, tid + kG1Threads * d, wf[d]);
+            }
+        }
+        scale = block_rms_scale(p.x, p.cols, p.eps, partial);
+        const int64_t per = (int64_t(p.cols) + grid - 1) / grid, lo = int64_t(blockIdx.x) * per;
+#pragma unroll
+        for (int d = 0; d < 2; ++d) {
+            if (d < D) {
+                const int64_t c0 = int64_t(tid + kG1Threads * d) * F::kPer;
+#pragma unroll
+                for (int e = 0; e < F::kPer; ++e) {
+                    xf[d][e] = rms_apply(xf[d][e], scale, wf[d][e]);
+                    if (c0 + e >= lo && c0 + e < lo + per) p.norm_out[c0 + e] = xf[d][e];
+                }
+                xr[d] = F::pack(xf[d]);
+            } else {
+                xr[d] = Unit{};
+            }
+        }
     } else if (p.norm_w) {
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
         // The normalized row is also written out, each block its stretch of it (every block
@@ -806,7 +849,7 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     } else {
         F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr, 0, 0);
     }
-    if constexpr (!XR) __syncthreads();
+    if constexpr (XM == kG1XStaged) __syncthreads();
     pdl_trace_mark(31);
 
     // A row longer than half of what a block takes per item is an item alone, every unit of this
@@ -829,6 +872,10 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         for (int j = 0; j < L; ++j) {
             if constexpr (XR) {
                 acc[j] = j < n_units ? F::dot_r(stage[j * kG1Threads + tid], xr[j]) : 0.0f;
+            } else if constexpr (XN) {  // unit[j] = tid + 256 (j % D): a select of values, not an index into xr
+                const bool hi = (j & 1) && p.upr > kG1Threads;
+                const Unit xv{hi ? xr[1].x : xr[0].x, hi ? xr[1].y : xr[0].y, hi ? xr[1].z : xr[0].z, hi ? xr[1].w : xr[0].w};
+                acc[j] = j < n_units ? F::dot_r(stage[j * kG1Threads + tid], xv) : 0.0f;
             } else {
                 acc[j] = j < n_units ? F::dot(stage[j * kG1Threads + tid], xs, unit[j]) : 0.0f;
             }
@@ -973,31 +1020,38 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     return true;
 }
 
-template <class F, int S, bool XR = false>
+template <class F, int S, int XM = kG1XStaged>
 void g1_launch_stages(const G1Params& p, int grid, cudaStream_t st) {
     static const bool attr_set = [] {  // the most any call asks for (once per kernel, before any launch)
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S, XR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S, XM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(g1_smem_bytes<F>(kG1MaxXBytes, S))));
         return true;
     }();
     (void)attr_set;
-    launch_pdl(gemv1_kernel<F, S, XR>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st,
+    launch_pdl(gemv1_kernel<F, S, XM>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st,
                p);
 }
 
 bool g_gemv1_x_regs = false;  // set_gemv1_x_in_registers
 
-// Whether p can take the x-in-registers kernel (gemv1_kernel's XR): no norm, x 16-byte aligned.
-bool g1_x_regs_fit(const G1Params& p) {
-    return !p.norm_w && reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+// Where p's x can be (gemv1_kernel): in registers where x (and the norm weight) are 16-byte
+// aligned, with the norm only for rows of 256 or 512 units (a thread's units tid, tid + 256).
+int g1_x_mode(const G1Params& p) {
+    const auto aligned = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+    if (!aligned(p.x)) return kG1XStaged;
+    if (!p.norm_w) return kG1XRegs;
+    const bool rows_fit = p.upr % kG1Threads == 0 && p.upr / kG1Threads <= 2;
+    return rows_fit && aligned(p.norm_w) ? kG1XRegsNorm : kG1XStaged;
 }
 
 template <class F>
 void g1_launch(const G1Params& p, int grid, cudaStream_t st) {
-    if (g_gemv1_x_regs && g1_stages() == 2 && g1_x_regs_fit(p)) {
+    const int mode = g_gemv1_x_regs && g1_stages() == 2 ? g1_x_mode(p) : kG1XStaged;
+    if (mode != kG1XStaged) {
         G1Params q = p;
         q.x_bytes = 0;  // no x in shared memory
-        return g1_launch_stages<F, 2, true>(q, grid, st);
+        if (mode == kG1XRegs) return g1_launch_stages<F, 2, kG1XRegs>(q, grid, st);
+        return g1_launch_stages<F, 2, kG1XRegsNorm>(q, grid, st);
     }
     switch (g1_stages()) {
         case 1: return g1_launch_stages<F, 1>(p, grid, st);

@@ -119,9 +119,10 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path = Ma
 // The L2 priority of the GEMV kernels' weight loads: evict-first (the default) or normal, for the
 // device the calling thread uses (gemv.cu says why).
 void set_weight_evict_first(bool on);
-// The batch-1 F32/F16/BF16 GEMV without a fused norm: x in registers (each thread converts its own
-// units of x) instead of staged in shared memory by the block (gemv.cu, gemv1_kernel's XR). Same
-// bits. Off by default: an A/B not yet measured (VXQ_GEMV1_X_REGS=1 in the backend).
+// The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a
+// fused norm, rows of 256 or 512 units) instead of staged in shared memory by the block (gemv.cu,
+// gemv1_kernel's XM). Same bits. Off by default: an A/B not yet measured (VXQ_GEMV1_X_REGS=1 in
+// the backend).
 void set_gemv1_x_in_registers(bool on);
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream);
 // The same with the path forced (tests and benchmarks compare the two paths).
