@@ -940,6 +940,18 @@ int g1_blocks_per_sm() {
     return v;
 }
 
+// VXQ_GEMV1_EVEN_GRID=1 (an A/B knob, not yet measured): the batch-1 kernel's grid cut to the
+// fewest blocks that take its items in the same number of rounds, so that no round is partly idle
+// (ffn down of the 8B shape: 4096 items, 264 blocks, the 16th round half busy; 256 blocks: 16
+// full rounds).
+bool g1_even_grid() {
+    static const bool v = [] {
+        const char* e = std::getenv("VXQ_GEMV1_EVEN_GRID");
+        return e && std::atoi(e) == 1;
+    }();
+    return v;
+}
+
 // Items whose weights a block has in flight: the stages of its shared-memory ring
 // (VXQ_GEMV1_STAGES, 1 to 3, for sweeps).
 constexpr int kG1StagesDefault = 2;
@@ -1017,6 +1029,10 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     p.slots = swiglu ? 2 * best : best;
     p.x_bytes = F::x_bytes(cols);
     grid = int(std::min<int64_t>(items, cap));
+    if (g1_even_grid()) {  // as few blocks as the same rounds need: every round full (the sums do not depend on the grid)
+        const int64_t rounds = (items + grid - 1) / grid;
+        grid = int((items + rounds - 1) / rounds);
+    }
     return true;
 }
 
