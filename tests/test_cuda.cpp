@@ -218,6 +218,20 @@ struct UploadedWeight {
     ~UploadedWeight() { cuda::free_weight(w); }
 };
 
+// `count` random matrices of one type, rows[i] x cols, uploaded: the group a gemv_group call takes (w).
+struct UploadedGroup {
+    std::vector<Weights> host;
+    std::vector<std::unique_ptr<UploadedWeight>> dev;
+    const cuda::DeviceWeight* w[3] = {};
+    UploadedGroup(GgmlType type, const int64_t (&rows)[3], int count, int64_t cols, std::mt19937& rng) {
+        for (int i = 0; i < count; ++i) {
+            host.push_back(random_weights(type, rows[i], cols, rng));
+            dev.push_back(std::make_unique<UploadedWeight>(host.back().view()));
+            w[i] = &dev.back()->w;
+        }
+    }
+};
+
 // y[t][r] = sum_c a[r][c] b[t][c] for f32 matrices, by the CPU backend (only for tolerance
 // scales: its own rounding, ~1e-6 relative, does not matter there).
 std::vector<double> f32_products(Backend& cpu, const std::vector<float>& a, int64_t rows, int64_t cols,
@@ -513,14 +527,8 @@ TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
     for (const XrCase& xc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(xc.type) << " kind " << int(xc.kind) << " rows " << xc.rows[0]
                                         << " cols " << xc.cols << " count " << xc.count << " seed " << seed);
-        std::vector<Weights> ws;
-        std::vector<std::unique_ptr<UploadedWeight>> dws;
-        const cuda::DeviceWeight* wp[3];
-        for (int i = 0; i < xc.count; ++i) {
-            ws.push_back(random_weights(xc.type, xc.rows[i], xc.cols, rng));
-            dws.push_back(std::make_unique<UploadedWeight>(ws.back().view()));
-            wp[i] = &dws.back()->w;
-        }
+        const UploadedGroup group(xc.type, xc.rows, xc.count, xc.cols, rng);
+        const cuda::DeviceWeight* const* wp = group.w;
         const std::vector<float> x = random_floats(size_t(xc.cols), rng, 3.0f);
         const std::vector<float> r0 = random_floats(size_t(xc.rows[0]), rng);
         const bool norm = xc.kind == Norm || xc.kind == NormSwiglu;
@@ -599,17 +607,13 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
     for (const FuseCase& fc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(fc.type) << " kind " << int(fc.kind) << " rows " << fc.rows[0]
                                         << " cols " << fc.cols << " count " << fc.count << " seed " << seed);
-        std::vector<Weights> ws;
-        std::vector<std::unique_ptr<UploadedWeight>> dws;
+        const UploadedGroup group(fc.type, fc.rows, fc.count, fc.cols, rng);
+        const cuda::DeviceWeight* const* wp = group.w;
         std::vector<std::unique_ptr<DeviceFloats>> sep, fus;
-        const cuda::DeviceWeight* wp[3];
         float *sp[3], *fp[3];
         for (int i = 0; i < fc.count; ++i) {
-            ws.push_back(random_weights(fc.type, fc.rows[i], fc.cols, rng));
-            dws.push_back(std::make_unique<UploadedWeight>(ws.back().view()));
             sep.push_back(std::make_unique<DeviceFloats>(size_t(fc.rows[i])));
             fus.push_back(std::make_unique<DeviceFloats>(size_t(fc.rows[i])));
-            wp[i] = &dws.back()->w;
             sp[i] = sep.back()->p;
             fp[i] = fus.back()->p;
         }
