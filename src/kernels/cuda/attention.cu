@@ -303,15 +303,15 @@ __device__ __forceinline__ void load_rep(const float* src, float (&w)[REP]) {
     }
 }
 
-// The dot products of token row kr's key with the block's REP query rows, added to s: of f16 keys
-// the 8-channel pieces first, first + step, ... (16-byte loads), of q8_0 / q4_0 keys the 32-blocks
-// first, first + step, ... (the q8_0 query's codes qc and scales qd: exact int32 block dots times
-// d_k * d_q, as the split form's MMAs).
+// Quarter `quarter` (0..3) of the dot products of token row kr's key with the block's REP query
+// rows, added to s: of f16 keys the 8-channel pieces quarter, quarter + 4, ... (16-byte loads), of
+// q8_0 / q4_0 keys the 32-blocks quarter, quarter + 4, ... (the q8_0 query's codes qc and scales
+// qd: exact int32 block dots times d_k * d_q, as the split form's MMAs).
 template <int REP, KvCode KC>
 __device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qsm, const int8_t* qc, const float* qd, int hd,
-                                              int first, int step, float (&s)[REP]) {
+                                              int quarter, float (&s)[REP]) {
     if constexpr (KC == KvCode::F16) {
-        for (int c = first * 8; c < hd; c += step * 8) {
+        for (int c = quarter * 8; c < hd; c += 4 * 8) {
             const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
             const unsigned words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -327,7 +327,7 @@ __device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qs
         }
     } else {
         constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
-        for (int b = first; b < hd / kQBlock; b += step) {
+        for (int b = quarter; b < hd / kQBlock; b += 4) {
             const uint8_t* blk = kr + b * kBlockBytes;
             int dot[REP];
 #pragma unroll
@@ -448,7 +448,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
         float s[REP];
 #pragma unroll
         for (int r = 0; r < REP; ++r) s[r] = 0.0f;
-        short_key_dot<REP, KC>(ks + min(t, n - 1) * L.k_row, qsm, qc, qd, hd, quarter, 4, s);
+        short_key_dot<REP, KC>(ks + min(t, n - 1) * L.k_row, qsm, qc, qd, hd, quarter, s);
 #pragma unroll
         for (int r = 0; r < REP; ++r) {
             s[r] += __shfl_xor_sync(0xffffffffu, s[r], 8);

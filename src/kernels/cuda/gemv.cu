@@ -104,8 +104,10 @@ quantize_fused_kernel(const float* __restrict__ in, const float* __restrict__ no
         pdl_trace_mark(21);
     }
     if (!mine) return;  // after the block-wide norm
-    if (norm_w) v = rms_apply(v, scale, w);
-    if (norm_w) x[c] = v;  // each element by its own thread (in and x do not overlap: the backend's fusion)
+    if (norm_w) {
+        v = rms_apply(v, scale, w);
+        x[c] = v;  // each element by its own thread (in and x do not overlap: the backend's fusion)
+    }
     if (up) {
         v = silu_mul(v, u);
         x[c] = v;
@@ -811,6 +813,8 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
     pdl_launch_dependents();
     Unit xr[XR ? L : XN ? 2 : 1];  // XR: unit[j]'s; XN: units tid and tid + 256
     float scale = 1.0f;
+    // With the norm, the normalized row is also written out, each block its stretch [lo, lo + per).
+    const int64_t per = (int64_t(p.cols) + grid - 1) / grid, lo = int64_t(blockIdx.x) * per;
     if constexpr (XR) {
 #pragma unroll
         for (int j = 0; j < L; ++j) xr[j] = j < n_units ? F::x_unit(p.x, unit[j]) : Unit{};
@@ -825,7 +829,6 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
             }
         }
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
-        const int64_t per = (int64_t(p.cols) + grid - 1) / grid, lo = int64_t(blockIdx.x) * per;
 #pragma unroll
         for (int d = 0; d < 2; ++d) {
             if (d < D) {
@@ -842,9 +845,6 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         }
     } else if (p.norm_w) {
         scale = block_rms_scale(p.x, p.cols, p.eps, partial);
-        // The normalized row is also written out, each block its stretch of it (every block
-        // stages the whole row).
-        const int64_t per = (int64_t(p.cols) + grid - 1) / grid, lo = int64_t(blockIdx.x) * per;
         F::stage(p.cols, xs, [&](int64_t c) { return rms_apply(p.x[c], scale, p.norm_w[c]); }, p.norm_out, lo, lo + per);
     } else {
         F::stage(p.cols, xs, [&](int64_t c) { return p.x[c]; }, nullptr, 0, 0);
