@@ -504,9 +504,8 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 #endif
 }
 
-// The batch-1 dense GEMV with x in registers (set_gemv1_x_in_registers; an A/B knob, off by
-// default) against x staged in shared memory: the same conversions and products in the same order,
-// so the same bits, alone, in a group, with the residual add, the SwiGLU and the RMSNorm (whose
+// The batch-1 dense GEMV with x in registers (set_gemv1_x_in_registers; the default) against x
+// staged in shared memory: the same conversions and products in the same order, so the same bits, alone, in a group, with the residual add, the SwiGLU and the RMSNorm (whose
 // normalized row too); rows of whole and of ragged units per thread (cols 14336 and 8224: whole
 // rows; 4096 and 1056: items of several rows); a norm over rows of other than 256 or 512 units
 // stays staged (f16 1056) and must give the same bits as well.
@@ -567,7 +566,7 @@ TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
             resids[xr] = rd.download();
             normed[xr] = xn.download();
         }
-        cuda::set_gemv1_x_in_registers(false);
+        cuda::set_gemv1_x_in_registers(true);
         for (int i = 0; i < xc.count; ++i) {
             const std::vector<float>&a = outs[0][size_t(i)], &b = outs[1][size_t(i)];
             for (float v : b) ASSERT_FALSE(std::isnan(v)) << "an output was not written";
@@ -1382,6 +1381,42 @@ TEST(Cuda, Q8HandoffEqualsQuantizeKernels) {
         bes.back().reset();
         const std::string ops = testing::internal::GetCapturedStderr();
         EXPECT_NE(ops.find("attention split-K (rope + kv store, q8_0 out)"), std::string::npos) << ops;
+    }
+}
+
+// The L2 hint between batch-1 matmuls (VXQ_CUDA_L2_NEXT_MB, backend_cuda.cpp link_l2_next):
+// a dense group asks L2 for the next group's first weights. It changes no value: decode logits
+// equal those without it bit for bit, with 1 MiB and with more than any matrix holds, in graphs,
+// in 4-op passes and in plain launches; the profiled backend reports the groups it linked (so the
+// hint did run). A fresh `vxq synth --shape tiny` F16 file and the vxq-llama-h64 F16 model.
+TEST(Cuda, L2NextEqualsNone) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("vxq_l2_next_seed" + std::to_string(seed) + "_" + std::to_string(getpid()) + ".gguf"))
+                                 .string();
+    SynthModel(SynthOptions{"tiny", GgmlType::F16, seed, 0, 0, 1}).write(path);
+    std::vector<std::string> files{path};
+    if (std::filesystem::exists(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"))) {
+        files.push_back(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"));
+    }
+    for (const std::string& file : files) {
+        SCOPED_TRACE(file);
+        auto model = Model::load(file, "cuda");
+        if (file == path) std::filesystem::remove(path);  // mapped: the mapping stays valid
+        std::vector<std::unique_ptr<Backend>> bes;
+        bes.push_back(cuda_backend_with_env({}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_L2_NEXT_MB", "1"}}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_L2_NEXT_MB", "1024"}, {"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
+        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_L2_NEXT_MB", "16"}, {"VXQ_CUDA_PROFILE", "1"}}));
+        expect_decode_logits_equal(*model, bes);
+        if (HasFatalFailure()) return;
+        testing::internal::CaptureStderr();
+        bes.back().reset();
+        const std::string report = testing::internal::GetCapturedStderr();
+        const size_t at = report.find("L2 next (VXQ_CUDA_L2_NEXT_MB): ");
+        ASSERT_NE(at, std::string::npos) << report;
+        EXPECT_GT(std::atoll(report.c_str() + at + std::strlen("L2 next (VXQ_CUDA_L2_NEXT_MB): ")), 0) << report;
     }
 }
 

@@ -137,10 +137,11 @@ public:
         if (const char* ms = std::getenv("VXQ_CUDA_ATTN_MIN_STRETCH")) {  // split_stretch rounds it to whole granules
             attn_min_stretch_ = std::clamp(std::atoi(ms), kAttnSplitMinTokens, 1 << 20);
         }
+        if (const char* l2 = std::getenv("VXQ_CUDA_L2_NEXT_MB")) l2_next_bytes_ = size_t(std::clamp(std::atoi(l2), 0, 1024)) << 20;
         const char* ef = std::getenv("VXQ_CUDA_WEIGHT_EVICT_FIRST");
         set_weight_evict_first(!(ef && std::string_view(ef) == "0"));
         const char* xr = std::getenv("VXQ_GEMV1_X_REGS");
-        set_gemv1_x_in_registers(xr && std::string_view(xr) == "1");
+        set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
         }
@@ -789,6 +790,7 @@ private:
                          (long long)ct.first, ct.second, 100.0 * ct.second / std::max(all, 1e-9),
                          1e3 * ct.second / double(std::max<int64_t>(ct.first, 1)));
         }
+        if (l2_next_bytes_) std::fprintf(stderr, "vxq:   L2 next (VXQ_CUDA_L2_NEXT_MB): %lld matmul groups linked\n", (long long)l2_links_);
         for (cudaEvent_t e : prof_events_) cudaEventDestroy(e);
         prof_events_.clear();
     }
@@ -911,6 +913,7 @@ private:
             extend = gemv_fusable(ws, int(group_.count) + 1, group_.fusion);
         }
         if (!extend) {
+            link_l2_next(w, n);
             const Q8Act handoff = q8_handoff(w, x, n);  // the attention before may quantize x
             group_ = GemvGroupArgs{};
             group_.w[0] = &w;
@@ -988,6 +991,23 @@ private:
         return Q8Act{reinterpret_cast<int8_t*>(base), reinterpret_cast<Q8Scale*>(base + align256(size_t(q8_handoff_cols_)))};
     }
     static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+    // VXQ_CUDA_L2_NEXT_MB=N (an A/B knob, off by default, not yet measured): at n = 1 the matmul
+    // group recorded before w's (in this pass; any ops between them) asks L2 for w's first N MiB as
+    // its blocks run out of work (GemvFusion::l2_next), so that the memory streams through the
+    // boundary between the two kernels. Dense batch-1 groups only; no value changes
+    // (Cuda.L2NextEqualsNone).
+    void link_l2_next(const DeviceWeight& w, int64_t n) {
+        if (l2_next_bytes_ == 0 || n != 1 || group_op_ == SIZE_MAX || group_.n != 1 || group_.fusion.x_q8.qs) return;
+        const bool dense = w.type == GgmlType::F32 || w.type == GgmlType::F16 || w.type == GgmlType::BF16;
+        if (!dense || gemv_path(w, 1) != MatmulPath::Gemv) return;
+        GemvFusion f = group_.fusion;
+        f.l2_next = w.data;
+        f.l2_next_bytes = std::min(l2_next_bytes_, w.bytes);
+        if (!gemv_fusable(group_.w, int(group_.count), f)) return;
+        group_.fusion = f;
+        set_group_launch(labels_[group_op_]);
+        ++l2_links_;
+    }
     // Whether the op just recorded comes right after the matmul group.
     bool group_just_before() const { return group_op_ != SIZE_MAX && group_op_ + 2 == pending_.size(); }
     // Recorded op `op` (right before or after the group) runs inside the group's kernel with
@@ -1007,7 +1027,7 @@ private:
     void set_group_launch(const char* label) {
         labels_[group_op_] = label;
         const bool fused = group_.fusion.norm_in || group_.fusion.resid || group_.fusion.swiglu || group_.fusion.swiglu_up ||
-                           group_.fusion.x_q8.qs;
+                           group_.fusion.x_q8.qs || group_.fusion.l2_next;
         pending_[group_op_] = [g = group_, fused, this](cudaStream_t st) {
             if (fused) {
                 gemv_group(g.w, g.y, int(g.count), const_cast<float*>(g.x), gemv_scratch_, st, g.fusion);
@@ -1239,6 +1259,8 @@ private:
     int64_t mass_stride_ = 0;
     std::vector<float> mass_host_;          // the mass copied back, [n_head_kv, max_tokens]
     bool q8_handoff_on_ = true;             // VXQ_CUDA_Q8_HANDOFF=0: off
+    size_t l2_next_bytes_ = 0;              // VXQ_CUDA_L2_NEXT_MB (link_l2_next)
+    int64_t l2_links_ = 0;                  // groups linked so far (VXQ_CUDA_PROFILE=1 prints it)
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT

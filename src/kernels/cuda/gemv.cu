@@ -621,8 +621,9 @@ void launch_gemv(GemvParams p, cudaStream_t st) {
 //  - The grid is persistent: at most kG1BlocksPerSm blocks per SM, each taking items (a few
 //    rows of one matrix, all their columns) in turn, so the work of the last items is spread
 //    over the whole GPU (the planner picks rows per item so that items divide evenly).
-//  - Each block first converts x to the dot type into shared memory (the f16/bf16 rounding of
-//    convert_kernel: the same numbers), optionally after an RMSNorm of it.
+//  - Each thread converts the units of x it multiplies to the dot type into registers (the
+//    f16/bf16 rounding of convert_kernel: the same numbers), optionally after an RMSNorm of x;
+//    where it cannot (XM below), the block stages all of x in shared memory first.
 //  - Weights go through a ring of S items in shared memory (cp.async, no registers held): a
 //    block has its next S items' weights in flight, S = 2 (kG1StagesDefault; 64 KB per block,
 //    128 KB per SM). Launched with PDL (launch.cuh): the first S items are requested before
@@ -661,6 +662,8 @@ struct G1Params {
     int swiglu;              // two matrices: slots [0, R) are gate rows, [R, 2R) up rows
     int cols, upr, slots, rows_per_item;  // units per row; slots (rows) per item
     int x_bytes;             // shared bytes of the converted x (16-byte multiple)
+    const uint8_t* l2_next;  // GemvFusion::l2_next: each block fetches its share into L2
+    unsigned l2_next_bytes;
 };
 
 // Dense weights: a unit is 16 bytes; x in shared memory in the weight's 16-bit type (f32 as is).
@@ -766,6 +769,16 @@ __device__ __forceinline__ void g1_issue(const G1Params& p, int item, const int 
         }
     }
     cp_async_commit();
+}
+
+// Block b's share of p.l2_next (16-byte pieces, the blocks in order) requested into L2 (Hopper's
+// bulk prefetch: no registers, no shared memory, nothing to wait for). One thread calls.
+__device__ __forceinline__ void g1_l2_next(const G1Params& p) {
+    const unsigned grid = gridDim.x, per = (p.l2_next_bytes / grid + 15) / 16 * 16;
+    const unsigned lo = blockIdx.x * per;
+    if (per == 0 || lo >= p.l2_next_bytes) return;
+    const unsigned n = min(per, p.l2_next_bytes - lo);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.l2_next + lo), "r"(n) : "memory");
 }
 
 // The sum of a slot's unit partials (the whole warp calls; every lane gets it).
@@ -882,6 +895,9 @@ __global__ void __launch_bounds__(kG1Threads, 2) gemv1_kernel(const G1Params p) 
         }
         g1_issue<F>(p, item + S * grid, slot, unit, n_units, stage);  // the stage is free again: S items ahead
         k = k + 1 == S ? 0 : k + 1;
+        // The first item after which this block requests nothing more: the next kernel's weights.
+        const bool issued_last = item + S * grid >= p.n_items && (item == int(blockIdx.x) || item + (S - 1) * grid < p.n_items);
+        if (issued_last && p.l2_next && tid == 0) g1_l2_next(p);
         float* r = red + buf * L * kG1Threads;
         if (whole_row) {
             float a = 0.0f;
@@ -936,18 +952,6 @@ int g1_blocks_per_sm() {
         const char* e = std::getenv("VXQ_GEMV1_BLOCKS_PER_SM");  // benchmark sweeps only
         const int b = e ? std::atoi(e) : kG1BlocksPerSmDefault;
         return std::clamp(b, 1, 8);
-    }();
-    return v;
-}
-
-// VXQ_GEMV1_EVEN_GRID=1 (an A/B knob, not yet measured): the batch-1 kernel's grid cut to the
-// fewest blocks that take its items in the same number of rounds, so that no round is partly idle
-// (ffn down of the 8B shape: 4096 items, 264 blocks, the 16th round half busy; 256 blocks: 16
-// full rounds).
-bool g1_even_grid() {
-    static const bool v = [] {
-        const char* e = std::getenv("VXQ_GEMV1_EVEN_GRID");
-        return e && std::atoi(e) == 1;
     }();
     return v;
 }
@@ -1029,10 +1033,6 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
     p.slots = swiglu ? 2 * best : best;
     p.x_bytes = F::x_bytes(cols);
     grid = int(std::min<int64_t>(items, cap));
-    if (g1_even_grid()) {  // as few blocks as the same rounds need: every round full (the sums do not depend on the grid)
-        const int64_t rounds = (items + grid - 1) / grid;
-        grid = int((items + rounds - 1) / rounds);
-    }
     return true;
 }
 
@@ -1048,7 +1048,7 @@ void g1_launch_stages(const G1Params& p, int grid, cudaStream_t st) {
                p);
 }
 
-bool g_gemv1_x_regs = false;  // set_gemv1_x_in_registers
+bool g_gemv1_x_regs = true;  // set_gemv1_x_in_registers
 
 // Where p's x can be (gemv1_kernel): in registers where x (and the norm weight) are 16-byte
 // aligned, with the norm only for rows of 256 or 512 units (a thread's units tid, tid + 256).
@@ -1092,6 +1092,8 @@ bool g1_run(const DeviceWeight* const* ws, float* const* ys, int count, const fl
     p.norm_out = const_cast<float*>(x);
     p.eps = f.norm_eps;
     p.resid = f.resid;
+    p.l2_next = static_cast<const uint8_t*>(f.l2_next);
+    p.l2_next_bytes = unsigned(std::min<size_t>(f.l2_next_bytes, size_t(1) << 30) / 16 * 16);
     g1_launch<F>(p, grid, *st);
     return true;
 }
@@ -1647,7 +1649,7 @@ bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fu
     }
     if (fusion.norm_weight && !fusion.norm_in) return false;
     if (is_quant(ws[0]->type)) {  // the quantize kernel's prologue (or x already quantized) and the GEMV's store
-        return !fusion.swiglu && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up) &&
+        return !fusion.swiglu && !fusion.l2_next && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up) &&
                !(fusion.x_q8.qs && (fusion.norm_weight || fusion.swiglu_up));
     }
     if (fusion.x_q8.qs) return false;

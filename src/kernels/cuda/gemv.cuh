@@ -121,8 +121,8 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path = Ma
 void set_weight_evict_first(bool on);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a
 // fused norm, rows of 256 or 512 units) instead of staged in shared memory by the block (gemv.cu,
-// gemv1_kernel's XM). Same bits. Off by default: an A/B not yet measured (VXQ_GEMV1_X_REGS=1 in
-// the backend).
+// gemv1_kernel's XM). Same bits. On by default (F16 8B decode +8 % on the H200, docs/gpu.md);
+// VXQ_GEMV1_X_REGS=0 in the backend turns it off.
 void set_gemv1_x_in_registers(bool on);
 void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& scratch, cudaStream_t stream);
 // The same with the path forced (tests and benchmarks compare the two paths).
@@ -162,6 +162,14 @@ struct GemvFusion {
     // before (the split attention's merge: attention.cuh), so no quantize kernel runs. Not with
     // norm_weight or swiglu_up.
     Q8Act x_q8{};
+
+    // Not a fusion, a hint: the first bytes that the next matmul kernel reads (its first
+    // matrix's first rows), which this kernel's blocks ask L2 to fetch once they have requested
+    // their own last weights, so that memory keeps streaming across the boundary between the two
+    // kernels (the tail of this one, the launch and prologue of the next). Batch-1
+    // F32/F16/BF16 only; no effect on any value.
+    const void* l2_next = nullptr;
+    size_t l2_next_bytes = 0;  // a multiple of 16
 };
 // Whether gemv_group(ws, ys, count, x, 1, s, stream, fusion) runs the batch-1 kernel with this
 // fusion (the matrices' type and cols, and for swiglu two matrices of equal rows).
