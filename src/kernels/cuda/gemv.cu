@@ -421,6 +421,16 @@ struct Q4FormatR : Q4Format {
     static constexpr int kRows = R;
 };
 
+// Blocks per SM the Q4_0 4-row kernel is compiled for at n = 1 (gemv_group_kernel's kMinBlocks):
+// 4 (128 registers, no spills), or 1 with VXQ_GEMV_Q4_MIN_BLOCKS=1 (no register cap: 154
+// registers, 3 blocks fit). On the H200 (docs/gpu.md, 2026-12-03) 4 took Q4_0 8B decode from 480
+// to 507 t/s (tg64 from an empty cache; tg128 472 to 491): the ffn down GEMV's 512 blocks fit in
+// one wave instead of 1.3 (17.7 to 14.5 us alone), the up/gate GEMV alone went from 14.5 to 15.3.
+const int g_q4_min_blocks = [] {
+    const char* e = std::getenv("VXQ_GEMV_Q4_MIN_BLOCKS");
+    return e && std::atoi(e) == 1 ? 1 : 4;
+}();
+
 int q4_rows() {
     static const int v = [] {
         const char* e = std::getenv("VXQ_GEMV_Q4_ROWS");
@@ -431,7 +441,8 @@ int q4_rows() {
 
 // __launch_bounds__(..., 1): no register cap. Without it ptxas aimed at lower counts and
 // spilled 8-24 bytes in some instantiations; with it none spills (registers per thread for
-// NT = 1: f16 64, q8_0 56, q4_0 66, i.e. 7-9 blocks = 28-36 warps per SM).
+// NT = 1 with nvcc 13: q8_0 80, q4_0 2 rows 96, 4 rows 154, i.e. 3-6 blocks per SM). The Q4_0
+// 4-row kernel at NT = 1 is capped at 4 blocks (g_q4_min_blocks).
 // Block bx of the matrix p (the kernels below give it its block index).
 template <class F, int NT>
 __device__ __forceinline__ void gemv_block(const GemvParams& p, int bx) {
@@ -533,8 +544,10 @@ struct GemvGroupParams {
     int count;
 };
 
-template <class F, int NT>
-__global__ void __launch_bounds__(kGemvThreads, 1) gemv_group_kernel(const GemvGroupParams g) {
+// kMinBlocks > 1 caps the registers so that that many blocks fit an SM (Q4_0's 4 rows per warp
+// at n = 1: g_q4_min_blocks).
+template <class F, int NT, int kMinBlocks = 1>
+__global__ void __launch_bounds__(kGemvThreads, kMinBlocks) gemv_group_kernel(const GemvGroupParams g) {
     int i = 0;
     while (i + 1 < g.count && int(blockIdx.x) >= g.first_block[i + 1]) ++i;
     gemv_block<F, NT>(g.m[i], int(blockIdx.x) - g.first_block[i]);
@@ -600,6 +613,12 @@ void launch_gemv_group(const GemvParams* ps, int count, cudaStream_t st) {
     g.first_block[count] = int(blocks);
     const int nt = gemv_tokens_per_pass(ps[0].n);
     const dim3 grid(unsigned(blocks), unsigned((ps[0].n + nt - 1) / nt));
+    if constexpr (std::is_same_v<F, Q4FormatR<4>>) {
+        if (nt == 1 && g_q4_min_blocks == 4) {
+            launch_pdl(gemv_group_kernel<F, 1, 4>, grid, dim3(kGemvThreads), 0, st, g);
+            return;
+        }
+    }
     switch (nt) {
         case 1: launch_pdl(gemv_group_kernel<F, 1>, grid, dim3(kGemvThreads), 0, st, g); break;
         case 2: launch_pdl(gemv_group_kernel<F, 2>, grid, dim3(kGemvThreads), 0, st, g); break;
