@@ -991,7 +991,8 @@ private:
         return Q8Act{reinterpret_cast<int8_t*>(base), reinterpret_cast<Q8Scale*>(base + align256(size_t(q8_handoff_cols_)))};
     }
     static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-    // VXQ_CUDA_L2_NEXT_MB=N (an A/B knob, off by default, not yet measured): at n = 1 the matmul
+    // VXQ_CUDA_L2_NEXT_MB=N (an A/B knob, off by default: on the H200 F16 8B decode +0.3-0.8 % at
+    // 4-8 MiB, within twice the A/A spread, slower from 16 MiB; docs/gpu.md): at n = 1 the matmul
     // group recorded before w's (in this pass; any ops between them) asks L2 for w's first N MiB as
     // its blocks run out of work (GemvFusion::l2_next), so that the memory streams through the
     // boundary between the two kernels. Dense batch-1 groups only; no value changes
