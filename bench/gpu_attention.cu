@@ -8,10 +8,11 @@
 // where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [--encode N,..] [CONTEXTS...]
+//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [--stream N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
-// the kernel with every combination of those split counts, tiles and stages (the backend's
+// the kernel with every combination of those split counts, tiles, stages and forms (--stream: 0 the
+// tensor-core form, 2..4 the stream form's ring depth; attention.cuh) (the backend's
 // choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
 // of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
@@ -47,12 +48,13 @@ constexpr int64_t kFillChunk = 4096;  // tokens per kv_write while filling
 struct Config {
     int64_t splits;
     int tile, stages;
+    int stream;  // stages of the stream form's ring (0: the tensor-core form; -1: the backend's default)
 };
 
 struct Row {
     std::string kv;
     int64_t ctx, layers, splits;
-    int tile, stages;
+    int tile, stages, stream;
     size_t bytes;  // read per call
     double us, us_min, us_max;  // median, min, max over the interleaved repetitions
     bool aa;                    // the default layout's second arm (A/A: the noise floor)
@@ -145,9 +147,17 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         p.splits = c.splits;
         p.tile = c.tile;
         p.stages = c.stages;
-        if (!cuda::attention_split_tiling_fits(p)) continue;
+        p.stream_stages = 0;
+        const int32_t stream_default = cuda::attention_stream_stages(p);
+        p.stream_stages = c.stream < 0 ? stream_default : c.stream;
+        if (!cuda::attention_split_tiling_fits(p) || (p.stream_stages > 0 && !cuda::attention_stream_fits(p))) continue;
         const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
-                          c.stages == cuda::kAttnSplitStages;
+                          c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default;
+        if (c.stream < 0 && std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
+                return o.splits == c.splits && o.tile == c.tile && o.stages == c.stages && o.stream == stream_default;
+            })) {
+            continue;  // the default ring is listed by its number too
+        }
         arms.push_back(p);
         aa.push_back(false);
         if (dflt) {
@@ -172,7 +182,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const auto& c = arms[a];
-        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, aa[a]});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
@@ -231,7 +241,7 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts, tiles, stages, encode;
+        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, encode;
         bool only_encode = false;
         const auto list = [](const char* text, std::vector<int64_t>& out) {
             for (const char* c = text; *c;) {
@@ -249,6 +259,8 @@ int main(int argc, char** argv) {
                 list(argv[++i], tiles);
             } else if (a == "--stages" && i + 1 < argc) {
                 list(argv[++i], stages);
+            } else if (a == "--stream" && i + 1 < argc) {
+                list(argv[++i], streams);
             } else if (a == "--encode" && i + 1 < argc) {
                 list(argv[++i], encode);
             } else if (a == "0") {
@@ -276,9 +288,17 @@ int main(int argc, char** argv) {
             }
         }
         std::vector<Config> configs;
+        add(streams, -1);  // the backend's default ring
+        for (int64_t sm : streams) {
+            if (sm < -1 || sm == 1 || sm > 4) {
+                std::fprintf(stderr, "vxq_gpu_attention: --stream takes 0 (the tensor-core form) or 2..4 stages\n");
+                return 1;
+            }
+        }
         for (int64_t t : tiles)
             for (int64_t g : stages)
-                for (int64_t s : split_counts) configs.push_back(Config{s, int(t), int(g)});
+                for (int64_t s : split_counts)
+                    for (int64_t sm : streams) configs.push_back(Config{s, int(t), int(g), int(sm)});
         if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -315,17 +335,28 @@ int main(int argc, char** argv) {
         std::printf("\n%d interleaved repetitions of 40 calls per layout (median, min-max); '*' the backend's layout, "
                     "'A/A' the same layout again as a second arm (the noise floor)\n",
                     bench::kGpuRepeats);
-        std::printf("\n| kv | context | layers rotated | splits | tile x stages | MB/call | us/call (min-max) | GB/s | of copy |\n");
-        std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        std::printf("\n| kv | context | layers rotated | splits | tile x stages | form | MB/call | us/call (min-max) | GB/s | of copy |\n");
+        std::printf("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
         for (const Format& f : kFormats) {
             for (int64_t ctx : contexts) {
                 for (const Row& r : run_case(f, ctx, configs, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
-                    const bool dflt = r.splits == cuda::attention_splits(1, kHeadsKv, f.code) && r.tile == cuda::kAttnSplitTile && r.stages == cuda::kAttnSplitStages;
-                    std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
+                    cuda::SplitAttentionParams d{};
+                    d.n_q = 1;
+                    d.n_head = kHeads;
+                    d.n_head_kv = kHeadsKv;
+                    d.head_dim = kHeadDim;
+                    d.k_code = d.v_code = f.code;
+                    d.tile = cuda::kAttnSplitTile;
+                    d.stages = cuda::kAttnSplitStages;
+                    const bool dflt = r.splits == cuda::attention_splits(1, kHeadsKv, f.code) && r.tile == cuda::kAttnSplitTile &&
+                                      r.stages == cuda::kAttnSplitStages && r.stream == cuda::attention_stream_stages(d);
+                    char form[32];
+                    std::snprintf(form, sizeof form, r.stream > 0 ? "stream x %d" : "tensor cores", r.stream);
+                    std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
-                                r.aa ? " A/A" : dflt ? "*" : "", double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
+                                r.aa ? " A/A" : dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
                                 100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     rows.push_back(r);
@@ -335,9 +366,9 @@ int main(int argc, char** argv) {
         for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"tile\": %d, \"stages\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
+                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
                         "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.aa ? "true" : "false", r.us,
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.aa ? "true" : "false", r.us,
                         r.us_min, r.us_max, bench::kGpuRepeats, r.bytes, copy_gbs);
         }
         return 0;

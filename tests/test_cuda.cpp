@@ -1005,6 +1005,67 @@ TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
     }
 }
 
+// The stream form of the split kernel (one query over more tokens than the short form takes:
+// each warp streams its own tiles, attention.cuh) against the CPU and against the tensor-core form
+// (VXQ_CUDA_ATTN_STREAM=0) on the same cache, with each ring depth it takes (2, 3, 4 stages):
+// every format pair, GQA 1/2/3/4/8, head_dim 64/128/256 (96: the tensor-core form in all), odd
+// token counts that leave partial tiles and splits of uneven length. f32 sums of the same exact
+// products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
+TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    setenv("VXQ_CUDA_ATTN_STREAM", "0", 1);
+    auto mma = make_backend("cuda", 1);
+    std::vector<std::unique_ptr<Backend>> streams;
+    for (const char* stages : {"2", "3", "4"}) {
+        setenv("VXQ_CUDA_ATTN_STREAM", stages, 1);
+        streams.push_back(make_backend("cuda", 1));
+    }
+    unsetenv("VXQ_CUDA_ATTN_STREAM");
+    streams.push_back(make_backend("cuda", 1));  // the default ring
+    struct Case { int64_t kv_len, head_dim, n_head, n_head_kv; };
+    const Case cases[] = {{129, 128, 32, 8}, {1000, 64, 12, 4}, {4099, 128, 8, 8},  {777, 256, 16, 2},
+                          {2049, 128, 24, 8}, {300, 64, 8, 1},   {5001, 128, 4, 2}, {160, 96, 4, 4}};
+    for (const Case& c : cases) {
+        for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"}) {
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
+                                            << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
+            KvCacheOptions opts;
+            opts.flash_attn = true;
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
+            const KvSpec spec = KvSpec::parse(spec_text);
+            auto host = make_kv_cache(shape, spec, opts);
+            const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+            const auto v = random_floats(k.size(), rng);
+            const auto q = random_floats(size_t(c.n_head * c.head_dim), rng);
+            host->write(0, 0, k.data(), v.data(), c.kv_len);
+            host->commit(c.kv_len);
+            std::vector<float> ref(q.size()), got_mma(q.size(), NAN);
+            cpu->attention(host->view(0), q.data(), 1, c.kv_len - 1, ref.data());
+            const auto run = [&](Backend& be, std::vector<float>& out) {
+                opts.memory = be.kv_memory();
+                auto dev = make_kv_cache(shape, spec, opts);
+                be.kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
+                dev->commit(c.kv_len);
+                be.attention(dev->view(0), q.data(), 1, c.kv_len - 1, out.data());
+            };
+            run(*mma, got_mma);
+            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got_mma[i], ref[i], 2e-5f) << i;
+            for (size_t b = 0; b < streams.size(); ++b) {
+                SCOPED_TRACE(testing::Message() << "stream backend " << b << " (2, 3, 4 stages, default)");
+                std::vector<float> got(q.size(), NAN);
+                run(*streams[b], got);
+                for (size_t i = 0; i < ref.size(); ++i) {
+                    ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
+                    ASSERT_NEAR(got[i], got_mma[i], 2e-5f) << i;
+                }
+            }
+        }
+    }
+}
+
 #if VXQ_HAVE_CUDA
 // C = alpha op(A) op(B) + beta C for every batch entry, as cuBLAS defines it (column-major, A/B
 // fp16, C f32), on host memory: the test below runs the GEMM path's calls through it.
@@ -1053,6 +1114,40 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                     p.n_head_kv = 8;
                     p.n_head = 8 * rep;
                     EXPECT_EQ(cuda::attention_split_short_cap(p), cuda::kAttnShortTokens) << "head_dim " << hd << " rep " << rep;
+                }
+            }
+        }
+    }
+    // The stream form (one query) takes head_dim 64 / 128 / 256 in every format pair (one
+    // exception below) and GQA group by default, with 2-4 stages that fit; other head sizes and
+    // batches stay on the tensor-core form.
+    for (int64_t hd = 32; hd <= cuda::kAttnSplitMaxHeadDim; hd += 32) {
+        for (KvCode k : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0}) {
+            for (KvCode v : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0}) {
+                for (int64_t rep : {1, 2, 3, 4, 8}) {
+                    cuda::SplitAttentionParams p{};
+                    p.n_q = 1;
+                    p.n_head_kv = 8;
+                    p.n_head = 8 * rep;
+                    p.head_dim = hd;
+                    p.k_code = k;
+                    p.v_code = v;
+                    p.tile = cuda::kAttnSplitTile;
+                    p.stages = cuda::kAttnSplitStages;
+                    const int32_t st = cuda::attention_stream_stages(p);
+                    // At 256, q8_0 keys with f16 values need 2 x 4 x 24.5 KB of rings (32-token tiles):
+                    // beyond kAttnSplitMaxSmem, the tensor-core form takes them.
+                    const bool taken =
+                        (hd == 64 || hd == 128 || hd == 256) && !(hd == 256 && k == KvCode::Q8_0 && v == KvCode::F16);
+                    EXPECT_EQ(st > 0, taken) << "head_dim " << hd << " rep " << rep;
+                    if (!taken) continue;
+                    EXPECT_GE(st, 2);
+                    EXPECT_LE(st, 4);
+                    p.stream_stages = st;
+                    EXPECT_TRUE(cuda::attention_stream_fits(p));
+                    EXPECT_TRUE(cuda::attention_split_tiling_fits(p));
+                    p.n_q = 2;
+                    EXPECT_FALSE(cuda::attention_stream_fits(p));
                 }
             }
         }

@@ -521,6 +521,301 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     pdl_trace_mark(17);
 }
 
+// ---- the stream form (one query) -----------------------------------------------------------------
+// Decode (n_q == 1) over more than the short form's tokens, with p.stream_stages > 0 (attention.cuh).
+// Each warp of the block streams its own tiles of the block's stretch (tile j of the stretch goes to
+// warp j % 4) through a ring of p.stream_stages tiles of its own in shared memory (cp.async; a warp
+// waits for its own copies and syncs with __syncwarp, never with the block), keeping the online
+// softmax state of its REP query heads in registers:
+//   scores  f16 keys: two lanes per token (16 tokens a tile), each half a row against q in f32
+//           FMAs, the halves added by a shuffle; q8_0 / q4_0 keys: a lane per token (32 a tile),
+//           dp4a of the codes against the query quantized to q8_0 (the CPU's prepare_query), the
+//           exact int32 per 32-block times d_k * d_q (q4_0: sum nib * q - 8 * sum q, the same integer);
+//   values  a lane per hd / 32 adjacent channels: for each token of the tile its probabilities
+//           (shared memory, broadcast) times the value as f16, or (p * d) * code for q8_0 / q4_0.
+// At the end the block's four warps are merged (log-sum-exp weights) into the split's partial.
+// Against the tensor-core form: the same f32-exact products (q as f32 against fp16 keys; the same
+// integers), f32 sums in another order.
+constexpr int kStreamWarps = kSplitWarps;
+constexpr int kStreamMaxRep = 8;
+__host__ __device__ inline int stream_tile(KvCode kc) { return kc == KvCode::F16 ? 16 : 32; }
+// A key row in the ring: f16 rows as two halves of head_dim bytes, each followed by 16 bytes of
+// padding (a token's two lanes, and the next tokens', read other banks); block formats unpadded.
+__host__ __device__ inline int stream_krow(KvCode kc, int hd) { return kc == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(kc, hd)); }
+// Where the stream form's shared memory goes, from `base` on (the tensor-core form's q rows stay
+// below it: the RoPE writes them and the merge reads them). q: f16 keys: [rep][2][hd / 2 + 4] f32
+// (each half padded); block formats: codes [rep][hd] int8, scales and quant sums [rep][hd / 32].
+// p: [warps][tile][rep] probabilities. ring: [warps][stages] tiles of keys then values.
+struct StreamSmem {
+    int q, qd, qsum, p, ring, v, stage, total;
+};
+__host__ __device__ inline StreamSmem stream_smem(int base, int hd, KvCode kc, KvCode vc, int stages) {
+    StreamSmem s{};
+    const bool f16k = kc == KvCode::F16;
+    const int tw = stream_tile(kc);
+    s.q = base;
+    s.qd = s.q + align16(f16k ? kStreamMaxRep * 2 * (hd / 2 + 4) * 4 : kStreamMaxRep * hd);
+    s.qsum = s.qd + (f16k ? 0 : kStreamMaxRep * (hd / kQBlock) * 4);
+    s.p = s.qsum + (f16k ? 0 : kStreamMaxRep * (hd / kQBlock) * 4);
+    s.ring = s.p + align16(kStreamWarps * tw * kStreamMaxRep * 4);
+    s.v = align16(tw * stream_krow(kc, hd));
+    s.stage = s.v + align16(tw * int(kv_token_bytes(vc, hd)));
+    s.total = s.ring + kStreamWarps * stages * s.stage;
+    return s;
+}
+
+// Channels j of a value row (its bytes in shared memory) as float, for j in [j0, j0 + C): f16,
+// or the code (q8_0 / q4_0; the caller multiplies by the block's scale, returned in d).
+template <KvCode VC, int C>
+__device__ __forceinline__ void stream_values(const uint8_t* row, int j0, float (&v)[C], float& d) {
+    if constexpr (VC == KvCode::F16) {
+        const __half2* h = reinterpret_cast<const __half2*>(row) + j0 / 2;
+#pragma unroll
+        for (int c = 0; c < C / 2; ++c) {
+            const float2 f = __half22float2(h[c]);
+            v[2 * c] = f.x;
+            v[2 * c + 1] = f.y;
+        }
+        if constexpr (C % 2 == 1) v[C - 1] = __half2float(reinterpret_cast<const __half*>(row)[j0 + C - 1]);
+        d = 1.0f;
+    } else {
+        constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+        const uint8_t* blk = row + (j0 / kQBlock) * kBlockBytes;  // C divides 32: one block
+        d = kv_half_at(blk);
+#pragma unroll
+        for (int c = 0; c < C; ++c) v[c] = float(kv_code_at(blk, j0 % kQBlock + c, VC));
+    }
+}
+
+// One split's stretch [t_begin, t_end) of head `head` for one query (hd / 32 == C channels per
+// lane): its partial (o, max, sum) per query head into part_row(r) (when write_partial). q: the
+// block's REP rows in shared memory (after the RoPE). Every thread of the block calls.
+template <int REP, KvCode KC, KvCode VC, int C, typename PartRow>
+__device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev& head, const float* q, uint8_t* smem,
+                                 int base, int64_t t_begin, int64_t t_end, bool write_partial, PartRow part_row) {
+    constexpr int hd = C * 32;
+    constexpr int TW = KC == KvCode::F16 ? 16 : 32;
+    constexpr int kBlocks = hd / kQBlock;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int stages = p.stream_stages;
+    const StreamSmem S = stream_smem(base, hd, KC, VC, stages);
+    constexpr int krow = KC == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(KC, hd));
+    constexpr int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
+    constexpr int qrow = hd / 2 + 4;  // f16 keys: floats per half row of q
+    float* qp = reinterpret_cast<float*>(smem + S.q);
+    int8_t* qc = reinterpret_cast<int8_t*>(smem + S.q);
+    float* qd = reinterpret_cast<float*>(smem + S.qd);
+    int* qsum = reinterpret_cast<int*>(smem + S.qsum);
+    // q in the form the scores read it.
+    if constexpr (KC == KvCode::F16) {
+        for (int e = tid; e < REP * hd; e += kSplitThreads) {
+            const int r = e / hd, dd = e - r * hd, h = dd / (hd / 2);
+            qp[(r * 2 + h) * qrow + dd - h * (hd / 2)] = q[e];
+        }
+    } else {
+        for (int b = warp; b < REP * kBlocks; b += kStreamWarps) {
+            const Q8Lane ql = quantize_q8_0_lane(q[b * kQBlock + lane]);
+            qc[b * kQBlock + lane] = int8_t(ql.q);
+            const int sum = __reduce_add_sync(0xffffffffu, ql.q);
+            if (lane == 0) {
+                qd[b] = ql.d;
+                qsum[b] = sum;
+            }
+        }
+    }
+    __syncthreads();
+    const int64_t n_tok = t_end - t_begin;
+    const int n_wt = int((n_tok + TW - 1) / TW);  // tiles of the stretch
+    const int mine = n_wt > warp ? (n_wt - warp + kStreamWarps - 1) / kStreamWarps : 0;
+    uint8_t* ring = smem + S.ring + warp * stages * S.stage;
+    float* pw = reinterpret_cast<float*>(smem + S.p) + warp * TW * kStreamMaxRep;
+    const auto tile_start = [&](int j) { return t_begin + int64_t(warp + kStreamWarps * j) * TW; };
+    const auto issue = [&](int j) {  // this warp's j-th tile into its stage j % stages
+        if (j < mine) {
+            const int64_t c0 = tile_start(j);
+            const int len = int(min(int64_t(TW), t_end - c0));
+            uint8_t* st = ring + (j % stages) * S.stage;
+            const uint8_t* ks = reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb;
+            const uint8_t* vs = reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb;
+            if constexpr (KC == KvCode::F16) {  // 16-byte pieces into the padded halves
+                constexpr int per = ktb / 16, half = per / 2;
+                for (int e = lane; e < len * per; e += 32) {
+                    const int t = e / per, o = e - t * per;
+                    cp_async16(st + t * krow + o * 16 + (o >= half ? 16 : 0), ks + t * ktb + o * 16);
+                }
+            } else {  // one contiguous run (c0 is a multiple of 16 tokens: 16-byte aligned; the last piece stays in the page)
+                const int bytes = align16(len * ktb);
+                for (int o = lane * 16; o < bytes; o += 32 * 16) cp_async16(st + o, ks + o);
+            }
+            const int vbytes = align16(len * vtb);
+            for (int o = lane * 16; o < vbytes; o += 32 * 16) cp_async16(st + S.v + o, vs + o);
+        }
+        cp_async_commit();
+    };
+    for (int j = 0; j < stages - 1; ++j) issue(j);
+    float m_run[REP], l_run[REP], acc[REP][C];
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+        m_run[r] = -INFINITY;
+        l_run[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < C; ++c) acc[r][c] = 0.0f;
+    }
+    for (int j = 0; j < mine; ++j) {
+        issue(j + stages - 1);  // into the stage tile j - 1 used (the __syncwarp at the loop's end freed it)
+        switch (stages) {  // tile j's group done; stages - 2 newer ones may still be in flight
+            case 2: cp_async_wait<1>(); break;
+            case 3: cp_async_wait<2>(); break;
+            default: cp_async_wait<3>(); break;
+        }
+        __syncwarp();
+        const uint8_t* kt = ring + (j % stages) * S.stage;
+        const uint8_t* vt = kt + S.v;
+        const int len = int(min(int64_t(TW), t_end - tile_start(j)));
+        // Scores of this lane's token (f16: its half row; the pair adds them).
+        float s[REP];
+#pragma unroll
+        for (int r = 0; r < REP; ++r) s[r] = 0.0f;
+        if constexpr (KC == KvCode::F16) {
+            const int tt = lane >> 1, h = lane & 1;
+            if (tt < len) {
+                const uint8_t* kr = kt + tt * krow + h * (hd + 16);
+                const float* qh = qp + h * qrow;
+#pragma unroll 4
+                for (int c = 0; c < hd / 2; c += 8) {
+                    const uint4 w = *reinterpret_cast<const uint4*>(kr + 2 * c);
+                    const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
+                    const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
+                    const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&w.z));
+                    const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&w.w));
+#pragma unroll
+                    for (int r = 0; r < REP; ++r) {
+                        const float4 a = *reinterpret_cast<const float4*>(qh + r * 2 * qrow + c);
+                        const float4 b = *reinterpret_cast<const float4*>(qh + r * 2 * qrow + c + 4);
+                        float x = s[r];
+                        x = fmaf(a.x, k0.x, x);
+                        x = fmaf(a.y, k0.y, x);
+                        x = fmaf(a.z, k1.x, x);
+                        x = fmaf(a.w, k1.y, x);
+                        x = fmaf(b.x, k2.x, x);
+                        x = fmaf(b.y, k2.y, x);
+                        x = fmaf(b.z, k3.x, x);
+                        x = fmaf(b.w, k3.y, x);
+                        s[r] = x;
+                    }
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < REP; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], 1);
+        } else {
+            constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+            if (lane < len) {
+                const uint8_t* kr = kt + lane * ktb;
+#pragma unroll 2
+                for (int b = 0; b < kBlocks; ++b) {
+                    const uint8_t* blk = kr + b * kBlockBytes;
+                    const float dk = kv_half_at(blk);
+                    unsigned w[8];
+                    if constexpr (KC == KvCode::Q8_0) {
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) w[i] = u32_at2(blk + 2 + 4 * i);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 4; ++i) {
+                            const unsigned x = u32_at2(blk + 2 + 4 * i);
+                            w[i] = x & 0x0f0f0f0fu;             // values 4i .. 4i + 3
+                            w[i + 4] = (x >> 4) & 0x0f0f0f0fu;  // values 16 + 4i ..
+                        }
+                    }
+#pragma unroll
+                    for (int r = 0; r < REP; ++r) {
+                        const int4 a = *reinterpret_cast<const int4*>(qc + (r * kBlocks + b) * kQBlock);
+                        const int4 c = *reinterpret_cast<const int4*>(qc + (r * kBlocks + b) * kQBlock + 16);
+                        int dot = __dp4a(int(w[0]), a.x, 0);
+                        dot = __dp4a(int(w[1]), a.y, dot);
+                        dot = __dp4a(int(w[2]), a.z, dot);
+                        dot = __dp4a(int(w[3]), a.w, dot);
+                        dot = __dp4a(int(w[4]), c.x, dot);
+                        dot = __dp4a(int(w[5]), c.y, dot);
+                        dot = __dp4a(int(w[6]), c.z, dot);
+                        dot = __dp4a(int(w[7]), c.w, dot);
+                        if constexpr (KC == KvCode::Q4_0) dot -= 8 * qsum[r * kBlocks + b];
+                        s[r] += float(dot) * (dk * qd[r * kBlocks + b]);
+                    }
+                }
+            }
+        }
+        // Online softmax over the tile, per query head; the probabilities into pw for the values.
+        const int tt = KC == KvCode::F16 ? lane >> 1 : lane;
+        const bool real = tt < len;
+#pragma unroll
+        for (int r = 0; r < REP; ++r) {
+            const float sv = real ? s[r] * p.scale : -INFINITY;
+            const float m_new = fmaxf(m_run[r], warp_max(sv));  // len >= 1: finite
+            const float f = expf(m_run[r] - m_new);              // 0 while m_run is -inf
+            const float e = real ? expf(sv - m_new) : 0.0f;
+            const float sum = warp_sum(KC == KvCode::F16 && (lane & 1) ? 0.0f : e);
+            l_run[r] = l_run[r] * f + sum;
+            m_run[r] = m_new;
+#pragma unroll
+            for (int c = 0; c < C; ++c) acc[r][c] *= f;
+            if (real && (KC != KvCode::F16 || !(lane & 1))) pw[tt * kStreamMaxRep + r] = e;
+        }
+        __syncwarp();
+        // Values: this lane's C channels of every token of the tile.
+        for (int t = 0; t < len; ++t) {
+            float v[C], d;
+            stream_values<VC, C>(vt + t * vtb, lane * C, v, d);
+            float pr[REP];
+            load_rep<REP>(pw + t * kStreamMaxRep, pr);
+#pragma unroll
+            for (int r = 0; r < REP; ++r) {
+                const float pd = VC == KvCode::F16 ? pr[r] : pr[r] * d;
+#pragma unroll
+                for (int c = 0; c < C; ++c) acc[r][c] = fmaf(pd, v[c], acc[r][c]);
+            }
+        }
+        __syncwarp();  // this stage and pw are rewritten next
+    }
+    cp_async_wait<0>();  // (only empty groups can be left)
+    pdl_launch_dependents();  // as the tensor-core form: after the loads
+    // The four warps' states into one partial: o = sum_w o_w exp(m_w - m), l likewise.
+    __syncthreads();  // every warp is done with its ring: the merge buffers reuse it
+    float* wo = reinterpret_cast<float*>(smem + S.ring);        // [warps][REP][hd]
+    float* wm = wo + kStreamWarps * REP * hd;                   // [warps][REP]
+    float* wl = wm + kStreamWarps * REP;
+#pragma unroll
+    for (int r = 0; r < REP; ++r) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) wo[(warp * REP + r) * hd + lane * C + c] = acc[r][c];
+        if (lane == 0) {
+            wm[warp * REP + r] = m_run[r];
+            wl[warp * REP + r] = l_run[r];
+        }
+    }
+    __syncthreads();
+    if (!write_partial) return;
+    for (int e = tid; e < REP * hd; e += kSplitThreads) {
+        const int r = e / hd, dd = e - r * hd;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) m = fmaxf(m, wm[w * REP + r]);
+        float o = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) {
+            const float f = wm[w * REP + r] == -INFINITY ? 0.0f : expf(wm[w * REP + r] - m);
+            o += wo[(w * REP + r) * hd + dd] * f;
+            l += wl[w * REP + r] * f;
+        }
+        float* row = part_row(r);
+        row[dd] = o;
+        if (dd == 0) {
+            row[hd] = m;
+            row[hd + 1] = l;
+        }
+    }
+}
+
 template <int REP, KvCode KC, KvCode VC>
 __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const SplitAttentionParams p) {
     extern __shared__ __align__(16) uint8_t smem[];
@@ -603,243 +898,252 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         }
     }
     __syncthreads();  // q (and the new token's page writes) visible to the whole block
-    // q as the score MMAs' A fragments, once per block (q8_0 / q4_0 keys: quantized first, the
-    // CPU reader's prepare_query).
-    uint4* qf = reinterpret_cast<uint4*>(smem + L.qf);
-    float* qd = reinterpret_cast<float*>(smem + L.qd);
-    if (n_tiles == 0) {
-    } else if constexpr (KC == KvCode::F16) {
-        for (int e = tid; e < (hd / 16) * 32; e += kSplitThreads) {
-            const int ks = e / 32, ln = e % 32, r = ln >> 2, c = ks * 16 + (ln & 3) * 2;
-            uint4 hi, lo;
-            split_pair(qrow(r)[c], qrow(r)[c + 1], hi.x, lo.x);
-            split_pair(qrow(r + 8)[c], qrow(r + 8)[c + 1], hi.y, lo.y);
-            split_pair(qrow(r)[c + 8], qrow(r)[c + 9], hi.z, lo.z);
-            split_pair(qrow(r + 8)[c + 8], qrow(r + 8)[c + 9], hi.w, lo.w);
-            qf[2 * e] = hi;
-            qf[2 * e + 1] = lo;
+    if (p.n_q == 1 && p.stream_stages > 0) {  // the stream form (above); attention_split checked head_dim
+        const auto part_row1 = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (hd + 2); };
+        switch (hd) {
+            case 64: attention_stream<REP, KC, VC, 2>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
+            case 128: attention_stream<REP, KC, VC, 4>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
+            default: attention_stream<REP, KC, VC, 8>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
         }
     } else {
-        int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
-        for (int b = warp; b < rows * (hd / kQBlock); b += kSplitWarps) {  // the real rows
-            const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
-            const Q8Lane ql = quantize_q8_0_lane(qrow(r)[bb * kQBlock + lane]);
-            qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
-            if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
+        // q as the score MMAs' A fragments, once per block (q8_0 / q4_0 keys: quantized first, the
+        // CPU reader's prepare_query).
+        uint4* qf = reinterpret_cast<uint4*>(smem + L.qf);
+        float* qd = reinterpret_cast<float*>(smem + L.qd);
+        if (n_tiles == 0) {
+        } else if constexpr (KC == KvCode::F16) {
+            for (int e = tid; e < (hd / 16) * 32; e += kSplitThreads) {
+                const int ks = e / 32, ln = e % 32, r = ln >> 2, c = ks * 16 + (ln & 3) * 2;
+                uint4 hi, lo;
+                split_pair(qrow(r)[c], qrow(r)[c + 1], hi.x, lo.x);
+                split_pair(qrow(r + 8)[c], qrow(r + 8)[c + 1], hi.y, lo.y);
+                split_pair(qrow(r)[c + 8], qrow(r)[c + 9], hi.z, lo.z);
+                split_pair(qrow(r + 8)[c + 8], qrow(r + 8)[c + 9], hi.w, lo.w);
+                qf[2 * e] = hi;
+                qf[2 * e + 1] = lo;
+            }
+        } else {
+            int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
+            for (int b = warp; b < rows * (hd / kQBlock); b += kSplitWarps) {  // the real rows
+                const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
+                const Q8Lane ql = quantize_q8_0_lane(qrow(r)[bb * kQBlock + lane]);
+                qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
+                if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
+            }
+            for (int e = rows * hd + tid; e < kMmaRows * hd; e += kSplitThreads) qc[e] = 0;  // padding rows
+            for (int e = rows * (hd / kQBlock) + tid; e < kMmaRows * (hd / kQBlock); e += kSplitThreads) qd[e] = 0.0f;
+            __syncthreads();
+            for (int e = tid; e < (hd / kQBlock) * 32; e += kSplitThreads) {
+                const int b = e / 32, ln = e % 32, r = ln >> 2, c = b * kQBlock + (ln & 3) * 4;
+                const auto word = [&](int row, int col) { return *reinterpret_cast<const unsigned*>(qc + row * hd + col); };
+                qf[e] = uint4{word(r, c), word(r + 8, c), word(r, c + 16), word(r + 8, c + 16)};
+            }
         }
-        for (int e = rows * hd + tid; e < kMmaRows * hd; e += kSplitThreads) qc[e] = 0;  // padding rows
-        for (int e = rows * (hd / kQBlock) + tid; e < kMmaRows * (hd / kQBlock); e += kSplitThreads) qd[e] = 0.0f;
-        __syncthreads();
-        for (int e = tid; e < (hd / kQBlock) * 32; e += kSplitThreads) {
-            const int b = e / 32, ln = e % 32, r = ln >> 2, c = b * kQBlock + (ln & 3) * 4;
-            const auto word = [&](int row, int col) { return *reinterpret_cast<const unsigned*>(qc + row * hd + col); };
-            qf[e] = uint4{word(r, c), word(r + 8, c), word(r, c + 16), word(r + 8, c + 16)};
+        // O accumulators: warp w holds rows x 32 channels of blocks w, w + 4, ...; hi and lo parts.
+        constexpr int kChunks = kAttnSplitMaxHeadDim / 32 / kSplitWarps;
+        float acc[kChunks][4][4], acc_lo[kChunks][4][4];
+    #pragma unroll
+        for (int c = 0; c < kChunks; ++c)
+    #pragma unroll
+            for (int n = 0; n < 4; ++n)
+    #pragma unroll
+                for (int j = 0; j < 4; ++j) acc[c][n][j] = acc_lo[c][n][j] = 0.0f;
+        // Tokens each of this thread's two C rows sees, relative to t_begin (padding rows: none).
+        const auto row_vis = [&](int r) { return r < rows ? visible(q0 + r / REP) - t_begin : int64_t(0); };
+        const int64_t vis_a = row_vis(gid), vis_b = row_vis(gid + 8);
+        // Tile it goes to stage it % stages; stages - 1 tiles ahead are in flight (a group is
+        // committed for every tile, empty past the last, so cp_async_wait counts the same).
+        const auto issue = [&](int it) {
+            if (it < n_tiles) {
+                const int64_t c0 = t_begin + int64_t(it) * tile;
+                const int len = int(min(int64_t(tile), t_end - c0));
+                uint8_t* stage = smem + L.tiles + (it % stages) * L.stage;
+                load_stream(stage, reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb, len, ktb, L.k_row);
+                load_stream(stage + L.k_tile, reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb, len, vtb, L.v_row);
+            }
+            cp_async_commit();
+        };
+        if (n_tiles > 0) {
+            for (int it = 0; it < stages - 1; ++it) issue(it);
         }
-    }
-    // O accumulators: warp w holds rows x 32 channels of blocks w, w + 4, ...; hi and lo parts.
-    constexpr int kChunks = kAttnSplitMaxHeadDim / 32 / kSplitWarps;
-    float acc[kChunks][4][4], acc_lo[kChunks][4][4];
-#pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-#pragma unroll
-        for (int n = 0; n < 4; ++n)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[c][n][j] = acc_lo[c][n][j] = 0.0f;
-    // Tokens each of this thread's two C rows sees, relative to t_begin (padding rows: none).
-    const auto row_vis = [&](int r) { return r < rows ? visible(q0 + r / REP) - t_begin : int64_t(0); };
-    const int64_t vis_a = row_vis(gid), vis_b = row_vis(gid + 8);
-    // Tile it goes to stage it % stages; stages - 1 tiles ahead are in flight (a group is
-    // committed for every tile, empty past the last, so cp_async_wait counts the same).
-    const auto issue = [&](int it) {
-        if (it < n_tiles) {
-            const int64_t c0 = t_begin + int64_t(it) * tile;
-            const int len = int(min(int64_t(tile), t_end - c0));
-            uint8_t* stage = smem + L.tiles + (it % stages) * L.stage;
-            load_stream(stage, reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb, len, ktb, L.k_row);
-            load_stream(stage + L.k_tile, reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb, len, vtb, L.v_row);
-        }
-        cp_async_commit();
-    };
-    if (n_tiles > 0) {
-        for (int it = 0; it < stages - 1; ++it) issue(it);
-    }
-    __syncthreads();  // the q fragments
-    for (int it = 0; it < n_tiles; ++it) {
-        const int tile0 = it * tile;  // relative to t_begin
-        const int len = int(min(int64_t(tile), t_end - t_begin - tile0));
-        issue(it + stages - 1);  // into the stage tile it - 1 used (the barrier at the loop's end freed it)
-        switch (stages) {  // this tile's group done; stages - 2 newer ones may still be in flight
-            case 2: cp_async_wait<1>(); break;
-            case 3: cp_async_wait<2>(); break;
-            default: cp_async_wait<3>(); break;
-        }
-        __syncthreads();  // every thread's pieces of this tile have landed
-        const uint8_t* kt = smem + L.tiles + (it % stages) * L.stage;
-        const uint8_t* vt = kt + L.k_tile;
-        if (len < tile) {  // the values past len are multiplied by p = 0: make them 0, not stale bytes (NaN)
-            uint8_t* tail = smem + L.tiles + (it % stages) * L.stage + L.k_tile;
-            for (int o = len * L.v_row + tid * 2; o < tile * L.v_row; o += kSplitThreads * 2) {
-                *reinterpret_cast<uint16_t*>(tail + o) = 0;  // rows are an even number of bytes
+        __syncthreads();  // the q fragments
+        for (int it = 0; it < n_tiles; ++it) {
+            const int tile0 = it * tile;  // relative to t_begin
+            const int len = int(min(int64_t(tile), t_end - t_begin - tile0));
+            issue(it + stages - 1);  // into the stage tile it - 1 used (the barrier at the loop's end freed it)
+            switch (stages) {  // this tile's group done; stages - 2 newer ones may still be in flight
+                case 2: cp_async_wait<1>(); break;
+                case 3: cp_async_wait<2>(); break;
+                default: cp_async_wait<3>(); break;
+            }
+            __syncthreads();  // every thread's pieces of this tile have landed
+            const uint8_t* kt = smem + L.tiles + (it % stages) * L.stage;
+            const uint8_t* vt = kt + L.k_tile;
+            if (len < tile) {  // the values past len are multiplied by p = 0: make them 0, not stale bytes (NaN)
+                uint8_t* tail = smem + L.tiles + (it % stages) * L.stage + L.k_tile;
+                for (int o = len * L.v_row + tid * 2; o < tile * L.v_row; o += kSplitThreads * 2) {
+                    *reinterpret_cast<uint16_t*>(tail + o) = 0;  // rows are an even number of bytes
+                }
+                __syncthreads();
+            }
+            // Scores: warp w takes the tile's n8 blocks w, w + 4, ... (tokens 8nb .. 8nb + 7; a token
+            // past len reads stale bytes and is masked below).
+            for (int nb = warp; nb < tile / 8; nb += kSplitWarps) {
+                const int tok = nb * 8 + gid;  // this lane's B column (token) in the tile
+                const uint8_t* krow = kt + tok * L.k_row;
+                float s[4];
+                if constexpr (KC == KvCode::F16) {
+                    float hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
+                    for (int ks = 0; ks < hd / 16; ++ks) {
+                        const uint4 ah = qf[2 * (ks * 32 + lane)], al = qf[2 * (ks * 32 + lane) + 1];
+                        const unsigned b0 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + tig * 2) * 2);
+                        const unsigned b1 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + 8 + tig * 2) * 2);
+                        mma_f16(hi, ah.x, ah.y, ah.z, ah.w, b0, b1);
+                        mma_f16(lo, al.x, al.y, al.z, al.w, b0, b1);
+                    }
+    #pragma unroll
+                    for (int j = 0; j < 4; ++j) s[j] = hi[j] + lo[j] * kLoInv;
+                } else {
+                    constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+                    s[0] = s[1] = s[2] = s[3] = 0.0f;
+                    const int t0 = nb * 8 + tig * 2;  // the C columns (tokens) of this lane
+                    for (int b = 0; b < hd / kQBlock; ++b) {
+                        const uint8_t* blk = krow + b * kBlockBytes;
+                        unsigned b0, b1;
+                        if constexpr (KC == KvCode::Q8_0) {
+                            b0 = u32_at2(blk + 2 + tig * 4);
+                            b1 = u32_at2(blk + 2 + 16 + tig * 4);
+                        } else {
+                            const unsigned w = u32_at2(blk + 2 + tig * 4);
+                            b0 = __vsub4(w & 0x0f0f0f0fu, 0x08080808u);
+                            b1 = __vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+                        }
+                        int c[4] = {0, 0, 0, 0};
+                        mma_s8(c, qf[b * 32 + lane], b0, b1);
+                        const float dk0 = kv_half_at(kt + t0 * L.k_row + b * kBlockBytes);
+                        const float dk1 = kv_half_at(kt + (t0 + 1) * L.k_row + b * kBlockBytes);
+                        const float dqa = qd[gid * (hd / kQBlock) + b], dqb = qd[(gid + 8) * (hd / kQBlock) + b];
+                        s[0] += float(c[0]) * (dk0 * dqa);
+                        s[1] += float(c[1]) * (dk1 * dqa);
+                        s[2] += float(c[2]) * (dk0 * dqb);
+                        s[3] += float(c[3]) * (dk1 * dqb);
+                    }
+                }
+                const int t0 = nb * 8 + tig * 2;
+    #pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int t = tile0 + t0 + (j & 1);
+                    const bool seen = t < (j < 2 ? vis_a : vis_b) && t0 + (j & 1) < len;
+                    sc(gid + (j < 2 ? 0 : 8), t0 + (j & 1)) = seen ? s[j] * p.scale : -INFINITY;
+                }
             }
             __syncthreads();
-        }
-        // Scores: warp w takes the tile's n8 blocks w, w + 4, ... (tokens 8nb .. 8nb + 7; a token
-        // past len reads stale bytes and is masked below).
-        for (int nb = warp; nb < tile / 8; nb += kSplitWarps) {
-            const int tok = nb * 8 + gid;  // this lane's B column (token) in the tile
-            const uint8_t* krow = kt + tok * L.k_row;
-            float s[4];
-            if constexpr (KC == KvCode::F16) {
-                float hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
-                for (int ks = 0; ks < hd / 16; ++ks) {
-                    const uint4 ah = qf[2 * (ks * 32 + lane)], al = qf[2 * (ks * 32 + lane) + 1];
-                    const unsigned b0 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + tig * 2) * 2);
-                    const unsigned b1 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + 8 + tig * 2) * 2);
-                    mma_f16(hi, ah.x, ah.y, ah.z, ah.w, b0, b1);
-                    mma_f16(lo, al.x, al.y, al.z, al.w, b0, b1);
+            // Online softmax per real row: a warp per row, a lane per 32nd token (padding rows' P
+            // stays -inf: an MMA row only feeds its own output row, which is not written).
+            for (int r = warp; r < rows; r += kSplitWarps) {
+                float mx = -INFINITY;
+                for (int t = lane; t < tile; t += 32) mx = fmaxf(mx, sc(r, t));
+                const float m_new = fmaxf(m_run[r], warp_max(mx));
+                float part = 0.0f;
+                for (int t = lane; t < tile; t += 32) {
+                    const float e = m_new == -INFINITY ? 0.0f : expf(sc(r, t) - m_new);
+                    sc(r, t) = e;
+                    part += e;
                 }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) s[j] = hi[j] + lo[j] * kLoInv;
-            } else {
-                constexpr int kBlockBytes = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
-                s[0] = s[1] = s[2] = s[3] = 0.0f;
-                const int t0 = nb * 8 + tig * 2;  // the C columns (tokens) of this lane
-                for (int b = 0; b < hd / kQBlock; ++b) {
-                    const uint8_t* blk = krow + b * kBlockBytes;
-                    unsigned b0, b1;
-                    if constexpr (KC == KvCode::Q8_0) {
-                        b0 = u32_at2(blk + 2 + tig * 4);
-                        b1 = u32_at2(blk + 2 + 16 + tig * 4);
-                    } else {
-                        const unsigned w = u32_at2(blk + 2 + tig * 4);
-                        b0 = __vsub4(w & 0x0f0f0f0fu, 0x08080808u);
-                        b1 = __vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
-                    }
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8(c, qf[b * 32 + lane], b0, b1);
-                    const float dk0 = kv_half_at(kt + t0 * L.k_row + b * kBlockBytes);
-                    const float dk1 = kv_half_at(kt + (t0 + 1) * L.k_row + b * kBlockBytes);
-                    const float dqa = qd[gid * (hd / kQBlock) + b], dqb = qd[(gid + 8) * (hd / kQBlock) + b];
-                    s[0] += float(c[0]) * (dk0 * dqa);
-                    s[1] += float(c[1]) * (dk1 * dqa);
-                    s[2] += float(c[2]) * (dk0 * dqb);
-                    s[3] += float(c[3]) * (dk1 * dqb);
+                const float sum = warp_sum(part);
+                if (lane == 0) {
+                    const float f = m_new == -INFINITY ? 0.0f : expf(m_run[r] - m_new);  // 0 while m_run is -inf
+                    factor[r] = f;
+                    l_run[r] = l_run[r] * f + sum;
+                    m_run[r] = m_new;
                 }
             }
-            const int t0 = nb * 8 + tig * 2;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int t = tile0 + t0 + (j & 1);
-                const bool seen = t < (j < 2 ? vis_a : vis_b) && t0 + (j & 1) < len;
-                sc(gid + (j < 2 ? 0 : 8), t0 + (j & 1)) = seen ? s[j] * p.scale : -INFINITY;
-            }
-        }
-        __syncthreads();
-        // Online softmax per real row: a warp per row, a lane per 32nd token (padding rows' P
-        // stays -inf: an MMA row only feeds its own output row, which is not written).
-        for (int r = warp; r < rows; r += kSplitWarps) {
-            float mx = -INFINITY;
-            for (int t = lane; t < tile; t += 32) mx = fmaxf(mx, sc(r, t));
-            const float m_new = fmaxf(m_run[r], warp_max(mx));
-            float part = 0.0f;
-            for (int t = lane; t < tile; t += 32) {
-                const float e = m_new == -INFINITY ? 0.0f : expf(sc(r, t) - m_new);
-                sc(r, t) = e;
-                part += e;
-            }
-            const float sum = warp_sum(part);
-            if (lane == 0) {
-                const float f = m_new == -INFINITY ? 0.0f : expf(m_run[r] - m_new);  // 0 while m_run is -inf
-                factor[r] = f;
-                l_run[r] = l_run[r] * f + sum;
-                m_run[r] = m_new;
-            }
-        }
-        __syncthreads();
-        // O += P V over the tile's tokens (k16 steps), channel blocks w, w + 4, ...
-        const float fa = factor[gid], fb = factor[gid + 8];
-#pragma unroll
-        for (int ch = 0; ch < kChunks; ++ch) {
-            const int cb = warp + ch * kSplitWarps;  // channel block
-            if (cb >= hd / 32) break;
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                acc[ch][n][0] *= fa;
-                acc[ch][n][1] *= fa;
-                acc[ch][n][2] *= fb;
-                acc[ch][n][3] *= fb;
-                acc_lo[ch][n][0] *= fa;
-                acc_lo[ch][n][1] *= fa;
-                acc_lo[ch][n][2] *= fb;
-                acc_lo[ch][n][3] *= fb;
-            }
-            for (int ks = 0; ks < tile / 16; ++ks) {
-                const int ta = ks * 16 + tig * 2, tb = ta + 8;  // the A columns (tokens) of this lane
-                float pa0 = sc(gid, ta), pa1 = sc(gid, ta + 1), pb0 = sc(gid + 8, ta), pb1 = sc(gid + 8, ta + 1);
-                float pc0 = sc(gid, tb), pc1 = sc(gid, tb + 1), pd0 = sc(gid + 8, tb), pd1 = sc(gid + 8, tb + 1);
-                if constexpr (VC != KvCode::F16) {  // the block scale of each token goes into P
-                    constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
-                    const float d0 = kv_half_at(vt + ta * L.v_row + cb * kBlockBytes);
-                    const float d1 = kv_half_at(vt + (ta + 1) * L.v_row + cb * kBlockBytes);
-                    const float d2 = kv_half_at(vt + tb * L.v_row + cb * kBlockBytes);
-                    const float d3 = kv_half_at(vt + (tb + 1) * L.v_row + cb * kBlockBytes);
-                    pa0 *= d0; pb0 *= d0; pa1 *= d1; pb1 *= d1;
-                    pc0 *= d2; pd0 *= d2; pc1 *= d3; pd1 *= d3;
-                }
-                unsigned h0, h1, h2, h3, l0, l1, l2, l3;
-                split_pair(pa0, pa1, h0, l0);
-                split_pair(pb0, pb1, h1, l1);
-                split_pair(pc0, pc1, h2, l2);
-                split_pair(pd0, pd1, h3, l3);
-#pragma unroll
+            __syncthreads();
+            // O += P V over the tile's tokens (k16 steps), channel blocks w, w + 4, ...
+            const float fa = factor[gid], fb = factor[gid + 8];
+    #pragma unroll
+            for (int ch = 0; ch < kChunks; ++ch) {
+                const int cb = warp + ch * kSplitWarps;  // channel block
+                if (cb >= hd / 32) break;
+    #pragma unroll
                 for (int n = 0; n < 4; ++n) {
-                    const int col = cb * 32 + n * 8 + gid;  // this lane's B column (channel)
-                    unsigned b0, b1;
-                    if constexpr (VC == KvCode::F16) {
-                        const auto v = [&](int t) { return u16_at(vt + t * L.v_row + col * 2); };
-                        b0 = v(ta) | (v(ta + 1) << 16);
-                        b1 = v(tb) | (v(tb + 1) << 16);
-                    } else {
+                    acc[ch][n][0] *= fa;
+                    acc[ch][n][1] *= fa;
+                    acc[ch][n][2] *= fb;
+                    acc[ch][n][3] *= fb;
+                    acc_lo[ch][n][0] *= fa;
+                    acc_lo[ch][n][1] *= fa;
+                    acc_lo[ch][n][2] *= fb;
+                    acc_lo[ch][n][3] *= fb;
+                }
+                for (int ks = 0; ks < tile / 16; ++ks) {
+                    const int ta = ks * 16 + tig * 2, tb = ta + 8;  // the A columns (tokens) of this lane
+                    float pa0 = sc(gid, ta), pa1 = sc(gid, ta + 1), pb0 = sc(gid + 8, ta), pb1 = sc(gid + 8, ta + 1);
+                    float pc0 = sc(gid, tb), pc1 = sc(gid, tb + 1), pd0 = sc(gid + 8, tb), pd1 = sc(gid + 8, tb + 1);
+                    if constexpr (VC != KvCode::F16) {  // the block scale of each token goes into P
                         constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
-                        const int j = n * 8 + gid;
-                        const auto v = [&](int t) { return float(kv_code_at(vt + t * L.v_row + cb * kBlockBytes, j, VC)); };
-                        b0 = pack_half2(v(ta), v(ta + 1));
-                        b1 = pack_half2(v(tb), v(tb + 1));
+                        const float d0 = kv_half_at(vt + ta * L.v_row + cb * kBlockBytes);
+                        const float d1 = kv_half_at(vt + (ta + 1) * L.v_row + cb * kBlockBytes);
+                        const float d2 = kv_half_at(vt + tb * L.v_row + cb * kBlockBytes);
+                        const float d3 = kv_half_at(vt + (tb + 1) * L.v_row + cb * kBlockBytes);
+                        pa0 *= d0; pb0 *= d0; pa1 *= d1; pb1 *= d1;
+                        pc0 *= d2; pd0 *= d2; pc1 *= d3; pd1 *= d3;
                     }
-                    mma_f16(acc[ch][n], h0, h1, h2, h3, b0, b1);
-                    mma_f16(acc_lo[ch][n], l0, l1, l2, l3, b0, b1);
+                    unsigned h0, h1, h2, h3, l0, l1, l2, l3;
+                    split_pair(pa0, pa1, h0, l0);
+                    split_pair(pb0, pb1, h1, l1);
+                    split_pair(pc0, pc1, h2, l2);
+                    split_pair(pd0, pd1, h3, l3);
+    #pragma unroll
+                    for (int n = 0; n < 4; ++n) {
+                        const int col = cb * 32 + n * 8 + gid;  // this lane's B column (channel)
+                        unsigned b0, b1;
+                        if constexpr (VC == KvCode::F16) {
+                            const auto v = [&](int t) { return u16_at(vt + t * L.v_row + col * 2); };
+                            b0 = v(ta) | (v(ta + 1) << 16);
+                            b1 = v(tb) | (v(tb + 1) << 16);
+                        } else {
+                            constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
+                            const int j = n * 8 + gid;
+                            const auto v = [&](int t) { return float(kv_code_at(vt + t * L.v_row + cb * kBlockBytes, j, VC)); };
+                            b0 = pack_half2(v(ta), v(ta + 1));
+                            b1 = pack_half2(v(tb), v(tb + 1));
+                        }
+                        mma_f16(acc[ch][n], h0, h1, h2, h3, b0, b1);
+                        mma_f16(acc_lo[ch][n], l0, l1, l2, l3, b0, b1);
+                    }
                 }
             }
+            __syncthreads();  // sc and this stage are rewritten next
         }
-        __syncthreads();  // sc and this stage are rewritten next
-    }
-    cp_async_wait<0>();  // (only empty groups can be left)
-    // The next kernel may start launching now (PDL): its blocks wait at its pdl_wait() holding
-    // shared memory and registers, which the main loop above needs more.
-    pdl_launch_dependents();
-    // The partial of each real row: o (hi + lo / 2^11), then max and sum.
-    const int64_t stride = hd + 2;
-    const auto part_row = [&](int r) {
-        return p.partial + ((int64_t(q0 + r / REP) * p.n_head + int64_t(g) * REP + r % REP) * p.splits + z) * stride;
-    };
-    if (z < active) {  // a split without tokens is not read by the merge
-#pragma unroll
-        for (int ch = 0; ch < kChunks; ++ch) {
-            const int cb = warp + ch * kSplitWarps;
-            if (cb >= hd / 32) break;
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                const int col = cb * 32 + n * 8 + tig * 2;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int r = gid + (j < 2 ? 0 : 8);
-                    if (r < rows) part_row(r)[col + (j & 1)] = acc[ch][n][j] + acc_lo[ch][n][j] * kLoInv;
+        cp_async_wait<0>();  // (only empty groups can be left)
+        // The next kernel may start launching now (PDL): its blocks wait at its pdl_wait() holding
+        // shared memory and registers, which the main loop above needs more.
+        pdl_launch_dependents();
+        // The partial of each real row: o (hi + lo / 2^11), then max and sum.
+        const int64_t stride = hd + 2;
+        const auto part_row = [&](int r) {
+            return p.partial + ((int64_t(q0 + r / REP) * p.n_head + int64_t(g) * REP + r % REP) * p.splits + z) * stride;
+        };
+        if (z < active) {  // a split without tokens is not read by the merge
+    #pragma unroll
+            for (int ch = 0; ch < kChunks; ++ch) {
+                const int cb = warp + ch * kSplitWarps;
+                if (cb >= hd / 32) break;
+    #pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    const int col = cb * 32 + n * 8 + tig * 2;
+    #pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const int r = gid + (j < 2 ? 0 : 8);
+                        if (r < rows) part_row(r)[col + (j & 1)] = acc[ch][n][j] + acc_lo[ch][n][j] * kLoInv;
+                    }
                 }
             }
-        }
-        if (tid < rows) {
-            part_row(tid)[hd] = m_run[tid];
-            part_row(tid)[hd + 1] = l_run[tid];
+            if (tid < rows) {
+                part_row(tid)[hd] = m_run[tid];
+                part_row(tid)[hd + 1] = l_run[tid];
+            }
         }
     }
     // The last block of (group, g) to get here merges: each block's partial is published (fence)
@@ -969,7 +1273,21 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, K
 }
 
 size_t attention_split_smem(const SplitAttentionParams& p) {
-    return size_t(mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages).total);
+    const MmaSmem L = mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages);
+    if (p.n_q != 1 || p.stream_stages <= 0) return size_t(L.total);
+    return size_t(std::max(L.total, stream_smem(L.qf, int(p.head_dim), p.k_code, p.v_code, p.stream_stages).total));
+}
+
+bool attention_stream_fits(const SplitAttentionParams& p) {
+    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.stream_stages >= 2 &&
+           p.stream_stages <= 4 && attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) &&
+           attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
+}
+
+int32_t attention_stream_stages(const SplitAttentionParams& p) {
+    SplitAttentionParams s = p;
+    s.stream_stages = kAttnStreamStages;
+    return attention_stream_fits(s) ? s.stream_stages : 0;
 }
 
 bool attention_split_tiling_fits(const SplitAttentionParams& p) {
@@ -989,9 +1307,10 @@ int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
         const long v = e ? std::strtol(e, nullptr, 10) : 0;
         return v >= 1 && v <= 64 ? int64_t(v) : int64_t(0);
     }();
-    const int64_t per_sm = forced ? forced
-                           : k_code == KvCode::F16 ? int64_t(kAttnSplitBlocksPerSmF16)
-                                                   : int64_t(kAttnSplitBlocksPerSmQuant);
+    const int64_t per_sm = forced                    ? forced
+                           : k_code == KvCode::F16  ? int64_t(kAttnSplitBlocksPerSmF16)
+                           : k_code == KvCode::Q8_0 ? int64_t(kAttnSplitBlocksPerSmQ8)
+                                                    : int64_t(kAttnSplitBlocksPerSmQ4);
     const int64_t want = (per_sm * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
@@ -1059,6 +1378,10 @@ void attention_split(const SplitAttentionParams& p, cudaStream_t st) {
     if (!attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) || !attention_split_tiling_fits(p)) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: shape or format not taken (attention_split_fits)",
                          __FILE__, __LINE__);
+    }
+    if (p.n_q == 1 && p.stream_stages != 0 && !attention_stream_fits(p)) {
+        throw_cuda_error(cudaErrorInvalidValue, "attention_split: stream form not taken (attention_stream_fits)", __FILE__,
+                         __LINE__);
     }
     switch (p.n_head / p.n_head_kv) {
         case 1: launch_split_kv<1>(p, st); break;

@@ -109,16 +109,19 @@ constexpr int kAttnSplitMaxHeadDim = 256;
 constexpr int kAttnSplitMaxSplits = 128;
 // Splits are planned for the whole context (fixed per shape, so a step's graph holds at any
 // depth): about kAttnSplitBlocksPerSm* blocks per SM, rounded up to a power of two (for 8 KV
-// heads on 132 SMs: 32 splits for f16 keys, one wave of 256 blocks; 64 for q8_0 / q4_0 keys). A
+// heads on 132 SMs: 32 splits for f16 and q8_0 keys, one wave of 256 blocks; 64 for q4_0 keys). A
 // split's stretch holds at least kAttnSplitMinTokens tokens, so at a short depth only the first
 // splits hold any (the others exit after the RoPE) and the merge reads those alone. The values
 // come from vxq_gpu_attention's sweep on the H200 (docs/gpu.md, 2026-12-02: splits 32/64/128 x
 // tile 32/64/128 x stages 2-4 at 4K/32K/128K tokens, 32/8 heads of 128): with 64-token tiles in 2
 // stages, f16 took 99 / 358 us at 32K / 128K with 32 splits against 115 / 372 with 64; q4_0 84 /
-// 285 with 32 against 67 / 209 with 64 (q8_0 88 / 299 against 70 / 218).
-// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides both.
+// 285 with 32 against 67 / 209 with 64 (q8_0 88 / 299 against 70 / 218). With the stream form
+// (one query; 2026-12-03, second session: 16 / 32 / 64 splits): f16 56 / 183 us with 32 against 72 /
+// 198 with 64; q8_0 46 / 138 with 32 against 62 / 155 with 64; q4_0 45 / 115 with 64 against 50 /
+// 149 with 32. VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides all three.
 constexpr int kAttnSplitBlocksPerSmF16 = 1;
-constexpr int kAttnSplitBlocksPerSmQuant = 2;
+constexpr int kAttnSplitBlocksPerSmQ8 = 1;
+constexpr int kAttnSplitBlocksPerSmQ4 = 2;
 constexpr int kAttnSplitMinTokens = 16;  // the stretch's granule: a tile starts 16-byte aligned in every format
 // The fewest tokens a split holds (SplitAttentionParams::min_stretch; VXQ_CUDA_ATTN_MIN_STRETCH
 // overrides it): at a short depth fewer splits hold tokens, so fewer blocks read, write partials
@@ -171,6 +174,7 @@ struct SplitAttentionParams {
     int32_t tile, stages;     // the tiling (above); attention_split_tiling_fits
     int32_t min_stretch;      // tokens a split holds at least (split_stretch rounds it up to whole granules)
     int32_t short_tokens;     // one query seeing at most this many tokens: the short form (below); 0: never
+    int32_t stream_stages;    // n_q == 1: the stream form (below) with this many tiles per warp's ring; 0: the tensor-core form
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
@@ -195,6 +199,26 @@ struct SplitAttentionParams {
 // and F16 1.4 % faster (sixth session).
 // VXQ_CUDA_ATTN_SHORT=N sets the backend's threshold (0: off).
 constexpr int kAttnShortTokens = 128;
+//
+// The stream form: one query (decode) over more tokens than the short form takes, head_dim 64,
+// 128 or 256, with p.stream_stages in [2, 4]. No tensor cores and no block-wide barrier in the
+// loop: each of the block's 4 warps streams its own tiles of the split's stretch (16 f16 tokens or
+// 32 q8_0 / q4_0 tokens a tile, copied with cp.async into a ring of stream_stages tiles of its own)
+// and keeps the online softmax of the group's query heads in registers; the four warps' states are
+// merged into the split's partial at the end (attention.cu says how each format is read). The
+// tensor-core form spends 12 of its 16 MMA rows on padding at one query and synchronizes the
+// block several times per tile; on the H200 it read 13-35 % of the copy bandwidth at 32K-128K
+// tokens (docs/gpu.md); the stream form 1.6-2.0x faster on the same shapes (docs/gpu.md, session
+// of 2026-12-03 (second)). VXQ_CUDA_ATTN_STREAM=0 turns the stream form off, =N forces N stages.
+// The default ring: 2 tiles per warp. On the H200 (32 / 8 heads of 128, 4K / 32K / 128K tokens)
+// 2 stages at the default split counts beat 3 and 4 in every format: deeper rings hold more shared
+// memory than two (f16, q8_0) or four (q4_0) blocks per SM leave, and the split count's grid then
+// runs in waves; 3 stages only paid off with half the splits (one block per SM).
+constexpr int kAttnStreamStages = 2;
+// Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [2, 4], fits
+// kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).
+bool attention_stream_fits(const SplitAttentionParams& p);
+int32_t attention_stream_stages(const SplitAttentionParams& p);
 // Whether the split kernel takes this shape (GQA group, head_dim) and these formats.
 bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code);
 // Whether the split kernel can take `rope` with the attention of p (one query, one new token, the
@@ -202,7 +226,7 @@ bool attention_split_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, K
 bool attention_split_rope_fits(const SplitAttentionParams& p, const RopeStoreParams& rope);
 // Whether the split kernel can write out as q8_0 for p (one query, head_dim a multiple of 32).
 bool attention_split_q8_fits(const SplitAttentionParams& p);
-// Splits for a call: kAttnSplitBlocksPerSmF16 or ...Quant blocks per SM by the key format (a power of two, at most kAttnSplitMaxSplits).
+// Splits for a call: kAttnSplitBlocksPerSm* blocks per SM by the key format (a power of two, at most kAttnSplitMaxSplits).
 int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code);
 // Dynamic shared memory of a call, and whether p.tile / p.stages are valid and fit kAttnSplitMaxSmem.
 size_t attention_split_smem(const SplitAttentionParams& p);

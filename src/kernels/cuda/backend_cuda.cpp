@@ -142,6 +142,7 @@ public:
         set_weight_evict_first(!(ef && std::string_view(ef) == "0"));
         const char* xr = std::getenv("VXQ_GEMV1_X_REGS");
         set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
+        if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM")) attn_stream_ = std::clamp(std::atoi(sm), 0, 4);
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
         }
@@ -516,6 +517,10 @@ private:
                 p.stages = kAttnSplitStages;
             }
             p.short_tokens = std::min(attn_short_, attention_split_short_cap(p));
+            if (n_q == 1 && attn_stream_ != 0) {  // the stream form (attention.cuh): a forced ring depth, else the default
+                p.stream_stages = attn_stream_ > 0 ? attn_stream_ : 0;
+                if (p.stream_stages == 0 || !attention_stream_fits(p)) p.stream_stages = attention_stream_stages(p);
+            }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
             const bool fuse_rope = rs.op != SIZE_MAX && rs.op + 1 == pending_.size() && attention_split_rope_fits(p, rs.f) &&
@@ -1265,6 +1270,7 @@ private:
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
+    int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
