@@ -953,6 +953,55 @@ TEST(Cuda, AttentionMatchesCpu) {
     }
 }
 
+// One query over a device cache of each case and KV format pair (the decode-form tests below):
+// random keys, values and query (a fresh seed), the CPU's output as the reference, and `on(be)`:
+// the same cache written and attended by a CUDA backend.
+struct DecodeCase {
+    int64_t kv_len, head_dim, n_head, n_head_kv;
+};
+struct DecodeRun {
+    const DecodeCase& c;
+    KvShape shape;
+    KvSpec spec;
+    std::vector<float> k, v, q, ref;
+    std::vector<float> on(Backend& be) const {
+        KvCacheOptions opts;
+        opts.flash_attn = true;
+        opts.memory = be.kv_memory();
+        auto dev = make_kv_cache(shape, spec, opts);
+        be.kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
+        dev->commit(c.kv_len);
+        std::vector<float> out(q.size(), NAN);
+        be.attention(dev->view(0), q.data(), 1, c.kv_len - 1, out.data());
+        return out;
+    }
+};
+template <typename Body>
+void for_each_decode_case(const std::vector<DecodeCase>& cases, Body body) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    for (const DecodeCase& c : cases) {
+        for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"}) {
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
+                                            << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
+            DecodeRun r{c, KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec::parse(spec_text), {}, {}, {}, {}};
+            r.k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+            r.v = random_floats(r.k.size(), rng);
+            r.q = random_floats(size_t(c.n_head * c.head_dim), rng);
+            KvCacheOptions opts;
+            opts.flash_attn = true;
+            auto host = make_kv_cache(r.shape, r.spec, opts);
+            host->write(0, 0, r.k.data(), r.v.data(), c.kv_len);
+            host->commit(c.kv_len);
+            r.ref.assign(r.q.size(), NAN);
+            cpu->attention(host->view(0), r.q.data(), 1, c.kv_len - 1, r.ref.data());
+            body(r);
+            if (testing::Test::HasFatalFailure()) return;
+        }
+    }
+}
+
 // The short form of the split kernel (one query over at most kAttnShortTokens tokens: one block
 // per KV head, no merge) against the CPU and against the split form (VXQ_CUDA_ATTN_SHORT=0) on the
 // same cache: every format pair, GQA 1/2/3/4/8, head_dim 64/128/256, token counts around the
@@ -960,49 +1009,21 @@ TEST(Cuda, AttentionMatchesCpu) {
 // products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
 TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
     VXQ_REQUIRE_CUDA(cuda);
-    const uint32_t seed = fresh_seed();
-    std::mt19937 rng(seed);
-    auto cpu = make_backend("cpu", 2);
     setenv("VXQ_CUDA_ATTN_SHORT", "0", 1);
     auto split = make_backend("cuda", 1);
     unsetenv("VXQ_CUDA_ATTN_SHORT");
     auto be = make_backend("cuda", 1);
-    struct Case { int64_t kv_len, head_dim, n_head, n_head_kv; };
-    const Case cases[] = {{1, 64, 4, 4},    {16, 128, 8, 4},  {17, 128, 32, 8}, {63, 64, 6, 2},  {64, 256, 8, 1},
-                          {100, 128, 24, 8}, {127, 64, 12, 4}, {128, 128, 32, 8}, {128, 256, 16, 2}, {129, 128, 32, 8}};
-    for (const Case& c : cases) {
-        for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"}) {
-            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
-                                            << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
-            KvCacheOptions opts;
-            opts.flash_attn = true;
-            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
-            const KvSpec spec = KvSpec::parse(spec_text);
-            auto host = make_kv_cache(shape, spec, opts);
-            opts.memory = be->kv_memory();
-            auto dev = make_kv_cache(shape, spec, opts);
-            opts.memory = split->kv_memory();
-            auto dev_split = make_kv_cache(shape, spec, opts);
-            const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
-            const auto v = random_floats(k.size(), rng);
-            const auto q = random_floats(size_t(c.n_head * c.head_dim), rng);
-            host->write(0, 0, k.data(), v.data(), c.kv_len);
-            host->commit(c.kv_len);
-            be->kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
-            dev->commit(c.kv_len);
-            split->kv_write(*dev_split, 0, 0, k.data(), v.data(), c.kv_len);
-            dev_split->commit(c.kv_len);
-            std::vector<float> ref(q.size()), got(q.size(), NAN), got_split(q.size(), NAN);
-            cpu->attention(host->view(0), q.data(), 1, c.kv_len - 1, ref.data());
-            be->attention(dev->view(0), q.data(), 1, c.kv_len - 1, got.data());
-            split->attention(dev_split->view(0), q.data(), 1, c.kv_len - 1, got_split.data());
-            for (size_t i = 0; i < ref.size(); ++i) {
-                ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
-                ASSERT_NEAR(got_split[i], ref[i], 2e-5f) << i;
-                ASSERT_NEAR(got[i], got_split[i], 2e-5f) << i;
-            }
+    const std::vector<DecodeCase> cases = {{1, 64, 4, 4},     {16, 128, 8, 4},   {17, 128, 32, 8},  {63, 64, 6, 2},
+                                           {64, 256, 8, 1},   {100, 128, 24, 8}, {127, 64, 12, 4},  {128, 128, 32, 8},
+                                           {128, 256, 16, 2}, {129, 128, 32, 8}};
+    for_each_decode_case(cases, [&](const DecodeRun& r) {
+        const std::vector<float> got = r.on(*be), got_split = r.on(*split);
+        for (size_t i = 0; i < r.ref.size(); ++i) {
+            ASSERT_NEAR(got[i], r.ref[i], 2e-5f) << i;
+            ASSERT_NEAR(got_split[i], r.ref[i], 2e-5f) << i;
+            ASSERT_NEAR(got[i], got_split[i], 2e-5f) << i;
         }
-    }
+    });
 }
 
 // The stream form of the split kernel (one query over more tokens than the short form takes:
@@ -1013,9 +1034,6 @@ TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
 // products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
 TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     VXQ_REQUIRE_CUDA(cuda);
-    const uint32_t seed = fresh_seed();
-    std::mt19937 rng(seed);
-    auto cpu = make_backend("cpu", 2);
     setenv("VXQ_CUDA_ATTN_STREAM", "0", 1);
     auto mma = make_backend("cuda", 1);
     std::vector<std::unique_ptr<Backend>> streams;
@@ -1025,45 +1043,20 @@ TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     }
     unsetenv("VXQ_CUDA_ATTN_STREAM");
     streams.push_back(make_backend("cuda", 1));  // the default ring
-    struct Case { int64_t kv_len, head_dim, n_head, n_head_kv; };
-    const Case cases[] = {{129, 128, 32, 8}, {1000, 64, 12, 4}, {4099, 128, 8, 8},  {777, 256, 16, 2},
-                          {2049, 128, 24, 8}, {300, 64, 8, 1},   {5001, 128, 4, 2}, {160, 96, 4, 4}};
-    for (const Case& c : cases) {
-        for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0"}) {
-            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
-                                            << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
-            KvCacheOptions opts;
-            opts.flash_attn = true;
-            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
-            const KvSpec spec = KvSpec::parse(spec_text);
-            auto host = make_kv_cache(shape, spec, opts);
-            const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
-            const auto v = random_floats(k.size(), rng);
-            const auto q = random_floats(size_t(c.n_head * c.head_dim), rng);
-            host->write(0, 0, k.data(), v.data(), c.kv_len);
-            host->commit(c.kv_len);
-            std::vector<float> ref(q.size()), got_mma(q.size(), NAN);
-            cpu->attention(host->view(0), q.data(), 1, c.kv_len - 1, ref.data());
-            const auto run = [&](Backend& be, std::vector<float>& out) {
-                opts.memory = be.kv_memory();
-                auto dev = make_kv_cache(shape, spec, opts);
-                be.kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
-                dev->commit(c.kv_len);
-                be.attention(dev->view(0), q.data(), 1, c.kv_len - 1, out.data());
-            };
-            run(*mma, got_mma);
-            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got_mma[i], ref[i], 2e-5f) << i;
-            for (size_t b = 0; b < streams.size(); ++b) {
-                SCOPED_TRACE(testing::Message() << "stream backend " << b << " (2, 3, 4 stages, default)");
-                std::vector<float> got(q.size(), NAN);
-                run(*streams[b], got);
-                for (size_t i = 0; i < ref.size(); ++i) {
-                    ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
-                    ASSERT_NEAR(got[i], got_mma[i], 2e-5f) << i;
-                }
+    const std::vector<DecodeCase> cases = {{129, 128, 32, 8},  {1000, 64, 12, 4}, {4099, 128, 8, 8},  {777, 256, 16, 2},
+                                           {2049, 128, 24, 8}, {300, 64, 8, 1},   {5001, 128, 4, 2},  {160, 96, 4, 4}};
+    for_each_decode_case(cases, [&](const DecodeRun& r) {
+        const std::vector<float> got_mma = r.on(*mma);
+        for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got_mma[i], r.ref[i], 2e-5f) << i;
+        for (size_t b = 0; b < streams.size(); ++b) {
+            SCOPED_TRACE(testing::Message() << "stream backend " << b << " (2, 3, 4 stages, default)");
+            const std::vector<float> got = r.on(*streams[b]);
+            for (size_t i = 0; i < r.ref.size(); ++i) {
+                ASSERT_NEAR(got[i], r.ref[i], 2e-5f) << i;
+                ASSERT_NEAR(got[i], got_mma[i], 2e-5f) << i;
             }
         }
-    }
+    });
 }
 
 #if VXQ_HAVE_CUDA
