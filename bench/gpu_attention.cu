@@ -12,7 +12,7 @@
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles, stages and forms (--stream: 0 the
-// tensor-core form, 2..4 the stream form's ring depth; attention.cuh) (the backend's
+// tensor-core form, 1..4 the stream form's ring depth; attention.cuh) (the backend's
 // choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
 // of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
@@ -290,8 +290,8 @@ int main(int argc, char** argv) {
         std::vector<Config> configs;
         add(streams, -1);  // the backend's default ring
         for (int64_t sm : streams) {
-            if (sm < -1 || sm == 1 || sm > 4) {
-                std::fprintf(stderr, "vxq_gpu_attention: --stream takes 0 (the tensor-core form) or 2..4 stages\n");
+            if (sm < -1 || sm > 4) {
+                std::fprintf(stderr, "vxq_gpu_attention: --stream takes 0 (the tensor-core form) or 1..4 stages\n");
                 return 1;
             }
         }

@@ -80,6 +80,96 @@ __global__ void store_kv_kernel(KvStoreParams p) {
                  threadIdx.x, blockDim.x);
 }
 
+// The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per row (token t,
+// head g, keys or values), lane l taking values 4l .. 4l + 3 of each 128-value stretch with one
+// 16-byte load. f16: one 8-byte store per lane; q8_0 / q4_0: 8 lanes per 32-block (the block's
+// amax, or its first value of largest magnitude, by 3 shuffles), the same arithmetic as
+// kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time. The kernel above
+// takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at 14-35 % of
+// the copy bandwidth (docs/gpu.md).
+constexpr int kStoreWarps = 8;
+__device__ __forceinline__ float f4_at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-byte aligned
+    reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
+    reinterpret_cast<uint16_t*>(p)[1] = uint16_t(w >> 16);
+}
+__global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStoreParams p) {
+    const int lane = threadIdx.x & 31, li = lane & 7;
+    const int64_t rows = p.n * p.n_head_kv;
+    const int64_t w = int64_t(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5);
+    if (w >= 2 * rows) return;  // whole warps: the shuffles below see every lane
+    const bool is_v = w & 1;
+    const int64_t r = w >> 1, t = r / p.n_head_kv, g = r % p.n_head_kv;
+    const KvHeadDev h = p.heads[g];
+    const int hd = int(p.head_dim);
+    const KvCode code = is_v ? p.v_code : p.k_code;
+    const float* x = (is_v ? p.v : p.k) + r * hd;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(is_v ? h.v : h.k) + (h.n_tokens + t) * kv_token_bytes(code, hd);
+    for (int c0 = 0; c0 < hd; c0 += 128) {
+        const int c = c0 + 4 * lane;
+        const bool in = c < hd;  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
+        const float4 v = in ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (code == KvCode::F16) {
+            if (in) {
+                const uint2 hw{kv_half_bits(v.x) | (unsigned(kv_half_bits(v.y)) << 16),
+                               kv_half_bits(v.z) | (unsigned(kv_half_bits(v.w)) << 16)};
+                *reinterpret_cast<uint2*>(dst + 2 * c) = hw;
+            }
+            continue;
+        }
+        uint8_t* blk = dst + (c / kQBlock) * (code == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
+        if (code == KvCode::Q8_0) {
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+            unsigned q = 0;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) q |= unsigned(uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(f4_at(v, i), id))))) << (8 * i);
+            if (in) {
+                store_u32_at2(blk + 2 + 4 * li, q);
+                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(__fdiv_rn(amax, 127.0f));
+            }
+        } else {
+            // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
+            float best = -1.0f;
+            int at = 4 * li;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float a = fabsf(f4_at(v, i));
+                if ((a > 0.0f ? a : -1.0f) > best) {
+                    best = a;
+                    at = 4 * li + i;
+                }
+            }
+#pragma unroll
+            for (int o = 4; o > 0; o >>= 1) {
+                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+                if (ob > best || (ob == best && oa < at)) {
+                    best = ob;
+                    at = oa;
+                }
+            }
+            const float vm = __shfl_sync(0xffffffffu, f4_at(v, at & 3), (lane & ~7) | (at >> 2));
+            const float m = best > 0.0f ? vm : 0.0f;
+            const float d = __fdiv_rn(m, -8.0f);
+            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            unsigned q = 0;  // this lane's four codes, a byte each
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int qi = min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(f4_at(v, i), id), 8.5f)));
+                q |= unsigned(qi & 0x0f) << (8 * i);
+            }
+            const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
+            if (in && li < 4) {
+                store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
+                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(d);
+            }
+        }
+    }
+}
+
 // ---- decode with -fa: split-K ------------------------------------------------------------------
 
 constexpr int kSplitThreads = 128;
@@ -663,7 +753,8 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
     }
     for (int j = 0; j < mine; ++j) {
         issue(j + stages - 1);  // into the stage tile j - 1 used (the __syncwarp at the loop's end freed it)
-        switch (stages) {  // tile j's group done; stages - 2 newer ones may still be in flight
+        switch (stages) {  // tile j's group done; stages - 1 newer ones may still be in flight
+            case 1: cp_async_wait<0>(); break;
             case 2: cp_async_wait<1>(); break;
             case 3: cp_async_wait<2>(); break;
             default: cp_async_wait<3>(); break;
@@ -1255,7 +1346,12 @@ int row_threads(int64_t head_dim) { return int(std::clamp<int64_t>((head_dim + 3
 void store_kv(const KvStoreParams& p, cudaStream_t st) {
     const int64_t rows = p.n * p.n_head_kv;
     if (rows == 0) return;
-    store_kv_kernel<<<unsigned(rows), row_threads(p.head_dim), 0, st>>>(p);
+    const auto aligned16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
+    if (p.head_dim % 4 == 0 && aligned16(p.k) && aligned16(p.v)) {  // the pages: whole 16-byte granules (attention.cuh)
+        store_kv_rows_kernel<<<unsigned((2 * rows + kStoreWarps - 1) / kStoreWarps), kStoreWarps * 32, 0, st>>>(p);
+    } else {
+        store_kv_kernel<<<unsigned(rows), row_threads(p.head_dim), 0, st>>>(p);
+    }
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
@@ -1279,7 +1375,7 @@ size_t attention_split_smem(const SplitAttentionParams& p) {
 }
 
 bool attention_stream_fits(const SplitAttentionParams& p) {
-    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.stream_stages >= 2 &&
+    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.stream_stages >= 1 &&
            p.stream_stages <= 4 && attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) &&
            attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
 }

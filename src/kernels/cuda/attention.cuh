@@ -201,7 +201,8 @@ struct SplitAttentionParams {
 constexpr int kAttnShortTokens = 128;
 //
 // The stream form: one query (decode) over more tokens than the short form takes, head_dim 64,
-// 128 or 256, with p.stream_stages in [2, 4]. No tensor cores and no block-wide barrier in the
+// 128 or 256, with p.stream_stages in [1, 4] (1: a warp waits for each tile it issues; the
+// block's other warps compute meanwhile). No tensor cores and no block-wide barrier in the
 // loop: each of the block's 4 warps streams its own tiles of the split's stretch (16 f16 tokens or
 // 32 q8_0 / q4_0 tokens a tile, copied with cp.async into a ring of stream_stages tiles of its own)
 // and keeps the online softmax of the group's query heads in registers; the four warps' states are
@@ -215,7 +216,7 @@ constexpr int kAttnShortTokens = 128;
 // memory than two (f16, q8_0) or four (q4_0) blocks per SM leave, and the split count's grid then
 // runs in waves; 3 stages only paid off with half the splits (one block per SM).
 constexpr int kAttnStreamStages = 2;
-// Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [2, 4], fits
+// Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits
 // kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).
 bool attention_stream_fits(const SplitAttentionParams& p);
 int32_t attention_stream_stages(const SplitAttentionParams& p);
