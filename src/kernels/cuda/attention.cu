@@ -142,15 +142,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
                     at = 4 * li + i;
                 }
             }
-#pragma unroll
-            for (int o = 4; o > 0; o >>= 1) {
-                const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-                const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-                if (ob > best || (ob == best && oa < at)) {
-                    best = ob;
-                    at = oa;
-                }
-            }
+            first_max_lanes<4>(best, at);  // the block's 8 lanes
             const float vm = __shfl_sync(0xffffffffu, f4_at(v, at & 3), (lane & ~7) | (at >> 2));
             const float m = best > 0.0f ? vm : 0.0f;
             const float d = __fdiv_rn(m, -8.0f);

@@ -209,7 +209,7 @@ constexpr int kAttnShortTokens = 128;
 // merged into the split's partial at the end (attention.cu says how each format is read). The
 // tensor-core form spends 12 of its 16 MMA rows on padding at one query and synchronizes the
 // block several times per tile; on the H200 it read 13-35 % of the copy bandwidth at 32K-128K
-// tokens (docs/gpu.md); the stream form 1.6-2.0x faster on the same shapes (docs/gpu.md, session
+// tokens (docs/gpu.md); the stream form 1.5-2.0x faster on the same shapes (docs/gpu.md, session
 // of 2026-12-03 (second)). VXQ_CUDA_ATTN_STREAM=0 turns the stream form off, =N forces N stages.
 // The default ring: 2 tiles per warp. On the H200 (32 / 8 heads of 128, 4K / 32K / 128K tokens)
 // 2 stages at the default split counts beat 3 and 4 in every format: deeper rings hold more shared

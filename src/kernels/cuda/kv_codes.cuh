@@ -56,6 +56,21 @@ __device__ __forceinline__ int kv_int8_trunc_x86(float v) {
     return int(int8_t(uint8_t(unsigned(i) & 0xffu)));
 }
 
+// The butterfly over lanes xor kFirst, kFirst / 2, .., 1 (all 32 lanes call): the largest `best`,
+// ties to the lowest `at` (q4_0's first value of largest magnitude).
+template <int kFirst>
+__device__ __forceinline__ void first_max_lanes(float& best, int& at) {
+#pragma unroll
+    for (int o = kFirst; o > 0; o >>= 1) {
+        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
+        if (ob > best || (ob == best && oa < at)) {
+            best = ob;
+            at = oa;
+        }
+    }
+}
+
 // One 32-block of a row, value v of lane `lane` (all 32 lanes of the warp call), into blk.
 __device__ __forceinline__ void kv_encode_q8_0(float v, uint8_t* blk, int lane) {
     const float amax = warp_max(fabsf(v));
@@ -68,15 +83,7 @@ __device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) 
     float best = fabsf(v);
     if (!(best > 0.0f)) best = -1.0f;
     int at = lane;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oa = __shfl_xor_sync(0xffffffffu, at, o);
-        if (ob > best || (ob == best && oa < at)) {
-            best = ob;
-            at = oa;
-        }
-    }
+    first_max_lanes<16>(best, at);
     const float vm = __shfl_sync(0xffffffffu, v, at);
     const float m = best > 0.0f ? vm : 0.0f;
     const float d = __fdiv_rn(m, -8.0f);
