@@ -1367,9 +1367,15 @@ size_t attention_split_smem(const SplitAttentionParams& p) {
 }
 
 bool attention_stream_fits(const SplitAttentionParams& p) {
-    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.stream_stages >= 1 &&
-           p.stream_stages <= 4 && attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) &&
-           attention_split_smem(p) <= size_t(kAttnSplitMaxSmem);
+    if (!(p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256) && p.stream_stages >= 1 &&
+          p.stream_stages <= 4 && attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) &&
+          attention_split_smem(p) <= size_t(kAttnSplitMaxSmem))) {
+        return false;
+    }
+    // The warps' merge reuses the rings: o, max and sum of every warp's query heads.
+    const StreamSmem S = stream_smem(0, int(p.head_dim), p.k_code, p.v_code, p.stream_stages);
+    const int64_t rep = p.n_head / p.n_head_kv;
+    return int64_t(S.total - S.ring) >= kStreamWarps * rep * (p.head_dim + 2) * 4;
 }
 
 int32_t attention_stream_stages(const SplitAttentionParams& p) {
