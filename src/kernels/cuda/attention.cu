@@ -122,13 +122,13 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
             float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
             for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
+            const float id = kv_q8_inv_scale(amax);
             unsigned q = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q |= unsigned(uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(f4_at(v, i), id))))) << (8 * i);
+            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(f4_at(v, i), id)) << (8 * i);
             if (in) {
                 store_u32_at2(blk + 2 + 4 * li, q);
-                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(__fdiv_rn(amax, 127.0f));
+                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
             }
         } else {
             // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
@@ -136,27 +136,22 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
             int at = 4 * li;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float a = fabsf(f4_at(v, i));
-                if ((a > 0.0f ? a : -1.0f) > best) {
+                const float a = kv_q4_magnitude(f4_at(v, i));
+                if (a > best) {
                     best = a;
                     at = 4 * li + i;
                 }
             }
             first_max_lanes<4>(best, at);  // the block's 8 lanes
             const float vm = __shfl_sync(0xffffffffu, f4_at(v, at & 3), (lane & ~7) | (at >> 2));
-            const float m = best > 0.0f ? vm : 0.0f;
-            const float d = __fdiv_rn(m, -8.0f);
-            const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+            const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
             unsigned q = 0;  // this lane's four codes, a byte each
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int qi = min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(f4_at(v, i), id), 8.5f)));
-                q |= unsigned(qi & 0x0f) << (8 * i);
-            }
+            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(f4_at(v, i), sc.id) & 0x0f) << (8 * i);
             const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
             if (in && li < 4) {
                 store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
-                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(d);
+                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
             }
         }
     }
@@ -189,6 +184,22 @@ __device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, co
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
+}
+
+// The query rows q[0, blocks * 32) as q8_0, the CPU reader's prepare_query (every form's scores of
+// q8_0 / q4_0 keys), a warp per 32-block (every thread of the block calls): codes into qc, scales
+// into qd and, where qsum is given, each block's sum of codes.
+__device__ __forceinline__ void quantize_query_q8_0(const float* q, int blocks, int8_t* qc, float* qd, int* qsum) {
+    const int lane = threadIdx.x & 31;
+    for (int b = int(threadIdx.x >> 5); b < blocks; b += kSplitWarps) {
+        const Q8Lane ql = quantize_q8_0_lane(q[b * kQBlock + lane]);
+        qc[b * kQBlock + lane] = int8_t(ql.q);
+        if (qsum) {
+            const int sum = __reduce_add_sync(0xffffffffu, ql.q);
+            if (lane == 0) qsum[b] = sum;
+        }
+        if (lane == 0) qd[b] = ql.d;
+    }
 }
 
 // The merge of (g, i)'s first `splits` splits (those that hold tokens) by the block that arrived
@@ -512,12 +523,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     float* qd = reinterpret_cast<float*>(smem + L.qd);
     if constexpr (KC != KvCode::F16) {
         __syncthreads();  // q rotated
-        for (int b = warp; b < REP * (hd / kQBlock); b += kSplitWarps) {
-            const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
-            const Q8Lane ql = quantize_q8_0_lane(qsm[r * hd + bb * kQBlock + lane]);
-            qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
-            if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
-        }
+        quantize_query_q8_0(qsm, REP * (hd / kQBlock), qc, qd, nullptr);
     }
     cp_async_wait<0>();
     __syncthreads();  // keys, values (and the new row), q and its codes
@@ -620,10 +626,10 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
 // integers), f32 sums in another order.
 constexpr int kStreamWarps = kSplitWarps;
 constexpr int kStreamMaxRep = 8;
-__host__ __device__ inline int stream_tile(KvCode kc) { return kc == KvCode::F16 ? 16 : 32; }
+__host__ __device__ constexpr int stream_tile(KvCode kc) { return kc == KvCode::F16 ? 16 : 32; }
 // A key row in the ring: f16 rows as two halves of head_dim bytes, each followed by 16 bytes of
 // padding (a token's two lanes, and the next tokens', read other banks); block formats unpadded.
-__host__ __device__ inline int stream_krow(KvCode kc, int hd) { return kc == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(kc, hd)); }
+__host__ __device__ constexpr int stream_krow(KvCode kc, int hd) { return kc == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(kc, hd)); }
 // Where the stream form's shared memory goes, from `base` on (the tensor-core form's q rows stay
 // below it: the RoPE writes them and the merge reads them). q: f16 keys: [rep][2][hd / 2 + 4] f32
 // (each half padded); block formats: codes [rep][hd] int8, scales and quant sums [rep][hd / 32].
@@ -676,12 +682,12 @@ template <int REP, KvCode KC, KvCode VC, int C, typename PartRow>
 __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev& head, const float* q, uint8_t* smem,
                                  int base, int64_t t_begin, int64_t t_end, bool write_partial, PartRow part_row) {
     constexpr int hd = C * 32;
-    constexpr int TW = KC == KvCode::F16 ? 16 : 32;
+    constexpr int TW = stream_tile(KC);
     constexpr int kBlocks = hd / kQBlock;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int stages = p.stream_stages;
     const StreamSmem S = stream_smem(base, hd, KC, VC, stages);
-    constexpr int krow = KC == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(KC, hd));
+    constexpr int krow = stream_krow(KC, hd);
     constexpr int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
     constexpr int qrow = hd / 2 + 4;  // f16 keys: floats per half row of q
     float* qp = reinterpret_cast<float*>(smem + S.q);
@@ -695,15 +701,7 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
             qp[(r * 2 + h) * qrow + dd - h * (hd / 2)] = q[e];
         }
     } else {
-        for (int b = warp; b < REP * kBlocks; b += kStreamWarps) {
-            const Q8Lane ql = quantize_q8_0_lane(q[b * kQBlock + lane]);
-            qc[b * kQBlock + lane] = int8_t(ql.q);
-            const int sum = __reduce_add_sync(0xffffffffu, ql.q);
-            if (lane == 0) {
-                qd[b] = ql.d;
-                qsum[b] = sum;
-            }
-        }
+        quantize_query_q8_0(q, REP * kBlocks, qc, qd, qsum);
     }
     __syncthreads();
     const int64_t n_tok = t_end - t_begin;
@@ -1007,12 +1005,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             }
         } else {
             int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
-            for (int b = warp; b < rows * (hd / kQBlock); b += kSplitWarps) {  // the real rows
-                const int r = b / (hd / kQBlock), bb = b % (hd / kQBlock);
-                const Q8Lane ql = quantize_q8_0_lane(qrow(r)[bb * kQBlock + lane]);
-                qc[r * hd + bb * kQBlock + lane] = int8_t(ql.q);
-                if (lane == 0) qd[r * (hd / kQBlock) + bb] = ql.d;
-            }
+            quantize_query_q8_0(qrow(0), rows * (hd / kQBlock), qc, qd, nullptr);  // the real rows
             for (int e = rows * hd + tid; e < kMmaRows * hd; e += kSplitThreads) qc[e] = 0;  // padding rows
             for (int e = rows * (hd / kQBlock) + tid; e < kMmaRows * (hd / kQBlock); e += kSplitThreads) qd[e] = 0.0f;
             __syncthreads();

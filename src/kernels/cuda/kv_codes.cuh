@@ -56,6 +56,27 @@ __device__ __forceinline__ int kv_int8_trunc_x86(float v) {
     return int(int8_t(uint8_t(unsigned(i) & 0xffu)));
 }
 
+// The per-value steps of a block's encoding, shared by the encoders below (a value per lane) and
+// the warp-per-row store (attention.cu: four values per lane), so both write the same bytes.
+// q8_0 from the block's amax: the code of v, and the scale's fp16 bits.
+__device__ __forceinline__ float kv_q8_inv_scale(float amax) { return amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f; }
+__device__ __forceinline__ uint8_t kv_q8_code(float v, float id) { return uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(v, id)))); }
+__device__ __forceinline__ uint16_t kv_q8_scale_bits(float amax) { return kv_half_bits(__fdiv_rn(amax, 127.0f)); }
+// q4_0: |v| as a candidate for the block's m (NaN and 0 never win: -1); from m (0 when none won)
+// the scale d = m / -8 and its inverse; the code of v (0..15).
+__device__ __forceinline__ float kv_q4_magnitude(float v) {
+    const float a = fabsf(v);
+    return a > 0.0f ? a : -1.0f;
+}
+struct KvQ4Scale {
+    float d, id;
+};
+__device__ __forceinline__ KvQ4Scale kv_q4_scale(float m) {
+    const float d = __fdiv_rn(m, -8.0f);
+    return KvQ4Scale{d, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f};
+}
+__device__ __forceinline__ int kv_q4_code(float v, float id) { return min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f))); }
+
 // The butterfly over lanes xor kFirst, kFirst / 2, .., 1 (all 32 lanes call): the largest `best`,
 // ties to the lowest `at` (q4_0's first value of largest magnitude).
 template <int kFirst>
@@ -74,24 +95,20 @@ __device__ __forceinline__ void first_max_lanes(float& best, int& at) {
 // One 32-block of a row, value v of lane `lane` (all 32 lanes of the warp call), into blk.
 __device__ __forceinline__ void kv_encode_q8_0(float v, uint8_t* blk, int lane) {
     const float amax = warp_max(fabsf(v));
-    const float id = amax != 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-    blk[2 + lane] = uint8_t(int8_t(kv_q8_from_scaled(__fmul_rn(v, id))));
-    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(__fdiv_rn(amax, 127.0f));
+    blk[2 + lane] = kv_q8_code(v, kv_q8_inv_scale(amax));
+    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
 }
 __device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) {
     // The first lane of largest |v| (NaN never wins; all zero: m = +0 as the reference's start).
-    float best = fabsf(v);
-    if (!(best > 0.0f)) best = -1.0f;
+    float best = kv_q4_magnitude(v);
     int at = lane;
     first_max_lanes<16>(best, at);
     const float vm = __shfl_sync(0xffffffffu, v, at);
-    const float m = best > 0.0f ? vm : 0.0f;
-    const float d = __fdiv_rn(m, -8.0f);
-    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
-    const int q = min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f)));
+    const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
+    const int q = kv_q4_code(v, sc.id);
     const int hi = __shfl_down_sync(0xffffffffu, q, 16);
     if (lane < 16) blk[2 + lane] = uint8_t((q & 0x0f) | ((hi & 0x0f) << 4));
-    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(d);
+    if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
 }
 
 // Row x[0, hd) into one token's bytes at dst, by all `nthreads` threads of a block (a multiple of
