@@ -58,6 +58,7 @@ struct Row {
     size_t bytes;  // read per call
     double us, us_min, us_max;  // median, min, max over the interleaved repetitions
     bool aa;                    // the default layout's second arm (A/A: the noise floor)
+    bool dflt;                  // the backend's layout (either arm)
 };
 
 // The formats timed: the --kv name and its device format (kv_codes.cuh), K and V alike.
@@ -142,7 +143,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     p.arrivals = arrivals;
     // The layouts that fit, and the default one again as an A/A arm; all timed interleaved.
     std::vector<cuda::SplitAttentionParams> arms;
-    std::vector<bool> aa;
+    std::vector<bool> aa, dflts;
     for (const Config& c : configs) {
         p.splits = c.splits;
         p.tile = c.tile;
@@ -160,9 +161,11 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         }
         arms.push_back(p);
         aa.push_back(false);
+        dflts.push_back(dflt);
         if (dflt) {
             arms.push_back(p);
             aa.push_back(true);
+            dflts.push_back(true);
         }
     }
     const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
@@ -183,7 +186,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     for (size_t a = 0; a < arms.size(); ++a) {
         const auto& c = arms[a];
         rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
-                           ms[a].max * 1e3, aa[a]});
+                           ms[a].max * 1e3, aa[a], dflts[a]});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
                       static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
@@ -342,21 +345,11 @@ int main(int argc, char** argv) {
             for (int64_t ctx : contexts) {
                 for (const Row& r : run_case(f, ctx, configs, st)) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
-                    cuda::SplitAttentionParams d{};
-                    d.n_q = 1;
-                    d.n_head = kHeads;
-                    d.n_head_kv = kHeadsKv;
-                    d.head_dim = kHeadDim;
-                    d.k_code = d.v_code = f.code;
-                    d.tile = cuda::kAttnSplitTile;
-                    d.stages = cuda::kAttnSplitStages;
-                    const bool dflt = r.splits == cuda::attention_splits(1, kHeadsKv, f.code) && r.tile == cuda::kAttnSplitTile &&
-                                      r.stages == cuda::kAttnSplitStages && r.stream == cuda::attention_stream_stages(d);
                     char form[32];
                     std::snprintf(form, sizeof form, r.stream > 0 ? "stream x %d" : "tensor cores", r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
-                                r.aa ? " A/A" : dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
+                                r.aa ? " A/A" : r.dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
                                 100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     rows.push_back(r);

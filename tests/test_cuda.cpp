@@ -506,9 +506,10 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 
 // The batch-1 dense GEMV with x in registers (set_gemv1_x_in_registers; the default) against x
 // staged in shared memory: the same conversions and products in the same order, so the same bits,
-// alone, in a group, with the residual add, the SwiGLU and the RMSNorm (whose normalized row too); rows of whole and of ragged units per thread (cols 14336 and 8224: whole
-// rows; 4096 and 1056: items of several rows); a norm over rows of other than 256 or 512 units
-// stays staged (f16 1056) and must give the same bits as well.
+// alone, in a group, with the residual add, the SwiGLU and the RMSNorm (whose normalized row too);
+// rows of whole and of ragged units per thread (cols 14336 and 8224: whole rows; 4096 and 1056:
+// items of several rows); a norm over rows of other than 256 or 512 units stays staged (f16 1056)
+// and must give the same bits as well.
 TEST(Cuda, Gemv1XInRegistersEqualsStaged) {
     VXQ_REQUIRE_CUDA(cuda);
 #if VXQ_HAVE_CUDA
