@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "core/fp16.h"
 #include "backend/backend.h"
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention_fused.h"
@@ -270,6 +271,109 @@ TEST(PagedCache, RetainInOffHostMemoryEqualsHostRam) {
             }
         }
         EXPECT_EQ(off->resident_bytes(), host->resident_bytes());
+    }
+}
+
+// What a device backend's kernels do with reserve_write's plan (kv_view.h), done here on the host
+// with the codec's scalar encoder: a KIVI cache in memory the host may not touch ends exactly as
+// the same cache written in host RAM (blocks, windows, dequantized tokens) over a sequence of
+// writes that flush keys and values in every way (a prompt, single tokens across a key flush,
+// batches larger than the window, a rollback into a key block), and as a token-wise one does.
+void apply_write_plan(const KvWindowWrite& w, const KvStreamView& s, const Codec& codec, const float* x, int64_t n,
+                      int64_t d, int64_t stride) {
+    const int64_t bt = s.fmt.block_tokens;
+    const auto ring_slot = [&](int64_t slot) {
+        return reinterpret_cast<f16_t*>(const_cast<uint8_t*>(s.ring)) + (slot % w.slots) * d;
+    };
+    std::vector<float> block(size_t(bt * d));
+    for (int64_t i = 0; i < w.encoded; ++i) {
+        float* dst = block.data() + (i % bt) * d;
+        for (int64_t c = 0; c < d; ++c) {
+            // A windowed format encodes what its fp16 window holds; a token-wise one the input.
+            dst[c] = w.slots == 0 ? x[(i - w.pending) * stride + c]
+                     : i < w.pending ? fp16_to_fp32(ring_slot(w.head + i)[c])
+                                     : fp16_to_fp32(fp32_to_fp16(x[(i - w.pending) * stride + c]));
+        }
+        if (i % bt == bt - 1) {
+            codec.encode(block.data(), d, const_cast<uint8_t*>(kv_packed_blocks(s)) + size_t((w.packed + i) / bt) * s.fmt.block_bytes);
+        }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        if (w.pending + j < w.encoded) continue;
+        for (int64_t c = 0; c < d; ++c) ring_slot(w.head + w.pending + j)[c] = fp32_to_fp16(x[j * stride + c]);
+    }
+}
+
+TEST(PagedCache, WritePlanInOffHostMemoryEqualsHostRam) {
+    const uint32_t seed = std::random_device{}();
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    const KvShape shape{2, 4, 2, 64, 1024};
+    const int64_t kv = shape.n_head_kv * shape.head_dim;
+    for (const char* spec : {"kivi:bits=2", "kivi:bits=4,group=64,residual=128", "kivi:bits=8,group=8,residual=24", "q4_0"}) {
+        SCOPED_TRACE(testing::Message() << spec << " seed " << seed);
+        auto host = make_kv_cache(shape, spec, spec);
+        StandInMemory mem;
+        mem.host = false;
+        KvCacheOptions o;
+        o.memory = &mem;
+        auto off = make_kv_cache(shape, spec, spec, o);
+        const auto codec_k = make_codec(CodecSpec::parse(spec), KvRole::Key, shape.head_dim);
+        const auto codec_v = make_codec(CodecSpec::parse(spec), KvRole::Value, shape.head_dim);
+        int64_t pos = 0;
+        const auto write = [&](int64_t n) {
+            std::vector<float> k(size_t(n * kv)), v(k.size());
+            for (float& x : k) x = nd(rng);
+            for (float& x : v) x = nd(rng);
+            for (int64_t l = 0; l < shape.n_layer; ++l) {
+                host->write(l, pos, k.data(), v.data(), n);
+                const KvWritePlan plan = off->reserve_write(l, pos, n);
+                const KvLayerView view = off->view(l);
+                for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                    apply_write_plan(plan.k, view.heads[g].k, *codec_k, k.data() + g * shape.head_dim, n, shape.head_dim, kv);
+                    apply_write_plan(plan.v, view.heads[g].v, *codec_v, v.data() + g * shape.head_dim, n, shape.head_dim, kv);
+                }
+            }
+            pos += n;
+            host->commit(pos);
+            off->commit(pos);
+        };
+        const auto check = [&](const char* after) {
+            for (int64_t l = 0; l < shape.n_layer; ++l) {
+                for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                    std::vector<float> hk, hvv, ok, ovv;
+                    host->dequantize(l, g, host->head_tokens(l, g), hk, hvv);
+                    off->dequantize(l, g, off->head_tokens(l, g), ok, ovv);
+                    ASSERT_EQ(ok, hk) << after << ", layer " << l << " head " << g;
+                    ASSERT_EQ(ovv, hvv) << after << ", layer " << l << " head " << g;
+                    const KvStreamView &hs = host->view(l).heads[g].k, &os = off->view(l).heads[g].k;
+                    ASSERT_EQ(os.n_packed, hs.n_packed);
+                    if (hs.n_packed > 0) {
+                        ASSERT_EQ(0, std::memcmp(kv_packed_blocks(os), kv_packed_blocks(hs),
+                                                 size_t(hs.n_packed / hs.fmt.block_tokens) * hs.fmt.block_bytes)) << after;
+                    }
+                }
+            }
+        };
+        write(300);
+        check("a prompt of 300");
+        for (int i = 0; i < 150; ++i) write(1);
+        check("150 single tokens");
+        write(37);
+        check("a batch of 37");
+        write(261);
+        check("a batch of 261");
+        host->truncate(pos - 45);
+        off->truncate(pos - 45);
+        pos -= 45;
+        check("a rollback of 45");
+        for (int i = 0; i < 40; ++i) write(1);
+        check("40 more single tokens");
+        // The same pages; the device windows are one allocation of equal slots (the larger ring,
+        // in 256-byte units) where the host rings are each stream's own.
+        const size_t streams = 2 * 2 * 2;
+        EXPECT_GE(off->resident_bytes(), host->resident_bytes());
+        EXPECT_LE(off->resident_bytes(), host->resident_bytes() + streams * (64 * 2 + 256));
     }
 }
 

@@ -23,29 +23,42 @@ constexpr int64_t kMinPageTokens = 64;  // tokens per page (and per attention ch
 
 // One (layer, KV head) stream of keys or values. Stored tokens [0, n_enc) are packed blocks in
 // pages; [n_enc, n_enc + n_pending) wait in an fp16 ring of flush_at() tokens (absent when the
-// codec encodes every token on arrival).
+// codec encodes every token on arrival). In host memory the ring is the stream's own, allocated
+// with its first token; in device memory it is a slot of the cache's window allocation
+// (`device_ring`, kv_window_slots(codec) tokens), written by the backend's kernels.
 class Stream {
 public:
-    Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens, KvMemory& mem)
+    Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens, KvMemory& mem,
+           f16_t* device_ring = nullptr)
         : codec_(std::move(codec)), d_(d), page_tokens_(page_tokens), bt_(codec_->block_tokens()),
           bb_(codec_->block_bytes(d)), mem_(&mem),
-          pages_(mem.reserve(size_t(page_tokens / bt_) * bb_, (max_tokens + page_tokens - 1) / page_tokens)) {
+          pages_(mem.reserve(size_t(page_tokens / bt_) * bb_, (max_tokens + page_tokens - 1) / page_tokens)),
+          ring_(device_ring) {
         window_ = codec_->flush_at() > 1 ? codec_->flush_at() : 0;
         VXQ_ASSERT(page_tokens_ % bt_ == 0 && codec_->flush_count() % bt_ == 0);
+        VXQ_ASSERT(mem.host_accessible() == (device_ring == nullptr) || window_ == 0);
     }
 
     int64_t size() const { return n_enc_ + n_pending_; }
     const Codec& codec() const { return *codec_; }
-    // Whether tokens are stored on arrival, one block each, with no window: what a device
-    // backend's encode kernel writes (reserve()).
+    // Whether tokens are stored on arrival, one block each, with no window.
     bool token_wise() const { return window_ == 0 && bt_ == 1; }
 
-    // Makes room for n tokens at the end without encoding them: the caller (a device backend's
-    // kernel) writes their blocks at base() + (size() - n) * block bytes.
-    void reserve(int64_t n) {
-        VXQ_ASSERT(token_wise());
-        if (n > 0) pages_->grow_to((n_enc_ + n + page_tokens_ - 1) / page_tokens_);
-        n_enc_ += n;
+    // The bookkeeping of append(n) without touching a byte: the caller (a device backend's
+    // kernels) encodes and moves the tokens as the returned plan says (kv_view.h).
+    KvWindowWrite reserve(int64_t n) {
+        KvWindowWrite w{n_enc_, n_pending_, head_, window_, n};
+        if (window_ == 0) {
+            VXQ_ASSERT(bt_ == 1);
+        } else {
+            const int64_t total = n_pending_ + n, at = codec_->flush_at(), count = codec_->flush_count();
+            w.encoded = total >= at ? ((total - at) / count + 1) * count : 0;  // append()'s flushes
+            n_pending_ = total - w.encoded;
+            head_ = (head_ + w.encoded) % window_;
+        }
+        if (w.encoded > 0) pages_->grow_to((n_enc_ + w.encoded + page_tokens_ - 1) / page_tokens_);
+        n_enc_ += w.encoded;
+        return w;
     }
 
     // Appends n tokens.  x: [n, d] f32
@@ -58,9 +71,12 @@ public:
             for (int64_t t = 0; t < n; ++t) encode_block(x + t * d_);  // block_tokens == 1
             return;
         }
-        if (ring_.empty()) ring_.resize(size_t(window_ * d_));  // allocated with the first token
+        if (ring_ == nullptr) {  // allocated with the first token
+            host_ring_.resize(size_t(window_ * d_));
+            ring_ = host_ring_.data();
+        }
         for (int64_t t = 0; t < n; ++t) {
-            f16_t* slot = ring_.data() + ((head_ + n_pending_) % window_) * d_;
+            f16_t* slot = ring_ + ((head_ + n_pending_) % window_) * d_;
             for (int64_t c = 0; c < d_; ++c) slot[c] = fp32_to_fp16(x[t * d_ + c]);
             if (++n_pending_ == codec_->flush_at()) flush(scratch);
         }
@@ -78,13 +94,16 @@ public:
         const int64_t keep_blocks = n / bt_;
         const int64_t partial = n - keep_blocks * bt_;
         std::vector<float> blk(size_t(bt_ * d_));
-        if (partial > 0) codec_->decode(block_ptr(keep_blocks), d_, blk.data());
+        if (partial > 0) decode_blocks(keep_blocks, 1, blk.data());
         n_enc_ = keep_blocks * bt_;
         n_pending_ = 0;
         head_ = 0;  // the pages stay committed (a rollback refills them): shrink_to_fit gives them back
-        for (int64_t t = 0; t < partial; ++t) {
-            f16_t* slot = ring_.data() + t * d_;
-            for (int64_t c = 0; c < d_; ++c) slot[c] = fp32_to_fp16(blk[size_t(t * d_ + c)]);
+        std::vector<f16_t> slots(size_t(partial * d_));
+        for (size_t i = 0; i < slots.size(); ++i) slots[i] = fp32_to_fp16(blk[i]);
+        if (partial > 0 && mem_->host_accessible()) {
+            std::memcpy(ring_, slots.data(), slots.size() * sizeof(f16_t));
+        } else if (partial > 0) {
+            mem_->copy_from_host(ring_, slots.data(), slots.size() * sizeof(f16_t));
         }
         n_pending_ = partial;
     }
@@ -131,38 +150,53 @@ public:
 
     // Segments in stored order: the packed pages as one run (they are contiguous), then the
     // ring's one or two runs. O(1) per stream, so a view costs the same at any context length.
-    void view(std::vector<KvSegment>& out) const {
+    void view(std::vector<KvSegment>& out, KvStreamView& v) const {
+        v.ring = window_ > 0 ? reinterpret_cast<const uint8_t*>(ring_) : nullptr;
+        v.ring_head = head_;
+        v.ring_slots = window_;
+        v.n_packed = n_enc_;
         if (n_enc_ > 0) out.push_back({block_ptr(0), 0, n_enc_, false});
         if (n_pending_ > 0) {
             const int64_t run1 = std::min(n_pending_, window_ - head_);
-            const auto* base = reinterpret_cast<const uint8_t*>(ring_.data());
+            const auto* base = reinterpret_cast<const uint8_t*>(ring_);
             out.push_back({base + head_ * d_ * 2, n_enc_, run1, true});
             if (run1 < n_pending_) out.push_back({base, n_enc_ + run1, n_pending_ - run1, true});
         }
     }
 
-    size_t window_bytes() const { return ring_.size() * sizeof(f16_t); }
+    size_t window_bytes() const { return host_ring_.size() * sizeof(f16_t); }  // a device ring: the cache's
     size_t page_bytes() const { return pages_->resident_bytes(); }
 
     // Dequantized tokens [0, size()) for tests and references.  out: [size(), d]
     void decode_all(std::vector<float>& out) const {
         out.assign(size_t(size() * d_), 0.0f);
-        const int64_t n_blocks = (n_enc_ + bt_ - 1) / bt_;
-        std::vector<uint8_t> host;
-        const uint8_t* blocks = block_ptr(0);
-        if (!mem_->host_accessible()) {
-            host.resize(size_t(n_blocks) * bb_);
-            mem_->copy_to_host(host.data(), blocks, host.size());
-            blocks = host.data();
+        decode_blocks(0, (n_enc_ + bt_ - 1) / bt_, out.data());
+        std::vector<f16_t> staged;
+        const f16_t* ring = ring_;
+        if (n_pending_ > 0 && !mem_->host_accessible()) {
+            staged.resize(size_t(window_ * d_));
+            mem_->copy_to_host(staged.data(), ring_, staged.size() * sizeof(f16_t));
+            ring = staged.data();
         }
-        for (int64_t b = 0; b < n_blocks; ++b) codec_->decode(blocks + size_t(b) * bb_, d_, out.data() + b * bt_ * d_);
         for (int64_t t = 0; t < n_pending_; ++t) {
-            const f16_t* slot = ring_.data() + ((head_ + t) % window_) * d_;
+            const f16_t* slot = ring + ((head_ + t) % window_) * d_;
             for (int64_t c = 0; c < d_; ++c) out[size_t((n_enc_ + t) * d_ + c)] = fp16_to_fp32(slot[c]);
         }
     }
 
 private:
+    // Blocks [b0, b0 + n) decoded into out: [n * block_tokens, d] (through the host for device pages).
+    void decode_blocks(int64_t b0, int64_t n, float* out) const {
+        std::vector<uint8_t> host;
+        const uint8_t* blocks = block_ptr(b0);
+        if (n > 0 && !mem_->host_accessible()) {
+            host.resize(size_t(n) * bb_);
+            mem_->copy_to_host(host.data(), blocks, host.size());
+            blocks = host.data();
+        }
+        for (int64_t b = 0; b < n; ++b) codec_->decode(blocks + size_t(b) * bb_, d_, out + b * bt_ * d_);
+    }
+
     // Block b of the stream (pages are adjacent: page b / per_page, slot b % per_page).
     uint8_t* block_ptr(int64_t b) const { return pages_->base() + size_t(b) * bb_; }
 
@@ -188,7 +222,7 @@ private:
         scratch.resize(size_t(bt_ * d_));
         for (int64_t b = 0; b < n / bt_; ++b) {
             for (int64_t t = 0; t < bt_; ++t) {
-                const f16_t* slot = ring_.data() + ((head_ + b * bt_ + t) % window_) * d_;
+                const f16_t* slot = ring_ + ((head_ + b * bt_ + t) % window_) * d_;
                 for (int64_t c = 0; c < d_; ++c) scratch[size_t(t * d_ + c)] = fp16_to_fp32(slot[c]);
             }
             encode_block(scratch.data());
@@ -203,7 +237,8 @@ private:
     int64_t window_ = 0;
     KvMemory* mem_;
     std::unique_ptr<KvPages> pages_;  // the page table: page p holds stored tokens [p * page_tokens, ...)
-    std::vector<f16_t> ring_;
+    f16_t* ring_ = nullptr;           // window_ slots of d fp16, in mem_ (or host_ring_)
+    std::vector<f16_t> host_ring_;
     int64_t head_ = 0, n_enc_ = 0, n_pending_ = 0;
     bool observed_ = false;
 };
@@ -247,6 +282,9 @@ std::string format_name(const std::string& k, const std::string& v) { return k =
 struct KvCache::Impl {
     KvShape shape;
     KvMemory* mem = nullptr;  // where the pages are; not host-accessible: the owning backend writes them
+    // In device memory, the fp16 windows of every stream that has one: one allocation (a window is
+    // a few KiB, a stream's own pages would round it up to the memory's commit granularity).
+    std::unique_ptr<KvPages> windows;
     int64_t page_tokens = kMinPageTokens;
     size_t k_page_bytes = 0, v_page_bytes = 0;
     std::vector<std::unique_ptr<KvLayerState>> states;  // [layer * 2 + role], nullptr when none
@@ -290,19 +328,29 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     m.k_window.block_bytes = m.v_window.block_bytes = size_t(s.head_dim) * 2;
     m.exact.block_bytes = size_t(s.head_dim) * 4;
     m.heads.reserve(size_t(s.n_layer * s.n_head_kv));
+    // Device windows: a slot per (layer, head, role), as large as the larger ring.
+    const int64_t k_slots = probe_k->flush_at() > 1 ? probe_k->flush_at() : 0;
+    const int64_t v_slots = probe_v->flush_at() > 1 ? probe_v->flush_at() : 0;
+    const size_t slot_bytes = (size_t(std::max(k_slots, v_slots) * s.head_dim) * sizeof(f16_t) + 255) / 256 * 256;
+    if (!mem.host_accessible() && slot_bytes > 0) {
+        m.windows = mem.reserve(slot_bytes, 2 * s.n_layer * s.n_head_kv);
+        m.windows->grow_to(2 * s.n_layer * s.n_head_kv);
+    }
+    const auto ring = [&](int64_t l, int64_t g, int role, int64_t slots) -> f16_t* {
+        if (!m.windows || slots == 0) return nullptr;
+        return reinterpret_cast<f16_t*>(m.windows->base() + size_t((l * s.n_head_kv + g) * 2 + role) * slot_bytes);
+    };
     for (int64_t l = 0; l < s.n_layer; ++l) {
         m.states.push_back(make_layer_state(spec.k, KvRole::Key, s.head_dim, l));
         m.states.push_back(make_layer_state(spec.v, KvRole::Value, s.head_dim, l));
         const KvLayerState* ks = m.states[size_t(2 * l)].get();
         const KvLayerState* vs = m.states[size_t(2 * l + 1)].get();
         for (int64_t g = 0; g < s.n_head_kv; ++g) {
-            m.heads.push_back(Head{Stream(make_codec(spec.k, KvRole::Key, s.head_dim, ks), s.head_dim, m.page_tokens, s.n_ctx, mem),
-                                   Stream(make_codec(spec.v, KvRole::Value, s.head_dim, vs), s.head_dim, m.page_tokens, s.n_ctx, mem),
+            m.heads.push_back(Head{Stream(make_codec(spec.k, KvRole::Key, s.head_dim, ks), s.head_dim, m.page_tokens,
+                                          s.n_ctx, mem, ring(l, g, 0, k_slots)),
+                                   Stream(make_codec(spec.v, KvRole::Value, s.head_dim, vs), s.head_dim, m.page_tokens,
+                                          s.n_ctx, mem, ring(l, g, 1, v_slots)),
                                    {}});
-            if (!mem.host_accessible() && !(m.heads.back().k.token_wise() && m.heads.back().v.token_wise())) {
-                fail("KV method {} cannot be stored in {} yet (only formats that encode each token on arrival)",
-                     format_name(m.k_name, m.v_name), mem.name());
-            }
         }
     }
     m.segs.resize(size_t(s.n_layer));
@@ -345,15 +393,24 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
     }
 }
 
-void KvCache::reserve_write(int64_t layer, int64_t pos0, int64_t n) {
+KvWritePlan KvCache::reserve_write(int64_t layer, int64_t pos0, int64_t n) {
     VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && pos0 >= 0 && n >= 0 && pos0 + n <= shape_.n_ctx);
     if (opts_.prefill_exact) fail("--prefill-exact keeps an exact host copy of the batch; not available in {}", impl_->mem->name());
+    KvWritePlan plan;
     for (int64_t g = 0; g < shape_.n_head_kv; ++g) {
         Head& h = impl_->head(layer, g);
         h.place(pos0, n);
-        h.k.reserve(n);
-        h.v.reserve(n);
+        const KvWindowWrite k = h.k.reserve(n), v = h.v.reserve(n);
+        const auto same = [](const KvWindowWrite& a, const KvWindowWrite& b) {
+            return a.packed == b.packed && a.pending == b.pending && a.head == b.head && a.slots == b.slots &&
+                   a.encoded == b.encoded;
+        };
+        // Heads differ only after eviction, which a device cache allows for token-wise formats
+        // alone (retain), whose plan is the same in every head but for `packed`.
+        if (g > 0 && (k.slots > 0 || v.slots > 0)) VXQ_ASSERT(same(k, plan.k) && same(v, plan.v));
+        if (g == 0) plan = KvWritePlan{k, v};
     }
+    return plan;
 }
 
 void KvCache::commit(int64_t n) {
@@ -385,7 +442,7 @@ KvLayerView KvCache::view(int64_t layer) const {
                 const auto& src = role == 0 ? m.exact_k : m.exact_v;
                 segs.push_back({reinterpret_cast<const uint8_t*>(src.data() + g * m.exact_n * d), 0, m.exact_n, true});
             } else {
-                (role == 0 ? h.k : h.v).view(segs);
+                (role == 0 ? h.k : h.v).view(segs, role == 0 ? hv[size_t(g)].k : hv[size_t(g)].v);
             }
             ranges.emplace_back(b, segs.size());
         }
@@ -467,7 +524,7 @@ size_t KvCache::resident_bytes() const {
         b += h.k.page_bytes() + h.v.page_bytes() + h.k.window_bytes() + h.v.window_bytes() + h.pos.capacity() * sizeof(int32_t);
     }
     for (const auto& s : m.states) b += s ? s->bytes() : 0;
-    return b;
+    return b + (m.windows ? m.windows->resident_bytes() : 0);
 }
 
 size_t KvCache::bytes_for_tokens(int64_t n) const {
@@ -478,10 +535,12 @@ size_t KvCache::bytes_for_tokens(int64_t n) const {
     const auto held = [g](size_t bytes) { return (bytes + g - 1) / g * g; };
     size_t per_head = held(pages * m.k_page_bytes) + held(pages * m.v_page_bytes);
     const Head& h0 = m.heads.front();
-    for (const Codec* c : {&h0.k.codec(), &h0.v.codec()}) {
-        if (c->flush_at() > 1) per_head += size_t(c->flush_at() * shape_.head_dim) * sizeof(f16_t);
+    if (!m.windows) {  // host rings, allocated with a stream's first token
+        for (const Codec* c : {&h0.k.codec(), &h0.v.codec()}) {
+            if (c->flush_at() > 1) per_head += size_t(c->flush_at() * shape_.head_dim) * sizeof(f16_t);
+        }
     }
-    size_t b = per_head * m.heads.size();
+    size_t b = per_head * m.heads.size() + (m.windows ? m.windows->resident_bytes() : 0);
     for (const auto& s : m.states) b += s ? s->bytes() : 0;
     return b;
 }

@@ -75,10 +75,11 @@ public:
     // after dropping the head's tokens at positions >= pos0.   k, v: [n, n_head_kv, head_dim], k after RoPE
     void write(int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n);
     // The bookkeeping of write() without the encoding, for a cache in device memory: after it, the
-    // last n stored tokens of every head of the layer (view()) are the slots of positions
-    // [pos0, pos0 + n), which the backend's kernel fills. Token-wise formats only (the cache
-    // refuses others in device memory at construction).
-    void reserve_write(int64_t layer, int64_t pos0, int64_t n);
+    // last n stored tokens of every head of the layer (view()) are the tokens of positions
+    // [pos0, pos0 + n), which the backend's kernels put in place as the returned plan says (the
+    // same in every head: which tokens to encode into blocks, which wait in the fp16 window;
+    // kv_view.h). Token-wise formats: every new token is encoded into its own block.
+    KvWritePlan reserve_write(int64_t layer, int64_t pos0, int64_t n);
     // Makes positions [0, n) the cache's content once every layer has been written; then the
     // eviction policy, if any, evicts when due.
     void commit(int64_t n);

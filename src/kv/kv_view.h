@@ -29,6 +29,26 @@ struct KvStreamView {
     KvFormatParams window_fmt;  // the fp16 window (or the exact f32 batch of --prefill-exact)
     const KvSegment* segs = nullptr;
     int64_t n_segs = 0;
+    // The fp16 window as a ring, for kernels that address it as one (a device cache's): stored
+    // token n_packed + i is at ring slot (ring_head + i) % ring_slots, head_dim fp16 per slot.
+    // ring null: no window (token-wise formats) or an exact batch (segs say where).
+    const uint8_t* ring = nullptr;
+    int64_t ring_head = 0, ring_slots = 0;
+    int64_t n_packed = 0;  // stored tokens in packed blocks: [0, n_packed)
+};
+
+// What a write of n tokens does to one stream (the same in every head of a layer), for a device
+// backend whose kernels do the encoding (KvCache::reserve_write). Before the write the stream held
+// `packed` tokens in blocks and `pending` in its window, the oldest at ring slot `head` of `slots`
+// (slots 0: no window, every token encoded on arrival). The write encodes `encoded` tokens as
+// blocks at [packed, packed + encoded): the window's oldest first, then new ones (write-local
+// index i < pending: ring slot (head + i) % slots, else new token i - pending). New token j with
+// pending + j >= encoded then waits in the window, at ring slot (head + pending + j) % slots.
+struct KvWindowWrite {
+    int64_t packed = 0, pending = 0, head = 0, slots = 0, encoded = 0;
+};
+struct KvWritePlan {
+    KvWindowWrite k, v;
 };
 
 // The packed blocks of a stream: its pages are one contiguous run (kv/memory.h), the first
