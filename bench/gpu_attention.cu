@@ -8,7 +8,8 @@
 // where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--splits N,..] [--tile N,..] [--stages N,..] [--stream N,..] [--encode N,..] [CONTEXTS...]
+//   vxq_gpu_attention [--formats f16,q8_0,q4_0,kivi4,kivi2] [--splits N,..] [--tile N,..] [--stages N,..]
+//                     [--stream N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles, stages and forms (--stream: 0 the
@@ -16,6 +17,9 @@
 // choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
 // of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
+// kivi4 / kivi2: a KIVI cache (kivi:bits=4 / 2, G 32, R 128: kivi.cuh) filled through the backend's
+// store, timed with the KIVI attention and its merge at its default split count and each of
+// --kivi-splits; bytes = packed keys and values with their zeros and scales + the fp16 windows.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
 // bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are
@@ -25,6 +29,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +39,7 @@
 #include "backend/backend.h"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/kivi.cuh"
 #include "kv/kv_cache.h"
 #include "kv/memory.h"
 #include "gpu_timing.cuh"
@@ -195,6 +201,117 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     return rows;
 }
 
+// A KIVI cache of ctx tokens (kivi:bits=bits) per layer, the KIVI attention of one query timed at
+// its default split count (twice: A/A) and at each of `splits`.
+std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
+    using namespace vxq;
+    const std::string kv = "kivi:bits=" + std::to_string(bits);
+    auto be = make_backend("cuda", 1);
+    KvCacheOptions opts;
+    opts.memory = be->kv_memory();
+    opts.flash_attn = true;
+    // One layer first, to learn its bytes; then as many layers as the working set needs.
+    const auto layer_bytes_of = [&](const KvCache& c) {
+        const KvLayerView view = c.view(0);
+        size_t b = 0;
+        for (int64_t g = 0; g < kHeadsKv; ++g) {
+            const KvHeadView& h = view.heads[g];
+            b += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
+            b += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;  // the windows
+        }
+        return b;
+    };
+    const int64_t chunk = std::min(kFillChunk, ctx);
+    const size_t chunk_floats = size_t(chunk * kHeadsKv * kHeadDim);
+    std::vector<float> host(chunk_floats);
+    std::mt19937 rng(uint32_t(ctx) * 11 + uint32_t(bits));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : host) x = u(rng);
+    float* k = be->activation_buffer(0, chunk_floats);
+    float* v = be->activation_buffer(1, chunk_floats);
+    VXQ_CUDA_CHECK(cudaMemcpy(k, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaMemcpy(v, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    const auto fill = [&](KvCache& c, int64_t layers) {
+        for (int64_t l = 0; l < layers; ++l) {
+            for (int64_t t0 = 0; t0 < ctx; t0 += chunk) be->kv_write(c, l, t0, k, v, std::min(chunk, ctx - t0));
+            be->to_host(k, 1, 0);  // runs what is recorded
+        }
+        c.commit(ctx);
+    };
+    size_t layer_bytes = 0;
+    {
+        auto probe = make_kv_cache(KvShape{1, kHeads, kHeadsKv, kHeadDim, ctx}, KvSpec::parse(kv), opts);
+        fill(*probe, 1);
+        layer_bytes = layer_bytes_of(*probe);
+    }
+    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes, 64));
+    auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, KvSpec::parse(kv), opts);
+    fill(*cache, layers);
+    cuda::KiviAttentionParams p{};
+    p.n_q = 1;
+    p.n_head = kHeads;
+    p.n_head_kv = kHeadsKv;
+    p.head_dim = kHeadDim;
+    p.scale = 1.0f / std::sqrt(float(kHeadDim));
+    const int64_t dflt = cuda::kivi_attention_splits(1, kHeadsKv);
+    int64_t most = dflt;
+    for (int64_t s : splits) most = std::max(most, s);
+    float *q, *out, *partial;
+    cuda::KiviHeadDev* tables;
+    VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::kivi_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KiviHeadDev)));
+    VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
+    std::vector<cuda::KiviHeadDev> table(size_t(layers * kHeadsKv));
+    const auto addr = [](const void* a) { return uint64_t(reinterpret_cast<uintptr_t>(a)); };
+    for (int64_t l = 0; l < layers; ++l) {
+        const KvLayerView view = cache->view(l);
+        for (int64_t g = 0; g < kHeadsKv; ++g) {
+            const KvHeadView& h = view.heads[g];
+            table[size_t(l * kHeadsKv + g)] = {addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), addr(h.k.ring),
+                                               addr(h.v.ring), h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head,
+                                               h.v.ring_head};
+        }
+        if (l == 0) {
+            const KvStreamView &ks = view.heads[0].k, &vs = view.heads[0].v;
+            p.kf = {ks.fmt.bits, ks.fmt.group, int32_t(ks.fmt.rows), int32_t(ks.fmt.block_bytes), int32_t(ks.ring_slots)};
+            p.vf = {vs.fmt.bits, vs.fmt.group, int32_t(vs.fmt.rows), int32_t(vs.fmt.block_bytes), int32_t(vs.ring_slots)};
+        }
+    }
+    VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KiviHeadDev), cudaMemcpyHostToDevice));
+    p.q = q;
+    p.out = out;
+    p.partial = partial;
+    std::vector<int64_t> arms = {dflt, dflt};
+    for (int64_t s : splits) {
+        if (s != dflt) arms.push_back(s);
+    }
+    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
+        cuda::KiviAttentionParams pl = p;
+        pl.splits = arms[size_t(arm)];
+        pl.heads = tables + (i % layers) * kHeadsKv;
+        cuda::kivi_attention(pl, st);
+    });
+    std::vector<float> o(size_t(kHeads * kHeadDim));
+    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+    for (float x : o) {
+        if (!std::isfinite(x)) {
+            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(), (long long)ctx);
+            std::exit(1);
+        }
+    }
+    std::vector<Row> rows;
+    for (size_t a = 0; a < arms.size(); ++a) {
+        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, -2, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+                           ms[a].max * 1e3, a == 1, arms[a] == dflt});
+    }
+    for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
+        VXQ_CUDA_CHECK(cudaFree(ptr));
+    }
+    return rows;
+}
+
 // The encoder alone: store_kv of n tokens x kHeadsKv heads in format f, keys and values, from
 // f32 rows (inputs rotated so > kMinWorkingSet is read between two reads of the same rows) into
 // pages of n tokens per head. Returns ms per call and bytes (read + written) per call.
@@ -244,7 +361,8 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, encode;
+        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, encode, kivi_splits;
+        std::vector<std::string> formats;
         bool only_encode = false;
         const auto list = [](const char* text, std::vector<int64_t>& out) {
             for (const char* c = text; *c;) {
@@ -264,6 +382,14 @@ int main(int argc, char** argv) {
                 list(argv[++i], stages);
             } else if (a == "--stream" && i + 1 < argc) {
                 list(argv[++i], streams);
+            } else if (a == "--kivi-splits" && i + 1 < argc) {
+                list(argv[++i], kivi_splits);
+            } else if (a == "--formats" && i + 1 < argc) {
+                for (const char* c = argv[++i]; *c;) {
+                    const char* e = std::strchr(c, ',');
+                    formats.emplace_back(c, e ? size_t(e - c) : std::strlen(c));
+                    c = e ? e + 1 : c + std::strlen(c);
+                }
             } else if (a == "--encode" && i + 1 < argc) {
                 list(argv[++i], encode);
             } else if (a == "0") {
@@ -303,6 +429,14 @@ int main(int argc, char** argv) {
                 for (int64_t s : split_counts)
                     for (int64_t sm : streams) configs.push_back(Config{s, int(t), int(g), int(sm)});
         if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
+        if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "kivi4", "kivi2"};
+        for (const std::string& f : formats) {
+            if (f != "f16" && f != "q8_0" && f != "q4_0" && f != "kivi4" && f != "kivi2") {
+                std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, kivi4, kivi2\n");
+                return 1;
+            }
+        }
+        const auto wanted = [&](const std::string& f) { return std::find(formats.begin(), formats.end(), f) != formats.end(); };
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         cudaStream_t st;
@@ -315,6 +449,7 @@ int main(int argc, char** argv) {
             std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call (min-max) | GB/s | of copy |\n");
             std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
             for (const Format& f : kFormats) {
+                if (!wanted(f.kv)) continue;
                 for (int64_t n : encode) {
                     const auto [t, bytes] = run_encode(f, n, st);
                     const double us = t.median * 1e3;
@@ -341,12 +476,20 @@ int main(int argc, char** argv) {
         std::printf("\n| kv | context | layers rotated | splits | tile x stages | form | MB/call | us/call (min-max) | GB/s | of copy |\n");
         std::printf("| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
         std::vector<Row> rows;
-        for (const Format& f : kFormats) {
+        const auto kivi_bits = [](const std::string& f) { return f == "kivi4" ? 4 : f == "kivi2" ? 2 : 0; };
+        for (const std::string& fname : formats) {
+            const Format* fmt = nullptr;
+            for (const Format& f : kFormats) {
+                if (fname == f.kv) fmt = &f;
+            }
             for (int64_t ctx : contexts) {
-                for (const Row& r : run_case(f, ctx, configs, st)) {
+                const std::vector<Row> case_rows =
+                    fmt ? run_case(*fmt, ctx, configs, st) : run_kivi_case(kivi_bits(fname), ctx, kivi_splits, st);
+                for (const Row& r : case_rows) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     char form[32];
-                    std::snprintf(form, sizeof form, r.stream > 0 ? "stream x %d" : "tensor cores", r.stream);
+                    std::snprintf(form, sizeof form, r.stream == -2 ? "kivi" : r.stream > 0 ? "stream x %d" : "tensor cores",
+                                  r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
                                 r.aa ? " A/A" : r.dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,

@@ -866,7 +866,7 @@ std::pair<std::vector<uint8_t>, std::vector<uint8_t>> packed_bytes(const KvCache
     for (int role = 0; role < 2; ++role) {
         const KvStreamView& st = role == 0 ? h.k : h.v;
         auto& bytes = role == 0 ? out.first : out.second;
-        bytes.resize(size_t(h.n_tokens / st.fmt.block_tokens) * st.fmt.block_bytes);
+        bytes.resize(size_t(st.n_packed / st.fmt.block_tokens) * st.fmt.block_bytes);
         const uint8_t* blocks = kv_packed_blocks(st);
         if (bytes.empty()) continue;
         if (view.memory != nullptr && !view.memory->host_accessible()) {
@@ -1333,8 +1333,91 @@ TEST(Cuda, AttentionRefusesOtherKvFormatsAndHostCachesByName) {
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("KV cache is in host memory"), std::string::npos) << e.what();
     }
-    // KIVI keeps an fp16 window and packs groups later: not storable in device memory yet.
-    EXPECT_THROW(make_kv_cache(KvShape{1, 2, 2, 64, 64}, "kivi:bits=2", "kivi:bits=2", opts), Error);
+    // The KIVI kernels read KIVI keys with KIVI values, GQA groups up to 8.
+    auto kivi_f16 = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "kivi:bits=2", "f16", opts);
+    try {
+        be->kv_write(*kivi_f16, 0, 0, k.data(), k.data(), 4);
+        FAIL() << "KIVI keys with f16 values were written on CUDA";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("KIVI keys with KIVI values only"), std::string::npos) << e.what();
+    }
+    auto kivi_gqa16 = make_kv_cache(KvShape{1, 16, 1, 64, 64}, "kivi:bits=2", "kivi:bits=2", opts);
+    EXPECT_THROW(be->kv_write(*kivi_gqa16, 0, 0, k.data(), k.data(), 4), Error);
+}
+
+// KIVI in device memory, through a prompt, single tokens across key flushes, a batch that
+// flushes more than the window holds and a rollback into a key block: after each, the device
+// cache's blocks and windows equal the CPU cache's bit for bit (the store follows the CPU codec,
+// kivi.cuh), and the attention of one query (decode) and of a batch of queries equals the CPU
+// backend's fused kernel (both f32, summed in other orders: 2e-5 on outputs of size ~1). The
+// cases take both key paths (G a multiple of 32: codes in shared memory; G = 8: per element),
+// ragged value rows (head_dim 96, G = 64), 1-8 lanes' channels per lane, GQA 1-8.
+TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
+    VXQ_REQUIRE_CUDA(be);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    struct Case {
+        const char* spec;
+        int64_t head_dim, n_head, n_head_kv;
+    };
+    const Case cases[] = {{"kivi:bits=2", 128, 32, 8},
+                          {"kivi:bits=4", 64, 12, 4},
+                          {"kivi:bits=8,group=64,residual=128", 96, 8, 1},
+                          {"kivi:bits=2,group=32,residual=32", 256, 8, 2},
+                          {"kivi:bits=4,group=8,residual=24", 64, 6, 6},
+                          {"kivi:bits=2,group=128,residual=256", 128, 16, 2},
+                          {"kivi:bits=2", 32, 3, 3}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.spec << " head_dim " << c.head_dim << " heads " << c.n_head << "/"
+                                        << c.n_head_kv << " seed " << seed);
+        const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, 2048};
+        KvCacheOptions opts;
+        opts.flash_attn = true;
+        auto host = make_kv_cache(shape, c.spec, c.spec, opts);
+        opts.memory = be->kv_memory();
+        auto dev = make_kv_cache(shape, c.spec, c.spec, opts);
+        const int64_t kv = c.n_head_kv * c.head_dim;
+        int64_t pos = 0;
+        const auto write = [&](int64_t n) {
+            const auto k = random_floats(size_t(n * kv), rng), v = random_floats(size_t(n * kv), rng);
+            host->write(0, pos, k.data(), v.data(), n);
+            be->kv_write(*dev, 0, pos, k.data(), v.data(), n);
+            pos += n;
+            host->commit(pos);
+            dev->commit(pos);
+        };
+        const auto check = [&](const std::string& after, int64_t n_q) {
+            for (int64_t g = 0; g < c.n_head_kv; ++g) {
+                ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << after << ": blocks of head " << g;
+                std::vector<float> hk, hv, dk, dv;
+                host->dequantize(0, g, pos, hk, hv);
+                dev->dequantize(0, g, pos, dk, dv);
+                ASSERT_EQ(dk, hk) << after << ": keys of head " << g;
+                ASSERT_EQ(dv, hv) << after << ": values of head " << g;
+            }
+            const auto q = random_floats(size_t(n_q * c.n_head * c.head_dim), rng);
+            std::vector<float> ref(q.size()), got(q.size(), NAN);
+            cpu->attention(host->view(0), q.data(), n_q, pos - n_q, ref.data());
+            be->attention(dev->view(0), q.data(), n_q, pos - n_q, got.data());
+            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << after << ", output " << i;
+        };
+        write(517);
+        check("a prompt of 517", 1);
+        for (int i = 1; i <= 150; ++i) {
+            write(1);
+            if (i % 37 == 0) check("single token " + std::to_string(i), 1);
+        }
+        write(300);
+        check("a batch of 300", 300);
+        host->truncate(pos - 45);
+        dev->truncate(pos - 45);
+        pos -= 45;
+        for (int i = 0; i < 20; ++i) write(1);
+        check("a rollback of 45 and 20 tokens", 1);
+        write(33);
+        check("a batch of 33", 33);
+    }
 }
 
 // Device pages are committed in chunks as tokens arrive and given back when they go.
@@ -1818,7 +1901,7 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         "To configure the device, the driver reads the kernel's table of registers, checks every value against "
         "the limits the hardware reports, and writes the new settings back.",
         true);
-    for (const char* spec_text : {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0"}) {
+    for (const char* spec_text : {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "kivi:bits=2,group=32,residual=32", "kivi:bits=4"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
         const double tol = std::string(spec_text).find("q4_0") != std::string::npos ? 1e-1 : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {

@@ -22,6 +22,7 @@
 #include "kernels/cuda/attention_mass.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/kivi.cuh"
 #include "kernels/cuda/kv_memory.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.cuh"
@@ -91,12 +92,13 @@ T zeroed() {
 
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
-    AttentionMass
+    AttentionMass, KiviStore, KiviAttention
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
-                                    "attention gemm", "attention split-K", "rope + kv store", "attention mass"};
-static_assert(std::size(kOpNames) == size_t(Op::AttentionMass) + 1);
+                                    "attention gemm", "attention split-K", "rope + kv store", "attention mass",
+                                    "kivi store", "kivi attention"};
+static_assert(std::size(kOpNames) == size_t(Op::KiviAttention) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -170,6 +172,7 @@ public:
         scores_.release();
         split_partial_.release();
         split_arrivals_.release();
+        kivi_partial_.release();
         mass_.release();
         mass_stats_.release();
         mass_q8_.release();
@@ -374,9 +377,13 @@ public:
         const KvShape& s = cache.shape();
         const size_t count = size_t(n * s.n_head_kv * s.head_dim);
         if (KvObserver* obs = cache.observer()) obs->on_write(layer, pos0, to_host(k, count, 0), to_host(v, count, 1), n);
-        cache.reserve_write(layer, pos0, n);
+        const KvWritePlan plan = cache.reserve_write(layer, pos0, n);
         const KvLayerView view = cache.view(layer);
         require_device(view);
+        if (kivi_layer(view)) {
+            kivi_write(view, plan, k, v, n);
+            return;
+        }
         const KvCodes codes = kv_codes(view);
         heads_.resize(size_t(s.n_head_kv));
         for (int64_t g = 0; g < s.n_head_kv; ++g) heads_[size_t(g)] = head_dev(view.heads[g], view.heads[g].n_tokens - n);
@@ -436,6 +443,10 @@ public:
     }
 
     std::string attention_path(const KvLayerView& view) const override {
+        if (kivi_layer(view)) {
+            return "cuda kivi pages on the device: split-K KIVI kernel reading the packed codes and the fp16 window in "
+                   "place (keys: q * scale per channel against the codes, values fma(code, s, z)), f32 softmax";
+        }
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
                 if (!kv_code_of(s->fmt.kind)) {
@@ -466,6 +477,10 @@ private:
     // kernel (attention.cuh says which takes what).
     void attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
         require_device(view);
+        if (kivi_layer(view)) {
+            kivi_attend(view, q, n_q, pos0, o);
+            return;
+        }
         const KvCodes codes = kv_codes(view);
         const bool f16 = codes.k == KvCode::F16 && codes.v == KvCode::F16;
         heads_.resize(size_t(view.n_head_kv));
@@ -573,6 +588,10 @@ private:
     // host memory, so the mass is copied back and added there, as finish() returns an output.
     void add_attention_mass(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0,
                             float* const* token_mass) {
+        if (kivi_layer(view)) {
+            fail("the attention mass (eviction scores, attention observers) over a KIVI cache has no CUDA kernel; use "
+                 "--device cpu");
+        }
         const KvCodes codes = kv_codes(view);
         int64_t max_tokens = 0;
         for (int64_t g = 0; g < view.n_head_kv; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
@@ -690,6 +709,86 @@ private:
         if (!kv_code_fits(*c, head_dim)) fail("KV format {} needs head_dim % 32 == 0, not {}", kv_format_kind_name(s.fmt.kind), head_dim);
         return *c;
     }
+    // Whether a layer is a KIVI cache (keys and values: the KIVI kernels read no other format),
+    // refusing what they cannot read.
+    static bool kivi_layer(const KvLayerView& view) {
+        const bool k = view.heads[0].k.fmt.kind == KvFormatKind::KiviKey;
+        const bool v = view.heads[0].v.fmt.kind == KvFormatKind::KiviValue;
+        if (!k && !v) return false;
+        if (k != v) {
+            fail("KV format {} / {}: the CUDA backend reads KIVI keys with KIVI values only; use --device cpu",
+                 kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind));
+        }
+        if (!kivi_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
+            fail("KIVI on CUDA needs a GQA group of at most 8 and head_dim a multiple of 32 up to 256, not {} / {} heads "
+                 "of {}; use --device cpu",
+                 view.n_head, view.n_head_kv, view.head_dim);
+        }
+        return true;
+    }
+    static KiviFormatDev kivi_format(const KvStreamView& s) {
+        return KiviFormatDev{s.fmt.bits, s.fmt.group, int32_t(s.fmt.rows), int32_t(s.fmt.block_bytes), int32_t(s.ring_slots)};
+    }
+    static KiviHeadDev kivi_head(const KvHeadView& h) {
+        const auto addr = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
+        return KiviHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), addr(h.k.ring), addr(h.v.ring),
+                           h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head, h.v.ring_head};
+    }
+    void kivi_heads(const KvLayerView& view) {
+        kivi_heads_.resize(size_t(view.n_head_kv));
+        for (int64_t g = 0; g < view.n_head_kv; ++g) {
+            if (view.heads[g].pos != nullptr) fail("KIVI on CUDA: a cache with evicted tokens; use --device cpu");
+            kivi_heads_[size_t(g)] = kivi_head(view.heads[g]);
+        }
+    }
+
+    // A KIVI layer's write: the encoders and the window write (kivi.cuh) as the cache's plan says.
+    void kivi_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n) {
+        const size_t count = size_t(n * view.n_head_kv * view.head_dim);
+        kivi_heads(view);
+        const KvWindowWrite ww[2] = {plan.k, plan.v};
+        KiviStoreParams a = zeroed<KiviStoreParams>();
+        step_reserve({host_bytes(k, count), host_bytes(v, count), kivi_heads_.size() * sizeof(KiviHeadDev), sizeof ww});
+        a.k = in(k, count);
+        a.v = in(v, count);
+        a.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
+        a.plan = static_cast<const KvWindowWrite*>(step_put(ww, sizeof ww));
+        a.n = n;
+        a.n_head_kv = view.n_head_kv;
+        a.head_dim = view.head_dim;
+        a.kf = kivi_format(view.heads[0].k);
+        a.vf = kivi_format(view.heads[0].v);
+        record(Op::KiviStore, a, [](const KiviStoreParams& a, cudaStream_t st) { kivi_store(a, st); });
+    }
+
+    // A KIVI layer's attention: the queries are the last n_q stored tokens of every head.
+    void kivi_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
+        kivi_heads(view);
+        for (const KiviHeadDev& h : kivi_heads_) {
+            if (h.n_tokens - n_q != pos0) {
+                fail("KIVI on CUDA attends with the {} queries at positions {}.. as the last stored tokens; use --device cpu",
+                     n_q, pos0);
+            }
+        }
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        KiviAttentionParams p = zeroed<KiviAttentionParams>();
+        p.splits = kivi_attention_splits(n_q, view.n_head_kv);
+        p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.out = out(o, n_out);
+        step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
+        p.q = in(q, n_out);
+        p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        p.kf = kivi_format(view.heads[0].k);
+        p.vf = kivi_format(view.heads[0].v);
+        record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
+        finish(o, p.out, n_out);
+    }
+
     // The formats of a layer's keys and values (the same in every head).
     static KvCodes kv_codes(const KvLayerView& view) {
         return KvCodes{require_code(view.heads[0].k, view.head_dim, "keys"), require_code(view.heads[0].v, view.head_dim, "values")};
@@ -1258,6 +1357,8 @@ private:
     DeviceArray<float> scores_;
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
+    DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
+    std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
     DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
     DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum
     DeviceArray<int8_t> mass_q8_;           // and q as q8_0 (q8_0 / q4_0 keys)

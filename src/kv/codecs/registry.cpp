@@ -31,7 +31,7 @@ std::vector<Entry> builtin_entries() {
          codecs::make_fp8, nullptr},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
           "KIVI: per-channel keys over G tokens, per-token values over G channels, fp16 window of R",
-          "b + 32/G (+ the fp16 window of R tokens)", {"cpu"},
+          "b + 32/G (+ the fp16 window of R tokens)", {"cpu", "cuda"},
           {"kivi:bits=2", "kivi:bits=4", "kivi:bits=8,group=64,residual=128", "kivi:bits=2,group=32,residual=32"}},
          codecs::make_kivi, nullptr},
         {{"turbo",

@@ -1,0 +1,423 @@
+// KIVI caches in device memory: the store (encoders + window write) and the split-K attention
+// (kivi.cuh says what each does). The encoders follow kivi::quantize_group step for step
+// (kv/codecs/kivi.cpp): the same f32 operations, each rounded on its own (__f*_rn), so the bytes
+// are the CPU codec's.
+#include "kernels/cuda/kivi.cuh"
+
+#include <algorithm>
+#include <cmath>
+
+#include <cuda_fp16.h>
+
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace vxq::cuda {
+
+namespace {
+
+constexpr int kKiviWarps = 4;
+constexpr int kKiviTile = 32;     // tokens a warp takes at a time: a lane per token
+constexpr int kKiviMaxGqa = 8;
+constexpr int kKiviMinStretch = 64;
+
+__host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float half_at(const uint8_t* p) {  // 2-byte aligned
+    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
+}
+__device__ __forceinline__ uint16_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ void put_half(uint8_t* p, uint16_t h) { *reinterpret_cast<uint16_t*>(p) = h; }
+
+// Element c of write-local token i (plan w), as the encoder takes it: the fp16 window's, or the
+// new input rounded to fp16 as the window would hold it.   x: the head's new rows, `stride` apart
+__device__ __forceinline__ float write_token(const KvWindowWrite& w, const uint8_t* ring, const float* x, int64_t stride,
+                                             int64_t d, int64_t i, int64_t c) {
+    if (i < w.pending) return half_at(ring + ((w.head + i) % w.slots) * d * 2 + 2 * c);
+    return __half2float(__float2half_rn(x[(i - w.pending) * stride + c]));
+}
+
+// kivi::quantize_group + pack_row for the n values get(0..n-1): zero and scale (fp16) and the
+// packed codes of one row.
+template <class Get>
+__device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* scale, uint8_t* row) {
+    float mn = get(0), mx = mn;
+    bool nan = false;
+    for (int i = 0; i < n; ++i) {
+        const float x = get(i);
+        if (x < mn) mn = x;
+        if (x > mx) mx = x;
+        nan |= x != x;
+    }
+    const float qmax = float((1 << bits) - 1);
+    // A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).
+    const uint16_t z16 = nan ? uint16_t(0x7e00) : half_bits(mn);
+    const uint16_t s16 = nan ? uint16_t(0x7e00) : half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
+    put_half(zero, z16);
+    put_half(scale, s16);
+    const float z = __half2float(__ushort_as_half(z16)), s = __half2float(__ushort_as_half(s16));
+    unsigned acc = 0;
+    int filled = 0;
+    for (int i = 0; i < n; ++i) {
+        unsigned code = 0;
+        if (s > 0.0f) {
+            const float t = __fdiv_rn(__fsub_rn(get(i), z), s);
+            code = unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
+        }
+        acc |= code << filled;
+        filled += bits;
+        if (filled == 8) {
+            *row++ = uint8_t(acc);
+            acc = 0;
+            filled = 0;
+        }
+    }
+}
+
+// Key block j of the write (G tokens): a thread per channel (its row), adjacent threads adjacent
+// channels, so every token's loads coalesce.
+__global__ void kivi_encode_keys_kernel(KiviStoreParams p) {
+    const KvWindowWrite w = p.plan[0];
+    const int G = p.kf.group, bits = p.kf.bits;
+    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim, stride = p.n_head_kv * d;
+    if (j * G >= w.encoded) return;
+    const KiviHeadDev h = p.heads[g];
+    const float* x = p.k + g * d;
+    const auto* ring = reinterpret_cast<const uint8_t*>(h.kw);
+    uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + j) * p.kf.block_bytes;
+    const int64_t rb = G * bits / 8;
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+        const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j * G + t, c); };
+        quantize_row(get, G, bits, blk + 2 * c, blk + 2 * d + 2 * c, blk + 4 * d + c * rb);
+    }
+}
+
+// Value token j of the write: a thread per row (G channels; a ragged last row repeats its last
+// real channel, as the CPU pads it).
+__global__ void kivi_encode_values_kernel(KiviStoreParams p) {
+    const KvWindowWrite w = p.plan[1];
+    const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows;
+    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim, stride = p.n_head_kv * d;
+    if (j >= w.encoded) return;
+    const KiviHeadDev h = p.heads[g];
+    const float* x = p.v + g * d;
+    const auto* ring = reinterpret_cast<const uint8_t*>(h.vw);
+    uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + j) * p.vf.block_bytes;
+    const int64_t rb = G * bits / 8;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int64_t c0 = int64_t(r) * G, last = min64(d, c0 + G) - 1;
+        const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j, min64(c0 + t, last)); };
+        quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
+    }
+}
+
+// New token j of the write into the window of keys (z = 0) or values (z = 1), unless encoded.
+__global__ void kivi_window_kernel(KiviStoreParams p) {
+    const int role = blockIdx.z;
+    const KvWindowWrite w = p.plan[role];
+    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim;
+    if (w.pending + j < w.encoded) return;
+    const KiviHeadDev h = p.heads[g];
+    const int64_t slot = (w.head + w.pending + j) % w.slots;
+    auto* dst = reinterpret_cast<uint16_t*>(role ? h.vw : h.kw) + slot * d;
+    const float* x = (role ? p.v : p.k) + (j * p.n_head_kv + g) * d;
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = half_bits(x[c]);
+}
+
+// ---- attention --------------------------------------------------------------------------------
+
+// Shared memory (4-byte words): q of the group's heads [gqa][D], then per warp the codes of a key
+// tile [D][bits], q * s per channel [D][G4] (G4: gqa rounded up to 4, for float4 loads) and the
+// tile's probabilities [32][G4]; at the end each warp's region holds its state for the merge.
+__host__ __device__ constexpr int kivi_warp_words(int d, int bits, int g4) { return d * bits + d * g4 + kKiviTile * g4; }
+__host__ __device__ constexpr int kivi_g4(int gqa) { return (gqa + 3) & ~3; }
+size_t kivi_smem_bytes(int d, int bits, int gqa) {
+    return size_t(gqa * d + kKiviWarps * kivi_warp_words(d, bits, kivi_g4(gqa))) * sizeof(float);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAttentionParams p) {
+    constexpr int CPL = D / 32;  // value channels per lane
+    extern __shared__ float4 smem4[];
+    float* smem = reinterpret_cast<float*>(smem4);
+    const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
+    const KiviHeadDev hd = p.heads[g];
+    const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
+    int64_t per = (n_vis + p.splits - 1) / p.splits;
+    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviMinStretch);
+    const int64_t t_begin = z * per, t_end = min64(n_vis, t_begin + per);
+
+    float* q_s = smem;
+    const int kbits = p.kf.bits, wwords = kivi_warp_words(D, kbits, g4);
+    float* ws = smem + gqa * D + warp * wwords;
+    auto* codes_s = reinterpret_cast<uint32_t*>(ws);
+    float* qs_s = ws + D * kbits;
+    float* p_s = qs_s + D * g4;
+    const float* qg = p.q + (i * p.n_head + g * gqa) * D;
+    for (int idx = threadIdx.x; idx < gqa * D; idx += blockDim.x) q_s[idx] = qg[idx];
+    __syncthreads();
+
+    float m[kKiviMaxGqa], l[kKiviMaxGqa], o[kKiviMaxGqa][CPL];
+#pragma unroll
+    for (int h = 0; h < kKiviMaxGqa; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
+    }
+    const int KG = p.kf.group, krb = KG * kbits / 8;
+    const unsigned kmask = (1u << kbits) - 1;
+    const int VG = p.vf.group, vbits = p.vf.bits, vrows = p.vf.rows, vrb = VG * vbits / 8;
+    const unsigned vmask = (1u << vbits) - 1;
+    const int c0 = lane * CPL, vr = c0 / VG, vbit0 = (c0 % VG) * vbits;
+    const int vbytes = ((vbit0 & 7) + CPL * vbits + 7) >> 3;
+
+    for (int64_t t0 = t_begin + warp * kKiviTile; t0 < t_end; t0 += kKiviWarps * kKiviTile) {
+        const int cnt = int(min64(kKiviTile, t_end - t0));
+        float acc[kKiviMaxGqa];
+#pragma unroll
+        for (int h = 0; h < kKiviMaxGqa; ++h) acc[h] = 0.0f;
+        if (KG % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed) {
+            // Keys: the tile lies in packed block t0 / G; its codes and q * s into shared memory.
+            const auto* blk = reinterpret_cast<const uint8_t*>(hd.k) + (t0 / KG) * p.kf.block_bytes;
+            const uint8_t* codes = blk + 4 * D + (t0 % KG) * kbits / 8;
+            for (int idx = lane; idx < D * kbits; idx += 32) {
+                const int c = idx / kbits, w = idx - c * kbits;
+                codes_s[idx] = *reinterpret_cast<const uint32_t*>(codes + c * krb + 4 * w);
+            }
+            float zs[kKiviMaxGqa];
+#pragma unroll
+            for (int h = 0; h < kKiviMaxGqa; ++h) zs[h] = 0.0f;
+#pragma unroll
+            for (int k = 0; k < CPL; ++k) {
+                const int c = lane + 32 * k;
+                const float zc = half_at(blk + 2 * c), sc = half_at(blk + 2 * D + 2 * c);
+#pragma unroll
+                for (int h = 0; h < kKiviMaxGqa; ++h) {
+                    if (h < gqa) {
+                        const float qv = q_s[h * D + c];
+                        qs_s[c * g4 + h] = qv * sc;
+                        zs[h] = fmaf(qv, zc, zs[h]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < kKiviMaxGqa; ++h) zs[h] = h < gqa ? warp_sum(zs[h]) : 0.0f;
+            __syncwarp();
+            const int wi = (lane * kbits) >> 5, sh = (lane * kbits) & 31;
+#pragma unroll 4
+            for (int c = 0; c < D; ++c) {
+                const float f = float((codes_s[c * kbits + wi] >> sh) & kmask);
+                const float4* qc = reinterpret_cast<const float4*>(qs_s + c * g4);
+                const float4 a = qc[0];
+                acc[0] = fmaf(a.x, f, acc[0]);
+                acc[1] = fmaf(a.y, f, acc[1]);
+                acc[2] = fmaf(a.z, f, acc[2]);
+                acc[3] = fmaf(a.w, f, acc[3]);
+                if (g4 > 4) {
+                    const float4 b = qc[1];
+                    acc[4] = fmaf(b.x, f, acc[4]);
+                    acc[5] = fmaf(b.y, f, acc[5]);
+                    acc[6] = fmaf(b.z, f, acc[6]);
+                    acc[7] = fmaf(b.w, f, acc[7]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < kKiviMaxGqa; ++h) acc[h] += zs[h];
+        } else if (lane < cnt) {
+            // Keys a lane per token: packed element by element, or the fp16 window's row.
+            const int64_t tt = t0 + lane;
+            if (tt < hd.k_packed) {
+                const auto* blk = reinterpret_cast<const uint8_t*>(hd.k) + (tt / KG) * p.kf.block_bytes;
+                const int bit = int(tt % KG) * kbits;
+                const uint8_t* codes = blk + 4 * D + (bit >> 3);
+                for (int c = 0; c < D; ++c) {
+                    const unsigned code = (codes[c * krb] >> (bit & 7)) & kmask;
+                    const float x = fmaf(float(code), half_at(blk + 2 * D + 2 * c), half_at(blk + 2 * c));
+#pragma unroll
+                    for (int h = 0; h < kKiviMaxGqa; ++h) {
+                        if (h < gqa) acc[h] = fmaf(q_s[h * D + c], x, acc[h]);
+                    }
+                }
+            } else {
+                const auto* row =
+                    reinterpret_cast<const uint8_t*>(hd.kw) + ((hd.k_head + tt - hd.k_packed) % p.kf.slots) * D * 2;
+                for (int cb = 0; cb < D; cb += 8) {
+                    const uint4 u = *reinterpret_cast<const uint4*>(row + 2 * cb);
+                    const auto* h2 = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const float2 f = __half22float2(h2[e]);
+#pragma unroll
+                        for (int h = 0; h < kKiviMaxGqa; ++h) {
+                            if (h < gqa) {
+                                acc[h] = fmaf(q_s[h * D + cb + 2 * e], f.x, acc[h]);
+                                acc[h] = fmaf(q_s[h * D + cb + 2 * e + 1], f.y, acc[h]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // The online softmax of each head over the tile (a lane per token).
+#pragma unroll
+        for (int h = 0; h < kKiviMaxGqa; ++h) {
+            if (h >= gqa) continue;
+            const float s = lane < cnt ? acc[h] * p.scale : -INFINITY;
+            const float mn = fmaxf(m[h], warp_max(s));
+            const float corr = expf(m[h] - mn);
+            const float pv = lane < cnt ? expf(s - mn) : 0.0f;
+            l[h] = l[h] * corr + warp_sum(pv);
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) o[h][j] *= corr;
+            m[h] = mn;
+            p_s[lane * g4 + h] = pv;
+        }
+        __syncwarp();
+        // Values: lane l owns channels [l CPL, l CPL + CPL), one row's.
+        for (int t = 0; t < cnt; ++t) {
+            const int64_t tt = t0 + t;
+            float x[CPL];
+            if (tt < hd.v_packed) {
+                const auto* blk = reinterpret_cast<const uint8_t*>(hd.v) + tt * p.vf.block_bytes;
+                const float zf = half_at(blk + 2 * vr), sf = half_at(blk + 2 * vrows + 2 * vr);
+                const uint8_t* cb = blk + 4 * vrows + vr * vrb + (vbit0 >> 3);
+                uint64_t bits = 0;
+                for (int e = 0; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
+                bits >>= (vbit0 & 7);
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+            } else {
+                const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) +
+                                  ((hd.v_head + tt - hd.v_packed) % p.vf.slots) * D * 2 + 2 * c0;
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) x[j] = half_at(row + 2 * j);
+            }
+#pragma unroll
+            for (int h = 0; h < kKiviMaxGqa; ++h) {
+                if (h >= gqa) continue;
+                const float pv = p_s[t * g4 + h];
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv, x[j], o[h][j]);
+            }
+        }
+        __syncwarp();  // the next tile overwrites codes, q * s and probabilities
+    }
+
+    // The block's partial: the four warps' states merged with their log-sum-exp weights.
+#pragma unroll
+    for (int h = 0; h < kKiviMaxGqa; ++h) {
+        if (h >= gqa) continue;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) ws[h * D + c0 + j] = o[h][j];
+        if (lane == 0) {
+            ws[gqa * D + 2 * h] = m[h];
+            ws[gqa * D + 2 * h + 1] = l[h];
+        }
+    }
+    __syncthreads();
+    const float* w0 = smem + gqa * D;
+    for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += blockDim.x) {
+        const int h = idx / (D + 2), c = idx - h * (D + 2);
+        float mx = -INFINITY;
+        for (int w = 0; w < kKiviWarps; ++w) mx = fmaxf(mx, w0[w * wwords + gqa * D + 2 * h]);
+        float sum = 0.0f;
+        for (int w = 0; w < kKiviWarps; ++w) {
+            const float* st = w0 + w * wwords;
+            const float mw = st[gqa * D + 2 * h];
+            if (mw == -INFINITY) continue;
+            sum += expf(mw - mx) * (c < D ? st[h * D + c] : st[gqa * D + 2 * h + 1]);
+        }
+        float* part = p.partial + ((i * p.n_head + g * gqa + h) * p.splits + z) * (D + 2);
+        part[c] = c == D ? mx : sum;
+    }
+}
+
+// out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M).
+__global__ void kivi_merge_kernel(KiviAttentionParams p) {
+    const int64_t row = blockIdx.x, d = p.head_dim;
+    const float* part = p.partial + row * p.splits * (d + 2);
+    float mx = -INFINITY;
+    for (int64_t z = 0; z < p.splits; ++z) mx = fmaxf(mx, part[z * (d + 2) + d]);
+    float sum = 0.0f;
+    for (int64_t z = 0; z < p.splits; ++z) {
+        const float mz = part[z * (d + 2) + d];
+        if (mz != -INFINITY) sum += expf(mz - mx) * part[z * (d + 2) + d + 1];
+    }
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int64_t z = 0; z < p.splits; ++z) {
+            const float mz = part[z * (d + 2) + d];
+            if (mz != -INFINITY) acc += expf(mz - mx) * part[z * (d + 2) + c];
+        }
+        p.out[row * d + c] = acc / sum;
+    }
+}
+
+template <int D>
+void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
+    const int gqa = int(p.n_head / p.n_head_kv);
+    const size_t smem = kivi_smem_bytes(D, p.kf.bits, gqa);
+    static const bool configured = [] {
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(kivi_smem_bytes(D, 8, kKiviMaxGqa))));
+        return true;
+    }();
+    (void)configured;
+    kivi_attention_kernel<D><<<dim3(unsigned(p.splits), unsigned(p.n_head_kv), unsigned(p.n_q)), kKiviWarps * 32, smem, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
+    if (p.n == 0) return;
+    const unsigned hk = unsigned(p.n_head_kv), n = unsigned(p.n);
+    // At most slots - 1 pending keys and the n new ones are flushed, in whole blocks.
+    const unsigned key_blocks = unsigned((p.kf.slots - 1 + p.n + p.kf.group - 1) / p.kf.group);
+    kivi_encode_keys_kernel<<<dim3(key_blocks, hk), unsigned(std::min<int64_t>(p.head_dim, 256)), 0, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+    kivi_encode_values_kernel<<<dim3(n, hk), 32, 0, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+    kivi_window_kernel<<<dim3(n, hk, 2), unsigned(std::min<int64_t>(p.head_dim, 128)), 0, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+}
+
+bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
+    return n_head_kv > 0 && n_head % n_head_kv == 0 && n_head / n_head_kv <= kKiviMaxGqa && head_dim % 32 == 0 &&
+           head_dim >= 32 && head_dim <= 256;
+}
+
+int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
+    const int64_t want = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(1, n_head_kv * n_q));
+    int64_t s = 1;
+    while (s * 2 <= want && s < 128) s *= 2;
+    return s;
+}
+
+size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
+    return size_t(n_q * n_head * splits * (head_dim + 2));
+}
+
+void kivi_attention(const KiviAttentionParams& p, cudaStream_t st) {
+    if (p.n_q == 0) return;
+    switch (p.head_dim) {
+        case 32: launch_attention<32>(p, st); break;
+        case 64: launch_attention<64>(p, st); break;
+        case 96: launch_attention<96>(p, st); break;
+        case 128: launch_attention<128>(p, st); break;
+        case 160: launch_attention<160>(p, st); break;
+        case 192: launch_attention<192>(p, st); break;
+        case 224: launch_attention<224>(p, st); break;
+        case 256: launch_attention<256>(p, st); break;
+        default: throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: head_dim not a multiple of 32 up to 256 (the caller checks kivi_attention_fits)", __FILE__, __LINE__);
+    }
+    kivi_merge_kernel<<<unsigned(p.n_q * p.n_head), unsigned(std::min<int64_t>(p.head_dim, 256)), 0, st>>>(p);
+    VXQ_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace vxq::cuda

@@ -1,0 +1,74 @@
+// KIVI caches in device memory (METHODS.md "KIVI"; layout kv/formats/kivi.h): the store, which
+// encodes what a write flushes (keys per channel over G tokens, values per token over G channels)
+// and puts the rest in each stream's fp16 window, bit-exact with the CPU codec; and a split-K
+// attention that reads the packed codes and the windows in place, for any number of queries.
+//
+// A write follows the cache's plan (KvCache::reserve_write, kv_view.h): the tokens it encodes
+// are the window's oldest and then new ones, rounded to fp16 as the window holds them; new tokens
+// that are not encoded go into the window. Two kernels in this order: the encoders (which read
+// old window slots) and the window write (which may overwrite them). The plan and every address
+// are in device memory (the step block), so a captured decode step stays valid as the cache grows;
+// the grids depend on the batch size and the codec's options only.
+//
+// The attention: block (split, KV head, query) takes its stretch of the tokens the query sees and
+// all the query heads of the KV head (GQA <= 8); each of its 4 warps takes every 4th 32-token
+// tile, keeps the online softmax in registers and writes its state; the block merges its warps
+// into a partial (o, max, sum) and a second kernel merges the splits. Keys of a tile inside one
+// packed block (G a multiple of 32): the block's codes of the tile in shared memory, q * scale of
+// each channel once per block, sum_c (q_c s_c) code_c,t + sum_c q_c z_c by a lane per token. Other
+// key tiles (the window, G < 32) a lane per token, element by element. Values a lane per channel
+// run, fma(code, s, z) per value (exact: kivi.h). f32 throughout: dequantize-then-attend within
+// ~1e-6 relative (other summation orders).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kv/kv_view.h"
+
+namespace vxq::cuda {
+
+struct KiviFormatDev {
+    int32_t bits, group, rows;  // rows: keys head_dim, values ceil(head_dim / group)
+    int32_t block_bytes;        // keys: a block of `group` tokens; values: one token
+    int32_t slots;              // ring slots of the fp16 window
+};
+
+// One KV head as the KIVI kernels read it (device table).
+struct KiviHeadDev {
+    uint64_t k, v;                // packed blocks: key block b at k + b * block_bytes, value token t at v + t * block_bytes
+    uint64_t kw, vw;              // fp16 rings: slot s at kw + s * head_dim * 2
+    int64_t n_tokens;             // stored tokens
+    int64_t k_packed, v_packed;   // of which in packed blocks: [0, packed)
+    int64_t k_head, v_head;       // ring slot of stored token `packed`
+};
+
+struct KiviStoreParams {
+    const float* k;             // [n, n_head_kv, head_dim] after RoPE (device)
+    const float* v;
+    const KiviHeadDev* heads;   // [n_head_kv] (device): the addresses
+    const KvWindowWrite* plan;  // [2] (device): keys, values
+    int64_t n, n_head_kv, head_dim;
+    KiviFormatDev kf, vf;
+};
+void kivi_store(const KiviStoreParams& p, cudaStream_t stream);
+
+struct KiviAttentionParams {
+    const float* q;             // [n_q, n_head, head_dim] after RoPE (device)
+    const KiviHeadDev* heads;   // [n_head_kv] (device); query i sees the first n_tokens - n_q + i + 1 tokens
+    float* partial;             // [n_q, n_head, splits, head_dim + 2] scratch: o, max, sum
+    float* out;                 // [n_q, n_head, head_dim] (device)
+    int64_t n_q, n_head, n_head_kv, head_dim, splits;
+    float scale;
+    KiviFormatDev kf, vf;
+};
+// GQA group <= 8, head_dim a multiple of 32 up to 256.
+bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+// Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
+int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
+size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
+void kivi_attention(const KiviAttentionParams& p, cudaStream_t stream);
+
+}  // namespace vxq::cuda
