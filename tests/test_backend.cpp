@@ -173,7 +173,7 @@ TEST(KvReaders, RegistryListsTheBackendsThatReadEachMethod) {
     for (const CodecInfo& info : list_codecs()) {
         SCOPED_TRACE(info.name);
         EXPECT_TRUE(codec_has_reader(info.name, "cpu"));
-        const bool cuda_reads = info.name == "f16" || info.name == "q8_0" || info.name == "q4_0";
+        const bool cuda_reads = info.name == "f16" || info.name == "q8_0" || info.name == "q4_0" || info.name == "kivi";
         EXPECT_EQ(codec_has_reader(info.name, "cuda"), VXQ_HAVE_CUDA && cuda_reads);
         for (const std::string& b : info.backends) {
             EXPECT_NE(std::find(names.begin(), names.end(), b), names.end()) << b << " is not a backend";
