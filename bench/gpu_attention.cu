@@ -356,6 +356,61 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
     return {ms[0], 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
 }
 
+// The KIVI store alone (kivi:bits=bits, G 32, R 128) flushing n tokens' keys and values of the
+// kHeadsKv heads at once (kivi_store with a plan that encodes all n, nothing left for the
+// window): bytes = the f32 rows read + the blocks written.
+std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
+    using namespace vxq;
+    constexpr int kGroup = 32, kResidual = 128;
+    const size_t in_bytes = size_t(n * kHeadsKv * kHeadDim) * sizeof(float);
+    const size_t k_bytes = size_t(n / kGroup) * size_t(kHeadDim * (4 + kGroup * bits / 8));
+    const size_t v_bytes = size_t(n) * size_t(kHeadDim / kGroup * (4 + kGroup * bits / 8));
+    const int64_t copies = std::max<int64_t>(1, int64_t((kMinWorkingSet + 2 * in_bytes - 1) / (2 * in_bytes)));
+    float* in;
+    uint8_t* pages;
+    cuda::KiviHeadDev* heads;
+    KvWindowWrite* plan;
+    VXQ_CUDA_CHECK(cudaMalloc(&in, 2 * in_bytes * size_t(copies)));
+    VXQ_CUDA_CHECK(cudaMalloc(&pages, (k_bytes + v_bytes) * size_t(kHeadsKv)));
+    VXQ_CUDA_CHECK(cudaMalloc(&heads, size_t(kHeadsKv) * sizeof(cuda::KiviHeadDev)));
+    VXQ_CUDA_CHECK(cudaMalloc(&plan, 2 * sizeof(KvWindowWrite)));
+    std::vector<float> host(2 * in_bytes / sizeof(float));
+    std::mt19937 rng{uint32_t(n) + uint32_t(bits)};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : host) x = nd(rng);
+    for (int64_t c = 0; c < copies; ++c) {
+        VXQ_CUDA_CHECK(cudaMemcpy(reinterpret_cast<uint8_t*>(in) + size_t(c) * 2 * in_bytes, host.data(), 2 * in_bytes,
+                                  cudaMemcpyHostToDevice));
+    }
+    std::vector<cuda::KiviHeadDev> table(static_cast<size_t>(kHeadsKv));
+    for (int64_t g = 0; g < kHeadsKv; ++g) {
+        uint8_t* k = pages + size_t(g) * (k_bytes + v_bytes);
+        table[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(k)), uint64_t(reinterpret_cast<uintptr_t>(k + k_bytes)), 0, 0,
+                            0, 0, 0, 0, 0};
+    }
+    VXQ_CUDA_CHECK(cudaMemcpy(heads, table.data(), table.size() * sizeof(cuda::KiviHeadDev), cudaMemcpyHostToDevice));
+    const KvWindowWrite ww[2] = {{0, 0, 0, kResidual, n / kGroup * kGroup}, {0, 0, 0, kResidual + 1, n}};
+    VXQ_CUDA_CHECK(cudaMemcpy(plan, ww, sizeof ww, cudaMemcpyHostToDevice));
+    cuda::KiviStoreParams p{};
+    p.heads = heads;
+    p.plan = plan;
+    p.n = n;
+    p.n_head_kv = kHeadsKv;
+    p.head_dim = kHeadDim;
+    p.kf = {bits, kGroup, int32_t(kHeadDim), int32_t(kHeadDim * (4 + kGroup * bits / 8)), kResidual};
+    p.vf = {bits, kGroup, int32_t(kHeadDim / kGroup), int32_t(kHeadDim / kGroup * (4 + kGroup * bits / 8)), kResidual + 1};
+    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, 1, [&](int, int i) {
+        cuda::KiviStoreParams pl = p;
+        pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
+        pl.v = pl.k + in_bytes / sizeof(float);
+        cuda::kivi_store(pl, st);
+    });
+    for (void* ptr : {static_cast<void*>(in), static_cast<void*>(pages), static_cast<void*>(heads), static_cast<void*>(plan)}) {
+        VXQ_CUDA_CHECK(cudaFree(ptr));
+    }
+    return {ms[0], 2 * in_bytes + (k_bytes + v_bytes) * size_t(kHeadsKv)};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -436,7 +491,6 @@ int main(int argc, char** argv) {
                 return 1;
             }
         }
-        const auto wanted = [&](const std::string& f) { return std::find(formats.begin(), formats.end(), f) != formats.end(); };
         cudaDeviceProp prop{};
         VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
         cudaStream_t st;
@@ -448,10 +502,14 @@ int main(int argc, char** argv) {
         if (!encode.empty()) {
             std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call (min-max) | GB/s | of copy |\n");
             std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
-            for (const Format& f : kFormats) {
-                if (!wanted(f.kv)) continue;
+            for (const std::string& fname : formats) {
+                const Format* fp = nullptr;
+                for (const Format& f : kFormats) {
+                    if (fname == f.kv) fp = &f;
+                }
+                const Format f = fp ? *fp : Format{fname == "kivi4" ? "kivi:bits=4" : "kivi:bits=2", cuda::KvCode::F16};
                 for (int64_t n : encode) {
-                    const auto [t, bytes] = run_encode(f, n, st);
+                    const auto [t, bytes] = fp ? run_encode(f, n, st) : run_kivi_encode(fname == "kivi4" ? 4 : 2, n, st);
                     const double us = t.median * 1e3;
                     const double gbs = double(bytes) / (us * 1e-6) / 1e9;
                     std::printf("| %s | %lld | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n", f.kv, (long long)n,

@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -94,23 +95,23 @@ __global__ void kivi_encode_keys_kernel(KiviStoreParams p) {
     }
 }
 
-// Value token j of the write: a thread per row (G channels; a ragged last row repeats its last
-// real channel, as the CPU pads it).
-__global__ void kivi_encode_values_kernel(KiviStoreParams p) {
+// Value rows of the write: a thread per (token j, row r) of G channels (a ragged last row repeats
+// its last real channel, as the CPU pads it).
+constexpr int kValueThreads = 128;
+__global__ void __launch_bounds__(kValueThreads) kivi_encode_values_kernel(KiviStoreParams p) {
     const KvWindowWrite w = p.plan[1];
     const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows;
-    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim, stride = p.n_head_kv * d;
+    const int64_t idx = int64_t(blockIdx.x) * kValueThreads + threadIdx.x, j = idx / rows, g = blockIdx.y;
+    const int r = int(idx - j * rows);
+    const int64_t d = p.head_dim, stride = p.n_head_kv * d;
     if (j >= w.encoded) return;
     const KiviHeadDev h = p.heads[g];
     const float* x = p.v + g * d;
     const auto* ring = reinterpret_cast<const uint8_t*>(h.vw);
     uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + j) * p.vf.block_bytes;
-    const int64_t rb = G * bits / 8;
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const int64_t c0 = int64_t(r) * G, last = min64(d, c0 + G) - 1;
-        const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j, min64(c0 + t, last)); };
-        quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
-    }
+    const int64_t rb = G * bits / 8, c0 = int64_t(r) * G, last = min64(d, c0 + G) - 1;
+    const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j, min64(c0 + t, last)); };
+    quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
 }
 
 // New token j of the write into the window of keys (z = 0) or values (z = 1), unless encoded.
@@ -128,20 +129,30 @@ __global__ void kivi_window_kernel(KiviStoreParams p) {
 
 // ---- attention --------------------------------------------------------------------------------
 
-// Shared memory (4-byte words): q of the group's heads [gqa][D], then per warp the codes of a key
-// tile [D][bits], q * s per channel [D][G4] (G4: gqa rounded up to 4, for float4 loads) and the
-// tile's probabilities [32][G4]; at the end each warp's region holds its state for the merge.
-__host__ __device__ constexpr int kivi_warp_words(int d, int bits, int g4) { return d * bits + d * g4 + kKiviTile * g4; }
+// Shared memory: q of the group's heads [gqa][D] f32, then per warp two stages of a tile's bytes,
+// each [zeros and scales of its key block: 4 D][its key codes: D rows of 4 bits bytes][its packed
+// value blocks: 32 x vbb] (cp.async, the next tile's in flight while one is computed), then q * s
+// per channel [D][G4] (G4: gqa rounded up to 4, for float4 loads) and the tile's probabilities
+// [32][G4]; at the end each warp's region holds its state for the merge.
 __host__ __device__ constexpr int kivi_g4(int gqa) { return (gqa + 3) & ~3; }
-size_t kivi_smem_bytes(int d, int bits, int gqa) {
-    return size_t(gqa * d + kKiviWarps * kivi_warp_words(d, bits, kivi_g4(gqa))) * sizeof(float);
+__host__ __device__ constexpr int kivi_stage_bytes(int d, int kbits, int vbb) { return 4 * d + 4 * d * kbits + kKiviTile * vbb; }
+__host__ __device__ constexpr int kivi_warp_bytes(int d, int kbits, int vbb, int g4) {
+    return 2 * kivi_stage_bytes(d, kbits, vbb) + 4 * (d * g4 + kKiviTile * g4);
+}
+size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
+    return size_t(4 * gqa * d) + size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, kivi_g4(gqa)));
+}
+
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
 template <int D>
 __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAttentionParams p) {
     constexpr int CPL = D / 32;  // value channels per lane
     extern __shared__ float4 smem4[];
-    float* smem = reinterpret_cast<float*>(smem4);
+    auto* smem = reinterpret_cast<uint8_t*>(smem4);
     const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
@@ -151,15 +162,47 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
     per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviMinStretch);
     const int64_t t_begin = z * per, t_end = min64(n_vis, t_begin + per);
 
-    float* q_s = smem;
-    const int kbits = p.kf.bits, wwords = kivi_warp_words(D, kbits, g4);
-    float* ws = smem + gqa * D + warp * wwords;
-    auto* codes_s = reinterpret_cast<uint32_t*>(ws);
-    float* qs_s = ws + D * kbits;
+    const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8;
+    const int VG = p.vf.group, vbits = p.vf.bits, vrows = p.vf.rows, vrb = VG * vbits / 8, vbb = p.vf.block_bytes;
+    const unsigned kmask = (1u << kbits) - 1, vmask = (1u << vbits) - 1;
+    const int stage_bytes = kivi_stage_bytes(D, kbits, vbb), warp_bytes = kivi_warp_bytes(D, kbits, vbb, g4);
+    auto* q_s = reinterpret_cast<float*>(smem);
+    uint8_t* wbase = smem + 4 * gqa * D + warp * warp_bytes;
+    auto* qs_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);
     float* p_s = qs_s + D * g4;
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
     for (int idx = threadIdx.x; idx < gqa * D; idx += blockDim.x) q_s[idx] = qg[idx];
     __syncthreads();
+
+    const auto* kbase = reinterpret_cast<const uint8_t*>(hd.k);
+    const auto* vbase = reinterpret_cast<const uint8_t*>(hd.v);
+    // A tile's keys are read from shared memory when they lie in one packed block.
+    const auto fast_keys = [&](int64_t t0) { return KG % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed; };
+    // Starts the copies of tile t0's bytes into a stage (one commit group per tile, empty or not).
+    const auto issue = [&](int64_t t0, uint8_t* stage) {
+        if (fast_keys(t0)) {
+            const uint8_t* blk = kbase + (t0 / KG) * p.kf.block_bytes;
+            for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
+            const uint8_t* codes = blk + 4 * D + (t0 % KG) * kbits / 8;
+            uint8_t* kc = stage + 4 * D;
+            if (kbits == 2) {
+                for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
+            } else {
+                const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
+                for (int idx = lane; idx < D * units; idx += 32) {
+                    const int c = idx / units, u = idx - c * units;
+                    cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
+                }
+            }
+        }
+        if (t0 < hd.v_packed) {
+            const int units = int((min64(kKiviTile, hd.v_packed - t0) * vbb + 15) / 16);
+            const uint8_t* src = vbase + t0 * vbb;
+            uint8_t* dst = stage + 4 * D + 4 * D * kbits;
+            for (int u = lane; u < units; u += 32) cp_async16(dst + 16 * u, src + 16 * u);
+        }
+        cp_async_commit();
+    };
 
     float m[kKiviMaxGqa], l[kKiviMaxGqa], o[kKiviMaxGqa][CPL];
 #pragma unroll
@@ -169,33 +212,38 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
 #pragma unroll
         for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
     }
-    const int KG = p.kf.group, krb = KG * kbits / 8;
-    const unsigned kmask = (1u << kbits) - 1;
-    const int VG = p.vf.group, vbits = p.vf.bits, vrows = p.vf.rows, vrb = VG * vbits / 8;
-    const unsigned vmask = (1u << vbits) - 1;
-    const int c0 = lane * CPL, vr = c0 / VG, vbit0 = (c0 % VG) * vbits;
+    const int c0 = lane * CPL;
+    // Value channels of a lane in one row (CPL divides G): its codes are one run of bits.
+    const bool one_row = VG % CPL == 0;
+    const int vr = c0 / VG, vbit0 = (c0 % VG) * vbits;
     const int vbytes = ((vbit0 & 7) + CPL * vbits + 7) >> 3;
 
-    for (int64_t t0 = t_begin + warp * kKiviTile; t0 < t_end; t0 += kKiviWarps * kKiviTile) {
+    int64_t t0 = t_begin + warp * kKiviTile;
+    if (t0 < t_end) issue(t0, wbase);
+    for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
+        const int64_t tn = t0 + kKiviWarps * kKiviTile;
+        if (tn < t_end) {
+            issue(tn, wbase + ((k + 1) & 1) * stage_bytes);
+        } else {
+            cp_async_commit();
+        }
+        cp_async_wait<1>();
+        __syncwarp();
+        const uint8_t* stage = wbase + (k & 1) * stage_bytes;
         const int cnt = int(min64(kKiviTile, t_end - t0));
         float acc[kKiviMaxGqa];
 #pragma unroll
         for (int h = 0; h < kKiviMaxGqa; ++h) acc[h] = 0.0f;
-        if (KG % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed) {
-            // Keys: the tile lies in packed block t0 / G; its codes and q * s into shared memory.
-            const auto* blk = reinterpret_cast<const uint8_t*>(hd.k) + (t0 / KG) * p.kf.block_bytes;
-            const uint8_t* codes = blk + 4 * D + (t0 % KG) * kbits / 8;
-            for (int idx = lane; idx < D * kbits; idx += 32) {
-                const int c = idx / kbits, w = idx - c * kbits;
-                codes_s[idx] = *reinterpret_cast<const uint32_t*>(codes + c * krb + 4 * w);
-            }
+        if (fast_keys(t0)) {
+            // sum_c (q_c s_c) code_c,t + sum_c q_c z_c: q * s per channel, then a lane per token.
+            const auto* kc = reinterpret_cast<const uint32_t*>(stage + 4 * D);
             float zs[kKiviMaxGqa];
 #pragma unroll
             for (int h = 0; h < kKiviMaxGqa; ++h) zs[h] = 0.0f;
 #pragma unroll
-            for (int k = 0; k < CPL; ++k) {
-                const int c = lane + 32 * k;
-                const float zc = half_at(blk + 2 * c), sc = half_at(blk + 2 * D + 2 * c);
+            for (int kk = 0; kk < CPL; ++kk) {
+                const int c = lane + 32 * kk;
+                const float zc = half_at(stage + 2 * c), sc = half_at(stage + 2 * D + 2 * c);
 #pragma unroll
                 for (int h = 0; h < kKiviMaxGqa; ++h) {
                     if (h < gqa) {
@@ -211,7 +259,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
             const int wi = (lane * kbits) >> 5, sh = (lane * kbits) & 31;
 #pragma unroll 4
             for (int c = 0; c < D; ++c) {
-                const float f = float((codes_s[c * kbits + wi] >> sh) & kmask);
+                const float f = float((kc[c * kbits + wi] >> sh) & kmask);
                 const float4* qc = reinterpret_cast<const float4*>(qs_s + c * g4);
                 const float4 a = qc[0];
                 acc[0] = fmaf(a.x, f, acc[0]);
@@ -229,10 +277,10 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
 #pragma unroll
             for (int h = 0; h < kKiviMaxGqa; ++h) acc[h] += zs[h];
         } else if (lane < cnt) {
-            // Keys a lane per token: packed element by element, or the fp16 window's row.
+            // Keys a lane per token: packed element by element (G < 32), or the fp16 window's row.
             const int64_t tt = t0 + lane;
             if (tt < hd.k_packed) {
-                const auto* blk = reinterpret_cast<const uint8_t*>(hd.k) + (tt / KG) * p.kf.block_bytes;
+                const uint8_t* blk = kbase + (tt / KG) * p.kf.block_bytes;
                 const int bit = int(tt % KG) * kbits;
                 const uint8_t* codes = blk + 4 * D + (bit >> 3);
                 for (int c = 0; c < D; ++c) {
@@ -278,19 +326,29 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
             p_s[lane * g4 + h] = pv;
         }
         __syncwarp();
-        // Values: lane l owns channels [l CPL, l CPL + CPL), one row's.
+        // Values: lane l owns channels [l CPL, l CPL + CPL).
+        const uint8_t* vstage = stage + 4 * D + 4 * D * kbits;
         for (int t = 0; t < cnt; ++t) {
             const int64_t tt = t0 + t;
             float x[CPL];
             if (tt < hd.v_packed) {
-                const auto* blk = reinterpret_cast<const uint8_t*>(hd.v) + tt * p.vf.block_bytes;
-                const float zf = half_at(blk + 2 * vr), sf = half_at(blk + 2 * vrows + 2 * vr);
-                const uint8_t* cb = blk + 4 * vrows + vr * vrb + (vbit0 >> 3);
-                uint64_t bits = 0;
-                for (int e = 0; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
-                bits >>= (vbit0 & 7);
+                const uint8_t* blk = vstage + t * vbb;
+                if (one_row) {
+                    const float zf = half_at(blk + 2 * vr), sf = half_at(blk + 2 * vrows + 2 * vr);
+                    const uint8_t* cb = blk + 4 * vrows + vr * vrb + (vbit0 >> 3);
+                    uint64_t bits = 0;
+                    for (int e = 0; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
+                    bits >>= (vbit0 & 7);
 #pragma unroll
-                for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+                    for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < CPL; ++j) {
+                        const int c = c0 + j, r = c / VG, bit = (c % VG) * vbits;
+                        const unsigned code = (blk[4 * vrows + r * vrb + (bit >> 3)] >> (bit & 7)) & vmask;
+                        x[j] = fmaf(float(code), half_at(blk + 2 * vrows + 2 * r), half_at(blk + 2 * r));
+                    }
+                }
             } else {
                 const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) +
                                   ((hd.v_head + tt - hd.v_packed) % p.vf.slots) * D * 2 + 2 * c0;
@@ -305,10 +363,13 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
                 for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv, x[j], o[h][j]);
             }
         }
-        __syncwarp();  // the next tile overwrites codes, q * s and probabilities
+        __syncwarp();  // the next issue overwrites this stage; q * s and probabilities are rewritten
     }
+    cp_async_wait<0>();
 
     // The block's partial: the four warps' states merged with their log-sum-exp weights.
+    auto* ws = reinterpret_cast<float*>(wbase);
+    const int wwords = warp_bytes / 4;
 #pragma unroll
     for (int h = 0; h < kKiviMaxGqa; ++h) {
         if (h >= gqa) continue;
@@ -320,7 +381,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
         }
     }
     __syncthreads();
-    const float* w0 = smem + gqa * D;
+    const auto* w0 = reinterpret_cast<const float*>(smem + 4 * gqa * D);
     for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += blockDim.x) {
         const int h = idx / (D + 2), c = idx - h * (D + 2);
         float mx = -INFINITY;
@@ -361,13 +422,12 @@ __global__ void kivi_merge_kernel(KiviAttentionParams p) {
 template <int D>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     const int gqa = int(p.n_head / p.n_head_kv);
-    const size_t smem = kivi_smem_bytes(D, p.kf.bits, gqa);
-    static const bool configured = [] {
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(kivi_smem_bytes(D, 8, kKiviMaxGqa))));
-        return true;
-    }();
-    (void)configured;
+    const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
+    static size_t configured = 0;  // the largest size set so far (48 KB without the attribute)
+    if (smem > 48 * 1024 && smem > configured) {
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
     kivi_attention_kernel<D><<<dim3(unsigned(p.splits), unsigned(p.n_head_kv), unsigned(p.n_q)), kKiviWarps * 32, smem, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
 }
@@ -381,7 +441,8 @@ void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     const unsigned key_blocks = unsigned((p.kf.slots - 1 + p.n + p.kf.group - 1) / p.kf.group);
     kivi_encode_keys_kernel<<<dim3(key_blocks, hk), unsigned(std::min<int64_t>(p.head_dim, 256)), 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
-    kivi_encode_values_kernel<<<dim3(n, hk), 32, 0, st>>>(p);
+    const unsigned value_blocks = unsigned((p.n * p.vf.rows + kValueThreads - 1) / kValueThreads);
+    kivi_encode_values_kernel<<<dim3(value_blocks, hk), kValueThreads, 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
     kivi_window_kernel<<<dim3(n, hk, 2), unsigned(std::min<int64_t>(p.head_dim, 128)), 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
