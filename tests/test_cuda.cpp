@@ -1903,7 +1903,13 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         true);
     for (const char* spec_text : {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "kivi:bits=2,group=32,residual=32", "kivi:bits=4"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
-        const double tol = std::string(spec_text).find("q4_0") != std::string::npos ? 1e-1 : logit_tolerance(GgmlType::Q8_0);
+        // q4_0 and KIVI's 2-bit codes turn the last-bit differences of k and v (the GEMVs' summation
+        // orders) into whole code steps now and then: each such step moves a logit by up to ~5 % of
+        // the peak (the store itself is bit-exact: Cuda.KiviStoreBitExactAndAttentionMatchesCpu).
+        const std::string st = spec_text;
+        const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos
+                               ? 1e-1
+                               : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {
             const std::vector<TokenId> prompt(ids.begin(), ids.end());
             for (bool flash : {true, false}) {

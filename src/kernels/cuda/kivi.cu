@@ -22,6 +22,7 @@ constexpr int kKiviWarps = 4;
 constexpr int kKiviTile = 32;     // tokens a warp takes at a time: a lane per token
 constexpr int kKiviMaxGqa = 8;
 constexpr int kKiviMinStretch = 64;
+constexpr int kMaxSplits = 128;
 
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -328,6 +329,35 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
         __syncwarp();
         // Values: lane l owns channels [l CPL, l CPL + CPL).
         const uint8_t* vstage = stage + 4 * D + 4 * D * kbits;
+        if (one_row && cnt == kKiviTile && t0 + kKiviTile <= hd.v_packed) {
+            // A whole packed tile (the common case): no per-token branches, tokens unrolled.
+            const uint8_t* zb = vstage + 2 * vr;
+            const uint8_t* sb = vstage + 2 * vrows + 2 * vr;
+            const uint8_t* cbase = vstage + 4 * vrows + vr * vrb + (vbit0 >> 3);
+#pragma unroll 4
+            for (int t = 0; t < kKiviTile; ++t) {
+                const float zf = half_at(zb + t * vbb), sf = half_at(sb + t * vbb);
+                const uint8_t* cb = cbase + t * vbb;
+                uint64_t bits = cb[0];
+                if (vbytes > 1) bits |= uint64_t(cb[1]) << 8;
+                if (vbytes > 2) {
+                    for (int e = 2; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
+                }
+                bits >>= (vbit0 & 7);
+                float x[CPL];
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+                const float4 pa = *reinterpret_cast<const float4*>(p_s + t * g4);
+                const float4 pb = g4 > 4 ? *reinterpret_cast<const float4*>(p_s + t * g4 + 4) : pa;
+                const float pv[kKiviMaxGqa] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+                for (int h = 0; h < kKiviMaxGqa; ++h) {
+                    if (h >= gqa) continue;
+#pragma unroll
+                    for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv[h], x[j], o[h][j]);
+                }
+            }
+        } else
         for (int t = 0; t < cnt; ++t) {
             const int64_t tt = t0 + t;
             float x[CPL];
@@ -398,24 +428,32 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
     }
 }
 
-// out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M).
-__global__ void kivi_merge_kernel(KiviAttentionParams p) {
-    const int64_t row = blockIdx.x, d = p.head_dim;
-    const float* part = p.partial + row * p.splits * (d + 2);
-    float mx = -INFINITY;
-    for (int64_t z = 0; z < p.splits; ++z) mx = fmaxf(mx, part[z * (d + 2) + d]);
+// out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M). The block's
+// threads take the splits' weights in parallel (shared memory), then a thread per channel sums
+// the splits' o with several loads in flight (a serial chain of loads made it the larger half of
+// a decode step's KIVI attention).
+constexpr int kMergeThreads = 128;
+__global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) {
+    __shared__ float weight[kMaxSplits];
+    __shared__ float red[kMergeThreads / 32];
+    const int64_t row = blockIdx.x, d = p.head_dim, n = p.splits;
+    const float* part = p.partial + row * n * (d + 2);
+    float m = -INFINITY;
+    for (int64_t z = threadIdx.x; z < n; z += kMergeThreads) m = fmaxf(m, part[z * (d + 2) + d]);
+    const float mx = block_reduce<kMergeThreads / 32>(m, red, true);
     float sum = 0.0f;
-    for (int64_t z = 0; z < p.splits; ++z) {
+    for (int64_t z = threadIdx.x; z < n; z += kMergeThreads) {
         const float mz = part[z * (d + 2) + d];
-        if (mz != -INFINITY) sum += expf(mz - mx) * part[z * (d + 2) + d + 1];
+        const float w = mz == -INFINITY ? 0.0f : expf(mz - mx);
+        weight[z] = w;
+        sum += w * part[z * (d + 2) + d + 1];
     }
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    const float total = block_reduce<kMergeThreads / 32>(sum, red, false);
+    for (int64_t c = threadIdx.x; c < d; c += kMergeThreads) {
         float acc = 0.0f;
-        for (int64_t z = 0; z < p.splits; ++z) {
-            const float mz = part[z * (d + 2) + d];
-            if (mz != -INFINITY) acc += expf(mz - mx) * part[z * (d + 2) + c];
-        }
-        p.out[row * d + c] = acc / sum;
+#pragma unroll 8
+        for (int64_t z = 0; z < n; ++z) acc += weight[z] * part[z * (d + 2) + c];
+        p.out[row * d + c] = acc / total;
     }
 }
 
@@ -456,7 +494,7 @@ bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
 int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
     const int64_t want = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(1, n_head_kv * n_q));
     int64_t s = 1;
-    while (s * 2 <= want && s < 128) s *= 2;
+    while (s * 2 <= want && s < kMaxSplits) s *= 2;
     return s;
 }
 
@@ -466,6 +504,9 @@ size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_d
 
 void kivi_attention(const KiviAttentionParams& p, cudaStream_t st) {
     if (p.n_q == 0) return;
+    if (p.splits < 1 || p.splits > kMaxSplits) {
+        throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: splits must be 1..128", __FILE__, __LINE__);
+    }
     switch (p.head_dim) {
         case 32: launch_attention<32>(p, st); break;
         case 64: launch_attention<64>(p, st); break;
@@ -477,7 +518,7 @@ void kivi_attention(const KiviAttentionParams& p, cudaStream_t st) {
         case 256: launch_attention<256>(p, st); break;
         default: throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: head_dim not a multiple of 32 up to 256 (the caller checks kivi_attention_fits)", __FILE__, __LINE__);
     }
-    kivi_merge_kernel<<<unsigned(p.n_q * p.n_head), unsigned(std::min<int64_t>(p.head_dim, 256)), 0, st>>>(p);
+    kivi_merge_kernel<<<unsigned(p.n_q * p.n_head), kMergeThreads, 0, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
 }
 
