@@ -13,7 +13,8 @@
 //     llama.cpp's non-flash path (attention_f16);
 //   prefill of an f16 cache (n_q >= kAttnGemmMinQueries): cuBLAS tensor-core GEMMs for the
 //     scores and the V sum around a softmax kernel (attention_f16_gemm below).
-// Other formats have no CUDA reader yet and are refused by name (backend_cuda.cpp).
+// KIVI caches have their own store and attention (kivi.cuh); other formats have no CUDA reader
+// yet and are refused by name (backend_cuda.cpp).
 #pragma once
 
 #include <cstddef>
