@@ -312,6 +312,21 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     return rows;
 }
 
+// An encoder's inputs: `copies` copies of `bytes` of N(0, 1) floats (device memory), rotated by
+// the timing loop so more than kMinWorkingSet is read between two reads of the same rows.
+float* rotated_inputs(size_t bytes, int64_t copies, uint32_t seed) {
+    float* in;
+    VXQ_CUDA_CHECK(cudaMalloc(&in, bytes * size_t(copies)));
+    std::vector<float> host(bytes / sizeof(float));
+    std::mt19937 rng{seed};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (float& x : host) x = nd(rng);
+    for (int64_t c = 0; c < copies; ++c) {
+        VXQ_CUDA_CHECK(cudaMemcpy(reinterpret_cast<uint8_t*>(in) + size_t(c) * bytes, host.data(), bytes, cudaMemcpyHostToDevice));
+    }
+    return in;
+}
+
 // The encoder alone: store_kv of n tokens x kHeadsKv heads in format f, keys and values, from
 // f32 rows (inputs rotated so > kMinWorkingSet is read between two reads of the same rows) into
 // pages of n tokens per head. Returns ms per call and bytes (read + written) per call.
@@ -323,17 +338,9 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
     float* in;
     uint8_t* pages;
     cuda::KvHeadDev* heads;
-    VXQ_CUDA_CHECK(cudaMalloc(&in, 2 * in_bytes * size_t(copies)));
+    in = rotated_inputs(2 * in_bytes, copies, uint32_t(n));
     VXQ_CUDA_CHECK(cudaMalloc(&pages, 2 * page_bytes * size_t(kHeadsKv)));
     VXQ_CUDA_CHECK(cudaMalloc(&heads, size_t(kHeadsKv) * sizeof(cuda::KvHeadDev)));
-    std::vector<float> host(2 * in_bytes / sizeof(float));
-    std::mt19937 rng{uint32_t(n)};
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (float& x : host) x = nd(rng);
-    for (int64_t c = 0; c < copies; ++c) {
-        VXQ_CUDA_CHECK(cudaMemcpy(reinterpret_cast<uint8_t*>(in) + size_t(c) * 2 * in_bytes, host.data(), 2 * in_bytes,
-                                  cudaMemcpyHostToDevice));
-    }
     std::vector<cuda::KvHeadDev> table(static_cast<size_t>(kHeadsKv));
     for (int64_t g = 0; g < kHeadsKv; ++g) {
         uint8_t* k = pages + size_t(2 * g) * page_bytes;
@@ -370,18 +377,10 @@ std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaS
     uint8_t* pages;
     cuda::KiviHeadDev* heads;
     KvWindowWrite* plan;
-    VXQ_CUDA_CHECK(cudaMalloc(&in, 2 * in_bytes * size_t(copies)));
+    in = rotated_inputs(2 * in_bytes, copies, uint32_t(n) + uint32_t(bits));
     VXQ_CUDA_CHECK(cudaMalloc(&pages, (k_bytes + v_bytes) * size_t(kHeadsKv)));
     VXQ_CUDA_CHECK(cudaMalloc(&heads, size_t(kHeadsKv) * sizeof(cuda::KiviHeadDev)));
     VXQ_CUDA_CHECK(cudaMalloc(&plan, 2 * sizeof(KvWindowWrite)));
-    std::vector<float> host(2 * in_bytes / sizeof(float));
-    std::mt19937 rng{uint32_t(n) + uint32_t(bits)};
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    for (float& x : host) x = nd(rng);
-    for (int64_t c = 0; c < copies; ++c) {
-        VXQ_CUDA_CHECK(cudaMemcpy(reinterpret_cast<uint8_t*>(in) + size_t(c) * 2 * in_bytes, host.data(), 2 * in_bytes,
-                                  cudaMemcpyHostToDevice));
-    }
     std::vector<cuda::KiviHeadDev> table(static_cast<size_t>(kHeadsKv));
     for (int64_t g = 0; g < kHeadsKv; ++g) {
         uint8_t* k = pages + size_t(g) * (k_bytes + v_bytes);
