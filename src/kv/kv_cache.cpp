@@ -25,7 +25,7 @@ constexpr int64_t kMinPageTokens = 64;  // tokens per page (and per attention ch
 // pages; [n_enc, n_enc + n_pending) wait in an fp16 ring of flush_at() tokens (absent when the
 // codec encodes every token on arrival). In host memory the ring is the stream's own, allocated
 // with its first token; in device memory it is a slot of the cache's window allocation
-// (`device_ring`, kv_window_slots(codec) tokens), written by the backend's kernels.
+// (`device_ring`, flush_at() slots of head_dim fp16), written by the backend's kernels.
 class Stream {
 public:
     Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens, KvMemory& mem,
