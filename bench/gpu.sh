@@ -41,6 +41,8 @@
 #   VXQ_GPU_KV_DEPTHS  depths of the decode-vs-context sweep per KV format (default
 #                    1024,4096,16384,32768: a q8_0 / q4_0 prefill re-reads the cache per query
 #                    group, too slow beyond L2-sized caches until a flash prefill exists)
+#   VXQ_GPU_KV_METHODS  the sweep's --kv list (default f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2; the
+#                    KIVI prefill also reads the cache once per query)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -263,13 +265,14 @@ if [ "$status_build" = ok ]; then
     done
     python3 "bench/gpu_e2e_table.py" "$LOGS" "$SYNTH" $E2E_TYPES | tee "$LOGS/e2e.md" || status_e2e=FAIL
 
-    # Decode vs context per KV cache format (issue 11), Q4_0 weights, and llama.cpp's CUDA build
+    # Decode vs context per KV cache format (issue 11; VXQ_GPU_KV_METHODS, KIVI-4 and KIVI-2 included),
+    # Q4_0 weights, and llama.cpp's CUDA build
     # on the same file (llama-batched-bench -fa, its f16 / q8_0 / q4_0 caches) when given.
     m="$SYNTH/llama3-8b-q4_0.gguf"
     DEPTHS="${VXQ_GPU_KV_DEPTHS:-1024,4096,16384,32768}"
     if [ -f "$m" ]; then
       step "decode vs context per KV cache format (depths $DEPTHS)"
-      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --no-aa --kv f16,q8_0,q4_0 \
+      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --no-aa --kv "${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
         --json >"$LOGS/kv_sweep.json" 2>"$LOGS/kv_sweep.err" || { echo "kv sweep failed:"; tail -3 "$LOGS/kv_sweep.err"; status_e2e=FAIL; }
       python3 -c "
 import json, sys
