@@ -40,6 +40,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/kivi.cuh"
+#include "kv/codec.h"
 #include "kv/kv_cache.h"
 #include "kv/memory.h"
 #include "gpu_timing.cuh"
@@ -74,6 +75,41 @@ struct Format {
 };
 constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16}, {"q8_0", vxq::cuda::KvCode::Q8_0}, {"q4_0", vxq::cuda::KvCode::Q4_0}};
 
+// Random keys and values (|x| < 1, one chunk of them reused), written chunk by chunk into every
+// layer of `cache` through the backend's store kernels. Returns the chunk (its first floats are
+// the timed query).
+std::vector<float> fill_cache(vxq::Backend& be, vxq::KvCache& cache, int64_t layers, int64_t ctx, uint32_t seed) {
+    const int64_t chunk = std::min(kFillChunk, ctx);
+    const size_t chunk_floats = size_t(chunk * kHeadsKv * kHeadDim);
+    std::vector<float> host(chunk_floats);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& x : host) x = u(rng);
+    float* k = be.activation_buffer(0, chunk_floats);
+    float* v = be.activation_buffer(1, chunk_floats);
+    VXQ_CUDA_CHECK(cudaMemcpy(k, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaMemcpy(v, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
+    for (int64_t l = 0; l < layers; ++l) {
+        for (int64_t t0 = 0; t0 < ctx; t0 += chunk) be.kv_write(cache, l, t0, k, v, std::min(chunk, ctx - t0));
+        be.to_host(k, 1, 0);  // runs what is recorded
+    }
+    cache.commit(ctx);
+    return host;
+}
+
+// Exits when the last call's output (device, kHeads x kHeadDim) holds a non-finite value.
+void require_finite_output(const float* out, const std::string& kv, int64_t ctx) {
+    std::vector<float> o(size_t(kHeads * kHeadDim));
+    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
+    for (float x : o) {
+        if (!std::isfinite(x)) {
+            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
+                         (long long)ctx);
+            std::exit(1);
+        }
+    }
+}
+
 std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config>& configs, cudaStream_t st) {
     const std::string kv = f.kv;
     using namespace vxq;
@@ -91,22 +127,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     opts.flash_attn = true;
     const KvShape shape{layers, kHeads, kHeadsKv, kHeadDim, ctx};
     auto cache = make_kv_cache(shape, KvSpec::parse(kv), opts);
-    // Random keys and values (|x| < 1), written chunk by chunk through the backend's store kernel.
-    const int64_t chunk = std::min(kFillChunk, ctx);
-    const size_t chunk_floats = size_t(chunk * kHeadsKv * kHeadDim);
-    std::vector<float> host(chunk_floats);
-    std::mt19937 rng(uint32_t(ctx) * 7 + uint32_t(kv.size()));
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (float& x : host) x = u(rng);
-    float* k = be->activation_buffer(0, chunk_floats);
-    float* v = be->activation_buffer(1, chunk_floats);
-    VXQ_CUDA_CHECK(cudaMemcpy(k, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
-    VXQ_CUDA_CHECK(cudaMemcpy(v, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
-    for (int64_t l = 0; l < layers; ++l) {
-        for (int64_t t0 = 0; t0 < ctx; t0 += chunk) be->kv_write(*cache, l, t0, k, v, std::min(chunk, ctx - t0));
-        be->to_host(k, 1, 0);  // runs what is recorded
-    }
-    cache->commit(ctx);
+    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 7 + uint32_t(kv.size()));
 
     // The kernel's arguments, one heads table per layer; the same q, scratch and output.
     cuda::SplitAttentionParams p{};
@@ -179,15 +200,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         pl.heads = tables + (i % layers) * kHeadsKv;
         cuda::attention_split(pl, st);
     });
-    std::vector<float> o(size_t(kHeads * kHeadDim));
-    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
-    for (float x : o) {
-        if (!std::isfinite(x)) {
-            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(),
-                         (long long)ctx);
-            std::exit(1);
-        }
-    }
+    require_finite_output(out, kv, ctx);
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const auto& c = arms[a];
@@ -210,43 +223,21 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     KvCacheOptions opts;
     opts.memory = be->kv_memory();
     opts.flash_attn = true;
-    // One layer first, to learn its bytes; then as many layers as the working set needs.
-    const auto layer_bytes_of = [&](const KvCache& c) {
-        const KvLayerView view = c.view(0);
-        size_t b = 0;
-        for (int64_t g = 0; g < kHeadsKv; ++g) {
-            const KvHeadView& h = view.heads[g];
-            b += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
-            b += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;  // the windows
-        }
-        return b;
-    };
-    const int64_t chunk = std::min(kFillChunk, ctx);
-    const size_t chunk_floats = size_t(chunk * kHeadsKv * kHeadDim);
-    std::vector<float> host(chunk_floats);
-    std::mt19937 rng(uint32_t(ctx) * 11 + uint32_t(bits));
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    for (float& x : host) x = u(rng);
-    float* k = be->activation_buffer(0, chunk_floats);
-    float* v = be->activation_buffer(1, chunk_floats);
-    VXQ_CUDA_CHECK(cudaMemcpy(k, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
-    VXQ_CUDA_CHECK(cudaMemcpy(v, host.data(), chunk_floats * 4, cudaMemcpyHostToDevice));
-    const auto fill = [&](KvCache& c, int64_t layers) {
-        for (int64_t l = 0; l < layers; ++l) {
-            for (int64_t t0 = 0; t0 < ctx; t0 += chunk) be->kv_write(c, l, t0, k, v, std::min(chunk, ctx - t0));
-            be->to_host(k, 1, 0);  // runs what is recorded
-        }
-        c.commit(ctx);
-    };
-    size_t layer_bytes = 0;
-    {
-        auto probe = make_kv_cache(KvShape{1, kHeads, kHeadsKv, kHeadDim, ctx}, KvSpec::parse(kv), opts);
-        fill(*probe, 1);
-        layer_bytes = layer_bytes_of(*probe);
+    // Layers enough for the working set, by the format's bits per element (a layer holds little
+    // more: its windows); the bytes per call are counted on layer 0 once it is written.
+    const KvSpec spec = KvSpec::parse(kv);
+    const double bpe = make_codec(spec.k, KvRole::Key, kHeadDim)->bits_per_element(kHeadDim);
+    const size_t approx = size_t(double(ctx) * kHeadsKv * kHeadDim * 2 * bpe / 8);
+    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>(int64_t((kMinWorkingSet + approx - 1) / approx), 64));
+    auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, spec, opts);
+    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 11 + uint32_t(bits));
+    size_t layer_bytes = 0;  // packed keys and values with their zeros and scales, and the windows
+    const KvLayerView view0 = cache->view(0);
+    for (int64_t g = 0; g < kHeadsKv; ++g) {
+        const KvHeadView& h = view0.heads[g];
+        layer_bytes += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
+        layer_bytes += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;
     }
-    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>((kMinWorkingSet + layer_bytes - 1) / layer_bytes, 64));
-    auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, KvSpec::parse(kv), opts);
-    fill(*cache, layers);
     cuda::KiviAttentionParams p{};
     p.n_q = 1;
     p.n_head = kHeads;
@@ -264,21 +255,12 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KiviHeadDev)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
     std::vector<cuda::KiviHeadDev> table(size_t(layers * kHeadsKv));
-    const auto addr = [](const void* a) { return uint64_t(reinterpret_cast<uintptr_t>(a)); };
     for (int64_t l = 0; l < layers; ++l) {
         const KvLayerView view = cache->view(l);
-        for (int64_t g = 0; g < kHeadsKv; ++g) {
-            const KvHeadView& h = view.heads[g];
-            table[size_t(l * kHeadsKv + g)] = {addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), addr(h.k.ring),
-                                               addr(h.v.ring), h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head,
-                                               h.v.ring_head};
-        }
-        if (l == 0) {
-            const KvStreamView &ks = view.heads[0].k, &vs = view.heads[0].v;
-            p.kf = {ks.fmt.bits, ks.fmt.group, int32_t(ks.fmt.rows), int32_t(ks.fmt.block_bytes), int32_t(ks.ring_slots)};
-            p.vf = {vs.fmt.bits, vs.fmt.group, int32_t(vs.fmt.rows), int32_t(vs.fmt.block_bytes), int32_t(vs.ring_slots)};
-        }
+        for (int64_t g = 0; g < kHeadsKv; ++g) table[size_t(l * kHeadsKv + g)] = cuda::kivi_head(view.heads[g]);
     }
+    p.kf = cuda::kivi_format(view0.heads[0].k);
+    p.vf = cuda::kivi_format(view0.heads[0].v);
     VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KiviHeadDev), cudaMemcpyHostToDevice));
     p.q = q;
     p.out = out;
@@ -293,14 +275,7 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
         pl.heads = tables + (i % layers) * kHeadsKv;
         cuda::kivi_attention(pl, st);
     });
-    std::vector<float> o(size_t(kHeads * kHeadDim));
-    VXQ_CUDA_CHECK(cudaMemcpy(o.data(), out, o.size() * 4, cudaMemcpyDeviceToHost));
-    for (float x : o) {
-        if (!std::isfinite(x)) {
-            std::fprintf(stderr, "vxq_gpu_attention: non-finite attention output (%s, %lld tokens)\n", kv.c_str(), (long long)ctx);
-            std::exit(1);
-        }
-    }
+    require_finite_output(out, kv, ctx);
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, -2, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,

@@ -194,6 +194,14 @@ struct StandInMemory final : KvMemory {
     size_t commit_granularity() const override { return granularity; }
 };
 
+// A cache of `spec` for keys and values in `mem`, made to say the host may not touch it.
+std::unique_ptr<KvCache> off_host_cache(const KvShape& shape, const char* spec, StandInMemory& mem) {
+    mem.host = false;
+    KvCacheOptions o;
+    o.memory = &mem;
+    return make_kv_cache(shape, spec, spec, o);
+}
+
 // A memory that commits in coarse chunks (CUDA's 2 MiB): bytes_for_tokens, the memory check's
 // figure, counts each stream's bytes rounded up to whole chunks.
 TEST(PagedCache, BytesForTokensCountsWholeCommitsOfTheMemory) {
@@ -230,10 +238,7 @@ TEST(PagedCache, RetainInOffHostMemoryEqualsHostRam) {
         for (float& x : v) x = u(rng);
         auto host = make_kv_cache(shape, spec, spec);
         StandInMemory mem;
-        mem.host = false;
-        KvCacheOptions o;
-        o.memory = &mem;
-        auto off = make_kv_cache(shape, spec, spec, o);
+        auto off = off_host_cache(shape, spec, mem);
         for (int64_t l = 0; l < shape.n_layer; ++l) {
             host->write(l, 0, k.data(), v.data(), n);
             off->reserve_write(l, 0, n);  // a device backend's store kernel would fill these slots
@@ -314,10 +319,7 @@ TEST(PagedCache, WritePlanInOffHostMemoryEqualsHostRam) {
         SCOPED_TRACE(testing::Message() << spec << " seed " << seed);
         auto host = make_kv_cache(shape, spec, spec);
         StandInMemory mem;
-        mem.host = false;
-        KvCacheOptions o;
-        o.memory = &mem;
-        auto off = make_kv_cache(shape, spec, spec, o);
+        auto off = off_host_cache(shape, spec, mem);
         const auto codec_k = make_codec(CodecSpec::parse(spec), KvRole::Key, shape.head_dim);
         const auto codec_v = make_codec(CodecSpec::parse(spec), KvRole::Value, shape.head_dim);
         int64_t pos = 0;

@@ -21,11 +21,14 @@ namespace {
 
 constexpr int64_t kMinPageTokens = 64;  // tokens per page (and per attention chunk): <= 63 unused per stream
 
+// Slots of a stream's fp16 window: flush_at() tokens, none for a codec that encodes on arrival.
+int64_t window_slots(const Codec& c) { return c.flush_at() > 1 ? c.flush_at() : 0; }
+
 // One (layer, KV head) stream of keys or values. Stored tokens [0, n_enc) are packed blocks in
 // pages; [n_enc, n_enc + n_pending) wait in an fp16 ring of flush_at() tokens (absent when the
 // codec encodes every token on arrival). In host memory the ring is the stream's own, allocated
 // with its first token; in device memory it is a slot of the cache's window allocation
-// (`device_ring`, flush_at() slots of head_dim fp16), written by the backend's kernels.
+// (`device_ring`, window_slots() of head_dim fp16), written by the backend's kernels.
 class Stream {
 public:
     Stream(std::unique_ptr<Codec> codec, int64_t d, int64_t page_tokens, int64_t max_tokens, KvMemory& mem,
@@ -34,7 +37,7 @@ public:
           bb_(codec_->block_bytes(d)), mem_(&mem),
           pages_(mem.reserve(size_t(page_tokens / bt_) * bb_, (max_tokens + page_tokens - 1) / page_tokens)),
           ring_(device_ring) {
-        window_ = codec_->flush_at() > 1 ? codec_->flush_at() : 0;
+        window_ = window_slots(*codec_);
         VXQ_ASSERT(page_tokens_ % bt_ == 0 && codec_->flush_count() % bt_ == 0);
         VXQ_ASSERT(mem.host_accessible() == (device_ring == nullptr) || window_ == 0);
     }
@@ -93,18 +96,19 @@ public:
         // go back to the residual window (decoded: lossy only for tokens already lossy).
         const int64_t keep_blocks = n / bt_;
         const int64_t partial = n - keep_blocks * bt_;
-        std::vector<float> blk(size_t(bt_ * d_));
-        if (partial > 0) decode_blocks(keep_blocks, 1, blk.data());
-        n_enc_ = keep_blocks * bt_;
-        n_pending_ = 0;
-        head_ = 0;  // the pages stay committed (a rollback refills them): shrink_to_fit gives them back
-        std::vector<f16_t> slots(size_t(partial * d_));
-        for (size_t i = 0; i < slots.size(); ++i) slots[i] = fp32_to_fp16(blk[i]);
-        if (partial > 0 && mem_->host_accessible()) {
-            std::memcpy(ring_, slots.data(), slots.size() * sizeof(f16_t));
-        } else if (partial > 0) {
-            mem_->copy_from_host(ring_, slots.data(), slots.size() * sizeof(f16_t));
+        if (partial > 0) {
+            std::vector<float> blk(size_t(bt_ * d_));
+            decode_blocks(keep_blocks, 1, blk.data());
+            std::vector<f16_t> slots(size_t(partial * d_));
+            for (size_t i = 0; i < slots.size(); ++i) slots[i] = fp32_to_fp16(blk[i]);
+            if (mem_->host_accessible()) {
+                std::memcpy(ring_, slots.data(), slots.size() * sizeof(f16_t));
+            } else {
+                mem_->copy_from_host(ring_, slots.data(), slots.size() * sizeof(f16_t));
+            }
         }
+        n_enc_ = keep_blocks * bt_;
+        head_ = 0;  // the pages stay committed (a rollback refills them): shrink_to_fit gives them back
         n_pending_ = partial;
     }
 
@@ -329,8 +333,7 @@ KvCache::KvCache(const KvShape& s, const KvSpec& spec, const KvCacheOptions& opt
     m.exact.block_bytes = size_t(s.head_dim) * 4;
     m.heads.reserve(size_t(s.n_layer * s.n_head_kv));
     // Device windows: a slot per (layer, head, role), as large as the larger ring.
-    const int64_t k_slots = probe_k->flush_at() > 1 ? probe_k->flush_at() : 0;
-    const int64_t v_slots = probe_v->flush_at() > 1 ? probe_v->flush_at() : 0;
+    const int64_t k_slots = window_slots(*probe_k), v_slots = window_slots(*probe_v);
     const size_t slot_bytes = (size_t(std::max(k_slots, v_slots) * s.head_dim) * sizeof(f16_t) + 255) / 256 * 256;
     if (!mem.host_accessible() && slot_bytes > 0) {
         m.windows = mem.reserve(slot_bytes, 2 * s.n_layer * s.n_head_kv);
@@ -401,13 +404,9 @@ KvWritePlan KvCache::reserve_write(int64_t layer, int64_t pos0, int64_t n) {
         Head& h = impl_->head(layer, g);
         h.place(pos0, n);
         const KvWindowWrite k = h.k.reserve(n), v = h.v.reserve(n);
-        const auto same = [](const KvWindowWrite& a, const KvWindowWrite& b) {
-            return a.packed == b.packed && a.pending == b.pending && a.head == b.head && a.slots == b.slots &&
-                   a.encoded == b.encoded;
-        };
         // Heads differ only after eviction, which a device cache allows for token-wise formats
         // alone (retain), whose plan is the same in every head but for `packed`.
-        if (g > 0 && (k.slots > 0 || v.slots > 0)) VXQ_ASSERT(same(k, plan.k) && same(v, plan.v));
+        if (g > 0 && (k.slots > 0 || v.slots > 0)) VXQ_ASSERT(k == plan.k && v == plan.v);
         if (g == 0) plan = KvWritePlan{k, v};
     }
     return plan;
@@ -537,7 +536,7 @@ size_t KvCache::bytes_for_tokens(int64_t n) const {
     const Head& h0 = m.heads.front();
     if (!m.windows) {  // host rings, allocated with a stream's first token
         for (const Codec* c : {&h0.k.codec(), &h0.v.codec()}) {
-            if (c->flush_at() > 1) per_head += size_t(c->flush_at() * shape_.head_dim) * sizeof(f16_t);
+            per_head += size_t(window_slots(*c) * shape_.head_dim) * sizeof(f16_t);
         }
     }
     size_t b = per_head * m.heads.size() + (m.windows ? m.windows->resident_bytes() : 0);

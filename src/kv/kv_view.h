@@ -46,6 +46,7 @@ struct KvStreamView {
 // pending + j >= encoded then waits in the window, at ring slot (head + pending + j) % slots.
 struct KvWindowWrite {
     int64_t packed = 0, pending = 0, head = 0, slots = 0, encoded = 0;
+    bool operator==(const KvWindowWrite&) const = default;
 };
 struct KvWritePlan {
     KvWindowWrite k, v;

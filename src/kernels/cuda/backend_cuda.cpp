@@ -726,14 +726,6 @@ private:
         }
         return true;
     }
-    static KiviFormatDev kivi_format(const KvStreamView& s) {
-        return KiviFormatDev{s.fmt.bits, s.fmt.group, int32_t(s.fmt.rows), int32_t(s.fmt.block_bytes), int32_t(s.ring_slots)};
-    }
-    static KiviHeadDev kivi_head(const KvHeadView& h) {
-        const auto addr = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
-        return KiviHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), addr(h.k.ring), addr(h.v.ring),
-                           h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head, h.v.ring_head};
-    }
     void kivi_heads(const KvLayerView& view) {
         kivi_heads_.resize(size_t(view.n_head_kv));
         for (int64_t g = 0; g < view.n_head_kv; ++g) {

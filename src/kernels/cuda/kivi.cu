@@ -12,6 +12,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace vxq::cuda {
@@ -27,17 +28,12 @@ constexpr int kMaxSplits = 128;
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-__device__ __forceinline__ float half_at(const uint8_t* p) {  // 2-byte aligned
-    return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
-}
-__device__ __forceinline__ uint16_t half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
-__device__ __forceinline__ void put_half(uint8_t* p, uint16_t h) { *reinterpret_cast<uint16_t*>(p) = h; }
 
 // Element c of write-local token i (plan w), as the encoder takes it: the fp16 window's, or the
 // new input rounded to fp16 as the window would hold it.   x: the head's new rows, `stride` apart
 __device__ __forceinline__ float write_token(const KvWindowWrite& w, const uint8_t* ring, const float* x, int64_t stride,
                                              int64_t d, int64_t i, int64_t c) {
-    if (i < w.pending) return half_at(ring + ((w.head + i) % w.slots) * d * 2 + 2 * c);
+    if (i < w.pending) return kv_half_at(ring + ((w.head + i) % w.slots) * d * 2 + 2 * c);
     return __half2float(__float2half_rn(x[(i - w.pending) * stride + c]));
 }
 
@@ -55,10 +51,10 @@ __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* s
     }
     const float qmax = float((1 << bits) - 1);
     // A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).
-    const uint16_t z16 = nan ? uint16_t(0x7e00) : half_bits(mn);
-    const uint16_t s16 = nan ? uint16_t(0x7e00) : half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
-    put_half(zero, z16);
-    put_half(scale, s16);
+    const uint16_t z16 = nan ? uint16_t(0x7e00) : kv_half_bits(mn);
+    const uint16_t s16 = nan ? uint16_t(0x7e00) : kv_half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
+    *reinterpret_cast<uint16_t*>(zero) = z16;
+    *reinterpret_cast<uint16_t*>(scale) = s16;
     const float z = __half2float(__ushort_as_half(z16)), s = __half2float(__ushort_as_half(s16));
     unsigned acc = 0;
     int filled = 0;
@@ -125,7 +121,7 @@ __global__ void kivi_window_kernel(KiviStoreParams p) {
     const int64_t slot = (w.head + w.pending + j) % w.slots;
     auto* dst = reinterpret_cast<uint16_t*>(role ? h.vw : h.kw) + slot * d;
     const float* x = (role ? p.v : p.k) + (j * p.n_head_kv + g) * d;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = half_bits(x[c]);
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kv_half_bits(x[c]);
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -142,11 +138,6 @@ __host__ __device__ constexpr int kivi_warp_bytes(int d, int kbits, int vbb, int
 }
 size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
     return size_t(4 * gqa * d) + size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, kivi_g4(gqa)));
-}
-
-__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(gmem) : "memory");
 }
 
 template <int D>
@@ -218,6 +209,28 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
     const bool one_row = VG % CPL == 0;
     const int vr = c0 / VG, vbit0 = (c0 % VG) * vbits;
     const int vbytes = ((vbit0 & 7) + CPL * vbits + 7) >> 3;
+    // This lane's channels of a packed value token whose channels lie in one row (one_row).
+    const auto row_values = [&](const uint8_t* blk, float* x) {
+        const float zf = kv_half_at(blk + 2 * vr), sf = kv_half_at(blk + 2 * vrows + 2 * vr);
+        const uint8_t* cb = blk + 4 * vrows + vr * vrb + (vbit0 >> 3);
+        uint64_t bits = cb[0];
+        for (int e = 1; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
+        bits >>= (vbit0 & 7);
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+    };
+    // o += p_h(t) x for the group's heads (the tile's probabilities in p_s).
+    const auto accumulate = [&](int t, const float* x) {
+        const float4 pa = *reinterpret_cast<const float4*>(p_s + t * g4);
+        const float4 pb = g4 > 4 ? *reinterpret_cast<const float4*>(p_s + t * g4 + 4) : pa;
+        const float pv[kKiviMaxGqa] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+        for (int h = 0; h < kKiviMaxGqa; ++h) {
+            if (h >= gqa) continue;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv[h], x[j], o[h][j]);
+        }
+    };
 
     int64_t t0 = t_begin + warp * kKiviTile;
     if (t0 < t_end) issue(t0, wbase);
@@ -244,7 +257,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
 #pragma unroll
             for (int kk = 0; kk < CPL; ++kk) {
                 const int c = lane + 32 * kk;
-                const float zc = half_at(stage + 2 * c), sc = half_at(stage + 2 * D + 2 * c);
+                const float zc = kv_half_at(stage + 2 * c), sc = kv_half_at(stage + 2 * D + 2 * c);
 #pragma unroll
                 for (int h = 0; h < kKiviMaxGqa; ++h) {
                     if (h < gqa) {
@@ -286,7 +299,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
                 const uint8_t* codes = blk + 4 * D + (bit >> 3);
                 for (int c = 0; c < D; ++c) {
                     const unsigned code = (codes[c * krb] >> (bit & 7)) & kmask;
-                    const float x = fmaf(float(code), half_at(blk + 2 * D + 2 * c), half_at(blk + 2 * c));
+                    const float x = fmaf(float(code), kv_half_at(blk + 2 * D + 2 * c), kv_half_at(blk + 2 * c));
 #pragma unroll
                     for (int h = 0; h < kKiviMaxGqa; ++h) {
                         if (h < gqa) acc[h] = fmaf(q_s[h * D + c], x, acc[h]);
@@ -331,66 +344,33 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
         const uint8_t* vstage = stage + 4 * D + 4 * D * kbits;
         if (one_row && cnt == kKiviTile && t0 + kKiviTile <= hd.v_packed) {
             // A whole packed tile (the common case): no per-token branches, tokens unrolled.
-            const uint8_t* zb = vstage + 2 * vr;
-            const uint8_t* sb = vstage + 2 * vrows + 2 * vr;
-            const uint8_t* cbase = vstage + 4 * vrows + vr * vrb + (vbit0 >> 3);
 #pragma unroll 4
             for (int t = 0; t < kKiviTile; ++t) {
-                const float zf = half_at(zb + t * vbb), sf = half_at(sb + t * vbb);
-                const uint8_t* cb = cbase + t * vbb;
-                uint64_t bits = cb[0];
-                if (vbytes > 1) bits |= uint64_t(cb[1]) << 8;
-                if (vbytes > 2) {
-                    for (int e = 2; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
-                }
-                bits >>= (vbit0 & 7);
                 float x[CPL];
-#pragma unroll
-                for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
-                const float4 pa = *reinterpret_cast<const float4*>(p_s + t * g4);
-                const float4 pb = g4 > 4 ? *reinterpret_cast<const float4*>(p_s + t * g4 + 4) : pa;
-                const float pv[kKiviMaxGqa] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-                for (int h = 0; h < kKiviMaxGqa; ++h) {
-                    if (h >= gqa) continue;
-#pragma unroll
-                    for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv[h], x[j], o[h][j]);
-                }
+                row_values(vstage + t * vbb, x);
+                accumulate(t, x);
             }
-        } else
-        for (int t = 0; t < cnt; ++t) {
-            const int64_t tt = t0 + t;
-            float x[CPL];
-            if (tt < hd.v_packed) {
-                const uint8_t* blk = vstage + t * vbb;
-                if (one_row) {
-                    const float zf = half_at(blk + 2 * vr), sf = half_at(blk + 2 * vrows + 2 * vr);
-                    const uint8_t* cb = blk + 4 * vrows + vr * vrb + (vbit0 >> 3);
-                    uint64_t bits = 0;
-                    for (int e = 0; e < vbytes; ++e) bits |= uint64_t(cb[e]) << (8 * e);
-                    bits >>= (vbit0 & 7);
+        } else {
+            for (int t = 0; t < cnt; ++t) {
+                const int64_t tt = t0 + t;
+                float x[CPL];
+                if (tt >= hd.v_packed) {  // the fp16 window
+                    const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) +
+                                      ((hd.v_head + tt - hd.v_packed) % p.vf.slots) * D * 2 + 2 * c0;
 #pragma unroll
-                    for (int j = 0; j < CPL; ++j) x[j] = fmaf(float(unsigned(bits >> (j * vbits)) & vmask), sf, zf);
+                    for (int j = 0; j < CPL; ++j) x[j] = kv_half_at(row + 2 * j);
+                } else if (one_row) {
+                    row_values(vstage + t * vbb, x);
                 } else {
+                    const uint8_t* blk = vstage + t * vbb;
 #pragma unroll
                     for (int j = 0; j < CPL; ++j) {
                         const int c = c0 + j, r = c / VG, bit = (c % VG) * vbits;
                         const unsigned code = (blk[4 * vrows + r * vrb + (bit >> 3)] >> (bit & 7)) & vmask;
-                        x[j] = fmaf(float(code), half_at(blk + 2 * vrows + 2 * r), half_at(blk + 2 * r));
+                        x[j] = fmaf(float(code), kv_half_at(blk + 2 * vrows + 2 * r), kv_half_at(blk + 2 * r));
                     }
                 }
-            } else {
-                const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) +
-                                  ((hd.v_head + tt - hd.v_packed) % p.vf.slots) * D * 2 + 2 * c0;
-#pragma unroll
-                for (int j = 0; j < CPL; ++j) x[j] = half_at(row + 2 * j);
-            }
-#pragma unroll
-            for (int h = 0; h < kKiviMaxGqa; ++h) {
-                if (h >= gqa) continue;
-                const float pv = p_s[t * g4 + h];
-#pragma unroll
-                for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv, x[j], o[h][j]);
+                accumulate(t, x);
             }
         }
         __syncwarp();  // the next issue overwrites this stage; q * s and probabilities are rewritten

@@ -45,6 +45,16 @@ struct KiviHeadDev {
     int64_t k_head, v_head;       // ring slot of stored token `packed`
 };
 
+// A stream's format and a head's table entry, from the cache's view (host side).
+inline KiviFormatDev kivi_format(const KvStreamView& s) {
+    return KiviFormatDev{s.fmt.bits, s.fmt.group, int32_t(s.fmt.rows), int32_t(s.fmt.block_bytes), int32_t(s.ring_slots)};
+}
+inline KiviHeadDev kivi_head(const KvHeadView& h) {
+    const auto addr = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
+    return KiviHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), addr(h.k.ring), addr(h.v.ring),
+                       h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head, h.v.ring_head};
+}
+
 struct KiviStoreParams {
     const float* k;             // [n, n_head_kv, head_dim] after RoPE (device)
     const float* v;
