@@ -19,7 +19,9 @@
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
 // kivi4 / kivi2: a KIVI cache (kivi:bits=4 / 2, G 32, R 128: kivi.cuh) filled through the backend's
 // store, timed with the KIVI attention and its merge at its default split count and each of
-// --kivi-splits; bytes = packed keys and values with their zeros and scales + the fp16 windows.
+// --kivi-splits, and the SIMT form beside the tensor-core form (with the largest difference of
+// their outputs on stderr); bytes = packed keys and values with their zeros and scales + the fp16
+// windows.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
 // bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are
@@ -265,21 +267,46 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     p.q = q;
     p.out = out;
     p.partial = partial;
+    // Arms: the default form and splits (twice), the other splits, then the SIMT form at the
+    // default splits where the default is the tensor-core form.
     std::vector<int64_t> arms = {dflt, dflt};
     for (int64_t s : splits) {
         if (s != dflt) arms.push_back(s);
     }
-    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
+    const bool tc = cuda::kivi_tensor_cores(p);
+    const size_t n_auto = arms.size();
+    if (tc) arms.push_back(dflt);
+    const auto params = [&](size_t arm, int64_t layer) {
         cuda::KiviAttentionParams pl = p;
-        pl.splits = arms[size_t(arm)];
-        pl.heads = tables + (i % layers) * kHeadsKv;
-        cuda::kivi_attention(pl, st);
+        pl.splits = arms[arm];
+        pl.simt = arm >= n_auto;
+        pl.heads = tables + layer * kHeadsKv;
+        return pl;
+    };
+    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
+        cuda::kivi_attention(params(size_t(arm), i % layers), st);
     });
     require_finite_output(out, kv, ctx);
+    if (tc) {  // the two forms on layer 0: the same attention up to the summation order
+        std::vector<float> o_tc(size_t(kHeads * kHeadDim)), o_simt(o_tc.size());
+        cuda::kivi_attention(params(0, 0), st);
+        VXQ_CUDA_CHECK(cudaMemcpyAsync(o_tc.data(), out, o_tc.size() * 4, cudaMemcpyDeviceToHost, st));
+        cuda::kivi_attention(params(n_auto, 0), st);
+        VXQ_CUDA_CHECK(cudaMemcpyAsync(o_simt.data(), out, o_simt.size() * 4, cudaMemcpyDeviceToHost, st));
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st));
+        double diff = 0.0, peak = 0.0;
+        for (size_t e = 0; e < o_tc.size(); ++e) {
+            diff = std::max(diff, double(std::fabs(o_tc[e] - o_simt[e])));
+            peak = std::max(peak, double(std::fabs(o_simt[e])));
+        }
+        std::fprintf(stderr, "%s %lld tokens: tensor-core vs SIMT form, max |diff| %.3g of max |o| %.3g (%.2g relative)\n", kv.c_str(),
+                     static_cast<long long>(ctx), diff, peak, diff / std::max(peak, 1e-30));
+    }
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
-        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, -2, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
-                           ms[a].max * 1e3, a == 1, arms[a] == dflt});
+        const int form = a >= n_auto ? -3 : tc ? -2 : -3;
+        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+                           ms[a].max * 1e3, a == 1, a < n_auto && arms[a] == dflt});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
@@ -520,7 +547,7 @@ int main(int argc, char** argv) {
                 for (const Row& r : case_rows) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     char form[32];
-                    std::snprintf(form, sizeof form, r.stream == -2 ? "kivi" : r.stream > 0 ? "stream x %d" : "tensor cores",
+                    std::snprintf(form, sizeof form, r.stream == -2 ? "kivi tensor cores" : r.stream == -3 ? "kivi SIMT" : r.stream > 0 ? "stream x %d" : "tensor cores",
                                   r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,

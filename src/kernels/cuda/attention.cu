@@ -8,6 +8,7 @@
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/cublas_api.h"
 
 namespace vxq::cuda {
@@ -263,29 +264,11 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
 //           in fp16) and the block scale goes into P: sum_t (p_t d_t) q_t (the CPU: p_t (q_t d_t)).
 // Accumulation is f32 in the tensor cores; results match the CPU's f32 kernel to ~1e-6 relative.
 constexpr int kMmaRows = 16;
-constexpr float kLoScale = 2048.0f, kLoInv = 1.0f / 2048.0f;
-
-__device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                        unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
-    return unsigned(__half_as_ushort(__float2half_rn(lo_index))) | (unsigned(__half_as_ushort(__float2half_rn(hi_index))) << 16);
-}
-// hi = fp16 pair of (x0, x1), lo = the scaled rest (attention.cuh's split).
-__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
-    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
-    hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
-    lo = pack_half2((x0 - __half2float(h0)) * kLoScale, (x1 - __half2float(h1)) * kLoScale);
 }
 __device__ __forceinline__ unsigned u16_at(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ unsigned u32_at2(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }  // 2-byte aligned

@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma.cuh"
 
 namespace vxq::cuda {
 
@@ -126,75 +127,77 @@ __global__ void kivi_window_kernel(KiviStoreParams p) {
 
 // ---- attention --------------------------------------------------------------------------------
 
-// Shared memory: q of the group's heads [gqa][D] f32, then per warp two stages of a tile's bytes,
-// each [zeros and scales of its key block: 4 D][its key codes: D rows of 4 bits bytes][its packed
-// value blocks: 32 x vbb] (cp.async, the next tile's in flight while one is computed), then q * s
-// per channel [D][G4] (G4: gqa rounded up to 4, for float4 loads) and the tile's probabilities
-// [32][G4]; at the end each warp's region holds its state for the merge.
+// Shared memory: q of the group's heads [g4][D] f32 (heads past the group zero), then per warp two
+// stages of a tile's bytes, each [zeros and scales of its key block: 4 D][its key codes: D rows of
+// 4 bits bytes][its packed value blocks: 32 x vbb] (cp.async, the next tile's in flight while one
+// is computed), then the SIMT form's q * s per channel [D][g4] and the tile's probabilities
+// [32][g4] (the tensor-core form: probabilities [g4][32] there); at the end each warp's region
+// holds its state for the merge. g4: gqa rounded up to 4 (float4 loads; a tensor-core n-tile).
 __host__ __device__ constexpr int kivi_g4(int gqa) { return (gqa + 3) & ~3; }
 __host__ __device__ constexpr int kivi_stage_bytes(int d, int kbits, int vbb) { return 4 * d + 4 * d * kbits + kKiviTile * vbb; }
 __host__ __device__ constexpr int kivi_warp_bytes(int d, int kbits, int vbb, int g4) {
     return 2 * kivi_stage_bytes(d, kbits, vbb) + 4 * (d * g4 + kKiviTile * g4);
 }
 size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
-    return size_t(4 * gqa * d) + size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, kivi_g4(gqa)));
+    const int g4 = kivi_g4(gqa);
+    return size_t(4 * g4 * d) + size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, g4));
 }
 
-template <int D>
-__global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAttentionParams p) {
-    constexpr int CPL = D / 32;  // value channels per lane
-    extern __shared__ float4 smem4[];
-    auto* smem = reinterpret_cast<uint8_t*>(smem4);
-    const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
-    const KiviHeadDev hd = p.heads[g];
-    const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
-    int64_t per = (n_vis + p.splits - 1) / p.splits;
-    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviMinStretch);
-    const int64_t t_begin = z * per, t_end = min64(n_vis, t_begin + per);
+// A tile's keys lie in one packed block (G a multiple of 32): its codes go through shared memory.
+__device__ __forceinline__ bool kivi_fast_keys(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0) {
+    return p.kf.group % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed;
+}
 
+// Starts the copies of tile t0's bytes into a stage (one commit group per tile, empty or not).
+template <int D>
+__device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int lane) {
+    const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8, vbb = p.vf.block_bytes;
+    if (kivi_fast_keys(p, hd, t0)) {
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + (t0 / KG) * p.kf.block_bytes;
+        for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
+        const uint8_t* codes = blk + 4 * D + (t0 % KG) * kbits / 8;
+        uint8_t* kc = stage + 4 * D;
+        if (kbits == 2) {
+            for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
+        } else {
+            const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
+            for (int idx = lane; idx < D * units; idx += 32) {
+                const int c = idx / units, u = idx - c * units;
+                cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
+            }
+        }
+    }
+    if (t0 < hd.v_packed) {
+        const int units = int((min64(kKiviTile, hd.v_packed - t0) * vbb + 15) / 16);
+        const uint8_t* src = reinterpret_cast<const uint8_t*>(hd.v) + t0 * vbb;
+        uint8_t* dst = stage + 4 * D + 4 * D * kbits;
+        for (int u = lane; u < units; u += 32) cp_async16(dst + 16 * u, src + 16 * u);
+    }
+    cp_async_commit();
+}
+
+// The stretch [begin, end) of n tokens that split z of `splits` takes: whole tiles, at least
+// kKiviMinStretch tokens.
+__device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t z, int64_t& begin, int64_t& end) {
+    int64_t per = (n + splits - 1) / splits;
+    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviMinStretch);
+    begin = z * per;
+    end = min64(n, begin + per);
+}
+
+// The SIMT form: warp w of the block takes every 4th 32-token tile of [t_begin, t_end) (t_begin a
+// multiple of 32) and leaves its state (o [gqa][D], then (m, l) per head) at wbase.
+template <int D>
+__device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, uint8_t* wbase,
+                               int64_t t_begin, int64_t t_end, int warp, int lane, int gqa, int g4) {
+    constexpr int CPL = D / 32;  // value channels per lane
     const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8;
     const int VG = p.vf.group, vbits = p.vf.bits, vrows = p.vf.rows, vrb = VG * vbits / 8, vbb = p.vf.block_bytes;
     const unsigned kmask = (1u << kbits) - 1, vmask = (1u << vbits) - 1;
-    const int stage_bytes = kivi_stage_bytes(D, kbits, vbb), warp_bytes = kivi_warp_bytes(D, kbits, vbb, g4);
-    auto* q_s = reinterpret_cast<float*>(smem);
-    uint8_t* wbase = smem + 4 * gqa * D + warp * warp_bytes;
+    const int stage_bytes = kivi_stage_bytes(D, kbits, vbb);
     auto* qs_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);
     float* p_s = qs_s + D * g4;
-    const float* qg = p.q + (i * p.n_head + g * gqa) * D;
-    for (int idx = threadIdx.x; idx < gqa * D; idx += blockDim.x) q_s[idx] = qg[idx];
-    __syncthreads();
-
     const auto* kbase = reinterpret_cast<const uint8_t*>(hd.k);
-    const auto* vbase = reinterpret_cast<const uint8_t*>(hd.v);
-    // A tile's keys are read from shared memory when they lie in one packed block.
-    const auto fast_keys = [&](int64_t t0) { return KG % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed; };
-    // Starts the copies of tile t0's bytes into a stage (one commit group per tile, empty or not).
-    const auto issue = [&](int64_t t0, uint8_t* stage) {
-        if (fast_keys(t0)) {
-            const uint8_t* blk = kbase + (t0 / KG) * p.kf.block_bytes;
-            for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
-            const uint8_t* codes = blk + 4 * D + (t0 % KG) * kbits / 8;
-            uint8_t* kc = stage + 4 * D;
-            if (kbits == 2) {
-                for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
-            } else {
-                const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
-                for (int idx = lane; idx < D * units; idx += 32) {
-                    const int c = idx / units, u = idx - c * units;
-                    cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
-                }
-            }
-        }
-        if (t0 < hd.v_packed) {
-            const int units = int((min64(kKiviTile, hd.v_packed - t0) * vbb + 15) / 16);
-            const uint8_t* src = vbase + t0 * vbb;
-            uint8_t* dst = stage + 4 * D + 4 * D * kbits;
-            for (int u = lane; u < units; u += 32) cp_async16(dst + 16 * u, src + 16 * u);
-        }
-        cp_async_commit();
-    };
 
     float m[kKiviMaxGqa], l[kKiviMaxGqa], o[kKiviMaxGqa][CPL];
 #pragma unroll
@@ -233,11 +236,11 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
     };
 
     int64_t t0 = t_begin + warp * kKiviTile;
-    if (t0 < t_end) issue(t0, wbase);
+    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
     for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
         const int64_t tn = t0 + kKiviWarps * kKiviTile;
         if (tn < t_end) {
-            issue(tn, wbase + ((k + 1) & 1) * stage_bytes);
+            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
         } else {
             cp_async_commit();
         }
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
         float acc[kKiviMaxGqa];
 #pragma unroll
         for (int h = 0; h < kKiviMaxGqa; ++h) acc[h] = 0.0f;
-        if (fast_keys(t0)) {
+        if (kivi_fast_keys(p, hd, t0)) {
             // sum_c (q_c s_c) code_c,t + sum_c q_c z_c: q * s per channel, then a lane per token.
             const auto* kc = reinterpret_cast<const uint32_t*>(stage + 4 * D);
             float zs[kKiviMaxGqa];
@@ -376,10 +379,9 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
         __syncwarp();  // the next issue overwrites this stage; q * s and probabilities are rewritten
     }
     cp_async_wait<0>();
+    __syncwarp();
 
-    // The block's partial: the four warps' states merged with their log-sum-exp weights.
     auto* ws = reinterpret_cast<float*>(wbase);
-    const int wwords = warp_bytes / 4;
 #pragma unroll
     for (int h = 0; h < kKiviMaxGqa; ++h) {
         if (h >= gqa) continue;
@@ -390,8 +392,326 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
             ws[gqa * D + 2 * h + 1] = l[h];
         }
     }
+}
+
+// ---- the tensor-core form: whole tiles of packed 2- or 4-bit keys and values ----
+// Tokens [0, t_tc) of a query where every 32-token tile lies in one packed key block and its
+// values are packed; the rest (the fp16 windows, a partial tile) goes to the SIMT form.
+__device__ __forceinline__ int64_t kivi_tc_tokens(const KiviHeadDev& hd, int64_t n_vis) {
+    return min64(hd.k_packed, min64(hd.v_packed, n_vis)) & ~int64_t(kKiviTile - 1);
+}
+
+// Two codes, each in the low bits of one 16-bit half of v (mask keeps them), as exact fp16
+// numbers: 1024 + code has the code in fp16's last mantissa bits, and subtracting 1024 is exact.
+__device__ __forceinline__ unsigned kivi_codes_half2(unsigned v, unsigned mask) {
+    const unsigned h = (v & mask) | 0x64006400u;
+    const __half2 x = __hsub2(*reinterpret_cast<const __half2*>(&h), __halves2half2(__ushort_as_half(0x6400), __ushort_as_half(0x6400)));
+    return *reinterpret_cast<const unsigned*>(&x);
+}
+// The hi (part 0) or lo (part 1) half pair of (x0, x1) (mma.cuh's split).
+__device__ __forceinline__ unsigned kivi_split_part(float x0, float x1, int part) {
+    unsigned hi, lo;
+    split_pair(x0, x1, hi, lo);
+    return part ? lo : hi;
+}
+
+// Warp w takes every 4th 32-token tile of [t_begin, t_end) (whole tiles, kivi_tc_tokens) with
+// m16n8k16 MMAs (mma.cuh's fragments; gid = lane / 4, tig = lane % 4). An n-tile's 8 columns are
+// 4 query heads x (hi, lo): column n is head 4 nt + n / 2, part n % 2.
+//   keys    S[32 tokens x 8] = codes[32 x D] B, B[c][n] = the hi / lo part of q_h(c) s(c) (the
+//           key block's scales, once per block), the codes exact fp16 numbers; s = (S_hi + S_lo /
+//           2^11 + sum_c q_h(c) z(c)) * scale. Thread (gid, tig) holds head tig's scores of tokens
+//           gid, gid + 8, 16 + gid, 24 + gid.
+//   values  O[D x 8] += codes^T[D x 32 tokens] P', P'[t][n] = the part of p_h(t) s_t(r) for the
+//           channels' value row r, and sum_t p_h(t) z_t(r) per (head, row) on the side (lane (gid,
+//           tig): head tig, row gid), added when the state is written.
+// The tensor cores add in f32: dequantize-then-attend within ~1e-6 relative (mma.cuh).
+template <int D, int B, int NT>
+__device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, uint8_t* wbase,
+                             int64_t t_begin, int64_t t_end, int warp, int lane, int gqa) {
+    constexpr int MT = D / 16;                   // 16-channel steps (keys) / m-tiles (values)
+    constexpr unsigned kMask = B == 2 ? 0x00030003u : 0x000F000Fu;
+    const int gid = lane >> 2, tig = lane & 3, hq = gid >> 1, part = gid & 1;
+    const int KG = p.kf.group, VG = p.vf.group, vrows = p.vf.rows, vrb = VG * B / 8, vbb = p.vf.block_bytes;
+    const int stage_bytes = kivi_stage_bytes(D, B, vbb);
+    float* p_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);  // [4 NT heads][32 tokens]
+
+    float o[MT][NT][4], m[NT], l[NT], bias[NT], zs[NT];
+    unsigned bq[MT][NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        m[nt] = -INFINITY;
+        l[nt] = bias[nt] = zs[nt] = 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) o[mt][nt][j] = 0.0f;
+        }
+    }
+    int64_t block = -1;  // the key block whose B fragments are in bq
+
+    int64_t t0 = t_begin + warp * kKiviTile;
+    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
+    for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
+        const int64_t tn = t0 + kKiviWarps * kKiviTile;
+        if (tn < t_end) {
+            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
+        } else {
+            cp_async_commit();
+        }
+        cp_async_wait<1>();
+        __syncwarp();
+        const uint8_t* stage = wbase + (k & 1) * stage_bytes;
+
+        if (t0 / KG != block) {  // a new key block: q * s as B fragments, sum_c q z per head
+            block = t0 / KG;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float* qh = q_s + (4 * nt + hq) * D;
+#pragma unroll
+                for (int kk = 0; kk < MT; ++kk) {
+                    const int c = 16 * kk + 2 * tig;
+                    const float2 qa = *reinterpret_cast<const float2*>(qh + c), qb = *reinterpret_cast<const float2*>(qh + c + 8);
+                    const float2 sa = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c));
+                    const float2 sb = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c + 16));
+                    bq[kk][nt][0] = kivi_split_part(qa.x * sa.x, qa.y * sa.y, part);
+                    bq[kk][nt][1] = kivi_split_part(qb.x * sb.x, qb.y * sb.y, part);
+                }
+                const float* qt = q_s + (4 * nt + tig) * D;
+                float zsum = 0.0f;
+#pragma unroll
+                for (int c = gid; c < D; c += 8) zsum = fmaf(qt[c], kv_half_at(stage + 2 * c), zsum);
+                zsum += __shfl_xor_sync(0xffffffffu, zsum, 4);
+                zsum += __shfl_xor_sync(0xffffffffu, zsum, 8);
+                zsum += __shfl_xor_sync(0xffffffffu, zsum, 16);
+                zs[nt] = zsum;
+            }
+        }
+
+        // Scores: two 16-token m-tiles, D / 16 steps over the channels.
+        float sacc[2][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) sacc[mt][nt][j] = 0.0f;
+            }
+        }
+        const uint8_t* kc = stage + 4 * D;  // row c: the tile's 32 codes of channel c, 4 B bytes
+#pragma unroll
+        for (int kk = 0; kk < MT; ++kk) {
+            unsigned a[2][4];
+            const int c = 16 * kk + 2 * tig;
+            if constexpr (B == 2) {
+                // Rows c, c + 1 (and c + 8, c + 9): 8 bytes each, word mt = tokens 16 mt .. + 15.
+                const uint4 r01 = *reinterpret_cast<const uint4*>(kc + 8 * c);
+                const uint4 r89 = *reinterpret_cast<const uint4*>(kc + 8 * (c + 8));
+                const int sh = 2 * gid;
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    const unsigned xa = (mt ? r01.y : r01.x) >> sh, xb = (mt ? r01.w : r01.z) >> sh;
+                    const unsigned xc = (mt ? r89.y : r89.x) >> sh, xd = (mt ? r89.w : r89.z) >> sh;
+                    a[mt][0] = kivi_codes_half2(__byte_perm(xa, xb, 0x5410), kMask);  // token gid
+                    a[mt][1] = kivi_codes_half2(__byte_perm(xa, xb, 0x7632), kMask);  // token gid + 8
+                    a[mt][2] = kivi_codes_half2(__byte_perm(xc, xd, 0x5410), kMask);
+                    a[mt][3] = kivi_codes_half2(__byte_perm(xc, xd, 0x7632), kMask);
+                }
+            } else {
+                // 16 bytes a row, word w = tokens 8 w .. 8 w + 7.
+                const uint4 ra = *reinterpret_cast<const uint4*>(kc + 16 * c);
+                const uint4 rb = *reinterpret_cast<const uint4*>(kc + 16 * (c + 1));
+                const uint4 rc = *reinterpret_cast<const uint4*>(kc + 16 * (c + 8));
+                const uint4 rd = *reinterpret_cast<const uint4*>(kc + 16 * (c + 9));
+                const int sh = 4 * gid;
+#pragma unroll
+                for (int mt = 0; mt < 2; ++mt) {
+                    const unsigned a0 = mt ? ra.z : ra.x, a1 = mt ? ra.w : ra.y, b0 = mt ? rb.z : rb.x, b1 = mt ? rb.w : rb.y;
+                    const unsigned c0 = mt ? rc.z : rc.x, c1 = mt ? rc.w : rc.y, d0 = mt ? rd.z : rd.x, d1 = mt ? rd.w : rd.y;
+                    a[mt][0] = kivi_codes_half2(__byte_perm(a0 >> sh, b0 >> sh, 0x5410), kMask);
+                    a[mt][1] = kivi_codes_half2(__byte_perm(a1 >> sh, b1 >> sh, 0x5410), kMask);
+                    a[mt][2] = kivi_codes_half2(__byte_perm(c0 >> sh, d0 >> sh, 0x5410), kMask);
+                    a[mt][3] = kivi_codes_half2(__byte_perm(c1 >> sh, d1 >> sh, 0x5410), kMask);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_f16(sacc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bq[kk][nt][0], bq[kk][nt][1]);
+            }
+        }
+
+        // The online softmax of head 4 nt + tig over the tile: tokens gid, gid + 8, 16 + gid, 24 + gid here.
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            float s[4];
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                s[2 * mt] = (sacc[mt][nt][0] + sacc[mt][nt][1] * kLoInv + zs[nt]) * p.scale;
+                s[2 * mt + 1] = (sacc[mt][nt][2] + sacc[mt][nt][3] * kLoInv + zs[nt]) * p.scale;
+            }
+            float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float mn = fmaxf(m[nt], mx);
+            const float corr = expf(m[nt] - mn);
+            float pv[4], sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                pv[j] = expf(s[j] - mn);
+                sum += pv[j];
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+            l[nt] = l[nt] * corr + sum;
+            m[nt] = mn;
+            bias[nt] *= corr;
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) o[mt][nt][j] *= corr;
+            }
+            float* ph = p_s + (4 * nt + tig) * kKiviTile;
+            ph[gid] = pv[0];
+            ph[gid + 8] = pv[1];
+            ph[gid + 16] = pv[2];
+            ph[gid + 24] = pv[3];
+        }
+        __syncwarp();
+
+        const uint8_t* vstage = stage + 4 * D + 4 * D * B;
+        // sum_t p z per (head tig, row gid).
+        if (gid < vrows) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float* ph = p_s + (4 * nt + tig) * kKiviTile;
+                float b = 0.0f;
+#pragma unroll 8
+                for (int t = 0; t < kKiviTile; ++t) b = fmaf(ph[t], kv_half_at(vstage + t * vbb + 2 * gid), b);
+                bias[nt] += b;
+            }
+        }
+        // Values: two 16-token k-steps; m-tile mt is channels 16 mt .. + 15 of value row 16 mt / VG.
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            const int tk = 16 * ks + 2 * tig;  // this thread's tokens: tk, tk + 1, tk + 8, tk + 9
+            float pp[NT][4];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                const float* ph = p_s + (4 * nt + hq) * kKiviTile + tk;
+                const float2 x = *reinterpret_cast<const float2*>(ph), y = *reinterpret_cast<const float2*>(ph + 8);
+                pp[nt][0] = x.x;
+                pp[nt][1] = x.y;
+                pp[nt][2] = y.x;
+                pp[nt][3] = y.y;
+            }
+            const uint8_t* t0b = vstage + tk * vbb;
+            const uint8_t* t1b = t0b + vbb;
+            const uint8_t* t8b = t0b + 8 * vbb;
+            const uint8_t* t9b = t8b + vbb;
+            unsigned bp[NT][2];
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt) {
+                const int r = 16 * mt / VG;
+                if ((16 * mt) % VG == 0) {  // the first m-tile of row r: P' for it
+                    const int so = 2 * vrows + 2 * r;
+                    const float s0 = kv_half_at(t0b + so), s1 = kv_half_at(t1b + so), s8 = kv_half_at(t8b + so), s9 = kv_half_at(t9b + so);
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        bp[nt][0] = kivi_split_part(pp[nt][0] * s0, pp[nt][1] * s1, part);
+                        bp[nt][1] = kivi_split_part(pp[nt][2] * s8, pp[nt][3] * s9, part);
+                    }
+                }
+                const int off = 4 * vrows + r * vrb + (16 * mt) % VG * B / 8;
+                unsigned a[4];
+                if constexpr (B == 2) {
+                    // A token's 16 channels are one word: channel gid at bit 2 gid, gid + 8 at 2 gid + 16.
+                    const int sh = 2 * gid;
+                    const unsigned x0 = *reinterpret_cast<const unsigned*>(t0b + off) >> sh;
+                    const unsigned x1 = *reinterpret_cast<const unsigned*>(t1b + off) >> sh;
+                    const unsigned x8 = *reinterpret_cast<const unsigned*>(t8b + off) >> sh;
+                    const unsigned x9 = *reinterpret_cast<const unsigned*>(t9b + off) >> sh;
+                    a[0] = kivi_codes_half2(__byte_perm(x0, x1, 0x5410), kMask);  // channel gid
+                    a[1] = kivi_codes_half2(__byte_perm(x0, x1, 0x7632), kMask);  // channel gid + 8
+                    a[2] = kivi_codes_half2(__byte_perm(x8, x9, 0x5410), kMask);
+                    a[3] = kivi_codes_half2(__byte_perm(x8, x9, 0x7632), kMask);
+                } else {
+                    // Two words: channels 0..7 and 8..15, channel gid (+ 8) at bit 4 gid.
+                    const int sh = 4 * gid;
+                    const auto w = [&](const uint8_t* tb, int e) { return *reinterpret_cast<const unsigned*>(tb + off + 4 * e) >> sh; };
+                    a[0] = kivi_codes_half2(__byte_perm(w(t0b, 0), w(t1b, 0), 0x5410), kMask);
+                    a[1] = kivi_codes_half2(__byte_perm(w(t0b, 1), w(t1b, 1), 0x5410), kMask);
+                    a[2] = kivi_codes_half2(__byte_perm(w(t8b, 0), w(t9b, 0), 0x5410), kMask);
+                    a[3] = kivi_codes_half2(__byte_perm(w(t8b, 1), w(t9b, 1), 0x5410), kMask);
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) mma_f16(o[mt][nt], a[0], a[1], a[2], a[3], bp[nt][0], bp[nt][1]);
+            }
+        }
+        __syncwarp();  // the next issue overwrites this stage; the probabilities are rewritten
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+
+    // The state: o = hi + lo / 2^11 + the row's sum p z (from lane (row, tig)).
+    auto* ws = reinterpret_cast<float*>(wbase);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+        const int h = 4 * nt + tig;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+            const float b = __shfl_sync(0xffffffffu, bias[nt], (16 * mt / VG) * 4 + tig);
+            if (h < gqa) {
+                ws[h * D + 16 * mt + gid] = o[mt][nt][0] + o[mt][nt][1] * kLoInv + b;
+                ws[h * D + 16 * mt + gid + 8] = o[mt][nt][2] + o[mt][nt][3] * kLoInv + b;
+            }
+        }
+        if (h < gqa && gid == 0) {
+            ws[gqa * D + 2 * h] = m[nt];
+            ws[gqa * D + 2 * h + 1] = l[nt];
+        }
+    }
+}
+
+// Block (split z, KV head g, query i) for the query heads of g. B = 0: the SIMT form over split z
+// of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
+// kivi_tc_tokens, split `splits` the SIMT form over the rest. The warps' states are merged into
+// the block's partial (o, max, sum).
+template <int D, int B, int NT>
+__global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAttentionParams p) {
+    extern __shared__ float4 smem4[];
+    auto* smem = reinterpret_cast<uint8_t*>(smem4);
+    const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
+    const KiviHeadDev hd = p.heads[g];
+    const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
+    auto* q_s = reinterpret_cast<float*>(smem);
+    const float* qg = p.q + (i * p.n_head + g * gqa) * D;
+    for (int idx = threadIdx.x; idx < g4 * D; idx += blockDim.x) q_s[idx] = idx < gqa * D ? qg[idx] : 0.0f;
     __syncthreads();
-    const auto* w0 = reinterpret_cast<const float*>(smem + 4 * gqa * D);
+    const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
+    uint8_t* wbase = smem + 4 * g4 * D + warp * warp_bytes;
+    int64_t begin, end;
+    if constexpr (B != 0) {
+        const int64_t t_tc = kivi_tc_tokens(hd, n_vis);
+        if (z < p.splits) {
+            kivi_stretch(t_tc, p.splits, z, begin, end);
+            kivi_tc_warp<D, B, NT>(p, hd, q_s, wbase, begin, end, warp, lane, gqa);
+        } else {
+            kivi_simt_warp<D>(p, hd, q_s, wbase, t_tc, n_vis, warp, lane, gqa, g4);
+        }
+    } else {
+        kivi_stretch(n_vis, p.splits, z, begin, end);
+        kivi_simt_warp<D>(p, hd, q_s, wbase, begin, end, warp, lane, gqa, g4);
+    }
+    __syncthreads();
+
+    // The block's partial: the four warps' states merged with their log-sum-exp weights.
+    const int wwords = warp_bytes / 4;
+    const auto* w0 = reinterpret_cast<const float*>(smem + 4 * g4 * D);
     for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += blockDim.x) {
         const int h = idx / (D + 2), c = idx - h * (D + 2);
         float mx = -INFINITY;
@@ -403,7 +723,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
             if (mw == -INFINITY) continue;
             sum += expf(mw - mx) * (c < D ? st[h * D + c] : st[gqa * D + 2 * h + 1]);
         }
-        float* part = p.partial + ((i * p.n_head + g * gqa + h) * p.splits + z) * (D + 2);
+        float* part = p.partial + ((i * p.n_head + g * gqa + h) * p.parts + z) * (D + 2);
         part[c] = c == D ? mx : sum;
     }
 }
@@ -414,9 +734,9 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
 // a decode step's KIVI attention).
 constexpr int kMergeThreads = 128;
 __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) {
-    __shared__ float weight[kMaxSplits];
+    __shared__ float weight[kMaxSplits + 1];
     __shared__ float red[kMergeThreads / 32];
-    const int64_t row = blockIdx.x, d = p.head_dim, n = p.splits;
+    const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
     const float* part = p.partial + row * n * (d + 2);
     float m = -INFINITY;
     for (int64_t z = threadIdx.x; z < n; z += kMergeThreads) m = fmaxf(m, part[z * (d + 2) + d]);
@@ -437,17 +757,34 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
     }
 }
 
-template <int D>
+template <int D, int B, int NT>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     const int gqa = int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
-    static size_t configured = 0;  // the largest size set so far (48 KB without the attribute)
+    static size_t configured = 0;  // the largest size set so far for this kernel (48 KB without the attribute)
     if (smem > 48 * 1024 && smem > configured) {
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         configured = smem;
     }
-    kivi_attention_kernel<D><<<dim3(unsigned(p.splits), unsigned(p.n_head_kv), unsigned(p.n_q)), kKiviWarps * 32, smem, st>>>(p);
+    kivi_attention_kernel<D, B, NT><<<dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), kKiviWarps * 32, smem, st>>>(p);
     VXQ_CUDA_CHECK_LAUNCH();
+}
+
+// The tensor-core form for head_dim D where the codes allow it (kivi_tensor_cores), else SIMT.
+template <int D>
+void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
+    if constexpr (D == 64 || D == 128) {
+        if (p.parts > p.splits) {
+            const bool b2 = p.kf.bits == 2, two_tiles = p.n_head / p.n_head_kv > 4;
+            if (b2) {
+                two_tiles ? launch_attention<D, 2, 2>(p, st) : launch_attention<D, 2, 1>(p, st);
+            } else {
+                two_tiles ? launch_attention<D, 4, 2>(p, st) : launch_attention<D, 4, 1>(p, st);
+            }
+            return;
+        }
+    }
+    launch_attention<D, 0, 0>(p, st);
 }
 
 }  // namespace
@@ -479,14 +816,21 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
 }
 
 size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
-    return size_t(n_q * n_head * splits * (head_dim + 2));
+    return size_t(n_q * n_head * (splits + 1) * (head_dim + 2));
 }
 
-void kivi_attention(const KiviAttentionParams& p, cudaStream_t st) {
-    if (p.n_q == 0) return;
-    if (p.splits < 1 || p.splits > kMaxSplits) {
+bool kivi_tensor_cores(const KiviAttentionParams& p) {
+    return !p.simt && (p.head_dim == 64 || p.head_dim == 128) && p.kf.bits == p.vf.bits &&
+           (p.kf.bits == 2 || p.kf.bits == 4) && p.kf.group % kKiviTile == 0 && p.vf.group % 16 == 0;
+}
+
+void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
+    if (params.n_q == 0) return;
+    if (params.splits < 1 || params.splits > kMaxSplits) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: splits must be 1..128", __FILE__, __LINE__);
     }
+    KiviAttentionParams p = params;
+    p.parts = p.splits + (kivi_tensor_cores(p) ? 1 : 0);
     switch (p.head_dim) {
         case 32: launch_attention<32>(p, st); break;
         case 64: launch_attention<64>(p, st); break;

@@ -12,13 +12,22 @@
 //
 // The attention: block (split, KV head, query) takes its stretch of the tokens the query sees and
 // all the query heads of the KV head (GQA <= 8); each of its 4 warps takes every 4th 32-token
-// tile, keeps the online softmax in registers and writes its state; the block merges its warps
-// into a partial (o, max, sum) and a second kernel merges the splits. Keys of a tile inside one
-// packed block (G a multiple of 32): the block's codes of the tile in shared memory, q * scale of
-// each channel once per block, sum_c (q_c s_c) code_c,t + sum_c q_c z_c by a lane per token. Other
-// key tiles (the window, G < 32) a lane per token, element by element. Values a lane per channel
-// run, fma(code, s, z) per value (exact: kivi.h). f32 throughout: dequantize-then-attend within
-// ~1e-6 relative (other summation orders).
+// tile (its bytes through a 2-stage cp.async ring in shared memory), keeps an online softmax and
+// writes its state; the block merges its warps into a partial (o, max, sum) and a second kernel
+// merges the splits' partials. Two forms:
+//   tensor cores  2- and 4-bit keys and values, head_dim 64 or 128, G a multiple of 32 (values'
+//                 G of 16): the tiles where keys lie in one packed block and values are packed.
+//                 Codes are exact fp16 numbers of m16n8k16 MMAs: scores = codes x (q * s per
+//                 channel, split into fp16 hi + lo: mma.cuh), values = codes^T x (p * s per token
+//                 and row, split alike), the zeros' terms (sum_c q z, sum_t p z) on the side; one
+//                 more split (the last) takes the rest (the fp16 windows, a partial tile) in the
+//                 SIMT form.
+//   SIMT          everything else: keys of a tile inside one packed block as sum_c (q_c s_c)
+//                 code_c,t + sum_c q_c z_c by a lane per token (q * s per channel once per tile);
+//                 other keys (the window, G < 32) a lane per token element by element; values a
+//                 lane per channel run, fma(code, s, z) per value (exact: kivi.h).
+// Both f32 in the end (the tensor cores add in f32): dequantize-then-attend within ~1e-6
+// relative (other summation orders).
 #pragma once
 
 #include <cstddef>
@@ -68,16 +77,21 @@ void kivi_store(const KiviStoreParams& p, cudaStream_t stream);
 struct KiviAttentionParams {
     const float* q;             // [n_q, n_head, head_dim] after RoPE (device)
     const KiviHeadDev* heads;   // [n_head_kv] (device); query i sees the first n_tokens - n_q + i + 1 tokens
-    float* partial;             // [n_q, n_head, splits, head_dim + 2] scratch: o, max, sum
+    float* partial;             // [n_q, n_head, parts, head_dim + 2] scratch (kivi_attention_scratch_floats): o, max, sum
     float* out;                 // [n_q, n_head, head_dim] (device)
     int64_t n_q, n_head, n_head_kv, head_dim, splits;
     float scale;
     KiviFormatDev kf, vf;
+    int64_t simt;               // nonzero: the SIMT form alone (the benchmark's comparison)
+    int64_t parts;              // partials per (query, head): set by kivi_attention
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 // Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
 int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
+// Whether kivi_attention takes the tensor-core form for these formats and head_dim.
+bool kivi_tensor_cores(const KiviAttentionParams& p);
+// The partials' scratch for `splits` splits (and the tensor-core form's one more).
 size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
 void kivi_attention(const KiviAttentionParams& p, cudaStream_t stream);
 

@@ -1,0 +1,44 @@
+// Warp-level tensor-core MMA (PTX mma.sync, sm_80+) and the fp16 operand helpers the attention
+// kernels share. Fragments as the PTX ISA lays out m16n8k16 (gid = lane / 4, tig = lane % 4):
+//   A (16 x 16, row): reg 0 (row gid, cols 2 tig, 2 tig + 1), reg 1 (row gid + 8, same cols),
+//                     reg 2 (row gid, cols 2 tig + 8, + 9), reg 3 (row gid + 8, cols 2 tig + 8, + 9)
+//   B (16 x 8, col):  reg 0 (rows 2 tig, 2 tig + 1; col gid), reg 1 (rows 2 tig + 8, + 9; col gid)
+//   C (16 x 8, f32):  c0, c1 (row gid; cols 2 tig, 2 tig + 1), c2, c3 (row gid + 8; same cols)
+// The lower-numbered element of a pair is the low half of its register.
+//
+// f32 through fp16 operands: x = hi + lo / kLoScale with hi = fp16(x) and lo = fp16((x - hi)
+// kLoScale); x - hi is exact in f32 and the power-of-two scale keeps lo out of fp16's subnormals,
+// so hi + lo / kLoScale is x within 2^-22 |x| (|x| < 65504). Products of fp16 numbers are exact in
+// f32 and the tensor cores add them in f32, so an MMA on hi and one on lo give f32 numerics up to
+// the summation order.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+
+namespace vxq::cuda {
+
+constexpr float kLoScale = 2048.0f, kLoInv = 1.0f / 2048.0f;
+
+#ifdef __CUDACC__
+// c += A B, m16n8k16, fp16 operands, f32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
+                                        unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
+    return unsigned(__half_as_ushort(__float2half_rn(lo_index))) | (unsigned(__half_as_ushort(__float2half_rn(hi_index))) << 16);
+}
+// hi = fp16 pair of (x0, x1), lo = the scaled rest (above).
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
+    lo = pack_half2((x0 - __half2float(h0)) * kLoScale, (x1 - __half2float(h1)) * kLoScale);
+}
+#endif
+
+}  // namespace vxq::cuda
