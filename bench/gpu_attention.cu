@@ -253,7 +253,10 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     cuda::KiviHeadDev* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
-    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::kivi_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
+    p.kf = cuda::kivi_format(view0.heads[0].k);
+    p.vf = cuda::kivi_format(view0.heads[0].v);
+    p.splits = most;
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::kivi_attention_scratch_floats(p) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KiviHeadDev)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
     std::vector<cuda::KiviHeadDev> table(size_t(layers * kHeadsKv));
@@ -261,8 +264,6 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
         const KvLayerView view = cache->view(l);
         for (int64_t g = 0; g < kHeadsKv; ++g) table[size_t(l * kHeadsKv + g)] = cuda::kivi_head(view.heads[g]);
     }
-    p.kf = cuda::kivi_format(view0.heads[0].k);
-    p.vf = cuda::kivi_format(view0.heads[0].v);
     VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KiviHeadDev), cudaMemcpyHostToDevice));
     p.q = q;
     p.out = out;

@@ -773,11 +773,6 @@ private:
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         KiviAttentionParams p = zeroed<KiviAttentionParams>();
         p.splits = kivi_attention_splits(n_q, view.n_head_kv);
-        p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
-        p.out = out(o, n_out);
-        step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
-        p.q = in(q, n_out);
-        p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
         p.n_q = n_q;
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
@@ -785,6 +780,11 @@ private:
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
         p.kf = kivi_format(view.heads[0].k);
         p.vf = kivi_format(view.heads[0].v);
+        p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
+        p.out = out(o, n_out);
+        step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
+        p.q = in(q, n_out);
+        p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
         finish(o, p.out, n_out);
     }

@@ -25,6 +25,8 @@ constexpr int kKiviTile = 32;     // tokens a warp takes at a time: a lane per t
 constexpr int kKiviMaxGqa = 8;
 constexpr int kKiviMinStretch = 64;
 constexpr int kMaxSplits = 128;
+constexpr int kMaxTailSplits = 64;  // the tensor-core form's SIMT splits (windows up to 8K tokens)
+constexpr int kMaxParts = kMaxSplits + kMaxTailSplits;
 
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -75,34 +77,27 @@ __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* s
     }
 }
 
-// Key block j of the write (G tokens): a thread per channel (its row), adjacent threads adjacent
-// channels, so every token's loads coalesce.
-__global__ void kivi_encode_keys_kernel(KiviStoreParams p) {
-    const KvWindowWrite w = p.plan[0];
+// Key block j of the write (G tokens) of KV head g: thread `tid` of `nthreads` takes channels tid,
+// tid + nthreads, ... (adjacent threads adjacent channels, so every token's loads coalesce).
+__device__ void encode_key_block(const KiviStoreParams& p, const KvWindowWrite& w, int64_t g, int64_t j, int tid, int nthreads) {
     const int G = p.kf.group, bits = p.kf.bits;
-    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim, stride = p.n_head_kv * d;
-    if (j * G >= w.encoded) return;
+    const int64_t d = p.head_dim, stride = p.n_head_kv * d;
     const KiviHeadDev h = p.heads[g];
     const float* x = p.k + g * d;
     const auto* ring = reinterpret_cast<const uint8_t*>(h.kw);
     uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + j) * p.kf.block_bytes;
     const int64_t rb = G * bits / 8;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+    for (int64_t c = tid; c < d; c += nthreads) {
         const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j * G + t, c); };
         quantize_row(get, G, bits, blk + 2 * c, blk + 2 * d + 2 * c, blk + 4 * d + c * rb);
     }
 }
 
-// Value rows of the write: a thread per (token j, row r) of G channels (a ragged last row repeats
-// its last real channel, as the CPU pads it).
-constexpr int kValueThreads = 128;
-__global__ void __launch_bounds__(kValueThreads) kivi_encode_values_kernel(KiviStoreParams p) {
-    const KvWindowWrite w = p.plan[1];
+// Row r of value token j of the write, KV head g: G channels (a ragged last row repeats its last
+// real channel, as the CPU pads it).
+__device__ void encode_value_row(const KiviStoreParams& p, const KvWindowWrite& w, int64_t g, int64_t j, int r) {
     const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows;
-    const int64_t idx = int64_t(blockIdx.x) * kValueThreads + threadIdx.x, j = idx / rows, g = blockIdx.y;
-    const int r = int(idx - j * rows);
     const int64_t d = p.head_dim, stride = p.n_head_kv * d;
-    if (j >= w.encoded) return;
     const KiviHeadDev h = p.heads[g];
     const float* x = p.v + g * d;
     const auto* ring = reinterpret_cast<const uint8_t*>(h.vw);
@@ -112,17 +107,55 @@ __global__ void __launch_bounds__(kValueThreads) kivi_encode_values_kernel(KiviS
     quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
 }
 
-// New token j of the write into the window of keys (z = 0) or values (z = 1), unless encoded.
-__global__ void kivi_window_kernel(KiviStoreParams p) {
-    const int role = blockIdx.z;
+// New token j of the write into KV head g's window of keys (role 0) or values (role 1), unless
+// it is encoded.
+__device__ void window_token(const KiviStoreParams& p, int role, int64_t g, int64_t j, int tid, int nthreads) {
     const KvWindowWrite w = p.plan[role];
-    const int64_t j = blockIdx.x, g = blockIdx.y, d = p.head_dim;
+    const int64_t d = p.head_dim;
     if (w.pending + j < w.encoded) return;
     const KiviHeadDev h = p.heads[g];
     const int64_t slot = (w.head + w.pending + j) % w.slots;
     auto* dst = reinterpret_cast<uint16_t*>(role ? h.vw : h.kw) + slot * d;
     const float* x = (role ? p.v : p.k) + (j * p.n_head_kv + g) * d;
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) dst[c] = kv_half_bits(x[c]);
+    for (int64_t c = tid; c < d; c += nthreads) dst[c] = kv_half_bits(x[c]);
+}
+
+// The store of a large write in three kernels (block (j, g): key block j; a thread per value
+// row; block (j, g, role): token j's window row), ...
+__global__ void kivi_encode_keys_kernel(KiviStoreParams p) {
+    pdl_wait();
+    const KvWindowWrite w = p.plan[0];
+    if (int64_t(blockIdx.x) * p.kf.group < w.encoded) encode_key_block(p, w, blockIdx.y, blockIdx.x, threadIdx.x, blockDim.x);
+}
+constexpr int kValueThreads = 128;
+__global__ void __launch_bounds__(kValueThreads) kivi_encode_values_kernel(KiviStoreParams p) {
+    pdl_wait();
+    const KvWindowWrite w = p.plan[1];
+    const int64_t idx = int64_t(blockIdx.x) * kValueThreads + threadIdx.x, j = idx / p.vf.rows;
+    if (j < w.encoded) encode_value_row(p, w, blockIdx.y, j, int(idx - j * p.vf.rows));
+}
+__global__ void kivi_window_kernel(KiviStoreParams p) {
+    pdl_wait();
+    window_token(p, blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.x, blockDim.x);
+}
+
+// ... and of a small one (a decode step) in one: block g encodes, then writes the window rows
+// (the encoders read window slots the new rows may take).
+constexpr int kStoreThreads = 128;
+constexpr int64_t kSmallWrite = 8;  // tokens a write may have for the one-kernel store
+__global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
+    pdl_wait();
+    const int64_t g = blockIdx.x;
+    const KvWindowWrite wk = p.plan[0], wv = p.plan[1];
+    for (int64_t j = 0; j * p.kf.group < wk.encoded; ++j) encode_key_block(p, wk, g, j, threadIdx.x, kStoreThreads);
+    const int rows = p.vf.rows;
+    for (int64_t idx = threadIdx.x; idx < wv.encoded * rows; idx += kStoreThreads) encode_value_row(p, wv, g, idx / rows, int(idx % rows));
+    __syncthreads();
+    // No early pdl_launch_dependents: the attention's grid fills the GPU, and its blocks would
+    // queue behind this kernel's on the SMs this kernel holds.
+    for (int role = 0; role < 2; ++role) {
+        for (int64_t j = 0; j < p.n; ++j) window_token(p, role, g, j, threadIdx.x, kStoreThreads);
+    }
 }
 
 // ---- attention --------------------------------------------------------------------------------
@@ -311,6 +344,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
             } else {
                 const auto* row =
                     reinterpret_cast<const uint8_t*>(hd.kw) + ((hd.k_head + tt - hd.k_packed) % p.kf.slots) * D * 2;
+#pragma unroll 4
                 for (int cb = 0; cb < D; cb += 8) {
                     const uint4 u = *reinterpret_cast<const uint4*>(row + 2 * cb);
                     const auto* h2 = reinterpret_cast<const __half2*>(&u);
@@ -354,14 +388,32 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
                 accumulate(t, x);
             }
         } else {
-            for (int t = 0; t < cnt; ++t) {
-                const int64_t tt = t0 + t;
-                float x[CPL];
-                if (tt >= hd.v_packed) {  // the fp16 window
-                    const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) +
-                                      ((hd.v_head + tt - hd.v_packed) % p.vf.slots) * D * 2 + 2 * c0;
+            // Token by token, 4 at a time with their loads first (the window's rows come from
+            // global memory: one at a time, their latencies would add up).
+            // The window's ring slot of the tile's first window token, once (a 64-bit % per token
+            // made this loop, on one warp's critical path, the slowest part of a short call).
+            const int tw = int(max64(0, hd.v_packed - t0));
+            const int slot_w = t0 + kKiviTile > hd.v_packed ? int((hd.v_head + t0 + tw - hd.v_packed) % p.vf.slots) : 0;
+            const auto values = [&](int t, float* x) {
+                if (t >= tw) {  // the fp16 window
+                    int slot = slot_w + t - tw;
+                    while (slot >= p.vf.slots) slot -= p.vf.slots;
+                    const auto* row = reinterpret_cast<const uint8_t*>(hd.vw) + int64_t(slot) * D * 2 + 2 * c0;
+                    if constexpr (CPL % 4 == 0) {
 #pragma unroll
-                    for (int j = 0; j < CPL; ++j) x[j] = kv_half_at(row + 2 * j);
+                        for (int j = 0; j < CPL; j += 4) {
+                            const uint2 u = *reinterpret_cast<const uint2*>(row + 2 * j);
+                            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+                            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+                            x[j] = a.x;
+                            x[j + 1] = a.y;
+                            x[j + 2] = b.x;
+                            x[j + 3] = b.y;
+                        }
+                    } else {
+#pragma unroll
+                        for (int j = 0; j < CPL; ++j) x[j] = kv_half_at(row + 2 * j);
+                    }
                 } else if (one_row) {
                     row_values(vstage + t * vbb, x);
                 } else {
@@ -373,7 +425,18 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
                         x[j] = fmaf(float(code), kv_half_at(blk + 2 * vrows + 2 * r), kv_half_at(blk + 2 * r));
                     }
                 }
-                accumulate(t, x);
+            };
+            constexpr int kBatch = 4;
+            for (int t = 0; t < cnt; t += kBatch) {
+                float x[kBatch][CPL];
+#pragma unroll
+                for (int u = 0; u < kBatch; ++u) {
+                    if (t + u < cnt) values(t + u, x[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < kBatch; ++u) {
+                    if (t + u < cnt) accumulate(t + u, x[u]);
+                }
             }
         }
         __syncwarp();  // the next issue overwrites this stage; q * s and probabilities are rewritten
@@ -680,12 +743,13 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
 // kivi_tc_tokens, split `splits` the SIMT form over the rest. The warps' states are merged into
 // the block's partial (o, max, sum).
 template <int D, int B, int NT>
-__global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAttentionParams p) {
+__global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
     auto* smem = reinterpret_cast<uint8_t*>(smem4);
     const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
+    pdl_wait();
     const KiviHeadDev hd = p.heads[g];
     const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
     auto* q_s = reinterpret_cast<float*>(smem);
@@ -701,13 +765,15 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
             kivi_stretch(t_tc, p.splits, z, begin, end);
             kivi_tc_warp<D, B, NT>(p, hd, q_s, wbase, begin, end, warp, lane, gqa);
         } else {
-            kivi_simt_warp<D>(p, hd, q_s, wbase, t_tc, n_vis, warp, lane, gqa, g4);
+            kivi_stretch(n_vis - t_tc, p.parts - p.splits, z - p.splits, begin, end);
+            kivi_simt_warp<D>(p, hd, q_s, wbase, t_tc + begin, t_tc + end, warp, lane, gqa, g4);
         }
     } else {
         kivi_stretch(n_vis, p.splits, z, begin, end);
         kivi_simt_warp<D>(p, hd, q_s, wbase, begin, end, warp, lane, gqa, g4);
     }
     __syncthreads();
+    pdl_launch_dependents();
 
     // The block's partial: the four warps' states merged with their log-sum-exp weights.
     const int wwords = warp_bytes / 4;
@@ -734,8 +800,9 @@ __global__ void __launch_bounds__(kKiviWarps * 32) kivi_attention_kernel(KiviAtt
 // a decode step's KIVI attention).
 constexpr int kMergeThreads = 128;
 __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) {
-    __shared__ float weight[kMaxSplits + 1];
+    __shared__ float weight[kMaxParts];
     __shared__ float red[kMergeThreads / 32];
+    pdl_wait();
     const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
     const float* part = p.partial + row * n * (d + 2);
     float m = -INFINITY;
@@ -766,8 +833,8 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         configured = smem;
     }
-    kivi_attention_kernel<D, B, NT><<<dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), kKiviWarps * 32, smem, st>>>(p);
-    VXQ_CUDA_CHECK_LAUNCH();
+    launch_pdl(kivi_attention_kernel<D, B, NT>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
+               dim3(kKiviWarps * 32), smem, st, p);
 }
 
 // The tensor-core form for head_dim D where the codes allow it (kivi_tensor_cores), else SIMT.
@@ -792,15 +859,16 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     if (p.n == 0) return;
     const unsigned hk = unsigned(p.n_head_kv), n = unsigned(p.n);
+    if (p.n <= kSmallWrite) {
+        launch_pdl(kivi_store_small_kernel, dim3(hk), dim3(kStoreThreads), 0, st, p);
+        return;
+    }
     // At most slots - 1 pending keys and the n new ones are flushed, in whole blocks.
     const unsigned key_blocks = unsigned((p.kf.slots - 1 + p.n + p.kf.group - 1) / p.kf.group);
-    kivi_encode_keys_kernel<<<dim3(key_blocks, hk), unsigned(std::min<int64_t>(p.head_dim, 256)), 0, st>>>(p);
-    VXQ_CUDA_CHECK_LAUNCH();
+    launch_pdl(kivi_encode_keys_kernel, dim3(key_blocks, hk), dim3(unsigned(std::min<int64_t>(p.head_dim, 256))), 0, st, p);
     const unsigned value_blocks = unsigned((p.n * p.vf.rows + kValueThreads - 1) / kValueThreads);
-    kivi_encode_values_kernel<<<dim3(value_blocks, hk), kValueThreads, 0, st>>>(p);
-    VXQ_CUDA_CHECK_LAUNCH();
-    kivi_window_kernel<<<dim3(n, hk, 2), unsigned(std::min<int64_t>(p.head_dim, 128)), 0, st>>>(p);
-    VXQ_CUDA_CHECK_LAUNCH();
+    launch_pdl(kivi_encode_values_kernel, dim3(value_blocks, hk), dim3(kValueThreads), 0, st, p);
+    launch_pdl(kivi_window_kernel, dim3(n, hk, 2), dim3(unsigned(std::min<int64_t>(p.head_dim, 128))), 0, st, p);
 }
 
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
@@ -815,13 +883,25 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
     return s;
 }
 
-size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
-    return size_t(n_q * n_head * (splits + 1) * (head_dim + 2));
+
+// The tensor-core form's SIMT splits: the windows and a partial tile, about one tile per warp.
+static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf) {
+    const int64_t most = std::max(kf.slots, vf.slots) + kKiviTile;
+    return (most + kKiviWarps * kKiviTile - 1) / (kKiviWarps * kKiviTile);
 }
 
 bool kivi_tensor_cores(const KiviAttentionParams& p) {
     return !p.simt && (p.head_dim == 64 || p.head_dim == 128) && p.kf.bits == p.vf.bits &&
-           (p.kf.bits == 2 || p.kf.bits == 4) && p.kf.group % kKiviTile == 0 && p.vf.group % 16 == 0;
+           (p.kf.bits == 2 || p.kf.bits == 4) && p.kf.group % kKiviTile == 0 && p.vf.group % 16 == 0 &&
+           kivi_tail_splits(p.kf, p.vf) <= kMaxTailSplits;
+}
+
+int64_t kivi_attention_parts(const KiviAttentionParams& p) {
+    return p.splits + (kivi_tensor_cores(p) ? kivi_tail_splits(p.kf, p.vf) : 0);
+}
+
+size_t kivi_attention_scratch_floats(const KiviAttentionParams& p) {
+    return size_t(p.n_q * p.n_head * kivi_attention_parts(p) * (p.head_dim + 2));
 }
 
 void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
@@ -830,7 +910,7 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: splits must be 1..128", __FILE__, __LINE__);
     }
     KiviAttentionParams p = params;
-    p.parts = p.splits + (kivi_tensor_cores(p) ? 1 : 0);
+    p.parts = kivi_attention_parts(p);
     switch (p.head_dim) {
         case 32: launch_attention<32>(p, st); break;
         case 64: launch_attention<64>(p, st); break;
@@ -842,8 +922,7 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
         case 256: launch_attention<256>(p, st); break;
         default: throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: head_dim not a multiple of 32 up to 256 (the caller checks kivi_attention_fits)", __FILE__, __LINE__);
     }
-    kivi_merge_kernel<<<unsigned(p.n_q * p.n_head), kMergeThreads, 0, st>>>(p);
-    VXQ_CUDA_CHECK_LAUNCH();
+    launch_pdl(kivi_merge_kernel, dim3(unsigned(p.n_q * p.n_head)), dim3(kMergeThreads), 0, st, p);
 }
 
 }  // namespace vxq::cuda

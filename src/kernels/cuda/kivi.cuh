@@ -91,8 +91,11 @@ bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
 // Whether kivi_attention takes the tensor-core form for these formats and head_dim.
 bool kivi_tensor_cores(const KiviAttentionParams& p);
-// The partials' scratch for `splits` splits (and the tensor-core form's one more).
-size_t kivi_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
+// Partials per (query, head): the splits, and the tensor-core form's SIMT splits of the windows
+// and a partial tile. p: n_q, n_head, head_dim, splits, kf, vf, simt set.
+int64_t kivi_attention_parts(const KiviAttentionParams& p);
+// The partials' scratch (p as kivi_attention_parts).
+size_t kivi_attention_scratch_floats(const KiviAttentionParams& p);
 void kivi_attention(const KiviAttentionParams& p, cudaStream_t stream);
 
 }  // namespace vxq::cuda
