@@ -209,6 +209,30 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
     cp_async_commit();
 }
 
+// Warp w's tiles of [t_begin, t_end) (t_begin a multiple of 32): every 4th 32-token tile, its
+// bytes in a stage of the warp's 2-stage ring, the next tile's copies in flight while
+// f(t0, stage) computes one; the ring is drained at the end.
+template <int D, class F>
+__device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const KiviHeadDev& hd, uint8_t* wbase, int stage_bytes,
+                                           int64_t t_begin, int64_t t_end, int warp, int lane, F&& f) {
+    int64_t t0 = t_begin + warp * kKiviTile;
+    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
+    for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
+        const int64_t tn = t0 + kKiviWarps * kKiviTile;
+        if (tn < t_end) {
+            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
+        } else {
+            cp_async_commit();
+        }
+        cp_async_wait<1>();
+        __syncwarp();
+        f(t0, wbase + (k & 1) * stage_bytes);
+        __syncwarp();  // the next issue overwrites this stage; f's scratch is rewritten
+    }
+    cp_async_wait<0>();
+    __syncwarp();
+}
+
 // The stretch [begin, end) of n tokens that split z of `splits` takes: whole tiles, at least
 // kKiviMinStretch tokens.
 __device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t z, int64_t& begin, int64_t& end) {
@@ -268,18 +292,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
         }
     };
 
-    int64_t t0 = t_begin + warp * kKiviTile;
-    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
-    for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
-        const int64_t tn = t0 + kKiviWarps * kKiviTile;
-        if (tn < t_end) {
-            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
-        } else {
-            cp_async_commit();
-        }
-        cp_async_wait<1>();
-        __syncwarp();
-        const uint8_t* stage = wbase + (k & 1) * stage_bytes;
+    kivi_tiles<D>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
         const int cnt = int(min64(kKiviTile, t_end - t0));
         float acc[kKiviMaxGqa];
 #pragma unroll
@@ -439,10 +452,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
                 }
             }
         }
-        __syncwarp();  // the next issue overwrites this stage; q * s and probabilities are rewritten
-    }
-    cp_async_wait<0>();
-    __syncwarp();
+    });
 
     auto* ws = reinterpret_cast<float*>(wbase);
 #pragma unroll
@@ -513,18 +523,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     }
     int64_t block = -1;  // the key block whose B fragments are in bq
 
-    int64_t t0 = t_begin + warp * kKiviTile;
-    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
-    for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
-        const int64_t tn = t0 + kKiviWarps * kKiviTile;
-        if (tn < t_end) {
-            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
-        } else {
-            cp_async_commit();
-        }
-        cp_async_wait<1>();
-        __syncwarp();
-        const uint8_t* stage = wbase + (k & 1) * stage_bytes;
+    kivi_tiles<D>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
 
         if (t0 / KG != block) {  // a new key block: q * s as B fragments, sum_c q z per head
             block = t0 / KG;
@@ -713,10 +712,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 for (int nt = 0; nt < NT; ++nt) mma_f16(o[mt][nt], a[0], a[1], a[2], a[3], bp[nt][0], bp[nt][1]);
             }
         }
-        __syncwarp();  // the next issue overwrites this stage; the probabilities are rewritten
-    }
-    cp_async_wait<0>();
-    __syncwarp();
+    });
 
     // The state: o = hi + lo / 2^11 + the row's sum p z (from lane (row, tig)).
     auto* ws = reinterpret_cast<float*>(wbase);
