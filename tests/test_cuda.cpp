@@ -41,6 +41,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/kivi.cuh"
 #include "kernels/cuda/ops.cuh"
 #endif
 
@@ -1352,6 +1353,43 @@ TEST(Cuda, AttentionRefusesOtherKvFormatsAndHostCachesByName) {
 // backend's fused kernel (both f32, summed in other orders: 2e-5 on outputs of size ~1). The
 // cases take both key paths (G a multiple of 32: codes in shared memory; G = 8: per element),
 // ragged value rows (head_dim 96, G = 64), 1-8 lanes' channels per lane, GQA 1-8.
+// Which form the KIVI attention takes and how many partials it writes: host logic, no GPU needed.
+TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
+#if !VXQ_HAVE_CUDA
+    VXQ_SKIP_WITHOUT_CUDA_BUILD("the KIVI attention's form and partials");
+#else
+    cuda::KiviAttentionParams p{};
+    p.n_q = 3;
+    p.n_head = 32;
+    p.n_head_kv = 8;
+    p.head_dim = 128;
+    p.splits = 64;
+    const auto fmt = [](int bits, int group, int rows, int slots) { return cuda::KiviFormatDev{bits, group, rows, 0, slots}; };
+    p.kf = fmt(2, 32, 128, 160);
+    p.vf = fmt(2, 32, 4, 128);
+    // 2-bit, G 32, head_dim 128: tensor cores, and SIMT splits for the windows (160 + 32 tokens
+    // at one 32-token tile per warp of 4: two).
+    EXPECT_TRUE(cuda::kivi_tensor_cores(p));
+    EXPECT_EQ(cuda::kivi_attention_parts(p), 66);
+    EXPECT_EQ(cuda::kivi_attention_scratch_floats(p), size_t(3 * 32 * 66 * 130));
+    p.head_dim = 64;
+    EXPECT_TRUE(cuda::kivi_tensor_cores(p));
+    // The SIMT form alone: everything else, and on request.
+    const auto simt = [&](auto&& change) {
+        cuda::KiviAttentionParams q = p;
+        change(q);
+        EXPECT_FALSE(cuda::kivi_tensor_cores(q));
+        EXPECT_EQ(cuda::kivi_attention_parts(q), q.splits);
+    };
+    simt([](cuda::KiviAttentionParams& q) { q.simt = 1; });
+    simt([](cuda::KiviAttentionParams& q) { q.kf.bits = q.vf.bits = 8; });
+    simt([](cuda::KiviAttentionParams& q) { q.kf.group = q.vf.group = 8; });
+    simt([](cuda::KiviAttentionParams& q) { q.head_dim = 96; });
+    simt([](cuda::KiviAttentionParams& q) { q.head_dim = 256; });
+    simt([](cuda::KiviAttentionParams& q) { q.kf.slots = q.vf.slots = 1 << 20; });  // windows past the tail splits' cap
+#endif
+}
+
 TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(be);
     const uint32_t seed = fresh_seed();
