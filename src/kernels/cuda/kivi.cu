@@ -736,8 +736,9 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
 
 // Block (split z, KV head g, query i) for the query heads of g. B = 0: the SIMT form over split z
 // of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
-// kivi_tc_tokens, split `splits` the SIMT form over the rest. The warps' states are merged into
-// the block's partial (o, max, sum).
+// kivi_tc_tokens, splits `splits` .. parts - 1 the SIMT form over the rest. The warps' states are
+// merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where one n-tile
+// or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled.
 template <int D, int B, int NT>
 __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
