@@ -444,13 +444,10 @@ public:
 
     std::string attention_path(const KvLayerView& view) const override {
         if (kivi_layer(view)) {
-            KiviAttentionParams p = zeroed<KiviAttentionParams>();
-            p.head_dim = view.head_dim;
-            p.kf = kivi_format(view.heads[0].k);
-            p.vf = kivi_format(view.heads[0].v);
+            const bool tc = kivi_tensor_cores(view.head_dim, kivi_format(view.heads[0].k), kivi_format(view.heads[0].v));
             return std::string("cuda kivi pages on the device: split-K KIVI kernel reading the packed codes and the fp16 window in "
                                "place, ") +
-                   (kivi_tensor_cores(p) ? "tensor cores on the packed tiles (codes as fp16 MMA operands against q * scale "
+                   (tc ? "tensor cores on the packed tiles (codes as fp16 MMA operands against q * scale "
                                            "and p * scale split hi + lo), SIMT on the windows"
                                          : "SIMT (keys: q * scale per channel against the codes, values fma(code, s, z))") +
                    ", f32 softmax";

@@ -838,7 +838,7 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 template <int D>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     if constexpr (D == 64 || D == 128) {
-        if (p.parts > p.splits) {
+        if (kivi_tensor_cores(p)) {
             const bool b2 = p.kf.bits == 2, two_tiles = p.n_head / p.n_head_kv > 4;
             if (b2) {
                 two_tiles ? launch_attention<D, 2, 2>(p, st) : launch_attention<D, 2, 1>(p, st);
@@ -887,10 +887,9 @@ static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf
     return (most + kKiviWarps * kKiviTile - 1) / (kKiviWarps * kKiviTile);
 }
 
-bool kivi_tensor_cores(const KiviAttentionParams& p) {
-    return !p.simt && (p.head_dim == 64 || p.head_dim == 128) && p.kf.bits == p.vf.bits &&
-           (p.kf.bits == 2 || p.kf.bits == 4) && p.kf.group % kKiviTile == 0 && p.vf.group % 16 == 0 &&
-           kivi_tail_splits(p.kf, p.vf) <= kMaxTailSplits;
+bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf) {
+    return (head_dim == 64 || head_dim == 128) && kf.bits == vf.bits && (kf.bits == 2 || kf.bits == 4) &&
+           kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
 }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {

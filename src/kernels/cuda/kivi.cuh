@@ -89,8 +89,10 @@ struct KiviAttentionParams {
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
 // Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
 int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
-// Whether kivi_attention takes the tensor-core form for these formats and head_dim.
-bool kivi_tensor_cores(const KiviAttentionParams& p);
+// Whether kivi_attention takes the tensor-core form for these formats and head_dim (unless asked
+// for the SIMT form alone: p.simt).
+bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf);
+inline bool kivi_tensor_cores(const KiviAttentionParams& p) { return !p.simt && kivi_tensor_cores(p.head_dim, p.kf, p.vf); }
 // Partials per (query, head): the splits, and the tensor-core form's SIMT splits of the windows
 // and a partial tile. p: n_q, n_head, head_dim, splits, kf, vf, simt set.
 int64_t kivi_attention_parts(const KiviAttentionParams& p);
