@@ -32,14 +32,6 @@ __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 
-// Element c of write-local token i (plan w), as the encoder takes it: the fp16 window's, or the
-// new input rounded to fp16 as the window would hold it.   x: the head's new rows, `stride` apart
-__device__ __forceinline__ float write_token(const KvWindowWrite& w, const uint8_t* ring, const float* x, int64_t stride,
-                                             int64_t d, int64_t i, int64_t c) {
-    if (i < w.pending) return kv_half_at(ring + ((w.head + i) % w.slots) * d * 2 + 2 * c);
-    return __half2float(__float2half_rn(x[(i - w.pending) * stride + c]));
-}
-
 // kivi::quantize_group + pack_row for the n values get(0..n-1): zero and scale (fp16) and the
 // packed codes of one row.
 template <class Get>
@@ -77,34 +69,159 @@ __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* s
     }
 }
 
-// Key block j of the write (G tokens) of KV head g: thread `tid` of `nthreads` takes channels tid,
-// tid + nthreads, ... (adjacent threads adjacent channels, so every token's loads coalesce).
-__device__ void encode_key_block(const KiviStoreParams& p, const KvWindowWrite& w, int64_t g, int64_t j, int tid, int nthreads) {
-    const int G = p.kf.group, bits = p.kf.bits;
-    const int64_t d = p.head_dim, stride = p.n_head_kv * d;
-    const KiviHeadDev h = p.heads[g];
-    const float* x = p.k + g * d;
-    const auto* ring = reinterpret_cast<const uint8_t*>(h.kw);
-    uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + j) * p.kf.block_bytes;
-    const int64_t rb = G * bits / 8;
-    for (int64_t c = tid; c < d; c += nthreads) {
-        const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j * G + t, c); };
-        quantize_row(get, G, bits, blk + 2 * c, blk + 2 * d + 2 * c, blk + 4 * d + c * rb);
+// The same by the 32 lanes of a warp (all call; lane l takes values l, l + 32, ...): the first
+// smallest and the first largest value as the loop above finds them (so a -0 / +0 tie keeps the
+// same one), then a code a lane, packed by shuffles (G and 8 / bits are powers of two).
+template <class Get>
+__device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8_t* scale, uint8_t* row, int lane) {
+    float mn = INFINITY, mx = -INFINITY;
+    int imn = n, imx = n;
+    bool nan = false;
+    for (int i = lane; i < n; i += 32) {
+        const float x = get(i);
+        nan |= x != x;
+        if (x < mn) mn = x, imn = i;
+        if (x > mx) mx = x, imx = i;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float omn = __shfl_xor_sync(0xffffffffu, mn, o), omx = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int jmn = __shfl_xor_sync(0xffffffffu, imn, o), jmx = __shfl_xor_sync(0xffffffffu, imx, o);
+        if (omn < mn || (omn == mn && jmn < imn)) mn = omn, imn = jmn;
+        if (omx > mx || (omx == mx && jmx < imx)) mx = omx, imx = jmx;
+    }
+    nan = __any_sync(0xffffffffu, nan);
+    const float qmax = float((1 << bits) - 1);
+    const uint16_t z16 = nan ? uint16_t(0x7e00) : kv_half_bits(mn);
+    const uint16_t s16 = nan ? uint16_t(0x7e00) : kv_half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
+    if (lane == 0) {
+        *reinterpret_cast<uint16_t*>(zero) = z16;
+        *reinterpret_cast<uint16_t*>(scale) = s16;
+    }
+    const float z = __half2float(__ushort_as_half(z16)), s = __half2float(__ushort_as_half(s16));
+    for (int base = 0; base < n; base += 32) {
+        const int i = base + lane;
+        unsigned code = 0;
+        if (i < n && s > 0.0f) {
+            const float t = __fdiv_rn(__fsub_rn(get(i), z), s);
+            code = unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
+        }
+        unsigned v = code << ((i * bits) & 7);
+        for (int o = 1; o < 8 / bits; o <<= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
+        if (i < n && (i * bits) % 8 == 0) row[i * bits / 8] = uint8_t(v);
     }
 }
 
-// Row r of value token j of the write, KV head g: G channels (a ragged last row repeats its last
-// real channel, as the CPU pads it).
-__device__ void encode_value_row(const KiviStoreParams& p, const KvWindowWrite& w, int64_t g, int64_t j, int r) {
-    const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows;
-    const int64_t d = p.head_dim, stride = p.n_head_kv * d;
+// The store works through shared memory: a block stages up to a chunk of write-local tokens of
+// one stream (fp16, as the window holds them: rows of head_dim + 4 halves, so that consecutive
+// tokens start in different banks) with every thread's loads in flight, then quantizes rows from
+// there: keys a thread per (block, channel), values a thread per (token, row of G channels).
+// A chunk is whole key blocks, at least 32 tokens.
+__host__ __device__ constexpr int kivi_store_chunk(int key_group) { return key_group < 32 ? 32 : key_group; }
+__host__ __device__ constexpr int kivi_store_ld(int64_t head_dim) { return int(head_dim) + 4; }
+size_t kivi_store_smem(const KiviStoreParams& p) {
+    return size_t(kivi_store_chunk(p.kf.group)) * size_t(kivi_store_ld(p.head_dim)) * sizeof(__half);
+}
+
+// Write-local tokens [i0, i0 + cnt) of stream w into s (row t at s + t ld): the window's oldest
+// `pending` tokens from its ring, then new rows of x (`stride` floats apart) rounded to fp16.
+// Four channels a load (16 bytes of x, 8 of the ring) where head_dim and x allow, U loads of a
+// thread in flight before its stores.
+__device__ void stage_tokens(const KvWindowWrite& w, const __half* ring, const float* x, int64_t stride, int d, int64_t i0,
+                             int cnt, __half* s, int ld, int tid, int nthreads) {
+    constexpr int U = 4;
+    const int pending = int(w.pending), head = int(w.head), slots = int(w.slots);
+    const auto slot_of = [&](int i) { return head + i < slots ? head + i : head + i - slots; };
+    if (d % 4 == 0 && (reinterpret_cast<uintptr_t>(x) | uintptr_t(stride * 4)) % 16 == 0 && reinterpret_cast<uintptr_t>(ring) % 8 == 0) {
+        const int quads = d / 4, n = cnt * quads;
+        for (int q0 = tid; q0 < n; q0 += U * nthreads) {
+            uint2 v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = q0 + u * nthreads, t = q / quads, c = 4 * (q - t * quads), i = int(i0) + t;
+                if (q >= n) {
+                    v[u] = make_uint2(0, 0);
+                } else if (i < pending) {
+                    v[u] = *reinterpret_cast<const uint2*>(ring + int64_t(slot_of(i)) * d + c);
+                } else {
+                    const float4 f = *reinterpret_cast<const float4*>(x + (i - pending) * stride + c);
+                    v[u] = make_uint2(kv_half_bits(f.x) | (unsigned(kv_half_bits(f.y)) << 16),
+                                      kv_half_bits(f.z) | (unsigned(kv_half_bits(f.w)) << 16));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int q = q0 + u * nthreads, t = q / quads;
+                if (q < n) *reinterpret_cast<uint2*>(s + t * ld + 4 * (q - t * quads)) = v[u];
+            }
+        }
+        return;
+    }
+    for (int t0 = 0; t0 < cnt; t0 += U) {
+        for (int c = tid; c < d; c += nthreads) {
+            __half v[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int i = int(i0) + t0 + u;
+                if (t0 + u >= cnt) {
+                    v[u] = __half();
+                } else if (i < pending) {
+                    v[u] = ring[int64_t(slot_of(i)) * d + c];
+                } else {
+                    v[u] = __float2half_rn(x[(i - pending) * stride + c]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t0 + u < cnt) s[(t0 + u) * ld + c] = v[u];
+            }
+        }
+    }
+}
+
+// Chunk `chunk` of KV head g's write (write-local tokens chunk * T ...): the key blocks and the
+// value tokens of it that the plan encodes. Every thread of the block calls (it synchronizes).
+__device__ void encode_chunk(const KiviStoreParams& p, int64_t g, int64_t chunk, __half* s, int tid, int nthreads) {
+    const int d = int(p.head_dim), ld = kivi_store_ld(d), T = kivi_store_chunk(p.kf.group);
+    const int64_t stride = p.n_head_kv * d, i0 = chunk * T;
     const KiviHeadDev h = p.heads[g];
-    const float* x = p.v + g * d;
-    const auto* ring = reinterpret_cast<const uint8_t*>(h.vw);
-    uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + j) * p.vf.block_bytes;
-    const int64_t rb = G * bits / 8, c0 = int64_t(r) * G, last = min64(d, c0 + G) - 1;
-    const auto get = [&](int t) { return write_token(w, ring, x, stride, d, j, min64(c0 + t, last)); };
-    quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
+    for (int role = 0; role < 2; ++role) {
+        const KvWindowWrite w = p.plan[role];
+        const int cnt = int(min64(T, w.encoded - i0));
+        if (cnt <= 0) continue;  // the same for the whole block
+        const float* x = (role ? p.v : p.k) + g * d;
+        stage_tokens(w, reinterpret_cast<const __half*>(role ? h.vw : h.kw), x, stride, d, i0, cnt, s, ld, tid, nthreads);
+        __syncthreads();
+        if (role == 0) {
+            // Key block b of the chunk, channel c: G tokens of one channel (cnt is whole blocks).
+            const int G = p.kf.group, bits = p.kf.bits, rb = G * bits / 8;
+            for (int idx = tid; idx < cnt / G * d; idx += nthreads) {
+                const int b = idx / d, c = idx - b * d;
+                uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + i0 / G + b) * p.kf.block_bytes;
+                const __half* col = s + b * G * ld + c;
+                quantize_row([&](int t) { return __half2float(col[t * ld]); }, G, bits, blk + 2 * c, blk + 2 * d + 2 * c,
+                             blk + 4 * d + c * rb);
+            }
+        } else {
+            // Value token t of the chunk, row r: G channels (a ragged last row repeats its last
+            // real channel, as the CPU pads it).
+            // A decode step's token or two: a warp per row, else a thread.
+            const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows, rb = G * bits / 8, warps = nthreads / 32;
+            const bool by_warp = cnt * rows <= warps;
+            for (int idx = by_warp ? tid / 32 : tid; idx < cnt * rows; idx += by_warp ? warps : nthreads) {
+                const int t = idx / rows, r = idx - t * rows, c0 = r * G, last = min(d, c0 + G) - 1 - c0;
+                uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + t) * p.vf.block_bytes;
+                const __half* row = s + t * ld + c0;
+                const auto get = [&](int i) { return __half2float(row[min(i, last)]); };
+                if (by_warp) {
+                    quantize_row_warp(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb, tid & 31);
+                } else {
+                    quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
+                }
+            }
+        }
+        __syncthreads();  // the next role stages into the same rows
+    }
 }
 
 // New token j of the write into KV head g's window of keys (role 0) or values (role 1), unless
@@ -112,7 +229,7 @@ __device__ void encode_value_row(const KiviStoreParams& p, const KvWindowWrite& 
 __device__ void window_token(const KiviStoreParams& p, int role, int64_t g, int64_t j, int tid, int nthreads) {
     const KvWindowWrite w = p.plan[role];
     const int64_t d = p.head_dim;
-    if (w.pending + j < w.encoded) return;
+    if (j >= p.n || w.pending + j < w.encoded) return;
     const KiviHeadDev h = p.heads[g];
     const int64_t slot = (w.head + w.pending + j) % w.slots;
     auto* dst = reinterpret_cast<uint16_t*>(role ? h.vw : h.kw) + slot * d;
@@ -120,41 +237,48 @@ __device__ void window_token(const KiviStoreParams& p, int role, int64_t g, int6
     for (int64_t c = tid; c < d; c += nthreads) dst[c] = kv_half_bits(x[c]);
 }
 
-// The store of a large write in three kernels (block (j, g): key block j; a thread per value
-// row; block (j, g, role): token j's window row), ...
-__global__ void kivi_encode_keys_kernel(KiviStoreParams p) {
+// The store of a large write in two kernels: block (chunk, g) encodes a chunk; then the window
+// rows (block (x, g, role): new tokens n - nw + 8 x .. + 7 of the last nw = min(n, most slots),
+// which hold every token the window keeps) -- the encoders read old window slots the window
+// write may overwrite.
+constexpr int kStoreThreads = 128;
+constexpr int kWindowTokens = 8;  // tokens a window block writes
+__global__ void __launch_bounds__(kStoreThreads) kivi_encode_kernel(KiviStoreParams p) {
+    extern __shared__ float4 store_smem4[];
     pdl_wait();
-    const KvWindowWrite w = p.plan[0];
-    if (int64_t(blockIdx.x) * p.kf.group < w.encoded) encode_key_block(p, w, blockIdx.y, blockIdx.x, threadIdx.x, blockDim.x);
+    encode_chunk(p, blockIdx.y, blockIdx.x, reinterpret_cast<__half*>(store_smem4), threadIdx.x, kStoreThreads);
 }
-constexpr int kValueThreads = 128;
-__global__ void __launch_bounds__(kValueThreads) kivi_encode_values_kernel(KiviStoreParams p) {
+__global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     pdl_wait();
-    const KvWindowWrite w = p.plan[1];
-    const int64_t idx = int64_t(blockIdx.x) * kValueThreads + threadIdx.x, j = idx / p.vf.rows;
-    if (j < w.encoded) encode_value_row(p, w, blockIdx.y, j, int(idx - j * p.vf.rows));
-}
-__global__ void kivi_window_kernel(KiviStoreParams p) {
-    pdl_wait();
-    window_token(p, blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.x, blockDim.x);
+    for (int u = 0; u < kWindowTokens; ++u) {
+        window_token(p, blockIdx.z, blockIdx.y, first + int64_t(blockIdx.x) * kWindowTokens + u, threadIdx.x, blockDim.x);
+    }
 }
 
-// ... and of a small one (a decode step) in one: block g encodes, then writes the window rows
-// (the encoders read window slots the new rows may take).
-constexpr int kStoreThreads = 128;
+// ... and of a small one (a decode step) in one: block g encodes what the plan flushes, then
+// writes the window rows.
 constexpr int64_t kSmallWrite = 8;  // tokens a write may have for the one-kernel store
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
+    extern __shared__ float4 store_smem4[];
     pdl_wait();
-    const int64_t g = blockIdx.x;
-    const KvWindowWrite wk = p.plan[0], wv = p.plan[1];
-    for (int64_t j = 0; j * p.kf.group < wk.encoded; ++j) encode_key_block(p, wk, g, j, threadIdx.x, kStoreThreads);
-    const int rows = p.vf.rows;
-    for (int64_t idx = threadIdx.x; idx < wv.encoded * rows; idx += kStoreThreads) encode_value_row(p, wv, g, idx / rows, int(idx % rows));
-    __syncthreads();
+    const int64_t g = blockIdx.x, T = kivi_store_chunk(p.kf.group);
+    const int64_t most = max64(p.plan[0].encoded, p.plan[1].encoded);
+    for (int64_t chunk = 0; chunk * T < most; ++chunk) {
+        encode_chunk(p, g, chunk, reinterpret_cast<__half*>(store_smem4), threadIdx.x, kStoreThreads);
+    }
     // No early pdl_launch_dependents: the attention's grid fills the GPU, and its blocks would
     // queue behind this kernel's on the SMs this kernel holds.
     for (int role = 0; role < 2; ++role) {
         for (int64_t j = 0; j < p.n; ++j) window_token(p, role, g, j, threadIdx.x, kStoreThreads);
+    }
+}
+
+// Sets a kernel's dynamic shared memory limit where it needs more than the default 48 KB.
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t smem, size_t& configured) {
+    if (smem > 48 * 1024 && smem > configured) {
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
     }
 }
 
@@ -825,11 +949,8 @@ template <int D, int B, int NT>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     const int gqa = int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
-    static size_t configured = 0;  // the largest size set so far for this kernel (48 KB without the attribute)
-    if (smem > 48 * 1024 && smem > configured) {
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D, B, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
-    }
+    static size_t configured = 0;  // the largest size set so far for this kernel
+    allow_smem(kivi_attention_kernel<D, B, NT>, smem, configured);
     launch_pdl(kivi_attention_kernel<D, B, NT>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
                dim3(kKiviWarps * 32), smem, st, p);
 }
@@ -855,17 +976,23 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 
 void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     if (p.n == 0) return;
-    const unsigned hk = unsigned(p.n_head_kv), n = unsigned(p.n);
+    const unsigned hk = unsigned(p.n_head_kv);
+    const size_t smem = kivi_store_smem(p);
     if (p.n <= kSmallWrite) {
-        launch_pdl(kivi_store_small_kernel, dim3(hk), dim3(kStoreThreads), 0, st, p);
+        static size_t small_smem = 0;
+        allow_smem(kivi_store_small_kernel, smem, small_smem);
+        launch_pdl(kivi_store_small_kernel, dim3(hk), dim3(kStoreThreads), smem, st, p);
         return;
     }
-    // At most slots - 1 pending keys and the n new ones are flushed, in whole blocks.
-    const unsigned key_blocks = unsigned((p.kf.slots - 1 + p.n + p.kf.group - 1) / p.kf.group);
-    launch_pdl(kivi_encode_keys_kernel, dim3(key_blocks, hk), dim3(unsigned(std::min<int64_t>(p.head_dim, 256))), 0, st, p);
-    const unsigned value_blocks = unsigned((p.n * p.vf.rows + kValueThreads - 1) / kValueThreads);
-    launch_pdl(kivi_encode_values_kernel, dim3(value_blocks, hk), dim3(kValueThreads), 0, st, p);
-    launch_pdl(kivi_window_kernel, dim3(n, hk, 2), dim3(unsigned(std::min<int64_t>(p.head_dim, 128))), 0, st, p);
+    // At most slots - 1 pending tokens and the n new ones are encoded; at most `slots` new ones
+    // stay in a window.
+    const int64_t slots = std::max<int64_t>(p.kf.slots, p.vf.slots), T = kivi_store_chunk(p.kf.group);
+    static size_t encode_smem = 0;
+    allow_smem(kivi_encode_kernel, smem, encode_smem);
+    launch_pdl(kivi_encode_kernel, dim3(unsigned((slots - 1 + p.n + T - 1) / T), hk), dim3(kStoreThreads), smem, st, p);
+    const int64_t nw = std::min<int64_t>(p.n, slots);
+    launch_pdl(kivi_window_kernel, dim3(unsigned((nw + kWindowTokens - 1) / kWindowTokens), hk, 2),
+               dim3(unsigned(std::min<int64_t>(p.head_dim, 128))), 0, st, p, p.n - nw);
 }
 
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
