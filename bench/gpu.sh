@@ -21,7 +21,7 @@
 #   VXQ_E2E_TYPES    weight types of the end-to-end runs (default "f16 q4_0"; empty: skip them)
 #   VXQ_GPU_E2E_ARMS the end-to-end arms (default "graphs1 graphs1_pass1 graphs1_pdl0 graphs0";
 #                    "graphs1" alone: the default path, for a run that must stay short)
-#   LLAMA_CPP_BIN    a llama.cpp build's bin/ folder (llama-bench): run on the same files
+#   LLAMA_CPP_BIN    a llama.cpp build's bin/ folder (llama-bench, llama-batched-bench): run on the same files
 #   VXQ_GPU_BENCH_ONLY=1  skip the tests, compute-sanitizer and the perplexity comparison (a
 #                    benchmark-only rerun)
 #   VXQ_GPU_BPS_SWEEP  e.g. "2 3": the end-to-end bench also with that many batch-1 GEMV blocks per SM
@@ -266,13 +266,13 @@ if [ "$status_build" = ok ]; then
     python3 "bench/gpu_e2e_table.py" "$LOGS" "$SYNTH" $E2E_TYPES | tee "$LOGS/e2e.md" || status_e2e=FAIL
 
     # Decode vs context per KV cache format (issue 11; VXQ_GPU_KV_METHODS, KIVI-4 and KIVI-2 included),
-    # Q4_0 weights, and llama.cpp's CUDA build
-    # on the same file (llama-batched-bench -fa, its f16 / q8_0 / q4_0 caches) when given.
+    # Q4_0 weights; with LLAMA_CPP_BIN, bench/gpu_kv_vs_llamacpp.sh at the longest depth (llama.cpp's
+    # llama-batched-bench -fa with its f16 / q8_0 / q4_0 caches on the same file).
     m="$SYNTH/llama3-8b-q4_0.gguf"
     DEPTHS="${VXQ_GPU_KV_DEPTHS:-1024,4096,16384,32768}"
     if [ -f "$m" ]; then
       step "decode vs context per KV cache format (depths $DEPTHS)"
-      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --no-aa --kv "${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
+      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --kv "${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
         --json >"$LOGS/kv_sweep.json" 2>"$LOGS/kv_sweep.err" || { echo "kv sweep failed:"; tail -3 "$LOGS/kv_sweep.err"; status_e2e=FAIL; }
       python3 -c "
 import json, sys
@@ -282,15 +282,9 @@ for r in json.load(open(sys.argv[1]))['rows']:
       "$BUILD/src/vxq" plot "$LOGS/kv_sweep.json" -o "$LOGS/gpu_decode_vs_context.svg" \
         --title "H200, synthetic Llama-3-8B Q4_0, tg64 vs depth per KV cache" >/dev/null 2>&1 || true
       if [ -n "${LLAMA_CPP_BIN:-}" ]; then
-        for kv in f16 q8_0 q4_0; do
-          for d in ${DEPTHS//,/ }; do
-            "$LLAMA_CPP_BIN/llama-batched-bench" -m "$m" -ngl 99 -fa -ctk $kv -ctv $kv -c $((d + 128)) -b 2048 -ub 512 \
-              -npp $d -ntg 64 -npl 1 >"$LOGS/llama_kv_${kv}_$d.log" 2>&1 || { echo "llama-batched-bench $kv $d failed"; continue; }
-            # | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
-            awk -F'|' -v kv=$kv -v d=$d '$2 ~ /^ *[0-9]+ *$/ { gsub(/ /, "", $9); printf "| llama.cpp | %s | %s | %s | |\n", kv, d, $9 }' \
-              "$LOGS/llama_kv_${kv}_$d.log" | tee -a "$LOGS/kv_sweep.md"
-          done
-        done
+        # Both engines on the same file at the longest depth, in one script (rounds alternate them).
+        VXQ="$BUILD/src/vxq" VXQ_KV_DEPTHS="${DEPTHS##*,}" VXQ_KV_METHODS="${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
+          bench/gpu_kv_vs_llamacpp.sh "$m" "$LOGS/kv_vs_llamacpp" | tee "$LOGS/kv_vs_llamacpp.md"
       fi
     fi
   fi
@@ -309,4 +303,5 @@ echo "end to end: $status_e2e"
 [ -f "$LOGS/ab.md" ] && { echo "| weights | round | arm | tg64 t/s by depth |"; cat "$LOGS/ab.md"; }
 [ -f "$LOGS/attention.log" ] && grep '^|' "$LOGS/attention.log"
 [ -f "$LOGS/kv_sweep.md" ] && { echo "| engine | kv | depth | tg64 t/s | KV bytes |"; cat "$LOGS/kv_sweep.md"; }
+[ -f "$LOGS/kv_vs_llamacpp.md" ] && grep -A12 '^### tg64' "$LOGS/kv_vs_llamacpp.md"
 [ "$status_build" = ok ] && { [ "$status_tests" = ok ] || [ "$status_tests" = skipped ]; } && [ "$status_bench" = ok ]
