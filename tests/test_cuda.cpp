@@ -1458,6 +1458,45 @@ TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
     }
 }
 
+// The store's ties and NaNs: inputs from {+0, -0, 1, -1, 0.25} (so a group's minimum or maximum
+// is often a -0 / +0 tie, which the serial loop resolves to the first: its fp16 zero's sign bit)
+// and now and then a NaN, through the block paths (a prompt, a batch) and a decode step's warp
+// path (single tokens): the packed bytes equal the CPU codec's.
+TEST(Cuda, KiviStoreBitExactOnSignedZerosAndNaN) {
+    VXQ_REQUIRE_CUDA(be);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.25f};
+    for (const char* spec : {"kivi:bits=2", "kivi:bits=4,group=8,residual=24", "kivi:bits=8,group=64,residual=64"}) {
+        SCOPED_TRACE(testing::Message() << spec << " seed " << seed);
+        const KvShape shape{1, 4, 2, 64, 1024};
+        KvCacheOptions opts;
+        opts.flash_attn = true;
+        auto host = make_kv_cache(shape, spec, spec, opts);
+        opts.memory = be->kv_memory();
+        auto dev = make_kv_cache(shape, spec, spec, opts);
+        const int64_t kv = shape.n_head_kv * shape.head_dim;
+        int64_t pos = 0;
+        const auto write = [&](int64_t n) {
+            std::vector<float> k(size_t(n * kv)), v(size_t(n * kv));
+            for (auto* x : {&k, &v}) {
+                for (float& e : *x) e = rng() % 97 == 0 ? NAN : pool[rng() % 5];
+            }
+            host->write(0, pos, k.data(), v.data(), n);
+            be->kv_write(*dev, 0, pos, k.data(), v.data(), n);
+            pos += n;
+            host->commit(pos);
+            dev->commit(pos);
+            for (int64_t g = 0; g < shape.n_head_kv; ++g) {
+                ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << "head " << g << " after " << pos << " tokens";
+            }
+        };
+        write(100);
+        for (int i = 0; i < 70; ++i) write(1);
+        write(40);
+    }
+}
+
 // Device pages are committed in chunks as tokens arrive and given back when they go.
 TEST(Cuda, DeviceKvCacheHoldsMemoryOnlyForItsTokens) {
     VXQ_REQUIRE_CUDA(be);
