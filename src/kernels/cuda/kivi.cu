@@ -115,7 +115,8 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
 // The store works through shared memory: a block stages up to a chunk of write-local tokens of
 // one stream (fp16, as the window holds them: rows of head_dim + 4 halves, so that consecutive
 // tokens start in different banks) with every thread's loads in flight, then quantizes rows from
-// there: keys a thread per (block, channel), values a thread per (token, row of G channels).
+// there: keys a thread per (block, channel), values a thread per (token, row of G channels), or a
+// warp per row where a chunk has no more rows than the block has warps (a decode step's token).
 // A chunk is whole key blocks, at least 32 tokens.
 __host__ __device__ constexpr int kivi_store_chunk(int key_group) { return key_group < 32 ? 32 : key_group; }
 __host__ __device__ constexpr int kivi_store_ld(int64_t head_dim) { return int(head_dim) + 4; }
@@ -204,8 +205,7 @@ __device__ void encode_chunk(const KiviStoreParams& p, int64_t g, int64_t chunk,
             }
         } else {
             // Value token t of the chunk, row r: G channels (a ragged last row repeats its last
-            // real channel, as the CPU pads it).
-            // A decode step's token or two: a warp per row, else a thread.
+            // real channel, as the CPU pads it); a warp per row when there are few rows.
             const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows, rb = G * bits / 8, warps = nthreads / 32;
             const bool by_warp = cnt * rows <= warps;
             for (int idx = by_warp ? tid / 32 : tid; idx < cnt * rows; idx += by_warp ? warps : nthreads) {
