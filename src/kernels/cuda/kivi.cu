@@ -83,13 +83,10 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
         if (x < mn) mn = x, imn = i;
         if (x > mx) mx = x, imx = i;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float omn = __shfl_xor_sync(0xffffffffu, mn, o), omx = __shfl_xor_sync(0xffffffffu, mx, o);
-        const int jmn = __shfl_xor_sync(0xffffffffu, imn, o), jmx = __shfl_xor_sync(0xffffffffu, imx, o);
-        if (omn < mn || (omn == mn && jmn < imn)) mn = omn, imn = jmn;
-        if (omx > mx || (omx == mx && jmx < imx)) mx = omx, imx = jmx;
-    }
+    float neg_mn = -mn;  // the first smallest is the first largest of the negated values (exact)
+    first_max_lanes<16>(neg_mn, imn);
+    first_max_lanes<16>(mx, imx);
+    mn = -neg_mn;
     nan = __any_sync(0xffffffffu, nan);
     const float qmax = float((1 << bits) - 1);
     const uint16_t z16 = nan ? uint16_t(0x7e00) : kv_half_bits(mn);
@@ -126,56 +123,34 @@ size_t kivi_store_smem(const KiviStoreParams& p) {
 
 // Write-local tokens [i0, i0 + cnt) of stream w into s (row t at s + t ld): the window's oldest
 // `pending` tokens from its ring, then new rows of x (`stride` floats apart) rounded to fp16.
-// Four channels a load (16 bytes of x, 8 of the ring) where head_dim and x allow, U loads of a
-// thread in flight before its stores.
+// Four channels a load (head_dim is a multiple of 32: kivi_attention_fits; 16 bytes of x where x
+// is 16-byte aligned, else four floats; 8 bytes of the ring), U loads of a thread in flight
+// before its stores.
 __device__ void stage_tokens(const KvWindowWrite& w, const __half* ring, const float* x, int64_t stride, int d, int64_t i0,
                              int cnt, __half* s, int ld, int tid, int nthreads) {
     constexpr int U = 4;
-    const int pending = int(w.pending), head = int(w.head), slots = int(w.slots);
-    const auto slot_of = [&](int i) { return head + i < slots ? head + i : head + i - slots; };
-    if (d % 4 == 0 && (reinterpret_cast<uintptr_t>(x) | uintptr_t(stride * 4)) % 16 == 0 && reinterpret_cast<uintptr_t>(ring) % 8 == 0) {
-        const int quads = d / 4, n = cnt * quads;
-        for (int q0 = tid; q0 < n; q0 += U * nthreads) {
-            uint2 v[U];
+    const int pending = int(w.pending), head = int(w.head), slots = int(w.slots), quads = d / 4, n = cnt * quads;
+    const bool x16 = (reinterpret_cast<uintptr_t>(x) | uintptr_t(stride * 4)) % 16 == 0;
+    for (int q0 = tid; q0 < n; q0 += U * nthreads) {
+        uint2 v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = q0 + u * nthreads, t = q / quads, c = 4 * (q - t * quads), i = int(i0) + t;
-                if (q >= n) {
-                    v[u] = make_uint2(0, 0);
-                } else if (i < pending) {
-                    v[u] = *reinterpret_cast<const uint2*>(ring + int64_t(slot_of(i)) * d + c);
-                } else {
-                    const float4 f = *reinterpret_cast<const float4*>(x + (i - pending) * stride + c);
-                    v[u] = make_uint2(kv_half_bits(f.x) | (unsigned(kv_half_bits(f.y)) << 16),
-                                      kv_half_bits(f.z) | (unsigned(kv_half_bits(f.w)) << 16));
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int q = q0 + u * nthreads, t = q / quads;
-                if (q < n) *reinterpret_cast<uint2*>(s + t * ld + 4 * (q - t * quads)) = v[u];
+        for (int u = 0; u < U; ++u) {
+            const int q = q0 + u * nthreads, t = q / quads, c = 4 * (q - t * quads), i = int(i0) + t;
+            if (q >= n) {
+                v[u] = make_uint2(0, 0);
+            } else if (i < pending) {
+                const int slot = head + i < slots ? head + i : head + i - slots;
+                v[u] = *reinterpret_cast<const uint2*>(ring + int64_t(slot) * d + c);
+            } else {
+                const float* r = x + (i - pending) * stride + c;
+                const float4 f = x16 ? *reinterpret_cast<const float4*>(r) : make_float4(r[0], r[1], r[2], r[3]);
+                v[u] = make_uint2(pack_half2(f.x, f.y), pack_half2(f.z, f.w));
             }
         }
-        return;
-    }
-    for (int t0 = 0; t0 < cnt; t0 += U) {
-        for (int c = tid; c < d; c += nthreads) {
-            __half v[U];
 #pragma unroll
-            for (int u = 0; u < U; ++u) {
-                const int i = int(i0) + t0 + u;
-                if (t0 + u >= cnt) {
-                    v[u] = __half();
-                } else if (i < pending) {
-                    v[u] = ring[int64_t(slot_of(i)) * d + c];
-                } else {
-                    v[u] = __float2half_rn(x[(i - pending) * stride + c]);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < U; ++u) {
-                if (t0 + u < cnt) s[(t0 + u) * ld + c] = v[u];
-            }
+        for (int u = 0; u < U; ++u) {
+            const int q = q0 + u * nthreads, t = q / quads;
+            if (q < n) *reinterpret_cast<uint2*>(s + t * ld + 4 * (q - t * quads)) = v[u];
         }
     }
 }
