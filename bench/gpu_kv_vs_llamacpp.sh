@@ -30,8 +30,8 @@ echo "model: $MODEL ($(du -h "$MODEL" | cut -f1))"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null || true
 if [ -n "${LLAMA_CPP_BIN:-}" ]; then
   # llama.cpp's build and system line: from llama-bench's JSON of a one-token run on the same file
-  # where the build has llama-bench, else from llama-batched-bench's log (its build line and the
-  # devices its CUDA backend found), after the runs.
+  # where the build has llama-bench, else from llama-batched-bench's log (its version line and the
+  # devices it found), after the runs.
   if [ -x "$LLAMA_CPP_BIN/llama-bench" ]; then
     "$LLAMA_CPP_BIN/llama-bench" -m "$MODEL" -ngl 99 -p 0 -n 1 -r 1 -o json 2>/dev/null | python3 -c '
 import json, sys
@@ -61,7 +61,7 @@ for d in ${DEPTHS//,/ }; do
 done
 
 if [ -n "$LKV" ] && [ ! -x "$LLAMA_CPP_BIN/llama-bench" ]; then
-  grep -hE '^build:|ggml_cuda_init|Device [0-9]+:' "$OUTD"/llama_*_r1.log 2>/dev/null | awk '!seen[$0]++' | sed 's/^/llama.cpp: /'
+  grep -hE '^build:|^ *Device [0-9]+:' "$OUTD"/llama_*_r1.log 2>/dev/null | awk '!seen[$0]++' | sed 's/^ */llama.cpp: /'
 fi
 python3 - "$OUTD" "$DEPTHS" "$ROUNDS" "$LKV" <<'EOF'
 import glob, json, os, statistics, sys
