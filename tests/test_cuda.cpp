@@ -1367,11 +1367,17 @@ TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
     const auto fmt = [](int bits, int group, int rows, int slots) { return cuda::KiviFormatDev{bits, group, rows, 0, slots}; };
     p.kf = fmt(2, 32, 128, 160);
     p.vf = fmt(2, 32, 4, 128);
-    // 2-bit, G 32, head_dim 128: tensor cores, and SIMT splits for the windows (160 + 32 tokens
-    // at one 32-token tile per warp of 4: two).
+    // 2-bit, G 32, head_dim 128: tensor cores, and a tail split per 32-token tile of the most a
+    // tail holds (a window of 160 and a partial tile: 191 tokens): 6.
     EXPECT_TRUE(cuda::kivi_tensor_cores(p));
-    EXPECT_EQ(cuda::kivi_attention_parts(p), 66);
-    EXPECT_EQ(cuda::kivi_attention_scratch_floats(p), size_t(3 * 32 * 66 * 130));
+    EXPECT_EQ(cuda::kivi_attention_parts(p), 70);
+    EXPECT_EQ(cuda::kivi_attention_scratch_floats(p), size_t(3 * 32 * 70 * 130));
+    {
+        cuda::KiviAttentionParams q = p;  // a window past the tail's cap of 64 splits: more tiles a block
+        q.kf.slots = q.vf.slots = 1 << 20;
+        EXPECT_TRUE(cuda::kivi_tensor_cores(q));
+        EXPECT_EQ(cuda::kivi_attention_parts(q), 64 + 64);
+    }
     p.head_dim = 64;
     EXPECT_TRUE(cuda::kivi_tensor_cores(p));
     // The SIMT form alone: everything else, and on request.
@@ -1386,7 +1392,6 @@ TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
     simt([](cuda::KiviAttentionParams& q) { q.kf.group = q.vf.group = 8; });
     simt([](cuda::KiviAttentionParams& q) { q.head_dim = 96; });
     simt([](cuda::KiviAttentionParams& q) { q.head_dim = 256; });
-    simt([](cuda::KiviAttentionParams& q) { q.kf.slots = q.vf.slots = 1 << 20; });  // windows past the tail splits' cap
 #endif
 }
 

@@ -25,7 +25,7 @@ constexpr int kKiviTile = 32;     // tokens a warp takes at a time: a lane per t
 constexpr int kKiviMaxGqa = 8;
 constexpr int kKiviMinStretch = 64;
 constexpr int kMaxSplits = 128;
-constexpr int kMaxTailSplits = 64;  // the tensor-core form's SIMT splits (windows up to 8K tokens)
+constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (kivi_tail_splits)
 constexpr int kMaxParts = kMaxSplits + kMaxTailSplits;
 
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -270,10 +270,6 @@ __host__ __device__ constexpr int kivi_stage_bytes(int d, int kbits, int vbb) { 
 __host__ __device__ constexpr int kivi_warp_bytes(int d, int kbits, int vbb, int g4) {
     return 2 * kivi_stage_bytes(d, kbits, vbb) + 4 * (d * g4 + kKiviTile * g4);
 }
-size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
-    const int g4 = kivi_g4(gqa);
-    return size_t(4 * g4 * d) + size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, g4));
-}
 
 // A tile's keys lie in one packed block (G a multiple of 32): its codes go through shared memory.
 __device__ __forceinline__ bool kivi_fast_keys(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0) {
@@ -334,9 +330,10 @@ __device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const K
 
 // The stretch [begin, end) of n tokens that split z of `splits` takes: whole tiles, at least
 // kKiviMinStretch tokens.
-__device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t z, int64_t& begin, int64_t& end) {
+__device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t z, int64_t& begin, int64_t& end,
+                                             int64_t least = kKiviMinStretch) {
     int64_t per = (n + splits - 1) / splits;
-    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviMinStretch);
+    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, least);
     begin = z * per;
     end = min64(n, begin + per);
 }
@@ -833,9 +830,197 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     }
 }
 
+// ---- the tensor-core form's tail: what lies past kivi_tc_tokens, by whole blocks ----
+// Tokens [t_begin, t_end) of a query past its tensor-core tiles: the fp16 windows, packed
+// tokens whose key or value is still in a window, a partial tile. A 32-token tile at a time by
+// the whole block: its keys and values staged in shared memory as f32 (packed ones dequantized,
+// fma(code, s, z) as kivi.h reads them; window ones converted from fp16: both exact), every
+// thread's loads in flight at once, then warp w takes tokens 8 w .. 8 w + 7 of the tile: scores
+// by 4 lanes a token, an online softmax per head, values a lane per D / 32 channels. (Before,
+// a warp took a window tile alone, each lane a token's row from global memory: a chain of load
+// latencies that set the whole call's time at short contexts.)
+__host__ __device__ constexpr int kivi_tail_ld(int d) { return d + 4; }  // f32 row pitch: 4 lanes' rows in other banks
+__host__ __device__ constexpr int kivi_tail_bytes(int d, int g4) {
+    return 2 * kKiviTile * kivi_tail_ld(d) * 4 + kKiviWarps * (kKiviTile / kKiviWarps) * g4 * 4;
+}
+
+// The attention kernel's shared memory: q, then the warps' regions or the tail's tile.
+size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
+    const int g4 = kivi_g4(gqa);
+    const size_t warps = size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, g4));
+    return size_t(4 * g4 * d) + std::max(warps, size_t(kivi_tail_bytes(d, g4)));
+}
+
+// Token t's key (role 0) or value (role 1) where it is in the fp16 window: its channels c .. c + 7
+// (c a multiple of 8), 16 bytes of its ring slot (head + t - packed, below 2 slots); false where
+// t is packed.
+template <int D>
+__device__ __forceinline__ bool kivi_tail_window8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, uint4& raw) {
+    const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
+    if (t < packed) return false;
+    int slot = int(role ? hd.v_head : hd.k_head) + t - packed;
+    if (slot >= slots) slot -= slots;
+    raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(role ? hd.vw : hd.kw) + (int64_t(slot) * D + c) * 2);
+    return true;
+}
+
+// The same channels of a packed token as f32: fma(code, s, z) as kivi.h's reader.
+template <int D>
+__device__ __forceinline__ void kivi_tail_packed8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, float* x) {
+    const KiviFormatDev& f = role ? p.vf : p.kf;
+    const unsigned mask = (1u << f.bits) - 1;
+    const int G = f.group, rb = G * f.bits / 8;
+    if (role == 0) {  // key block t / G: zeros [D], scales [D], then a row of G codes per channel
+        const int bit = (t % G) * f.bits;
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t / G) * f.block_bytes;
+        const uint8_t* codes = blk + 4 * D + c * rb + (bit >> 3);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const unsigned code = (codes[e * rb] >> (bit & 7)) & mask;
+            x[e] = fmaf(float(code), kv_half_at(blk + 2 * D + 2 * (c + e)), kv_half_at(blk + 2 * (c + e)));
+        }
+    } else {  // value token t: zeros [rows], scales [rows], then rows of G channels' codes
+        const int rows = f.rows;
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * f.block_bytes;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int r = (c + e) / G, bit = ((c + e) % G) * f.bits;
+            const unsigned code = (blk[4 * rows + r * rb + (bit >> 3)] >> (bit & 7)) & mask;
+            x[e] = fmaf(float(code), kv_half_at(blk + 2 * rows + 2 * r), kv_half_at(blk + 2 * r));
+        }
+    }
+}
+
+template <int D, int H>
+__device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, uint8_t* region,
+                                int warp_bytes, int64_t t_begin, int64_t t_end, int warp, int lane, int gqa, int g4) {
+    constexpr int LD = kivi_tail_ld(D), CPL = D / 32, TPW = kKiviTile / kKiviWarps;  // tokens per warp and tile
+    constexpr int kItems = 2 * kKiviTile * (D / 8), kThreads = kKiviWarps * 32, U = 4;
+    auto* ks = reinterpret_cast<float*>(region);
+    float* vs = ks + kKiviTile * LD;
+    float* p_s = vs + kKiviTile * LD + warp * TPW * g4;  // this warp's [TPW tokens][g4]
+    const int tid = threadIdx.x, part = lane & 3, tw = warp * TPW + (lane >> 2);
+
+    float m[H], l[H], o[H][CPL];
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
+    }
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += kKiviTile) {
+        const int cnt = int(min64(kKiviTile, t_end - t0));
+        // Item i: role i / (32 D / 8), token (i / (D / 8)) % 32, channels 8 (i % (D / 8)) .. + 7.
+        for (int i0 = tid; i0 < kItems; i0 += U * kThreads) {
+            // Window rows' loads first, all in flight; packed tokens (a few at the tail's start) in turn.
+            uint4 raw[U];
+            bool pk[U];
+            const auto row = [&](int i, int& t, int& c) {
+                t = (i / (D / 8)) % kKiviTile;
+                c = 8 * (i % (D / 8));
+                return (i / (kKiviTile * D / 8) ? vs : ks) + t * LD + c;
+            };
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int i = i0 + u * kThreads, role = i / (kKiviTile * D / 8);
+                int t, c;
+                float* dst = row(i, t, c);
+                raw[u] = make_uint4(0, 0, 0, 0);  // past the stretch: zeros (their weights are 0)
+                pk[u] = i < kItems && t < cnt && !kivi_tail_window8<D>(p, hd, role, int(t0) + t, c, raw[u]);
+                if (pk[u]) {
+                    float x[8];
+                    kivi_tail_packed8<D>(p, hd, role, int(t0) + t, c, x);
+                    reinterpret_cast<float4*>(dst)[0] = make_float4(x[0], x[1], x[2], x[3]);
+                    reinterpret_cast<float4*>(dst)[1] = make_float4(x[4], x[5], x[6], x[7]);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int i = i0 + u * kThreads;
+                int t, c;
+                float* dst = row(i, t, c);
+                if (i < kItems && !pk[u]) {
+                    const auto* h2 = reinterpret_cast<const __half2*>(&raw[u]);
+                    const float2 a = __half22float2(h2[0]), b = __half22float2(h2[1]), e = __half22float2(h2[2]), f = __half22float2(h2[3]);
+                    reinterpret_cast<float4*>(dst)[0] = make_float4(a.x, a.y, b.x, b.y);
+                    reinterpret_cast<float4*>(dst)[1] = make_float4(e.x, e.y, f.x, f.y);
+                }
+            }
+        }
+        __syncthreads();
+        // Scores of token tw: lane part takes channels part, part + 4, ...
+        const bool valid = tw < cnt;
+        float acc[H];
+#pragma unroll
+        for (int h = 0; h < H; ++h) acc[h] = 0.0f;
+        const float* kr = ks + tw * LD;
+#pragma unroll 8
+        for (int c = part; c < D; c += 4) {
+            const float kv = kr[c];
+#pragma unroll
+            for (int h = 0; h < H; ++h) {
+                if (h < gqa) acc[h] = fmaf(q_s[h * D + c], kv, acc[h]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+            if (h >= gqa) continue;
+            float a = acc[h];
+            a += __shfl_xor_sync(0xffffffffu, a, 1);
+            a += __shfl_xor_sync(0xffffffffu, a, 2);
+            const float s = valid ? a * p.scale : -INFINITY;
+            float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+            const float mn = fmaxf(m[h], mx);
+            // A warp whose tokens are all past the end keeps its empty state (no -inf - -inf).
+            const float corr = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
+            const float pv = valid ? expf(s - mn) : 0.0f;
+            float sum = pv + __shfl_xor_sync(0xffffffffu, pv, 4);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 8);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+            l[h] = l[h] * corr + sum;
+            m[h] = mn;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) o[h][j] *= corr;
+            if (part == 0) p_s[(lane >> 2) * g4 + h] = pv;
+        }
+        __syncwarp();
+        // Values: lane takes channels lane + 32 j of the warp's tokens.
+#pragma unroll
+        for (int t = 0; t < TPW; ++t) {
+            const float* vr = vs + (warp * TPW + t) * LD + lane;
+            float x[CPL];
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) x[j] = vr[32 * j];
+#pragma unroll
+            for (int h = 0; h < H; ++h) {
+                if (h >= gqa) continue;
+                const float pv = p_s[t * g4 + h];
+#pragma unroll
+                for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv, x[j], o[h][j]);
+            }
+        }
+        __syncthreads();  // the next tile is staged over this one
+    }
+    // The warp's state where the block's merge reads it (over the staged tile: after the barrier).
+    auto* ws = reinterpret_cast<float*>(region + warp * warp_bytes);
+#pragma unroll
+    for (int h = 0; h < H; ++h) {
+        if (h >= gqa) continue;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) ws[h * D + lane + 32 * j] = o[h][j];
+        if (lane == 0) {
+            ws[gqa * D + 2 * h] = m[h];
+            ws[gqa * D + 2 * h + 1] = l[h];
+        }
+    }
+}
+
 // Block (split z, KV head g, query i) for the query heads of g. B = 0: the SIMT form over split z
 // of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
-// kivi_tc_tokens, splits `splits` .. parts - 1 the SIMT form over the rest. The warps' states are
+// kivi_tc_tokens, splits `splits` .. parts - 1 the rest a tile each (kivi_tail_block). The warps' states are
 // merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where one n-tile
 // or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled.
 template <int D, int B, int NT>
@@ -861,8 +1046,8 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 1
             kivi_stretch(t_tc, p.splits, z, begin, end);
             kivi_tc_warp<D, B, NT>(p, hd, q_s, wbase, begin, end, warp, lane, gqa);
         } else {
-            kivi_stretch(n_vis - t_tc, p.parts - p.splits, z - p.splits, begin, end);
-            kivi_simt_warp<D>(p, hd, q_s, wbase, t_tc + begin, t_tc + end, warp, lane, gqa, g4);
+            kivi_stretch(n_vis - t_tc, p.parts - p.splits, z - p.splits, begin, end, kKiviTile);
+            kivi_tail_block<D, 4 * NT>(p, hd, q_s, smem + 4 * g4 * D, warp_bytes, t_tc + begin, t_tc + end, warp, lane, gqa, g4);
         }
     } else {
         kivi_stretch(n_vis, p.splits, z, begin, end);
@@ -983,15 +1168,20 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
 }
 
 
-// The tensor-core form's SIMT splits: the windows and a partial tile, about one tile per warp.
+// The tensor-core form's tail splits (kivi_tail_block): a tile each of the most a tail holds (a
+// window and a partial tile: slots + 31 tokens), at most kMaxTailSplits (more tiles a block past
+// that). With a 128-token window that is 5 or 6 blocks after the 64 splits: for 8 KV heads past
+// one wave (66 blocks per head at 4 blocks per SM on 132 SMs), which costs 1-7 % at 32K-128K;
+// a tail of 2 blocks (3 tiles each, one wave) measured no faster there and slower at 1K-4K
+// (docs/gpu.md, 2026-12-03, sixth session).
 static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf) {
-    const int64_t most = std::max(kf.slots, vf.slots) + kKiviTile;
-    return (most + kKiviWarps * kKiviTile - 1) / (kKiviWarps * kKiviTile);
+    const int64_t most = std::max(kf.slots, vf.slots) + kKiviTile - 1;
+    return std::min<int64_t>((most + kKiviTile - 1) / kKiviTile, kMaxTailSplits);
 }
 
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf) {
     return (head_dim == 64 || head_dim == 128) && kf.bits == vf.bits && (kf.bits == 2 || kf.bits == 4) &&
-           kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
+           kf.group % kKiviTile == 0 && vf.group % 16 == 0;
 }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {

@@ -20,9 +20,11 @@
 //                 G of 16): the tiles where keys lie in one packed block and values are packed.
 //                 Codes are exact fp16 numbers of m16n8k16 MMAs: scores = codes x (q * s per
 //                 channel, split into fp16 hi + lo: mma.cuh), values = codes^T x (p * s per token
-//                 and row, split alike), the zeros' terms (sum_c q z, sum_t p z) on the side; more
-//                 splits after them (about a tile per warp) take the rest (the fp16 windows, a
-//                 partial tile) in the SIMT form.
+//                 and row, split alike), the zeros' terms (sum_c q z, sum_t p z) on the side; a
+//                 split a 32-token tile after them takes the rest (the fp16 windows, tokens whose
+//                 key or value is still in one, a partial tile) with the whole block: the tile's
+//                 keys and values staged as f32 in shared memory (packed ones dequantized, all
+//                 loads in flight at once), then a warp per 8 tokens.
 //   SIMT          everything else: keys of a tile inside one packed block as sum_c (q_c s_c)
 //                 code_c,t + sum_c q_c z_c by a lane per token (q * s per channel once per tile);
 //                 other keys (the window, G < 32) a lane per token element by element; values a
