@@ -96,8 +96,8 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
 // for the SIMT form alone: p.simt).
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf);
 inline bool kivi_tensor_cores(const KiviAttentionParams& p) { return !p.simt && kivi_tensor_cores(p.head_dim, p.kf, p.vf); }
-// Partials per (query, head): the splits, and the tensor-core form's SIMT splits of the windows
-// and a partial tile. p: n_q, n_head, head_dim, splits, kf, vf, simt set.
+// Partials per (query, head): the splits, and the tensor-core form's tail splits (the windows and
+// a partial tile, a 32-token tile each). p: n_q, n_head, head_dim, splits, kf, vf, simt set.
 int64_t kivi_attention_parts(const KiviAttentionParams& p);
 // The partials' scratch (p as kivi_attention_parts).
 size_t kivi_attention_scratch_floats(const KiviAttentionParams& p);
