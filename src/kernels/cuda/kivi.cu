@@ -25,7 +25,7 @@ constexpr int kKiviTile = 32;     // tokens a warp takes at a time: a lane per t
 constexpr int kKiviMaxGqa = 8;
 constexpr int kKiviMinStretch = 64;
 constexpr int kMaxSplits = 128;
-constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (kivi_tail_splits)
+constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (windows up to 2K tokens)
 constexpr int kMaxParts = kMaxSplits + kMaxTailSplits;
 
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -1169,19 +1169,19 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
 
 
 // The tensor-core form's tail splits (kivi_tail_block): a tile each of the most a tail holds (a
-// window and a partial tile: slots + 31 tokens), at most kMaxTailSplits (more tiles a block past
-// that). With a 128-token window that is 5 or 6 blocks after the 64 splits: for 8 KV heads past
+// window and a partial tile: slots + 31 tokens); windows past kMaxTailSplits tiles take the SIMT
+// form (kivi_tensor_cores). With a 128-token window that is 5 or 6 blocks after the 64 splits: for 8 KV heads past
 // one wave (66 blocks per head at 4 blocks per SM on 132 SMs), which costs 1-7 % at 32K-128K;
 // a tail of 2 blocks (3 tiles each, one wave) measured no faster there and slower at 1K-4K
 // (docs/gpu.md, 2026-12-03, sixth session).
 static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf) {
     const int64_t most = std::max(kf.slots, vf.slots) + kKiviTile - 1;
-    return std::min<int64_t>((most + kKiviTile - 1) / kKiviTile, kMaxTailSplits);
+    return (most + kKiviTile - 1) / kKiviTile;
 }
 
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf) {
     return (head_dim == 64 || head_dim == 128) && kf.bits == vf.bits && (kf.bits == 2 || kf.bits == 4) &&
-           kf.group % kKiviTile == 0 && vf.group % 16 == 0;
+           kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
 }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {
