@@ -99,10 +99,10 @@ for d in depths:
     print(f"\n### tg64 at depth {d}: t/s, median (min-max) over {rounds} rounds\n")
     print("| engine | KV cache | t/s | vs our f16 |")
     print("| --- | --- | ---: | ---: |")
-    for kv, xs in ours.items():
-        print(f"| vxq | {kv} | {med(xs)} | {statistics.median(xs) / ref:.2f}x |" if ref else f"| vxq | {kv} | {med(xs)} | |")
-    for kv, xs in theirs.items():
-        print(f"| llama.cpp | {kv} | {med(xs)} | {statistics.median(xs) / ref:.2f}x |" if ref else f"| llama.cpp | {kv} | {med(xs)} | |")
+    for engine, runs in (("vxq", ours), ("llama.cpp", theirs)):
+        for kv, xs in runs.items():
+            ratio = f"{statistics.median(xs) / ref:.2f}x " if ref else ""
+            print(f"| {engine} | {kv} | {med(xs)} | {ratio}|")
     if aa:
         print(f"\nA/A (our first cache run twice per round): ratio {statistics.median(aa):.3f} ({min(aa):.3f}-{max(aa):.3f})")
     for kv, xs in ours.items():

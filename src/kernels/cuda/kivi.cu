@@ -338,6 +338,37 @@ __device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t 
     end = min64(n, begin + per);
 }
 
+// A warp's online softmax over its tokens for up to H query heads with CPL value channels a lane
+// (the SIMT form and the tail), and its state where the block's merge reads it: o [gqa][D], then
+// (max, sum) per head.
+template <int H, int CPL>
+struct KiviWarpSoftmax {
+    float m[H], l[H], o[H][CPL];
+    __device__ __forceinline__ KiviWarpSoftmax() {
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+            m[h] = -INFINITY;
+            l[h] = 0.0f;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
+        }
+    }
+    // channel(j): the lane's j-th value channel.
+    template <class Channel>
+    __device__ __forceinline__ void store(float* ws, int gqa, int d, int lane, Channel channel) const {
+#pragma unroll
+        for (int h = 0; h < H; ++h) {
+            if (h >= gqa) continue;
+#pragma unroll
+            for (int j = 0; j < CPL; ++j) ws[h * d + channel(j)] = o[h][j];
+            if (lane == 0) {
+                ws[gqa * d + 2 * h] = m[h];
+                ws[gqa * d + 2 * h + 1] = l[h];
+            }
+        }
+    }
+};
+
 // The SIMT form: warp w of the block takes every 4th 32-token tile of [t_begin, t_end) (t_begin a
 // multiple of 32) and leaves its state (o [gqa][D], then (m, l) per head) at wbase.
 template <int D>
@@ -352,14 +383,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
     float* p_s = qs_s + D * g4;
     const auto* kbase = reinterpret_cast<const uint8_t*>(hd.k);
 
-    float m[kKiviMaxGqa], l[kKiviMaxGqa], o[kKiviMaxGqa][CPL];
-#pragma unroll
-    for (int h = 0; h < kKiviMaxGqa; ++h) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
-    }
+    KiviWarpSoftmax<kKiviMaxGqa, CPL> st;
     const int c0 = lane * CPL;
     // Value channels of a lane in one row (CPL divides G): its codes are one run of bits.
     const bool one_row = VG % CPL == 0;
@@ -384,7 +408,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
         for (int h = 0; h < kKiviMaxGqa; ++h) {
             if (h >= gqa) continue;
 #pragma unroll
-            for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv[h], x[j], o[h][j]);
+            for (int j = 0; j < CPL; ++j) st.o[h][j] = fmaf(pv[h], x[j], st.o[h][j]);
         }
     };
 
@@ -476,13 +500,13 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
         for (int h = 0; h < kKiviMaxGqa; ++h) {
             if (h >= gqa) continue;
             const float s = lane < cnt ? acc[h] * p.scale : -INFINITY;
-            const float mn = fmaxf(m[h], warp_max(s));
-            const float corr = expf(m[h] - mn);
+            const float mn = fmaxf(st.m[h], warp_max(s));
+            const float corr = expf(st.m[h] - mn);
             const float pv = lane < cnt ? expf(s - mn) : 0.0f;
-            l[h] = l[h] * corr + warp_sum(pv);
+            st.l[h] = st.l[h] * corr + warp_sum(pv);
 #pragma unroll
-            for (int j = 0; j < CPL; ++j) o[h][j] *= corr;
-            m[h] = mn;
+            for (int j = 0; j < CPL; ++j) st.o[h][j] *= corr;
+            st.m[h] = mn;
             p_s[lane * g4 + h] = pv;
         }
         __syncwarp();
@@ -550,17 +574,7 @@ __device__ void kivi_simt_warp(const KiviAttentionParams& p, const KiviHeadDev& 
         }
     });
 
-    auto* ws = reinterpret_cast<float*>(wbase);
-#pragma unroll
-    for (int h = 0; h < kKiviMaxGqa; ++h) {
-        if (h >= gqa) continue;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) ws[h * D + c0 + j] = o[h][j];
-        if (lane == 0) {
-            ws[gqa * D + 2 * h] = m[h];
-            ws[gqa * D + 2 * h + 1] = l[h];
-        }
-    }
+    st.store(reinterpret_cast<float*>(wbase), gqa, D, lane, [&](int j) { return c0 + j; });
 }
 
 // ---- the tensor-core form: whole tiles of packed 2- or 4-bit keys and values ----
@@ -901,19 +915,12 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
     float* p_s = vs + kKiviTile * LD + warp * TPW * g4;  // this warp's [TPW tokens][g4]
     const int tid = threadIdx.x, part = lane & 3, tw = warp * TPW + (lane >> 2);
 
-    float m[H], l[H], o[H][CPL];
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) o[h][j] = 0.0f;
-    }
+    KiviWarpSoftmax<H, CPL> st;
     for (int64_t t0 = t_begin; t0 < t_end; t0 += kKiviTile) {
         const int cnt = int(min64(kKiviTile, t_end - t0));
         // Item i: role i / (32 D / 8), token (i / (D / 8)) % 32, channels 8 (i % (D / 8)) .. + 7.
         for (int i0 = tid; i0 < kItems; i0 += U * kThreads) {
-            // Window rows' loads first, all in flight; packed tokens (a few at the tail's start) in turn.
+            // Window rows' loads first, all in flight; packed tokens (few: the tail's start) in turn.
             uint4 raw[U];
             bool pk[U];
             const auto row = [&](int i, int& t, int& c) {
@@ -973,17 +980,17 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
             float mx = fmaxf(s, __shfl_xor_sync(0xffffffffu, s, 4));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-            const float mn = fmaxf(m[h], mx);
+            const float mn = fmaxf(st.m[h], mx);
             // A warp whose tokens are all past the end keeps its empty state (no -inf - -inf).
-            const float corr = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
+            const float corr = mn == -INFINITY ? 1.0f : expf(st.m[h] - mn);
             const float pv = valid ? expf(s - mn) : 0.0f;
             float sum = pv + __shfl_xor_sync(0xffffffffu, pv, 4);
             sum += __shfl_xor_sync(0xffffffffu, sum, 8);
             sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-            l[h] = l[h] * corr + sum;
-            m[h] = mn;
+            st.l[h] = st.l[h] * corr + sum;
+            st.m[h] = mn;
 #pragma unroll
-            for (int j = 0; j < CPL; ++j) o[h][j] *= corr;
+            for (int j = 0; j < CPL; ++j) st.o[h][j] *= corr;
             if (part == 0) p_s[(lane >> 2) * g4 + h] = pv;
         }
         __syncwarp();
@@ -999,30 +1006,20 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
                 if (h >= gqa) continue;
                 const float pv = p_s[t * g4 + h];
 #pragma unroll
-                for (int j = 0; j < CPL; ++j) o[h][j] = fmaf(pv, x[j], o[h][j]);
+                for (int j = 0; j < CPL; ++j) st.o[h][j] = fmaf(pv, x[j], st.o[h][j]);
             }
         }
         __syncthreads();  // the next tile is staged over this one
     }
     // The warp's state where the block's merge reads it (over the staged tile: after the barrier).
-    auto* ws = reinterpret_cast<float*>(region + warp * warp_bytes);
-#pragma unroll
-    for (int h = 0; h < H; ++h) {
-        if (h >= gqa) continue;
-#pragma unroll
-        for (int j = 0; j < CPL; ++j) ws[h * D + lane + 32 * j] = o[h][j];
-        if (lane == 0) {
-            ws[gqa * D + 2 * h] = m[h];
-            ws[gqa * D + 2 * h + 1] = l[h];
-        }
-    }
+    st.store(reinterpret_cast<float*>(region + warp * warp_bytes), gqa, D, lane, [&](int j) { return lane + 32 * j; });
 }
 
 // Block (split z, KV head g, query i) for the query heads of g. B = 0: the SIMT form over split z
 // of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
-// kivi_tc_tokens, splits `splits` .. parts - 1 the rest a tile each (kivi_tail_block). The warps' states are
-// merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where one n-tile
-// or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled.
+// kivi_tc_tokens, splits `splits` .. parts - 1 the rest a tile each (kivi_tail_block). The warps'
+// states are merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where
+// one n-tile or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled.
 template <int D, int B, int NT>
 __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
@@ -1170,10 +1167,10 @@ int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
 
 // The tensor-core form's tail splits (kivi_tail_block): a tile each of the most a tail holds (a
 // window and a partial tile: slots + 31 tokens); windows past kMaxTailSplits tiles take the SIMT
-// form (kivi_tensor_cores). With a 128-token window that is 5 or 6 blocks after the 64 splits: for 8 KV heads past
-// one wave (66 blocks per head at 4 blocks per SM on 132 SMs), which costs 1-7 % at 32K-128K;
-// a tail of 2 blocks (3 tiles each, one wave) measured no faster there and slower at 1K-4K
-// (docs/gpu.md, 2026-12-03, sixth session).
+// form (kivi_tensor_cores). With a 128-token window that is 5 or 6 blocks after the 64 splits:
+// for 8 KV heads past one wave (66 blocks per head at 4 blocks per SM on 132 SMs), which costs
+// 1-7 % at 32K-128K; a tail of 2 blocks (3 tiles each, one wave) measured no faster there and
+// slower at 1K-4K (docs/gpu.md, 2026-12-03, sixth session).
 static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf) {
     const int64_t most = std::max(kf.slots, vf.slots) + kKiviTile - 1;
     return (most + kKiviTile - 1) / kKiviTile;

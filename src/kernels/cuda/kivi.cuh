@@ -7,9 +7,9 @@
 // are the window's oldest and then new ones, rounded to fp16 as the window holds them; new tokens
 // that are not encoded go into the window. The encoder stages tokens in shared memory and
 // quantizes rows from there; it reads old window slots that the window write may overwrite, so a
-// large write is two kernels in this order and a decode step's one kernel encodes first. The plan and every address
-// are in device memory (the step block), so a captured decode step stays valid as the cache grows;
-// the grids depend on the batch size and the codec's options only.
+// large write is two kernels in this order and a decode step's one kernel encodes first. The plan
+// and every address are in device memory (the step block), so a captured decode step stays valid
+// as the cache grows; the grids depend on the batch size and the codec's options only.
 //
 // The attention: block (split, KV head, query) takes its stretch of the tokens the query sees and
 // all the query heads of the KV head (GQA <= 8); each of its 4 warps takes every 4th 32-token
