@@ -753,7 +753,8 @@ TEST(Cuda, RopeStoreAndAttentionFuseBitExact) {
                           {128, 128, 1, 32, 4, 5000, false}, {64, 32, 1, 8, 8, 300, true}, {128, 128, 1, 16, 2, 70000, false},
                           {128, 128, 1, 32, 8, 63, false},  {64, 64, 1, 8, 1, 100, true},  {256, 256, 1, 8, 2, 127, false}};
     for (const Case& c : cases) {
-      for (const char* spec_text : {"f16", "q8_0", "q4_0/q8_0"}) {
+      // KIVI: a decode step's RoPE goes into its store's kernel (kivi.cuh: KiviRope).
+      for (const char* spec_text : {"f16", "q8_0", "q4_0/q8_0", "kivi:bits=2", "kivi:bits=4,group=32,residual=32"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
         SCOPED_TRACE(testing::Message() << "kv " << spec_text << " head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
                                         << " n " << c.n << " pos0 " << c.pos0 << " seed " << seed);

@@ -9,6 +9,7 @@
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/cublas_api.h"
 
 namespace vxq::cuda {
@@ -164,20 +165,13 @@ constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
 
 
-// RoPE of pair i at position pos as rope_kernel does (the same recurrence and products): the
-// angle's (cos, sin), then the rotation of a row's pair.
+// RoPE of pair i at position pos as rope_kernel does (rope.cuh): the angle's (cos, sin), then the
+// rotation of a row's pair.
 __device__ __forceinline__ float2 rope_cos_sin(int64_t i, int64_t pos, const RopeStoreParams& p) {
-    float theta = float(pos);
-    for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, p.theta_scale);
-    return make_float2(cosf(theta), sinf(theta));
+    return rope_angle(i, pos, p.theta_scale);
 }
 __device__ __forceinline__ void rope_rotate(float* row, int64_t i, float2 cs, const RopeStoreParams& p) {
-    const int64_t half = p.n_rot / 2;
-    const int64_t a = p.neox ? i : 2 * i;
-    const int64_t b = p.neox ? i + half : 2 * i + 1;
-    const float x0 = row[a], x1 = row[b];
-    row[a] = fmaf(x0, cs.x, -__fmul_rn(x1, cs.y));
-    row[b] = fmaf(x0, cs.y, __fmul_rn(x1, cs.x));
+    rope_rotate_pair(row, i, cs, p.n_rot, p.neox);
 }
 __device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
     rope_rotate(row, i, rope_cos_sin(i, pos, p), p);

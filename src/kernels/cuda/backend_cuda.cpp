@@ -381,7 +381,7 @@ public:
         const KvLayerView view = cache.view(layer);
         require_device(view);
         if (kivi_layer(view)) {
-            kivi_write(view, plan, k, v, n);
+            kivi_write(view, plan, k, v, n, pos0);
             return;
         }
         const KvCodes codes = kv_codes(view);
@@ -408,11 +408,7 @@ public:
         // RoPE of q, RoPE of k, then this store (the model's order): one kernel, the same bits.
         const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
         const size_t at = pending_.size() - 1;
-        if (rq.op != SIZE_MAX && rq.op + 2 == at && rk.op + 1 == at && rk.x == a.k && rk.n_tokens == n &&
-            rk.n_heads == s.n_head_kv && rk.head_dim == s.head_dim && rq.n_tokens == n && rq.head_dim == s.head_dim &&
-            rq.pos0 == pos0 && rk.pos0 == pos0 && rq.p.n_rot == rk.p.n_rot && rq.p.freq_base == rk.p.freq_base &&
-            rq.p.neox == rk.p.neox && !overlaps(rq.x, size_t(n * rq.n_heads * s.head_dim), a.k, count) &&
-            !overlaps(a.v, count, a.k, count)) {
+        if (ropes_right_before(at, a.k, a.v, n, s.n_head_kv, s.head_dim, pos0)) {
             RopeStoreParams f{};
             f.q = rq.x;
             f.k = rk.x;
@@ -739,13 +735,28 @@ private:
         }
     }
 
-    // A KIVI layer's write: the encoders and the window write (kivi.cuh) as the cache's plan says.
-    void kivi_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n) {
+    // Whether the last two ops recorded before op `at` are the RoPE of q and the RoPE of k (the
+    // model's order) with the same arguments and positions, k the store's input of n tokens of s's
+    // shape at pos0 (device pointers), q apart from k and v: what a store may take on.
+    bool ropes_right_before(size_t at, const float* k, const float* v, int64_t n, int64_t n_head_kv, int64_t head_dim,
+                            int64_t pos0) const {
+        const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
+        const size_t count = size_t(n * n_head_kv * head_dim), q_count = size_t(n * rq.n_heads * head_dim);
+        return rq.op != SIZE_MAX && rq.op + 2 == at && rk.op + 1 == at && rk.x == k && rk.n_tokens == n &&
+               rk.n_heads == n_head_kv && rk.head_dim == head_dim && rq.n_tokens == n && rq.head_dim == head_dim &&
+               rq.pos0 == pos0 && rk.pos0 == pos0 && rq.p.n_rot == rk.p.n_rot && rq.p.freq_base == rk.p.freq_base &&
+               rq.p.neox == rk.p.neox && !overlaps(rq.x, q_count, k, count) && !overlaps(rq.x, q_count, v, count) &&
+               !overlaps(v, count, k, count);
+    }
+
+    // A KIVI layer's write: the encoders and the window write (kivi.cuh) as the cache's plan says;
+    // a decode step's RoPE of q and k, recorded right before, goes into the store's kernel.
+    void kivi_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n, int64_t pos0) {
         const size_t count = size_t(n * view.n_head_kv * view.head_dim);
         kivi_heads(view);
         const KvWindowWrite ww[2] = {plan.k, plan.v};
         KiviStoreParams a = zeroed<KiviStoreParams>();
-        step_reserve({host_bytes(k, count), host_bytes(v, count), kivi_heads_.size() * sizeof(KiviHeadDev), sizeof ww});
+        step_reserve({host_bytes(k, count), host_bytes(v, count), kivi_heads_.size() * sizeof(KiviHeadDev), sizeof ww, sizeof pos0});
         a.k = in(k, count);
         a.v = in(v, count);
         a.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
@@ -755,7 +766,22 @@ private:
         a.head_dim = view.head_dim;
         a.kf = kivi_format(view.heads[0].k);
         a.vf = kivi_format(view.heads[0].v);
+        const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
+        const bool rope = n == 1 && ropes_right_before(pending_.size(), a.k, a.v, n, view.n_head_kv, view.head_dim, pos0) &&
+                          rq.n_heads == view.n_head && rk.p.n_rot <= view.head_dim;
+        if (rope) {
+            a.rope.q = rq.x;
+            a.rope.k = rk.x;
+            a.rope.pos0 = static_cast<const int64_t*>(step_put(&pos0, sizeof pos0));
+            a.rope.n_head = rq.n_heads;
+            a.rope.n_rot = rk.p.n_rot;
+            a.rope.theta_scale = std::pow(rk.p.freq_base, -2.0f / float(rk.p.n_rot));  // as cuda::rope computes it
+            a.rope.neox = rk.p.neox;
+            drop_launch(rq.op);
+            drop_launch(rk.op);
+        }
         record(Op::KiviStore, a, [](const KiviStoreParams& a, cudaStream_t st) { kivi_store(a, st); });
+        if (rope) labels_.back() = "kivi store (rope q, k)";
     }
 
     // A KIVI layer's attention: the queries are the last n_q stored tokens of every head.

@@ -15,6 +15,7 @@
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rope.cuh"
 
 namespace vxq::cuda {
 
@@ -235,10 +236,28 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
 // ... and of a small one (a decode step) in one: block g encodes what the plan flushes, then
 // writes the window rows.
 constexpr int64_t kSmallWrite = 8;  // tokens a write may have for the one-kernel store
+constexpr int kMaxRopePairs = 128;  // head_dim <= 256 (kivi_attention_fits)
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
     extern __shared__ float4 store_smem4[];
+    __shared__ float2 rope_cs[kMaxRopePairs];
+    const KiviRope& r = p.rope;
+    const int half = r.q != nullptr ? int(r.n_rot / 2) : 0;
+    if (half > 0) {
+        const int64_t pos = *r.pos0;
+        for (int i = threadIdx.x; i < half; i += kStoreThreads) rope_cs[i] = rope_angle(i, pos, r.theta_scale);
+    }
     pdl_wait();
     const int64_t g = blockIdx.x, T = kivi_store_chunk(p.kf.group);
+    if (half > 0) {  // the step's RoPE (KiviRope): q's rows of g's query heads, then k's row of g
+        __syncthreads();
+        const int gqa = int(r.n_head / p.n_head_kv);
+        for (int e = threadIdx.x; e < (gqa + 1) * half; e += kStoreThreads) {
+            const int row = e / half, i = e - row * half;
+            float* x = row < gqa ? r.q + (g * gqa + row) * p.head_dim : r.k + g * p.head_dim;
+            rope_rotate_pair(x, i, rope_cs[i], r.n_rot, r.neox != 0);
+        }
+        __syncthreads();  // the rotated k row is read below (global memory, this block)
+    }
     const int64_t most = max64(p.plan[0].encoded, p.plan[1].encoded);
     for (int64_t chunk = 0; chunk * T < most; ++chunk) {
         encode_chunk(p, g, chunk, reinterpret_cast<__half*>(store_smem4), threadIdx.x, kStoreThreads);
@@ -1204,6 +1223,12 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 
 void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     if (p.n == 0) return;
+    const KiviRope& r = p.rope;
+    if (r.q != nullptr && (p.n != 1 || r.n_rot <= 0 || r.n_rot % 2 != 0 || r.n_rot > p.head_dim || r.n_rot / 2 > kMaxRopePairs ||
+                           r.n_head % p.n_head_kv != 0)) {
+        throw_cuda_error(cudaErrorInvalidValue, "kivi_store: RoPE with a write of one token, an even n_rot <= head_dim and whole GQA groups",
+                         __FILE__, __LINE__);
+    }
     const unsigned hk = unsigned(p.n_head_kv);
     const size_t smem = kivi_store_smem(p);
     if (p.n <= kSmallWrite) {

@@ -67,6 +67,19 @@ inline KiviHeadDev kivi_head(const KvHeadView& h) {
                        h.n_tokens, h.k.n_packed, h.v.n_packed, h.k.ring_head, h.v.ring_head};
 }
 
+// A decode step's RoPE of q and of the new key, done by the store kernel before it encodes (the
+// arithmetic of cuda::rope, rope.cuh: the same bits), so the step's KIVI layer launches no RoPE
+// kernels. Each block (KV head g) rotates q's rows of g's query heads and k's row of g in place,
+// the angles computed before it waits for the previous kernel (the position is in the step block).
+struct KiviRope {
+    float* q;                   // [n_head, head_dim] (device); null: no RoPE here
+    float* k;                   // the store's k, rotated in place
+    const int64_t* pos0;        // the token's position (device)
+    int64_t n_head, n_rot;      // n_rot <= head_dim, even
+    float theta_scale;          // freq_base^(-2 / n_rot), as cuda::rope computes it
+    int32_t neox;
+};
+
 struct KiviStoreParams {
     const float* k;             // [n, n_head_kv, head_dim] after RoPE (device)
     const float* v;
@@ -74,6 +87,7 @@ struct KiviStoreParams {
     const KvWindowWrite* plan;  // [2] (device): keys, values
     int64_t n, n_head_kv, head_dim;
     KiviFormatDev kf, vf;
+    KiviRope rope;              // n == 1: the step's RoPE of q and k before the store (k before RoPE then); else q null
 };
 void kivi_store(const KiviStoreParams& p, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/rope.cuh"
 
 namespace vxq::cuda {
 
@@ -31,9 +32,7 @@ rms_norm_kernel(const float* x, const float* __restrict__ w, int64_t dim, float 
                                   [&](int64_t c, float v) { yr[c] = v; });
 }
 
-// One thread per rotated pair (token, head, i). theta follows ggml_rope_cache_init's recurrence,
-// theta_{i+1} = theta_i * theta_scale in float, so each pair's angle rounds as the CPU's does;
-// cosf/sinf are CUDA's (within 2 ulp of the CPU's libm, not bit-equal).
+// One thread per rotated pair (token, head, i), rope.cuh's arithmetic.
 __global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t head_dim, const int64_t* pos0_p,
                             int64_t n_rot, float theta_scale, bool neox) {
     pdl_wait();
@@ -44,17 +43,7 @@ __global__ void rope_kernel(float* x, int64_t n_tokens, int64_t n_heads, int64_t
     for (int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; idx < total; idx += int64_t(gridDim.x) * blockDim.x) {
         const int64_t i = idx % half;
         const int64_t th = idx / half;  // token * n_heads + head
-        const int64_t t = th / n_heads;
-        float theta = float(pos0 + t);
-        for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
-        const float c = cosf(theta), s = sinf(theta);
-        float* v = x + th * head_dim;
-        const int64_t a = neox ? i : 2 * i;
-        const int64_t b = neox ? i + half : 2 * i + 1;
-        const float x0 = v[a], x1 = v[b];
-        // ggml's compiled C fuses the first product of each (see kernels/cpu/ops.cpp).
-        v[a] = fmaf(x0, c, -__fmul_rn(x1, s));
-        v[b] = fmaf(x0, s, __fmul_rn(x1, c));
+        rope_rotate_pair(x + th * head_dim, i, rope_angle(i, pos0 + th / n_heads, theta_scale), n_rot, neox);
     }
 }
 
