@@ -20,9 +20,10 @@
 //                 G of 16): the tiles where keys lie in one packed block and values are packed.
 //                 Codes are exact fp16 numbers of m16n8k16 MMAs: scores = codes x (q * s per
 //                 channel, split into fp16 hi + lo: mma.cuh), values = codes^T x (p * s per token
-//                 and row, split alike), the zeros' terms (sum_c q z, sum_t p z) on the side; a
-//                 split a 32-token tile after them takes the rest (the fp16 windows, tokens whose
-//                 key or value is still in one, a partial tile) with the whole block: the tile's
+//                 and row, split alike), the zeros' terms on the side (sum_c q z per key block,
+//                 sum_t p z by an MMA of the zeros against p per tile); a split a 32-token tile
+//                 after them takes the rest (the fp16 windows, tokens whose key or value is still
+//                 in one, a partial tile) with the whole block: the tile's
 //                 keys and values staged as f32 in shared memory (packed ones dequantized, all
 //                 loads in flight at once), then a warp per 8 tokens.
 //   SIMT          everything else: keys of a tile inside one packed block as sum_c (q_c s_c)
