@@ -768,7 +768,7 @@ private:
         a.vf = kivi_format(view.heads[0].v);
         const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
         const bool rope = n == 1 && ropes_right_before(pending_.size(), a.k, a.v, n, view.n_head_kv, view.head_dim, pos0) &&
-                          rq.n_heads == view.n_head && rk.p.n_rot <= view.head_dim;
+                          rq.n_heads == view.n_head && rk.p.n_rot > 0 && rk.p.n_rot % 2 == 0 && rk.p.n_rot <= view.head_dim;
         if (rope) {
             a.rope.q = rq.x;
             a.rope.k = rk.x;
