@@ -165,16 +165,9 @@ constexpr int kSplitThreads = 128;
 constexpr int kSplitWarps = kSplitThreads / 32;
 
 
-// RoPE of pair i at position pos as rope_kernel does (rope.cuh): the angle's (cos, sin), then the
-// rotation of a row's pair.
-__device__ __forceinline__ float2 rope_cos_sin(int64_t i, int64_t pos, const RopeStoreParams& p) {
-    return rope_angle(i, pos, p.theta_scale);
-}
-__device__ __forceinline__ void rope_rotate(float* row, int64_t i, float2 cs, const RopeStoreParams& p) {
-    rope_rotate_pair(row, i, cs, p.n_rot, p.neox);
-}
+// RoPE of a row's pair i at position pos as rope_kernel does (rope.cuh).
 __device__ __forceinline__ void rope_pair(float* row, int64_t i, int64_t pos, const RopeStoreParams& p) {
-    rope_rotate(row, i, rope_cos_sin(i, pos, p), p);
+    rope_rotate_pair(row, i, rope_angle(i, pos, p.theta_scale), p.n_rot, p.neox);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr) {
@@ -457,7 +450,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
         copy();
         pos = *p.rope.pos0;
         sh = p.rope.heads[g];
-        for (int i = tid; i < half; i += kSplitThreads) rope_cs[i] = rope_cos_sin(i, pos, p.rope);
+        for (int i = tid; i < half; i += kSplitThreads) rope_cs[i] = rope_angle(i, pos, p.rope.theta_scale);
     }
     pdl_wait();
     pdl_launch_dependents();  // this block is resident already: the next kernel's blocks may start loading
@@ -479,7 +472,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
         pdl_trace_mark(11);
         for (int e = tid; e < (REP + 1) * half; e += kSplitThreads) {  // the REP rows of q, then k
             const int r = e / half, i = e - r * half;
-            rope_rotate(r < REP ? qsm + r * hd : kn, i, rope_cs[i], p.rope);
+            rope_rotate_pair(r < REP ? qsm + r * hd : kn, i, rope_cs[i], p.rope.n_rot, p.rope.neox);
         }
         __syncthreads();
         pdl_trace_mark(12);

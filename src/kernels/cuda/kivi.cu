@@ -302,23 +302,24 @@ template <int D>
 __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int lane) {
     const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8, vbb = p.vf.block_bytes;
     const int t = int(t0);  // a cache's token counts fit 32 bits (its context): no 64-bit division
-    if (KG == kKiviTile && kivi_fast_keys(p, hd, t0)) {
-        // The tile is one key block: its zeros, scales and code rows (4 bits bytes each) are laid
-        // out as the stage holds them, one contiguous copy.
-        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * p.kf.block_bytes;
-        for (int u = lane; u < D / 4 + D * kbits / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
-    } else if (kivi_fast_keys(p, hd, t0)) {
-        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t / KG) * p.kf.block_bytes;
-        for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
-        const uint8_t* codes = blk + 4 * D + (t % KG) * kbits / 8;
-        uint8_t* kc = stage + 4 * D;
-        if (kbits == 2) {
-            for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
+    if (kivi_fast_keys(p, hd, t0)) {
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(KG == kKiviTile ? t >> 5 : t / KG) * p.kf.block_bytes;
+        if (KG == kKiviTile) {
+            // The tile is the key block: its zeros, scales and code rows (4 bits bytes each) are
+            // laid out as the stage holds them, one contiguous copy.
+            for (int u = lane; u < D / 4 + D * kbits / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
         } else {
-            const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
-            for (int idx = lane; idx < D * units; idx += 32) {
-                const int c = idx / units, u = idx - c * units;
-                cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
+            for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
+            const uint8_t* codes = blk + 4 * D + (t % KG) * kbits / 8;
+            uint8_t* kc = stage + 4 * D;
+            if (kbits == 2) {
+                for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
+            } else {
+                const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
+                for (int idx = lane; idx < D * units; idx += 32) {
+                    const int c = idx / units, u = idx - c * units;
+                    cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
+                }
             }
         }
     }
@@ -681,7 +682,8 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     const KiviCodeLane<B> cl(gid);
     const float sscale = cl.unscale * p.scale;  // scores: the codes' scale undone, times 1 / sqrt(D)
 
-    float o[MT][NT][4], m[NT], l[NT], bias[NT][2], zs[NT];
+    float o[MT][NT][4], m[NT], l[NT], bias[NT][2];
+    float zs[NT];  // sum_c q z of the key block in bq, times p.scale
     unsigned bq[MT][NT][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -731,7 +733,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 zsum += __shfl_xor_sync(0xffffffffu, zsum, 4);
                 zsum += __shfl_xor_sync(0xffffffffu, zsum, 8);
                 zsum += __shfl_xor_sync(0xffffffffu, zsum, 16);
-                zs[nt] = zsum;
+                zs[nt] = zsum * p.scale;
             }
         }
 
@@ -789,8 +791,8 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             float s[4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kLoInv, sscale, zs[nt] * p.scale);
-                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kLoInv, sscale, zs[nt] * p.scale);
+                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kLoInv, sscale, zs[nt]);
+                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kLoInv, sscale, zs[nt]);
             }
             float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
