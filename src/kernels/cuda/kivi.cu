@@ -27,7 +27,6 @@ constexpr int kKiviMaxGqa = 8;
 constexpr int kKiviMinStretch = 64;
 constexpr int kMaxSplits = 128;
 constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (windows up to 2K tokens)
-constexpr int kMaxParts = kMaxSplits + kMaxTailSplits;
 
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -130,6 +129,8 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
 // A chunk is whole key blocks, at least 32 tokens.
 __host__ __device__ constexpr int kivi_store_chunk(int key_group) { return key_group < 32 ? 32 : key_group; }
 __host__ __device__ constexpr int kivi_store_ld(int64_t head_dim) { return int(head_dim) + 4; }
+// The store's short path (a decode step) takes (GQA + 2) head_dim floats and head_dim halves of it.
+static_assert((kKiviMaxGqa + 2) * sizeof(float) + sizeof(__half) <= 32 * sizeof(__half), "short path fits a chunk's rows");
 size_t kivi_store_smem(const KiviStoreParams& p) {
     return size_t(kivi_store_chunk(p.kf.group)) * size_t(kivi_store_ld(p.head_dim)) * sizeof(__half);
 }
@@ -244,28 +245,48 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
 }
 
 // The flush of a large write in the default layout (keys and values in groups of 32, 2 or 4
-// bits, head_dim D a multiple of 32 up to 256), without staging through shared memory: block
-// (chunk of 32 write-local tokens, KV head g, role). Keys: a thread per channel loads the chunk's
-// 32 values of it (a warp's loads of a token one 128-byte line; all 32 in flight), takes the
-// first minimum and maximum in token order (kivi::quantize_group's loop) and stores its code row
-// in one 8- or 16-byte store. Values: warp w takes tokens w, w + 4, ...: a lane loads its channel
-// of every row of the token first, then each row goes through quantize_row_warp's shuffles. The
-// staging kernel above (encode_chunk) spent ~80 instructions a value in its serial per-row loops
-// with runtime group sizes (ncu, 2048 tokens: 10.9M warp instructions, 27 us, 16 % of copy).
-// A write-local token's value of channel c as the window holds it (fp16).
-__device__ __forceinline__ float kivi_flush_value(const KvWindowWrite& w, const __half* ring, const float* x, int64_t stride, int d,
-                                                  int i, int c) {
-    if (i < int(w.pending)) {
-        int slot = int(w.head) + i;
-        if (slot >= int(w.slots)) slot -= int(w.slots);
-        return __half2float(ring[int64_t(slot) * d + c]);
+// bits, head_dim D 64 or 128), without staging through shared memory: block (chunk of 32
+// write-local tokens, KV head g, role), a group of 32 values a thread in registers. Keys: a thread
+// per channel loads the chunk's 32 values of it (a warp's loads of a token one 128-byte line, all
+// 32 in flight); values: a thread per (token, row of 32 channels) loads its row (16-byte loads).
+// Each takes the first minimum and maximum in order (kivi::quantize_group's loop) and writes its
+// packed row in one or two 8-byte stores. The staging form (encode_chunk) spent ~80 instructions
+// a value in serial per-row loops with runtime group sizes (ncu, 2048 tokens: 10.9M warp
+// instructions, 27 us, 16 % of copy); a warp per value row (quantize_row_warp) still 26.5 us.
+constexpr int kFlushGroup = 32;
+template <int BITS>
+__device__ __forceinline__ void kivi_quantize_regs(const float (&v)[kFlushGroup], uint8_t* zero, uint8_t* scale, uint8_t* codes) {
+    constexpr float qmax = float((1 << BITS) - 1);
+    float mn = v[0], mx = v[0];
+    bool nan = false;
+#pragma unroll
+    for (int t = 0; t < kFlushGroup; ++t) {
+        if (v[t] < mn) mn = v[t];
+        if (v[t] > mx) mx = v[t];
+        nan |= v[t] != v[t];
     }
-    return __half2float(__float2half_rn(x[int64_t(i - int(w.pending)) * stride + c]));
+    const KiviZeroScale zs(mn, mx, nan, qmax);
+    unsigned words[BITS] = {};
+#pragma unroll
+    for (int t = 0; t < kFlushGroup; ++t) {
+        const unsigned code = zs.s > 0.0f ? kivi_code(v[t], zs.z, zs.s, qmax) : 0u;
+        words[t * BITS / 32] |= code << ((t * BITS) % 32);
+    }
+    *reinterpret_cast<uint16_t*>(zero) = zs.z16;
+    *reinterpret_cast<uint16_t*>(scale) = zs.s16;
+#pragma unroll
+    for (int w = 0; w < BITS; w += 2) *reinterpret_cast<uint2*>(codes + 4 * w) = make_uint2(words[w], words[w + 1]);
+}
+// Write-local token i's slot in stream w's window (i < w.pending) or null (a row of x).
+__device__ __forceinline__ int kivi_flush_slot(const KvWindowWrite& w, int i) {
+    if (i >= int(w.pending)) return -1;
+    const int slot = int(w.head) + i;
+    return slot >= int(w.slots) ? slot - int(w.slots) : slot;
 }
 template <int D, int KB, int VB>
-__global__ void __launch_bounds__(kStoreThreads, 8) kivi_flush_kernel(KiviStoreParams p) {
+__global__ void __launch_bounds__(kStoreThreads, 4) kivi_flush_kernel(KiviStoreParams p) {
     pdl_wait();
-    constexpr int G = 32;
+    constexpr int G = kFlushGroup;
     const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x) * G;
     const KvWindowWrite w = p.plan[role];
     const int cnt = min(G, int(w.encoded) - i0);
@@ -274,55 +295,43 @@ __global__ void __launch_bounds__(kStoreThreads, 8) kivi_flush_kernel(KiviStoreP
     const int64_t stride = p.n_head_kv * D;
     const float* x = (role ? p.v : p.k) + int64_t(g) * D;
     const auto* ring = reinterpret_cast<const __half*>(role ? h.vw : h.kw);
+    float v[G];
     if (role == 0) {  // cnt == G: keys are encoded in whole blocks
-        constexpr float qmax = float((1 << KB) - 1);
         uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + i0 / G) * int64_t(D * (4 + G * KB / 8));
         for (int c = threadIdx.x; c < D; c += kStoreThreads) {
-            float v[G];
-            if (i0 >= int(w.pending)) {  // the whole chunk from x (a prefill's): a pointer stepping by rows
-                const float* xt = x + int64_t(i0 - int(w.pending)) * stride + c;
-#pragma unroll
-                for (int t = 0; t < G; ++t, xt += stride) v[t] = __half2float(__float2half_rn(*xt));
-            } else {
-#pragma unroll
-                for (int t = 0; t < G; ++t) v[t] = kivi_flush_value(w, ring, x, stride, D, i0 + t, c);
-            }
-            float mn = v[0], mx = v[0];
-            bool nan = false;
 #pragma unroll
             for (int t = 0; t < G; ++t) {
-                if (v[t] < mn) mn = v[t];
-                if (v[t] > mx) mx = v[t];
-                nan |= v[t] != v[t];
+                const int slot = kivi_flush_slot(w, i0 + t);
+                v[t] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
+                                 : __half2float(__float2half_rn(x[int64_t(i0 + t - int(w.pending)) * stride + c]));
             }
-            const KiviZeroScale zs(mn, mx, nan, qmax);
-            unsigned words[KB] = {};
-#pragma unroll
-            for (int t = 0; t < G; ++t) {
-                const unsigned code = zs.s > 0.0f ? kivi_code(v[t], zs.z, zs.s, qmax) : 0u;
-                words[t * KB / 32] |= code << ((t * KB) % 32);
-            }
-            reinterpret_cast<uint16_t*>(blk)[c] = zs.z16;
-            reinterpret_cast<uint16_t*>(blk + 2 * D)[c] = zs.s16;
-            if constexpr (KB == 2) {
-                *reinterpret_cast<uint2*>(blk + 4 * D + c * 8) = make_uint2(words[0], words[1]);
-            } else {
-                *reinterpret_cast<uint4*>(blk + 4 * D + c * 16) = make_uint4(words[0], words[1], words[2], words[3]);
-            }
+            kivi_quantize_regs<KB>(v, blk + 2 * c, blk + 2 * D + 2 * c, blk + 4 * D + c * (G * KB / 8));
         }
         return;
     }
     constexpr int R = D / G, RB = G * VB / 8, TB = R * (4 + RB);  // value rows, bytes a row's codes, a token's block
-    const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    for (int t = warp; t < cnt; t += kStoreThreads / 32) {
-        float v[R];
+    for (int e = threadIdx.x; e < cnt * R; e += kStoreThreads) {
+        const int t = e / R, r = e - t * R, slot = kivi_flush_slot(w, i0 + t);
+        if (slot >= 0) {
+            const auto* src = reinterpret_cast<const uint2*>(ring + int64_t(slot) * D + r * G);
 #pragma unroll
-        for (int r = 0; r < R; ++r) v[r] = kivi_flush_value(w, ring, x, stride, D, i0 + t, r * G + lane);
-        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + t) * int64_t(TB);
+            for (int j = 0; j < G / 4; ++j) {
+                const uint2 u = src[j];
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+                v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = b.x, v[4 * j + 3] = b.y;
+            }
+        } else {
+            const auto* src = reinterpret_cast<const float4*>(x + int64_t(i0 + t - int(w.pending)) * stride + r * G);
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-            quantize_row_warp([&](int) { return v[r]; }, G, VB, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB, lane);
+            for (int j = 0; j < G / 4; ++j) {
+                const float4 f = src[j];
+                v[4 * j] = __half2float(__float2half_rn(f.x)), v[4 * j + 1] = __half2float(__float2half_rn(f.y));
+                v[4 * j + 2] = __half2float(__float2half_rn(f.z)), v[4 * j + 3] = __half2float(__float2half_rn(f.w));
+            }
         }
+        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + t) * int64_t(TB);
+        kivi_quantize_regs<VB>(v, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB);
     }
 }
 // Whether kivi_flush_kernel takes p's formats (the default layout above).
@@ -330,7 +339,8 @@ bool kivi_flush_fits(const KiviStoreParams& p) {
     const auto fmt = [&](const KiviFormatDev& f, int rows) {
         return f.group == 32 && (f.bits == 2 || f.bits == 4) && f.rows == rows;
     };
-    return (p.head_dim == 64 || p.head_dim == 128) && fmt(p.kf, int(p.head_dim)) && fmt(p.vf, int(p.head_dim / 32)) &&
+    const bool aligned = (reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v)) % 16 == 0;  // float4 rows
+    return aligned && (p.head_dim == 64 || p.head_dim == 128) && fmt(p.kf, int(p.head_dim)) && fmt(p.vf, int(p.head_dim / 32)) &&
            p.kf.block_bytes == p.head_dim * (4 + 4 * p.kf.bits) && p.vf.block_bytes == p.head_dim / 32 * (4 + 4 * p.vf.bits);
 }
 template <int D>
@@ -346,7 +356,14 @@ void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
 }
 
 // ... and of a small one (a decode step) in one: block g encodes what the plan flushes, then
-// writes the window rows.
+// writes the window rows. A decode step whose keys flush nothing (all but one step in R) takes a
+// short path: the plan and the heads' table (the step block, written before the pass starts:
+// launch.cuh) are read before the wait; the values' oldest window token, which such a step
+// encodes once the window is full, a warp per row from its ring slot (the new token's slot is
+// another: at most slots - 1 are pending); RoPE and the new k and v from one round of loads;
+// the attention's launch let go at once (this grid is one small block per KV head). On the H200
+// the store took 5.7-7.5 us from its wait to the attention's (VXQ_CUDA_PROFILE=timeline, 1K)
+// when it staged the value token and re-read the rotated k through global memory.
 constexpr int64_t kSmallWrite = 8;  // tokens a write may have for the one-kernel store
 constexpr int kMaxRopePairs = 128;  // head_dim <= 256 (kivi_attention_fits)
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
@@ -354,28 +371,82 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
     __shared__ float2 rope_cs[kMaxRopePairs];
     const KiviRope& r = p.rope;
     const int half = r.q != nullptr ? int(r.n_rot / 2) : 0;
+    const int64_t g = blockIdx.x, d = p.head_dim;
+    const KvWindowWrite wk = p.plan[0], wv = p.plan[1];
     if (half > 0) {
         const int64_t pos = *r.pos0;
         for (int i = threadIdx.x; i < half; i += kStoreThreads) rope_cs[i] = rope_angle(i, pos, r.theta_scale);
     }
+    const int gqa = int(p.n_head_kv > 0 ? r.n_head / p.n_head_kv : 0);
+    if (p.n == 1 && wk.encoded == 0 && (wv.encoded == 0 || (wv.encoded == 1 && wv.pending >= 1))) {
+        const KiviHeadDev h = p.heads[g];
+        auto* kd = reinterpret_cast<uint16_t*>(h.kw) + (wk.head + wk.pending) % wk.slots * d;
+        auto* vd = reinterpret_cast<uint16_t*>(h.vw) + (wv.head + wv.pending) % wv.slots * d;
+        // Every load first, one round: shared memory [gqa][d] q rows (with RoPE), [d] k, [d] v,
+        // then the values' oldest window token (write-local token 0, ring slot wv.head: an
+        // earlier step's, so loaded before the wait). kivi_store_smem holds it for GQA <= 8.
+        const int nq = half > 0 ? gqa * int(d) : 0;
+        auto* sq = reinterpret_cast<float*>(store_smem4);
+        float *sk = sq + nq, *sv = sk + d;
+        auto* sr = reinterpret_cast<__half*>(sv + d);
+        const bool flush_v = wv.encoded == 1;
+        if (flush_v) {
+            const auto* src = reinterpret_cast<const __half*>(h.vw) + wv.head * d;
+            for (int c = threadIdx.x; c < d; c += kStoreThreads) sr[c] = src[c];
+        }
+        pdl_launch_dependents();
+        pdl_wait();
+        const float* qg = half > 0 ? r.q + g * gqa * d : nullptr;
+#pragma unroll 4
+        for (int e = threadIdx.x; e < nq + 2 * int(d); e += kStoreThreads) {
+            sq[e] = e < nq ? qg[e] : e < nq + d ? p.k[g * d + e - nq] : p.v[g * d + e - nq - d];
+        }
+        __syncthreads();
+        if (flush_v) {  // a warp per row; a ragged last row repeats its last channel
+            const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows, rb = G * bits / 8;
+            const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+            uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + wv.packed * p.vf.block_bytes;
+            for (int row = warp; row < rows; row += kStoreThreads / 32) {
+                const int c0 = row * G, last = min(int(d), c0 + G) - 1 - c0;
+                quantize_row_warp([&](int i) { return __half2float(sr[c0 + min(i, last)]); }, G, bits, blk + 2 * row,
+                                  blk + 2 * rows + 2 * row, blk + 4 * rows + row * rb, lane);
+            }
+        }
+        for (int e = threadIdx.x; e < gqa * half; e += kStoreThreads) {
+            const int row = e / half, i = e - row * half;
+            const RopePair y = rope_pair(sq + row * d, i, rope_cs[i], r.n_rot, r.neox != 0);
+            float* qr = r.q + (g * gqa + row) * d;
+            qr[y.a] = y.ya, qr[y.b] = y.yb;
+        }
+        for (int e = threadIdx.x; e < d - half; e += kStoreThreads) {  // k's pairs, then its channels past n_rot
+            if (e < half) {
+                const RopePair y = rope_pair(sk, e, rope_cs[e], r.n_rot, r.neox != 0);
+                r.k[g * d + y.a] = y.ya, r.k[g * d + y.b] = y.yb;  // r.k is p.k where it rotates (the backend checks)
+                kd[y.a] = kv_half_bits(y.ya), kd[y.b] = kv_half_bits(y.yb);
+            } else {
+                kd[e + half] = kv_half_bits(sk[e + half]);
+            }
+        }
+        for (int c = threadIdx.x; c < d; c += kStoreThreads) vd[c] = kv_half_bits(sv[c]);
+        return;
+    }
     pdl_wait();
-    const int64_t g = blockIdx.x, T = kivi_store_chunk(p.kf.group);
+    const int64_t T = kivi_store_chunk(p.kf.group);
     if (half > 0) {  // the step's RoPE (KiviRope): q's rows of g's query heads, then k's row of g
         __syncthreads();
-        const int gqa = int(r.n_head / p.n_head_kv);
         for (int e = threadIdx.x; e < (gqa + 1) * half; e += kStoreThreads) {
             const int row = e / half, i = e - row * half;
-            float* x = row < gqa ? r.q + (g * gqa + row) * p.head_dim : r.k + g * p.head_dim;
+            float* x = row < gqa ? r.q + (g * gqa + row) * d : r.k + g * d;
             rope_rotate_pair(x, i, rope_cs[i], r.n_rot, r.neox != 0);
         }
         __syncthreads();  // the rotated k row is read below (global memory, this block)
     }
-    const int64_t most = max64(p.plan[0].encoded, p.plan[1].encoded);
+    const int64_t most = max64(wk.encoded, wv.encoded);
     for (int64_t chunk = 0; chunk * T < most; ++chunk) {
         encode_chunk(p, g, chunk, reinterpret_cast<__half*>(store_smem4), threadIdx.x, kStoreThreads);
     }
-    // No early pdl_launch_dependents: the attention's grid fills the GPU, and its blocks would
-    // queue behind this kernel's on the SMs this kernel holds.
+    // No early pdl_launch_dependents here: the attention's grid fills the GPU, and its blocks
+    // would queue behind this kernel's on the SMs this kernel holds while it encodes.
     for (int role = 0; role < 2; ++role) {
         for (int64_t j = 0; j < p.n; ++j) window_token(p, role, g, j, threadIdx.x, kStoreThreads);
     }
@@ -1227,8 +1298,8 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 1
     const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
+    const KiviHeadDev hd = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
     pdl_wait();
-    const KiviHeadDev hd = p.heads[g];
     const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
     auto* q_s = reinterpret_cast<float*>(smem);
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
@@ -1273,40 +1344,59 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 1
 }
 
 // out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M). Block (row,
-// 32-channel chunk): its threads take the splits' weights in parallel (shared memory), then warp w
-// sums the o of splits w, w + 4, ... for a channel a lane, several loads in flight, and the four
-// sums are added in shared memory. (A block per row, a thread per channel summing every split in
-// turn, was a chain of ~70 dependent load rounds at 32K tokens: ~12 us, a fifth of the call.)
-constexpr int kMergeThreads = 128, kMergeWarps = kMergeThreads / 32;
-static_assert(kMergeWarps == 4, "the merge adds four warps' sums");
+// 32-channel chunk) of 8 warps: warp w folds parts w, w + 8, ... into a running (max, sum, o: a
+// channel a lane) with kMergeUnroll parts' loads in flight (at 32K tokens, ~70 parts: one round of
+// loads), then warp 0 merges the eight states. Before: the maximum, the weights and the sums in
+// three rounds of loads (~3 us a layer end to end at 1K on the H200, the launch included); before
+// that a block per row walking ~70 splits serially (~12 us at 32K).
+constexpr int kMergeWarps = 8, kMergeThreads = 32 * kMergeWarps, kMergeUnroll = 12;
 __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) {
-    __shared__ float weight[kMaxParts];
-    __shared__ float red[kMergeWarps];
-    __shared__ float sums[kMergeWarps][32];
+    __shared__ float state[kMergeWarps][34];  // o of the block's 32 channels, max, sum
     pdl_wait();
     const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const int64_t c = int64_t(blockIdx.y) * 32 + lane;
+    const int64_t c = int64_t(blockIdx.y) * 32 + lane, cl = c < d ? c : d - 1;  // lanes past d load a channel, write none
     const float* part = p.partial + row * n * (d + 2);
-    float m = -INFINITY;
-    for (int64_t z = threadIdx.x; z < n; z += kMergeThreads) m = fmaxf(m, part[z * (d + 2) + d]);
-    const float mx = block_reduce<kMergeWarps>(m, red, true);
-    float sum = 0.0f;
-    for (int64_t z = threadIdx.x; z < n; z += kMergeThreads) {
-        const float mz = part[z * (d + 2) + d];
-        const float w = mz == -INFINITY ? 0.0f : expf(mz - mx);
-        weight[z] = w;
-        sum += w * part[z * (d + 2) + d + 1];
+    float m = -INFINITY, l = 0.0f, o = 0.0f;
+    for (int64_t z0 = warp; z0 < n; z0 += kMergeWarps * kMergeUnroll) {
+        float mz[kMergeUnroll], lz[kMergeUnroll], oz[kMergeUnroll];
+#pragma unroll
+        for (int u = 0; u < kMergeUnroll; ++u) {
+            const int64_t z = z0 + int64_t(u) * kMergeWarps;
+            const float* pz = part + (z < n ? z : 0) * (d + 2);
+            mz[u] = z < n ? pz[d] : -INFINITY;
+            lz[u] = pz[d + 1];
+            oz[u] = pz[cl];
+        }
+        float mn = m;
+#pragma unroll
+        for (int u = 0; u < kMergeUnroll; ++u) mn = fmaxf(mn, mz[u]);
+        if (mn == -INFINITY) continue;  // no token in these parts
+        const float a = m == -INFINITY ? 0.0f : expf(m - mn);
+        l *= a;
+        o *= a;
+#pragma unroll
+        for (int u = 0; u < kMergeUnroll; ++u) {
+            const float w = mz[u] == -INFINITY ? 0.0f : expf(mz[u] - mn);
+            l = fmaf(w, lz[u], l);
+            o = fmaf(w, oz[u], o);
+        }
+        m = mn;
     }
-    const float total = block_reduce<kMergeWarps>(sum, red, false);  // its barriers publish the weights
-    float acc = 0.0f;
-    if (c < d) {
-#pragma unroll 8
-        for (int64_t z = warp; z < n; z += kMergeWarps) acc += weight[z] * part[z * (d + 2) + c];
-    }
-    sums[warp][lane] = acc;
+    state[warp][lane] = o;
+    if (lane == 0) state[warp][32] = m, state[warp][33] = l;
     __syncthreads();
-    if (warp == 0 && c < d) p.out[row * d + c] = (((sums[0][lane] + sums[1][lane]) + sums[2][lane]) + sums[3][lane]) / total;
+    if (warp == 0 && c < d) {
+        float mx = -INFINITY, total = 0.0f, acc = 0.0f;
+        for (int w = 0; w < kMergeWarps; ++w) mx = fmaxf(mx, state[w][32]);
+        for (int w = 0; w < kMergeWarps; ++w) {
+            if (state[w][32] == -INFINITY) continue;
+            const float e = expf(state[w][32] - mx);
+            total = fmaf(e, state[w][33], total);
+            acc = fmaf(e, state[w][lane], acc);
+        }
+        p.out[row * d + c] = acc / total;
+    }
 }
 
 template <int D, int B, int NT, int VGS = 0>

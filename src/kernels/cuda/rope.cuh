@@ -19,13 +19,22 @@ __device__ __forceinline__ float2 rope_angle(int64_t i, int64_t pos, float theta
     for (int64_t k = 0; k < i; ++k) theta = __fmul_rn(theta, theta_scale);
     return make_float2(cosf(theta), sinf(theta));
 }
-// Pair i of a row of n_rot rotated values (neox: i and i + n_rot / 2; else 2 i and 2 i + 1).
-__device__ __forceinline__ void rope_rotate_pair(float* row, int64_t i, float2 cs, int64_t n_rot, bool neox) {
+// Pair i of a row of n_rot rotated values (neox: i and i + n_rot / 2; else 2 i and 2 i + 1):
+// where the pair lies and its rotated values.
+struct RopePair {
+    int64_t a, b;
+    float ya, yb;
+};
+__device__ __forceinline__ RopePair rope_pair(const float* row, int64_t i, float2 cs, int64_t n_rot, bool neox) {
     const int64_t a = neox ? i : 2 * i;
     const int64_t b = neox ? i + n_rot / 2 : 2 * i + 1;
     const float x0 = row[a], x1 = row[b];
-    row[a] = fmaf(x0, cs.x, -__fmul_rn(x1, cs.y));
-    row[b] = fmaf(x0, cs.y, __fmul_rn(x1, cs.x));
+    return RopePair{a, b, fmaf(x0, cs.x, -__fmul_rn(x1, cs.y)), fmaf(x0, cs.y, __fmul_rn(x1, cs.x))};
+}
+__device__ __forceinline__ void rope_rotate_pair(float* row, int64_t i, float2 cs, int64_t n_rot, bool neox) {
+    const RopePair r = rope_pair(row, i, cs, n_rot, neox);
+    row[r.a] = r.ya;
+    row[r.b] = r.yb;
 }
 #endif
 
