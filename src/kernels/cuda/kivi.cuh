@@ -5,9 +5,10 @@
 //
 // A write follows the cache's plan (KvCache::reserve_write, kv_view.h): the tokens it encodes
 // are the window's oldest and then new ones, rounded to fp16 as the window holds them; new tokens
-// that are not encoded go into the window. The encoder stages tokens in shared memory and
-// quantizes rows from there; it reads old window slots that the window write may overwrite, so a
-// large write is two kernels in this order and a decode step's one kernel encodes first. The plan
+// that are not encoded go into the window. The encoder reads old window slots that the window
+// write may overwrite, so a large write is two kernels in this order (the default layout's
+// encoder keeps a group in registers, others stage tokens in shared memory) and a decode step's
+// one kernel encodes first (a step whose keys flush nothing: one round of loads). The plan
 // and every address are in device memory (the step block), so a captured decode step stays valid
 // as the cache grows; the grids depend on the batch size and the codec's options only.
 //
