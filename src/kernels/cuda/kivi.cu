@@ -42,6 +42,19 @@ __device__ __forceinline__ unsigned kivi_code(float x, float z, float s, float q
     return unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
 }
 
+// The same code from s's reciprocal (once per group): q = (x - z) * (1 / s) is within 2^-22.4 q of
+// the real quotient, and so of the correctly rounded one, and rint(clamp(., 0, qmax)) only
+// changes value at the half-integers: where q is farther than 1e-6 max(q, 1) from the nearest
+// one, both give the same code; elsewhere (and for a NaN or infinite q) the division decides.
+// s and x - z are fp16 values and their exact difference, so 1 / s neither overflows nor is
+// subnormal.
+__device__ __forceinline__ unsigned kivi_code_rcp(float x, float z, float s, float inv_s, float qmax) {
+    const float q = __fmul_rn(__fsub_rn(x, z), inv_s);
+    const float h = (q - floorf(q)) - 0.5f;  // exact for |q| < 2^23
+    if (!(fabsf(h) > fmaxf(q, 1.0f) * 1e-6f)) return kivi_code(x, z, s, qmax);
+    return unsigned(rintf(q >= 0.0f ? fminf(q, qmax) : 0.0f));
+}
+
 // A group's zero and scale (fp16 bits) from its first minimum and maximum (kivi::quantize_group).
 // A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).
 struct KiviZeroScale {
@@ -266,10 +279,11 @@ __device__ __forceinline__ void kivi_quantize_regs(const float (&v)[kFlushGroup]
         nan |= v[t] != v[t];
     }
     const KiviZeroScale zs(mn, mx, nan, qmax);
+    const float inv_s = zs.s > 0.0f ? __frcp_rn(zs.s) : 0.0f;
     unsigned words[BITS] = {};
 #pragma unroll
     for (int t = 0; t < kFlushGroup; ++t) {
-        const unsigned code = zs.s > 0.0f ? kivi_code(v[t], zs.z, zs.s, qmax) : 0u;
+        const unsigned code = zs.s > 0.0f ? kivi_code_rcp(v[t], zs.z, zs.s, inv_s, qmax) : 0u;
         words[t * BITS / 32] |= code << ((t * BITS) % 32);
     }
     *reinterpret_cast<uint16_t*>(zero) = zs.z16;
