@@ -42,8 +42,9 @@ __device__ __forceinline__ unsigned kivi_code(float x, float z, float s, float q
     return unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
 }
 
-// The same code from s's reciprocal (once per group): q = (x - z) * (1 / s) is within 2^-22.4 q of
-// the real quotient, and so of the correctly rounded one, and rint(clamp(., 0, qmax)) only
+// The same code from s's reciprocal (once per group): q = (x - z) * (1 / s), two roundings, is
+// within 2^-23 q of the real quotient and 1.5 2^-23 q of the correctly rounded one, and
+// rint(clamp(., 0, qmax)) only
 // changes value at the half-integers: where q is farther than 1e-6 max(q, 1) from the nearest
 // one, both give the same code; elsewhere (and for a NaN or infinite q) the division decides.
 // s and x - z are fp16 values and their exact difference, so 1 / s neither overflows nor is
