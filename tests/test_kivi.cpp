@@ -25,6 +25,7 @@
 #include "kv/codec.h"
 #include "kernels/cpu/kv_read_kivi.h"
 #include "kernels/cpu/kv_reader.h"
+#include "kernels/cuda/kivi_code.h"
 #include "kv/formats/kivi.h"
 #include "support/attend.h"
 
@@ -333,6 +334,43 @@ TEST(KiviParity, Rule1RoundHalfEven) {
             EXPECT_EQ(got.xhat[size_t(at)], 2.0f);
             EXPECT_EQ(bad.xhat[size_t(at)], 3.0f);
         }
+    }
+}
+
+// The device encoders' reciprocal form (kernels/cuda/kivi_code.h: codes from (x - z) * (1 / s),
+// the division only near a half-integer) against the codec's division, on fp16 values at, next
+// to and between the half-integers of random groups (zeros in [-4, 4], scales 2^-12 .. 2^6, the
+// neighbouring fp16 bit patterns of each target), for every width the format takes. The
+// near-tie branch must be taken, or the crafted values missed what the test is about.
+TEST(KiviParity, ReciprocalCodeEqualsDivision) {
+    std::mt19937 rng(20261204);
+    std::uniform_real_distribution<float> zero(-4.0f, 4.0f), log2_scale(-12.0f, 6.0f);
+    for (const int bits : {2, 4, 8}) {
+        SCOPED_TRACE(::testing::Message() << "bits " << bits);
+        const float qmax = float((1 << bits) - 1);
+        int64_t cases = 0, near = 0, wrong = 0;
+        for (int g = 0; g < 40000 / (1 << bits); ++g) {
+            const float z = round_fp16(zero(rng)), s = round_fp16(std::exp2(log2_scale(rng)));
+            const float inv = 1.0f / s;  // correctly rounded, as the device's __frcp_rn
+            for (int k = -1; k <= int(qmax); ++k) {
+                for (const float off : {0.5f, 0.4999f, 0.5001f, 0.0f, 0.25f}) {
+                    const f16_t h = fp32_to_fp16(z + (float(k) + off) * s);
+                    for (int dh = -2; dh <= 2; ++dh) {
+                        const float x = fp16_to_fp32(f16_t(h + dh));
+                        if (!std::isfinite(x)) continue;
+                        const float t = (x - z) / s;  // kivi::quantize_group's code
+                        const auto want = unsigned(std::nearbyint(t >= 0.0f ? std::min(t, qmax) : 0.0f));
+                        wrong += cuda::kivi_code_rcp(x, z, s, inv, qmax) != want;
+                        near += cuda::kivi_code_near_tie((x - z) * inv);
+                        ++cases;
+                    }
+                }
+            }
+        }
+        EXPECT_EQ(wrong, 0) << "of " << cases;
+        EXPECT_GT(near, 0) << "no case went to the division";
+        RecordProperty(fmt::format("bits{}_cases", bits), std::to_string(cases));
+        RecordProperty(fmt::format("bits{}_near_ties", bits), std::to_string(near));
     }
 }
 

@@ -12,6 +12,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/kivi_code.h"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -31,30 +32,6 @@ constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (windo
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-
-// kivi::quantize_group's code of x (s > 0): rint(clamp((x - z) / s, 0, qmax)), the division
-// correctly rounded. A zero numerator (x is the group's minimum: every group has one) is taken
-// apart: __fdiv_rn's range check sends it down its slow path, a subroutine that the whole warp
-// then runs (ncu on the flush of 2048 tokens: a fifth of the encoder's instructions).
-__device__ __forceinline__ unsigned kivi_code(float x, float z, float s, float qmax) {
-    const float num = __fsub_rn(x, z);
-    const float t = num == 0.0f ? 0.0f : __fdiv_rn(num == 0.0f ? s : num, s);
-    return unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
-}
-
-// The same code from s's reciprocal (once per group): q = (x - z) * (1 / s), two roundings, is
-// within 2^-23 q of the real quotient and 1.5 2^-23 q of the correctly rounded one, and
-// rint(clamp(., 0, qmax)) only
-// changes value at the half-integers: where q is farther than 1e-6 max(q, 1) from the nearest
-// one, both give the same code; elsewhere (and for a NaN or infinite q) the division decides.
-// s and x - z are fp16 values and their exact difference, so 1 / s neither overflows nor is
-// subnormal.
-__device__ __forceinline__ unsigned kivi_code_rcp(float x, float z, float s, float inv_s, float qmax) {
-    const float q = __fmul_rn(__fsub_rn(x, z), inv_s);
-    const float h = (q - floorf(q)) - 0.5f;  // exact for |q| < 2^23
-    if (!(fabsf(h) > fmaxf(q, 1.0f) * 1e-6f)) return kivi_code(x, z, s, qmax);
-    return unsigned(rintf(q >= 0.0f ? fminf(q, qmax) : 0.0f));
-}
 
 // A group's zero and scale (fp16 bits) from its first minimum and maximum (kivi::quantize_group).
 // A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).

@@ -1,0 +1,66 @@
+// A KIVI code as kivi::quantize_group computes it (kv/codecs/kivi.cpp): rint(clamp((x - z) / s,
+// 0, qmax)) with the division correctly rounded, for the device encoders (kivi.cu) and, on the
+// host, for the test of the reciprocal form's error argument (tests/test_kivi.cpp). The same
+// arithmetic on both sides: the device spells each rounding (__fsub_rn, __fdiv_rn, __fmul_rn: no
+// contraction), the host's float operations round alike.
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define VXQ_KIVI_CODE_FN __host__ __device__ __forceinline__
+#else
+#define VXQ_KIVI_CODE_FN inline
+#endif
+
+namespace vxq::cuda {
+
+VXQ_KIVI_CODE_FN float kivi_sub(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+VXQ_KIVI_CODE_FN float kivi_mul(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+VXQ_KIVI_CODE_FN float kivi_div(float a, float b) {
+#ifdef __CUDA_ARCH__
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+
+// The code of x in a group of zero z and scale s > 0. A zero numerator (x is the group's
+// minimum: every group has one) is taken apart: __fdiv_rn's range check sends it down its slow
+// path, a subroutine the whole warp then runs (ncu on the flush of 2048 tokens: a fifth of the
+// encoder's instructions).
+VXQ_KIVI_CODE_FN unsigned kivi_code(float x, float z, float s, float qmax) {
+    const float num = kivi_sub(x, z);
+    const float t = num == 0.0f ? 0.0f : kivi_div(num == 0.0f ? s : num, s);
+    return unsigned(rintf(t >= 0.0f ? fminf(t, qmax) : 0.0f));
+}
+
+// The same code from s's reciprocal inv_s = 1 / s (correctly rounded, once per group): q = (x -
+// z) * inv_s, two roundings, is within 2^-23 q of the real quotient and 1.5 2^-23 q of the
+// correctly rounded one, and rint(clamp(., 0, qmax)) only changes value at the half-integers:
+// where q is farther than 1e-6 max(q, 1) from the nearest one both give the same code; nearer
+// (and for a NaN or infinite q) the division decides. Both forms take the same rounded x - z;
+// x, z and s are fp16 values, so 1 / s, x - z and q are normal floats (or 0) and the bound holds.
+VXQ_KIVI_CODE_FN bool kivi_code_near_tie(float q) {
+    const float h = (q - floorf(q)) - 0.5f;  // exact for |q| < 2^23
+    return !(fabsf(h) > fmaxf(q, 1.0f) * 1e-6f);
+}
+VXQ_KIVI_CODE_FN unsigned kivi_code_rcp(float x, float z, float s, float inv_s, float qmax) {
+    const float q = kivi_mul(kivi_sub(x, z), inv_s);
+    if (kivi_code_near_tie(q)) return kivi_code(x, z, s, qmax);
+    return unsigned(rintf(q >= 0.0f ? fminf(q, qmax) : 0.0f));
+}
+
+}  // namespace vxq::cuda
