@@ -46,20 +46,31 @@ struct KiviZeroScale {
     }
 };
 
+// A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's
+// loop), of the n values get(0..n-1).
+struct KiviRange {
+    float mn, mx;
+    bool nan;
+};
+template <class Get>
+__device__ __forceinline__ KiviRange kivi_range(Get get, int n) {
+    KiviRange r{get(0), get(0), false};
+    for (int i = 0; i < n; ++i) {
+        const float x = get(i);
+        if (x < r.mn) r.mn = x;
+        if (x > r.mx) r.mx = x;
+        r.nan |= x != x;
+    }
+    return r;
+}
+
 // kivi::quantize_group + pack_row for the n values get(0..n-1): zero and scale (fp16) and the
 // packed codes of one row.
 template <class Get>
 __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* scale, uint8_t* row) {
-    float mn = get(0), mx = mn;
-    bool nan = false;
-    for (int i = 0; i < n; ++i) {
-        const float x = get(i);
-        if (x < mn) mn = x;
-        if (x > mx) mx = x;
-        nan |= x != x;
-    }
+    const KiviRange g = kivi_range(get, n);
     const float qmax = float((1 << bits) - 1);
-    const KiviZeroScale zs(mn, mx, nan, qmax);
+    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
     *reinterpret_cast<uint16_t*>(zero) = zs.z16;
     *reinterpret_cast<uint16_t*>(scale) = zs.s16;
     const float z = zs.z, s = zs.s;
@@ -109,6 +120,21 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
         unsigned v = code << ((i * bits) & 7);
         for (int o = 1; o < 8 / bits; o <<= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
         if (i < n && (i * bits) % 8 == 0) row[i * bits / 8] = uint8_t(v);
+    }
+}
+
+// Value row r of a token (its d channels in fp16 at tok) into the token's block blk: G channels
+// (a ragged last row repeats its last real channel, as the CPU pads it), by one thread or, Warp,
+// by the 32 lanes of a warp.
+template <bool Warp>
+__device__ __forceinline__ void quantize_value_row(const __half* tok, int d, int r, const KiviFormatDev& vf, uint8_t* blk, int lane) {
+    const int G = vf.group, bits = vf.bits, rows = vf.rows, c0 = r * G, last = min(d, c0 + G) - 1 - c0;
+    const auto get = [&](int i) { return __half2float(tok[c0 + min(i, last)]); };
+    uint8_t *zero = blk + 2 * r, *scale = blk + 2 * rows + 2 * r, *codes = blk + 4 * rows + r * (G * bits / 8);
+    if constexpr (Warp) {
+        quantize_row_warp(get, G, bits, zero, scale, codes, lane);
+    } else {
+        quantize_row(get, G, bits, zero, scale, codes);
     }
 }
 
@@ -186,17 +212,15 @@ __device__ void encode_chunk(const KiviStoreParams& p, int64_t g, int64_t chunk,
         } else {
             // Value token t of the chunk, row r: G channels (a ragged last row repeats its last
             // real channel, as the CPU pads it); a warp per row when there are few rows.
-            const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows, rb = G * bits / 8, warps = nthreads / 32;
+            const int rows = p.vf.rows, warps = nthreads / 32;
             const bool by_warp = cnt * rows <= warps;
             for (int idx = by_warp ? tid / 32 : tid; idx < cnt * rows; idx += by_warp ? warps : nthreads) {
-                const int t = idx / rows, r = idx - t * rows, c0 = r * G, last = min(d, c0 + G) - 1 - c0;
+                const int t = idx / rows, r = idx - t * rows;
                 uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + t) * p.vf.block_bytes;
-                const __half* row = s + t * ld + c0;
-                const auto get = [&](int i) { return __half2float(row[min(i, last)]); };
                 if (by_warp) {
-                    quantize_row_warp(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb, tid & 31);
+                    quantize_value_row<true>(s + t * ld, d, r, p.vf, blk, tid & 31);
                 } else {
-                    quantize_row(get, G, bits, blk + 2 * r, blk + 2 * rows + 2 * r, blk + 4 * rows + r * rb);
+                    quantize_value_row<false>(s + t * ld, d, r, p.vf, blk, 0);
                 }
             }
         }
@@ -248,15 +272,8 @@ constexpr int kFlushGroup = 32;
 template <int BITS>
 __device__ __forceinline__ void kivi_quantize_regs(const float (&v)[kFlushGroup], uint8_t* zero, uint8_t* scale, uint8_t* codes) {
     constexpr float qmax = float((1 << BITS) - 1);
-    float mn = v[0], mx = v[0];
-    bool nan = false;
-#pragma unroll
-    for (int t = 0; t < kFlushGroup; ++t) {
-        if (v[t] < mn) mn = v[t];
-        if (v[t] > mx) mx = v[t];
-        nan |= v[t] != v[t];
-    }
-    const KiviZeroScale zs(mn, mx, nan, qmax);
+    const KiviRange g = kivi_range([&](int t) { return v[t]; }, kFlushGroup);
+    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
     const float inv_s = zs.s > 0.0f ? __frcp_rn(zs.s) : 0.0f;
     unsigned words[BITS] = {};
 #pragma unroll
@@ -326,14 +343,16 @@ __global__ void __launch_bounds__(kStoreThreads, 4) kivi_flush_kernel(KiviStoreP
         kivi_quantize_regs<VB>(v, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB);
     }
 }
+// Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
+// tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes.
+bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
+    return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
+}
 // Whether kivi_flush_kernel takes p's formats (the default layout above).
 bool kivi_flush_fits(const KiviStoreParams& p) {
-    const auto fmt = [&](const KiviFormatDev& f, int rows) {
-        return f.group == 32 && (f.bits == 2 || f.bits == 4) && f.rows == rows;
-    };
     const bool aligned = (reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v)) % 16 == 0;  // float4 rows
-    return aligned && (p.head_dim == 64 || p.head_dim == 128) && fmt(p.kf, int(p.head_dim)) && fmt(p.vf, int(p.head_dim / 32)) &&
-           p.kf.block_bytes == p.head_dim * (4 + 4 * p.kf.bits) && p.vf.block_bytes == p.head_dim / 32 * (4 + 4 * p.vf.bits);
+    return aligned && (p.head_dim == 64 || p.head_dim == 128) && (p.kf.bits == 2 || p.kf.bits == 4) &&
+           (p.vf.bits == 2 || p.vf.bits == 4) && kivi_group32(p.kf, p.head_dim) && kivi_group32(p.vf, p.head_dim / 32);
 }
 template <int D>
 void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
@@ -394,14 +413,10 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
             sq[e] = e < nq ? qg[e] : e < nq + d ? p.k[g * d + e - nq] : p.v[g * d + e - nq - d];
         }
         __syncthreads();
-        if (flush_v) {  // a warp per row; a ragged last row repeats its last channel
-            const int G = p.vf.group, bits = p.vf.bits, rows = p.vf.rows, rb = G * bits / 8;
-            const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+        if (flush_v) {  // a warp per row
             uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + wv.packed * p.vf.block_bytes;
-            for (int row = warp; row < rows; row += kStoreThreads / 32) {
-                const int c0 = row * G, last = min(int(d), c0 + G) - 1 - c0;
-                quantize_row_warp([&](int i) { return __half2float(sr[c0 + min(i, last)]); }, G, bits, blk + 2 * row,
-                                  blk + 2 * rows + 2 * row, blk + 4 * rows + row * rb, lane);
+            for (int row = threadIdx.x / 32; row < p.vf.rows; row += kStoreThreads / 32) {
+                quantize_value_row<true>(sr, int(d), row, p.vf, blk, threadIdx.x & 31);
             }
         }
         for (int e = threadIdx.x; e < gqa * half; e += kStoreThreads) {
@@ -1405,8 +1420,7 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 template <int D, int B>
 void launch_tensor_cores(const KiviAttentionParams& p, cudaStream_t st) {
     const bool two_tiles = p.n_head / p.n_head_kv > 4;
-    const bool g32 = p.vf.group == 32 && p.vf.rows == D / 32 && p.vf.block_bytes == (D / 32) * (4 + 4 * B);
-    if (g32) {
+    if (kivi_group32(p.vf, D / 32)) {
         two_tiles ? launch_attention<D, B, 2, 32>(p, st) : launch_attention<D, B, 1, 32>(p, st);
     } else {
         two_tiles ? launch_attention<D, B, 2>(p, st) : launch_attention<D, B, 1>(p, st);
