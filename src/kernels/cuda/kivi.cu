@@ -73,11 +73,11 @@ __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* s
     const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
     *reinterpret_cast<uint16_t*>(zero) = zs.z16;
     *reinterpret_cast<uint16_t*>(scale) = zs.s16;
-    const float z = zs.z, s = zs.s;
+    const float z = zs.z, s = zs.s, inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
     unsigned acc = 0;
     int filled = 0;
     for (int i = 0; i < n; ++i) {
-        const unsigned code = s > 0.0f ? kivi_code(get(i), z, s, qmax) : 0u;
+        const unsigned code = s > 0.0f ? kivi_code_rcp(get(i), z, s, inv_s, qmax) : 0u;
         acc |= code << filled;
         filled += bits;
         if (filled == 8) {
@@ -113,10 +113,10 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
         *reinterpret_cast<uint16_t*>(zero) = zs.z16;
         *reinterpret_cast<uint16_t*>(scale) = zs.s16;
     }
-    const float z = zs.z, s = zs.s;
+    const float z = zs.z, s = zs.s, inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
     for (int base = 0; base < n; base += 32) {
         const int i = base + lane;
-        const unsigned code = i < n && s > 0.0f ? kivi_code(get(i), z, s, qmax) : 0u;
+        const unsigned code = i < n && s > 0.0f ? kivi_code_rcp(get(i), z, s, inv_s, qmax) : 0u;
         unsigned v = code << ((i * bits) & 7);
         for (int o = 1; o < 8 / bits; o <<= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
         if (i < n && (i * bits) % 8 == 0) row[i * bits / 8] = uint8_t(v);
