@@ -35,15 +35,18 @@ __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b
 
 // A group's zero and scale (fp16 bits) from its first minimum and maximum (kivi::quantize_group).
 // A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).
+// code(x): x's code in the group (kivi_code.h: from the scale's reciprocal; 0 where s is not > 0).
 struct KiviZeroScale {
     uint16_t z16, s16;
-    float z, s;  // as the codes are computed from them
-    __device__ __forceinline__ KiviZeroScale(float mn, float mx, bool nan, float qmax) {
+    float z, s, inv_s, qmax;  // z and s as the codes are computed from them
+    __device__ __forceinline__ KiviZeroScale(float mn, float mx, bool nan, float qmax_) : qmax(qmax_) {
         z16 = nan ? uint16_t(0x7e00) : kv_half_bits(mn);
         s16 = nan ? uint16_t(0x7e00) : kv_half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
         z = __half2float(__ushort_as_half(z16));
         s = __half2float(__ushort_as_half(s16));
+        inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
     }
+    __device__ __forceinline__ unsigned code(float x) const { return s > 0.0f ? kivi_code_rcp(x, z, s, inv_s, qmax) : 0u; }
 };
 
 // A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's
@@ -54,7 +57,8 @@ struct KiviRange {
 };
 template <class Get>
 __device__ __forceinline__ KiviRange kivi_range(Get get, int n) {
-    KiviRange r{get(0), get(0), false};
+    const float x0 = get(0);
+    KiviRange r{x0, x0, false};
     for (int i = 0; i < n; ++i) {
         const float x = get(i);
         if (x < r.mn) r.mn = x;
@@ -73,11 +77,10 @@ __device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* s
     const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
     *reinterpret_cast<uint16_t*>(zero) = zs.z16;
     *reinterpret_cast<uint16_t*>(scale) = zs.s16;
-    const float z = zs.z, s = zs.s, inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
     unsigned acc = 0;
     int filled = 0;
     for (int i = 0; i < n; ++i) {
-        const unsigned code = s > 0.0f ? kivi_code_rcp(get(i), z, s, inv_s, qmax) : 0u;
+        const unsigned code = zs.code(get(i));
         acc |= code << filled;
         filled += bits;
         if (filled == 8) {
@@ -113,10 +116,9 @@ __device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8
         *reinterpret_cast<uint16_t*>(zero) = zs.z16;
         *reinterpret_cast<uint16_t*>(scale) = zs.s16;
     }
-    const float z = zs.z, s = zs.s, inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
     for (int base = 0; base < n; base += 32) {
         const int i = base + lane;
-        const unsigned code = i < n && s > 0.0f ? kivi_code_rcp(get(i), z, s, inv_s, qmax) : 0u;
+        const unsigned code = i < n ? zs.code(get(i)) : 0u;
         unsigned v = code << ((i * bits) & 7);
         for (int o = 1; o < 8 / bits; o <<= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
         if (i < n && (i * bits) % 8 == 0) row[i * bits / 8] = uint8_t(v);
@@ -274,11 +276,10 @@ __device__ __forceinline__ void kivi_quantize_regs(const float (&v)[kFlushGroup]
     constexpr float qmax = float((1 << BITS) - 1);
     const KiviRange g = kivi_range([&](int t) { return v[t]; }, kFlushGroup);
     const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
-    const float inv_s = zs.s > 0.0f ? __frcp_rn(zs.s) : 0.0f;
     unsigned words[BITS] = {};
 #pragma unroll
     for (int t = 0; t < kFlushGroup; ++t) {
-        const unsigned code = zs.s > 0.0f ? kivi_code_rcp(v[t], zs.z, zs.s, inv_s, qmax) : 0u;
+        const unsigned code = zs.code(v[t]);
         words[t * BITS / 32] |= code << ((t * BITS) % 32);
     }
     *reinterpret_cast<uint16_t*>(zero) = zs.z16;
