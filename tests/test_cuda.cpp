@@ -1347,13 +1347,6 @@ TEST(Cuda, AttentionRefusesOtherKvFormatsAndHostCachesByName) {
     EXPECT_THROW(be->kv_write(*kivi_gqa16, 0, 0, k.data(), k.data(), 4), Error);
 }
 
-// KIVI in device memory, through a prompt, single tokens across key flushes, a batch that
-// flushes more than the window holds and a rollback into a key block: after each, the device
-// cache's blocks and windows equal the CPU cache's bit for bit (the store follows the CPU codec,
-// kivi.cuh), and the attention of one query (decode) and of a batch of queries equals the CPU
-// backend's fused kernel (both f32, summed in other orders: 2e-5 on outputs of size ~1). The
-// cases take both key paths (G a multiple of 32: codes in shared memory; G = 8: per element),
-// ragged value rows (head_dim 96, G = 64), 1-8 lanes' channels per lane, GQA 1-8.
 // Which form the KIVI attention takes and how many partials it writes: host logic, no GPU needed.
 TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
 #if !VXQ_HAVE_CUDA
@@ -1388,9 +1381,32 @@ TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
     simt([](cuda::KiviAttentionParams& q) { q.head_dim = 96; });
     simt([](cuda::KiviAttentionParams& q) { q.head_dim = 256; });
     simt([](cuda::KiviAttentionParams& q) { q.kf.slots = q.vf.slots = 1 << 20; });  // windows past the tail splits' cap
+    // A batch of >= 64 queries: the prefill form (head_dim 32-128, any codes), no partials.
+    EXPECT_FALSE(cuda::kivi_prefill(p));
+    p.n_q = 64;
+    EXPECT_TRUE(cuda::kivi_prefill(p));
+    EXPECT_EQ(cuda::kivi_attention_scratch_floats(p), 0u);
+    p.kf.bits = p.vf.bits = 8;
+    EXPECT_TRUE(cuda::kivi_prefill(p));
+    p.n_q = 63;
+    EXPECT_FALSE(cuda::kivi_prefill(p));
+    p.n_q = 512;
+    p.head_dim = 256;
+    EXPECT_FALSE(cuda::kivi_prefill(p));
+    p.head_dim = 128;
+    p.simt = 1;
+    EXPECT_FALSE(cuda::kivi_prefill(p));
 #endif
 }
 
+// KIVI in device memory, through a prompt, single tokens across key flushes, a batch that
+// flushes more than the window holds and a rollback into a key block: after each, the device
+// cache's blocks and windows equal the CPU cache's bit for bit (the store follows the CPU codec,
+// kivi.cuh), and the attention of one query (decode) and of a batch of queries equals the CPU
+// backend's fused kernel (both f32, summed in other orders: 2e-5 on outputs of size ~1). The
+// cases take both key paths (G a multiple of 32: codes in shared memory; G = 8: per element),
+// ragged value rows (head_dim 96, G = 64), 1-8 lanes' channels per lane, GQA 1-8; batches of
+// 517 and 300 queries the prefill form (head_dim <= 128), 33 queries the per-query form.
 TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(be);
     const uint32_t seed = fresh_seed();
@@ -1443,6 +1459,7 @@ TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
         };
         write(517);
         check("a prompt of 517", 1);
+        check("a prompt of 517, every query", 517);
         for (int i = 1; i <= 150; ++i) {
             write(1);
             if (i % 37 == 0) check("single token " + std::to_string(i), 1);

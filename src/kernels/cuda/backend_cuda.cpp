@@ -145,6 +145,7 @@ public:
         const char* xr = std::getenv("VXQ_GEMV1_X_REGS");
         set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM")) attn_stream_ = std::clamp(std::atoi(sm), 0, 4);
+        if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
         }
@@ -796,6 +797,7 @@ private:
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         KiviAttentionParams p = zeroed<KiviAttentionParams>();
         p.splits = kivi_attention_splits(n_q, view.n_head_kv);
+        p.prefill_min = kivi_prefill_min_;
         p.n_q = n_q;
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
@@ -1394,6 +1396,7 @@ private:
     int attn_tile_ = kAttnSplitTile, attn_stages_ = kAttnSplitStages;  // VXQ_CUDA_ATTN_TILE / _STAGES
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
+    int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;

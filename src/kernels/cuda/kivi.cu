@@ -1407,6 +1407,267 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
     }
 }
 
+// ---- prefill: a block of queries on tensor cores (flash-style) ----------------------------------
+// Block (query block, KV head g) takes kPfRows rows (query, head): the kPfRows / gqa consecutive
+// queries of the block times g's query heads, row r = query r / gqa, head r % gqa. Warp w owns rows
+// 16 w .. 16 w + 15 (an MMA's m-tile). The block walks the tokens its last query sees in 32-token
+// tiles: all 128 threads stage a tile's keys ([token][channel]) and values (transposed,
+// [channel][token]) in shared memory as fp16 hi + lo halves of the f32 numbers kivi.h's reader
+// gives (packed tokens fma(code, s, z), window tokens their fp16: both exact in f32), then each
+// warp computes its rows' scores (q hi/lo x k hi/lo: hi*hi, hi*lo, lo*hi, the lo parts scaled by
+// 2^11, mma.cuh), keeps the online softmax of its rows in registers (a row's 32 tokens on its 4
+// lanes tig) and adds P V into one accumulator of 2^11 o: (2^11 p_hi) v_hi + p_hi v_lo + p_lo v_hi
+// (p <= 1, so 2^11 p_hi is an exact fp16 number). The products are f32-exact to ~2^-22 and the
+// tensor cores add in f32: dequantize-then-attend within ~1e-6 relative, as the decode forms. The
+// tile's keys and values are staged once for the block's rows, where the per-query form (above)
+// reads and converts them once per query: at a 512-token prompt chunk over 32K tokens that is 128
+// query heads' worth of work per byte against 4.
+constexpr int kPfWarps = 4, kPfRows = 16 * kPfWarps, kPfTile = 32;
+__host__ __device__ constexpr int kivi_pf_qpitch(int d) { return d + 8; }  // halves: rows 4 banks apart
+constexpr int kPfVPitch = kPfTile + 8;                                     // halves of a value channel's row
+__host__ __device__ constexpr size_t kivi_pf_smem(int d) {
+    return 2 * 2 * (size_t(kPfRows + kPfTile) * size_t(kivi_pf_qpitch(d)) + size_t(d) * kPfVPitch);
+}
+}  // namespace
+
+bool kivi_prefill(const KiviAttentionParams& p) {
+    return !p.simt && p.n_q >= (p.prefill_min > 0 ? p.prefill_min : kKiviPrefillMinQueries) && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 96 || p.head_dim == 128);
+}
+
+namespace {
+
+// Channels c .. c + 7 of packed token t (role 0 keys, 1 values) as f32, fma(code, s, z) as
+// kivi.h reads them (kivi_tail_packed8's arithmetic; the group's division once per call where
+// the 8 channels share a value row).
+template <int D>
+__device__ __forceinline__ void kivi_pf_packed8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, float* x) {
+    const KiviFormatDev& f = role ? p.vf : p.kf;
+    const unsigned mask = (1u << f.bits) - 1;
+    const int G = f.group, rb = G * f.bits / 8;
+    if (role == 0) {  // key block t / G: zeros [D], scales [D] (16-byte aligned: D % 32 == 0), code rows
+        const int b = t / G, bit = (t - b * G) * f.bits;
+        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(b) * f.block_bytes;
+        const uint4 zr = *reinterpret_cast<const uint4*>(blk + 2 * c), sr = *reinterpret_cast<const uint4*>(blk + 2 * D + 2 * c);
+        const auto* z2 = reinterpret_cast<const __half2*>(&zr);
+        const auto* s2 = reinterpret_cast<const __half2*>(&sr);
+        const uint8_t* codes = blk + 4 * D + c * rb + (bit >> 3);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const float2 z = __half22float2(z2[e / 2]), s = __half22float2(s2[e / 2]);
+            x[e] = fmaf(float((codes[e * rb] >> (bit & 7)) & mask), s.x, z.x);
+            x[e + 1] = fmaf(float((codes[(e + 1) * rb] >> (bit & 7)) & mask), s.y, z.y);
+        }
+        return;
+    }
+    const int rows = f.rows;
+    const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * f.block_bytes;
+    if (G % 8 == 0) {  // the 8 channels lie in one row
+        const int r = c / G, bit0 = (c - r * G) * f.bits;
+        const float s = kv_half_at(blk + 2 * rows + 2 * r), z = kv_half_at(blk + 2 * r);
+        const uint8_t* codes = blk + 4 * rows + r * rb;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+            const int bit = bit0 + e * f.bits;
+            x[e] = fmaf(float((codes[bit >> 3] >> (bit & 7)) & mask), s, z);
+        }
+        return;
+    }
+    kivi_tail_packed8<D>(p, hd, role, t, c, x);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttentionParams p) {
+    extern __shared__ float4 smem4[];
+    constexpr int QP = kivi_pf_qpitch(D), VP = kPfVPitch, NTO = D / 8;  // NTO: the output's n-tiles
+    auto* qh = reinterpret_cast<__half*>(smem4);
+    __half* ql = qh + kPfRows * QP;
+    __half* kh = ql + kPfRows * QP;
+    __half* kl = kh + kPfTile * QP;
+    __half* vh = kl + kPfTile * QP;
+    __half* vl = vh + D * VP;
+    const int gqa = int(p.n_head / p.n_head_kv), qb = kPfRows / gqa;  // queries a block takes
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
+    const int64_t g = blockIdx.y, i0 = int64_t(blockIdx.x) * qb;
+    const KiviHeadDev hd = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
+    pdl_wait();
+    // q's rows as hi / lo halves (rows past the block's queries zero).
+    for (int e = tid; e < kPfRows * D / 2; e += kPfWarps * 32) {
+        const int r = e / (D / 2), c = 2 * (e - r * (D / 2));
+        const int64_t i = i0 + r / gqa;
+        float2 x = make_float2(0.0f, 0.0f);
+        if (r < qb * gqa && i < p.n_q) x = *reinterpret_cast<const float2*>(p.q + (i * p.n_head + g * gqa + r % gqa) * D + c);
+        unsigned hi, lo;
+        split_pair(x.x, x.y, hi, lo);
+        *reinterpret_cast<unsigned*>(qh + r * QP + c) = hi;
+        *reinterpret_cast<unsigned*>(ql + r * QP + c) = lo;
+    }
+    // This thread's rows ra = 16 warp + gid and rb = ra + 8: the tokens their queries see.
+    const int64_t i_last = min64(p.n_q, i0 + qb) - 1, base = hd.n_tokens - p.n_q;
+    const int ra = 16 * warp + gid, rbw = ra + 8;
+    const auto visible = [&](int r) {
+        const int64_t i = i0 + r / gqa;
+        return r < qb * gqa && i < p.n_q ? base + i + 1 : base + i_last + 1;  // padding rows: any count (q is 0)
+    };
+    const int64_t vis_a = visible(ra), vis_b = visible(rbw), n_end = base + i_last + 1;
+    float o[NTO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int nt = 0; nt < NTO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    const unsigned two11 = 0x68006800u;  // fp16 2048 in both halves
+
+    for (int64_t t0 = 0; t0 < n_end; t0 += kPfTile) {
+        __syncthreads();  // the previous tile is read by every warp (and q is staged, the first time)
+        // Stage: item it = (role, 8-channel chunk, token), tokens fastest (a warp's lanes take 32
+        // tokens of one chunk: the transposed value stores fall in distinct banks).
+        for (int it = tid; it < 2 * kPfTile * (D / 8); it += kPfWarps * 32) {
+            const int role = it / (kPfTile * (D / 8)), rem = it - role * (kPfTile * (D / 8));
+            const int t = rem % kPfTile, c = 8 * (rem / kPfTile);
+            const int64_t tok = t0 + t;
+            float x[8];
+            uint4 raw;
+            if (tok >= n_end) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) x[e] = 0.0f;
+            } else if (kivi_tail_window8<D>(p, hd, role, int(tok), c, raw)) {
+                const auto* h2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 f = __half22float2(h2[e]);
+                    x[2 * e] = f.x, x[2 * e + 1] = f.y;
+                }
+            } else {
+                kivi_pf_packed8<D>(p, hd, role, int(tok), c, x);
+            }
+            unsigned hi[4], lo[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) split_pair(x[2 * e], x[2 * e + 1], hi[e], lo[e]);
+            if (role == 0) {
+                *reinterpret_cast<uint4*>(kh + t * QP + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+                *reinterpret_cast<uint4*>(kl + t * QP + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+            } else {
+                auto* vh16 = reinterpret_cast<uint16_t*>(vh);
+                auto* vl16 = reinterpret_cast<uint16_t*>(vl);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    vh16[(c + e) * VP + t] = uint16_t(hi[e / 2] >> (16 * (e & 1)));
+                    vl16[(c + e) * VP + t] = uint16_t(lo[e / 2] >> (16 * (e & 1)));
+                }
+            }
+        }
+        __syncthreads();
+
+        // Scores of rows ra, rb against the tile's 4 n-tiles of 8 tokens: hi*hi in sh, the rest in sx.
+        float sh[4][4], sx[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sh[nt][j] = sx[nt][j] = 0.0f;
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const int c = 16 * kk + 2 * tig;
+            const auto ld = [](const __half* a) { return *reinterpret_cast<const unsigned*>(a); };
+            const unsigned ah[4] = {ld(qh + ra * QP + c), ld(qh + rbw * QP + c), ld(qh + ra * QP + c + 8), ld(qh + rbw * QP + c + 8)};
+            const unsigned al[4] = {ld(ql + ra * QP + c), ld(ql + rbw * QP + c), ld(ql + ra * QP + c + 8), ld(ql + rbw * QP + c + 8)};
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int tk = (8 * nt + gid) * QP + c;
+                const unsigned bh0 = ld(kh + tk), bh1 = ld(kh + tk + 8), bl0 = ld(kl + tk), bl1 = ld(kl + tk + 8);
+                mma_f16(sh[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
+                mma_f16(sx[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
+                mma_f16(sx[nt], al[0], al[1], al[2], al[3], bh0, bh1);
+            }
+        }
+        // The online softmax of rows ra (j = 0, 1) and rb (j = 2, 3): token 8 nt + 2 tig + (j & 1).
+        float pr[4][4];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int64_t vis = half ? vis_b : vis_a;
+            float s[4][2], mx = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int j = 2 * half + u;
+                    const int64_t tok = t0 + 8 * nt + 2 * tig + u;
+                    s[nt][u] = tok < vis ? (sh[nt][j] + sx[nt][j] * kLoInv) * p.scale : -INFINITY;
+                    mx = fmaxf(mx, s[nt][u]);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[half], mx);
+            const float corr = mn == -INFINITY ? 1.0f : expf(m[half] - mn);
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const float e = s[nt][u] == -INFINITY ? 0.0f : expf(s[nt][u] - mn);
+                    pr[nt][2 * half + u] = e;
+                    sum += e;
+                }
+            }
+            l[half] = l[half] * corr + sum;  // this lane's part of the row's sum (added across tig at the end)
+            m[half] = mn;
+#pragma unroll
+            for (int nt = 0; nt < NTO; ++nt) {
+                o[nt][2 * half] *= corr;
+                o[nt][2 * half + 1] *= corr;
+            }
+        }
+        // P V: two 16-token k-steps; P's A fragments are the score fragments of n-tiles 2 ks, 2 ks + 1.
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+            unsigned ph[4], pl[4], p11[4];
+            split_pair(pr[2 * ks][0], pr[2 * ks][1], ph[0], pl[0]);
+            split_pair(pr[2 * ks][2], pr[2 * ks][3], ph[1], pl[1]);
+            split_pair(pr[2 * ks + 1][0], pr[2 * ks + 1][1], ph[2], pl[2]);
+            split_pair(pr[2 * ks + 1][2], pr[2 * ks + 1][3], ph[3], pl[3]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&ph[j]), *reinterpret_cast<const __half2*>(&two11));
+                p11[j] = *reinterpret_cast<const unsigned*>(&x);
+            }
+            const int tk = 16 * ks + 2 * tig;
+#pragma unroll
+            for (int nt = 0; nt < NTO; ++nt) {
+                const int vr = (8 * nt + gid) * VP + tk;
+                const unsigned bh0 = *reinterpret_cast<const unsigned*>(vh + vr), bh1 = *reinterpret_cast<const unsigned*>(vh + vr + 8);
+                const unsigned bl0 = *reinterpret_cast<const unsigned*>(vl + vr), bl1 = *reinterpret_cast<const unsigned*>(vl + vr + 8);
+                mma_f16(o[nt], p11[0], p11[1], p11[2], p11[3], bh0, bh1);
+                mma_f16(o[nt], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
+                mma_f16(o[nt], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
+            }
+        }
+    }
+    pdl_launch_dependents();
+    // out = o / (2^11 l), l the row's sum over its 4 lanes.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float sum = l[half];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        const int r = half ? rbw : ra;
+        const int64_t i = i0 + r / gqa;
+        if (r >= qb * gqa || i >= p.n_q) continue;
+        const float inv = kLoInv / sum;
+        float* dst = p.out + (i * p.n_head + g * gqa + r % gqa) * D;
+#pragma unroll
+        for (int nt = 0; nt < NTO; ++nt) {
+            *reinterpret_cast<float2*>(dst + 8 * nt + 2 * tig) = make_float2(o[nt][2 * half] * inv, o[nt][2 * half + 1] * inv);
+        }
+    }
+}
+
+template <int D>
+void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
+    const int qb = kPfRows / int(p.n_head / p.n_head_kv);
+    const size_t smem = kivi_pf_smem(D);
+    static size_t configured = 0;
+    allow_smem(kivi_prefill_kernel<D>, smem, configured);
+    launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kPfWarps * 32), smem, st, p);
+}
+
 template <int D, int B, int NT, int VGS = 0>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     const int gqa = int(p.n_head / p.n_head_kv);
@@ -1508,6 +1769,7 @@ int64_t kivi_attention_parts(const KiviAttentionParams& p) {
 }
 
 size_t kivi_attention_scratch_floats(const KiviAttentionParams& p) {
+    if (kivi_prefill(p)) return 0;  // writes out directly
     return size_t(p.n_q * p.n_head * kivi_attention_parts(p) * (p.head_dim + 2));
 }
 
@@ -1517,6 +1779,14 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: splits must be 1..128", __FILE__, __LINE__);
     }
     KiviAttentionParams p = params;
+    if (kivi_prefill(p)) {
+        switch (p.head_dim) {
+            case 32: launch_prefill<32>(p, st); return;
+            case 64: launch_prefill<64>(p, st); return;
+            case 96: launch_prefill<96>(p, st); return;
+            default: launch_prefill<128>(p, st); return;
+        }
+    }
     p.parts = kivi_attention_parts(p);
     switch (p.head_dim) {
         case 32: launch_attention<32>(p, st); break;

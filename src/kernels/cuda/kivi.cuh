@@ -31,7 +31,12 @@
 //                 code_c,t + sum_c q_c z_c by a lane per token (q * s per channel once per tile);
 //                 other keys (the window, G < 32) a lane per token element by element; values a
 //                 lane per channel run, fma(code, s, z) per value (exact: kivi.h).
-// Both f32 in the end (the tensor cores add in f32): dequantize-then-attend within ~1e-6
+// A batch of >= 64 queries (a prompt chunk; head_dim 32, 64, 96 or 128) takes a third, flash-style
+// form instead: block (query block, KV head) holds 64 rows (query, head) on tensor cores, stages
+// each 32-token tile of keys and values once for all of them (any layout: packed tokens
+// dequantized, window tokens as they are, split into fp16 hi + lo) and writes out normalized, no
+// partials or merge (kivi.cu, "prefill").
+// All f32 in the end (the tensor cores add in f32): dequantize-then-attend within ~1e-6
 // relative (other summation orders).
 #pragma once
 
@@ -102,6 +107,7 @@ struct KiviAttentionParams {
     float scale;
     KiviFormatDev kf, vf;
     int64_t simt;               // nonzero: the SIMT form alone (the benchmark's comparison)
+    int64_t prefill_min;        // queries from which a batch takes the prefill form (0: kKiviPrefillMinQueries)
     int64_t parts;              // partials per (query, head): set by kivi_attention
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
@@ -115,7 +121,14 @@ inline bool kivi_tensor_cores(const KiviAttentionParams& p) { return !p.simt && 
 // Partials per (query, head): the splits, and the tensor-core form's tail splits (the windows and
 // a partial tile, a 32-token tile each). p: n_q, n_head, head_dim, splits, kf, vf, simt set.
 int64_t kivi_attention_parts(const KiviAttentionParams& p);
-// The partials' scratch (p as kivi_attention_parts).
+// Whether p takes the prefill form (>= p.prefill_min queries, head_dim 32 / 64 / 96 / 128, not
+// p.simt). Fewer queries take the per-query forms, whose grid has a block per query and split: at
+// a few queries over a long context the prefill form's one block per 64 rows would leave most SMs
+// idle. 64: a chunk of 16 queries at GQA 4 per block keeps a 512-token chunk's 256 blocks (8 KV
+// heads) on the H200's 132 SMs.
+constexpr int64_t kKiviPrefillMinQueries = 64;
+bool kivi_prefill(const KiviAttentionParams& p);
+// The partials' scratch (p as kivi_attention_parts; none for the prefill form).
 size_t kivi_attention_scratch_floats(const KiviAttentionParams& p);
 void kivi_attention(const KiviAttentionParams& p, cudaStream_t stream);
 
