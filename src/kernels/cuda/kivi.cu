@@ -1425,7 +1425,7 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
 constexpr int kPfWarps = 4, kPfRows = 16 * kPfWarps, kPfTile = 32;
 __host__ __device__ constexpr int kivi_pf_qpitch(int d) { return d + 8; }  // halves: rows 4 banks apart
 constexpr int kPfVPitch = kPfTile + 8;                                     // halves of a value channel's row
-__host__ __device__ constexpr size_t kivi_pf_smem(int d) {
+__host__ __device__ constexpr size_t kivi_pf_smem(int d) {  // q, k, v^T hi / lo (the raw stages follow)
     return 2 * 2 * (size_t(kPfRows + kPfTile) * size_t(kivi_pf_qpitch(d)) + size_t(d) * kPfVPitch);
 }
 }  // namespace
@@ -1436,43 +1436,74 @@ bool kivi_prefill(const KiviAttentionParams& p) {
 
 namespace {
 
-// Channels c .. c + 7 of packed token t (role 0 keys, 1 values) as f32, fma(code, s, z) as
-// kivi.h reads them (kivi_tail_packed8's arithmetic; the group's division once per call where
-// the 8 channels share a value row).
+// Channels c .. c + 7 of a packed key as f32, fma(code, s, z) as kivi.h reads them: zs holds the
+// block's zeros [D] then scales [D] (16-byte aligned), row0 the token's code byte in channel c's
+// row (rows rb bytes apart), the code at bit `shift` of it.
+template <int D>
+__device__ __forceinline__ void kivi_pf_key8(const uint8_t* zs, const uint8_t* row0, int rb, int shift, unsigned mask, int c, float* x) {
+    const uint4 zr = *reinterpret_cast<const uint4*>(zs + 2 * c), sr = *reinterpret_cast<const uint4*>(zs + 2 * D + 2 * c);
+    const auto* z2 = reinterpret_cast<const __half2*>(&zr);
+    const auto* s2 = reinterpret_cast<const __half2*>(&sr);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+        const float2 z = __half22float2(z2[e / 2]), s = __half22float2(s2[e / 2]);
+        x[e] = fmaf(float((row0[e * rb] >> shift) & mask), s.x, z.x);
+        x[e + 1] = fmaf(float((row0[(e + 1) * rb] >> shift) & mask), s.y, z.y);
+    }
+}
+// Channels c .. c + 7 of the value token whose block is blk, where they lie in one row (G % 8 == 0).
+__device__ __forceinline__ void kivi_pf_value8(const KiviFormatDev& f, const uint8_t* blk, int c, float* x) {
+    const unsigned mask = (1u << f.bits) - 1;
+    const int r = c / f.group, bit0 = (c - r * f.group) * f.bits;
+    const float s = kv_half_at(blk + 2 * f.rows + 2 * r), z = kv_half_at(blk + 2 * r);
+    const uint8_t* codes = blk + 4 * f.rows + r * (f.group * f.bits / 8);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int bit = bit0 + e * f.bits;
+        x[e] = fmaf(float((codes[bit >> 3] >> (bit & 7)) & mask), s, z);
+    }
+}
+// The same from global memory for packed token t (role 0 keys, 1 values); kivi_tail_packed8 where
+// a value row boundary falls inside the 8 channels.
 template <int D>
 __device__ __forceinline__ void kivi_pf_packed8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, float* x) {
     const KiviFormatDev& f = role ? p.vf : p.kf;
-    const unsigned mask = (1u << f.bits) - 1;
-    const int G = f.group, rb = G * f.bits / 8;
-    if (role == 0) {  // key block t / G: zeros [D], scales [D] (16-byte aligned: D % 32 == 0), code rows
-        const int b = t / G, bit = (t - b * G) * f.bits;
+    if (role == 0) {
+        const int G = f.group, rb = G * f.bits / 8, b = t / G, bit = (t - b * G) * f.bits;
         const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(b) * f.block_bytes;
-        const uint4 zr = *reinterpret_cast<const uint4*>(blk + 2 * c), sr = *reinterpret_cast<const uint4*>(blk + 2 * D + 2 * c);
-        const auto* z2 = reinterpret_cast<const __half2*>(&zr);
-        const auto* s2 = reinterpret_cast<const __half2*>(&sr);
-        const uint8_t* codes = blk + 4 * D + c * rb + (bit >> 3);
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-            const float2 z = __half22float2(z2[e / 2]), s = __half22float2(s2[e / 2]);
-            x[e] = fmaf(float((codes[e * rb] >> (bit & 7)) & mask), s.x, z.x);
-            x[e + 1] = fmaf(float((codes[(e + 1) * rb] >> (bit & 7)) & mask), s.y, z.y);
-        }
-        return;
+        kivi_pf_key8<D>(blk, blk + 4 * D + c * rb + (bit >> 3), rb, bit & 7, (1u << f.bits) - 1, c, x);
+    } else if (f.group % 8 == 0) {
+        kivi_pf_value8(f, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * f.block_bytes, c, x);
+    } else {
+        kivi_tail_packed8<D>(p, hd, role, t, c, x);
     }
-    const int rows = f.rows;
-    const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * f.block_bytes;
-    if (G % 8 == 0) {  // the 8 channels lie in one row
-        const int r = c / G, bit0 = (c - r * G) * f.bits;
-        const float s = kv_half_at(blk + 2 * rows + 2 * r), z = kv_half_at(blk + 2 * r);
-        const uint8_t* codes = blk + 4 * rows + r * rb;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            const int bit = bit0 + e * f.bits;
-            x[e] = fmaf(float((codes[bit >> 3] >> (bit & 7)) & mask), s, z);
+}
+
+// Whether tile t0's raw bytes go through the prefill's cp.async stage: keys in one packed block
+// (G a multiple of 32), values packed, in rows of a multiple of 8 channels.
+__device__ __forceinline__ bool kivi_pf_staged(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0) {
+    return kivi_fast_keys(p, hd, t0) && t0 + kKiviTile <= hd.v_packed && p.vf.group % 8 == 0;
+}
+// Starts the copies of tile t0's raw bytes into `stage` by all threads of the block (kivi_issue's
+// layout: zeros and scales [4 D], the tile's code rows [D][4 bits], the value blocks [32][vbb]).
+template <int D>
+__device__ void kivi_pf_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int tid, int nthreads) {
+    const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8, vbb = p.vf.block_bytes, t = int(t0);
+    const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t / KG) * p.kf.block_bytes;
+    if (KG == kKiviTile) {
+        for (int u = tid; u < D / 4 + D * kbits / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
+    } else {
+        for (int u = tid; u < D / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
+        const uint8_t* codes = blk + 4 * D + (t % KG) * kbits / 8;
+        const int units = kbits / 2;  // 8-byte units of a row's 4 bits bytes
+        for (int idx = tid; idx < D * units; idx += nthreads) {
+            const int c = idx / units, u = idx - c * units;
+            cp_async8(stage + 4 * D + c * 4 * kbits + 8 * u, codes + c * krb + 8 * u);
         }
-        return;
     }
-    kivi_tail_packed8<D>(p, hd, role, t, c, x);
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * vbb;
+    uint8_t* dst = stage + 4 * D + 4 * D * kbits;
+    for (int u = tid; u < kKiviTile * vbb / 16; u += nthreads) cp_async16(dst + 16 * u, src + 16 * u);
 }
 
 template <int D>
@@ -1514,8 +1545,23 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
     for (int nt = 0; nt < NTO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     const unsigned two11 = 0x68006800u;  // fp16 2048 in both halves
 
-    for (int64_t t0 = 0; t0 < n_end; t0 += kPfTile) {
-        __syncthreads();  // the previous tile is read by every warp (and q is staged, the first time)
+    // The raw bytes of packed tiles (kivi_pf_staged) come through two cp.async stages after the
+    // hi / lo buffers, the next tile's in flight while one is converted and computed; others
+    // (the windows, a partial tile, other layouts) are read from global memory as they are staged.
+    const int stage_bytes = (kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes) + 15) & ~15;
+    uint8_t* raw_stage = reinterpret_cast<uint8_t*>(smem4) + kivi_pf_smem(D);
+    if (kivi_pf_staged(p, hd, 0) && n_end > 0) kivi_pf_issue<D>(p, hd, 0, raw_stage, tid, kPfWarps * 32);
+    cp_async_commit();
+    int s = 0;
+    for (int64_t t0 = 0; t0 < n_end; t0 += kPfTile, s ^= 1) {
+        const int64_t tn = t0 + kPfTile;
+        if (tn < n_end && kivi_pf_staged(p, hd, tn)) kivi_pf_issue<D>(p, hd, tn, raw_stage + (s ^ 1) * stage_bytes, tid, kPfWarps * 32);
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // the tile's raw bytes have landed, the previous tile is read by every warp (q staged)
+        const bool staged = kivi_pf_staged(p, hd, t0);
+        const uint8_t* st = raw_stage + s * stage_bytes;
+        const unsigned kmask = (1u << p.kf.bits) - 1;
         // Stage: item it = (role, 8-channel chunk, token), tokens fastest (a warp's lanes take 32
         // tokens of one chunk: the transposed value stores fall in distinct banks).
         for (int it = tid; it < 2 * kPfTile * (D / 8); it += kPfWarps * 32) {
@@ -1524,7 +1570,14 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
             const int64_t tok = t0 + t;
             float x[8];
             uint4 raw;
-            if (tok >= n_end) {
+            if (staged) {
+                if (role == 0) {
+                    const int bit = t * p.kf.bits;
+                    kivi_pf_key8<D>(st, st + 4 * D + c * 4 * p.kf.bits + (bit >> 3), 4 * p.kf.bits, bit & 7, kmask, c, x);
+                } else {
+                    kivi_pf_value8(p.vf, st + 4 * D + 4 * D * p.kf.bits + t * p.vf.block_bytes, c, x);
+                }
+            } else if (tok >= n_end) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) x[e] = 0.0f;
             } else if (kivi_tail_window8<D>(p, hd, role, int(tok), c, raw)) {
@@ -1662,7 +1715,7 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
 template <int D>
 void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
     const int qb = kPfRows / int(p.n_head / p.n_head_kv);
-    const size_t smem = kivi_pf_smem(D);
+    const size_t smem = kivi_pf_smem(D) + 2 * size_t((kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes) + 15) & ~15);
     static size_t configured = 0;
     allow_smem(kivi_prefill_kernel<D>, smem, configured);
     launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kPfWarps * 32), smem, st, p);
