@@ -1419,9 +1419,8 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
 // lanes tig) and adds P V into one accumulator of 2^11 o: (2^11 p_hi) v_hi + p_hi v_lo + p_lo v_hi
 // (p <= 1, so 2^11 p_hi is an exact fp16 number). The products are f32-exact to ~2^-22 and the
 // tensor cores add in f32: dequantize-then-attend within ~1e-6 relative, as the decode forms. The
-// tile's keys and values are staged once for the block's rows, where the per-query form (above)
-// reads and converts them once per query: at a 512-token prompt chunk over 32K tokens that is 128
-// query heads' worth of work per byte against 4.
+// tile's keys and values are staged once for the block's 64 rows, where the per-query form
+// (above) reads and converts them once per query (4 rows at GQA 4).
 constexpr int kPfWarps = 4, kPfRows = 16 * kPfWarps, kPfTile = 32;
 __host__ __device__ constexpr int kivi_pf_qpitch(int d) { return d + 8; }  // halves: rows 4 banks apart
 constexpr int kPfVPitch = kPfTile + 8;                                     // halves of a value channel's row
@@ -1431,7 +1430,8 @@ __host__ __device__ constexpr size_t kivi_pf_smem(int d) {  // q, k, v^T hi / lo
 }  // namespace
 
 bool kivi_prefill(const KiviAttentionParams& p) {
-    return !p.simt && p.n_q >= (p.prefill_min > 0 ? p.prefill_min : kKiviPrefillMinQueries) && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 96 || p.head_dim == 128);
+    const int64_t least = p.prefill_min > 0 ? p.prefill_min : kKiviPrefillMinQueries;
+    return !p.simt && p.n_q >= least && (p.head_dim == 32 || p.head_dim == 64 || p.head_dim == 96 || p.head_dim == 128);
 }
 
 namespace {
