@@ -447,7 +447,9 @@ public:
                    (tc ? "tensor cores on the packed tiles (codes as fp16 MMA operands against q * scale "
                                            "and p * scale split hi + lo), SIMT on the windows"
                                          : "SIMT (keys: q * scale per channel against the codes, values fma(code, s, z))") +
-                   ", f32 softmax";
+                   fmt::format(", f32 softmax; batches of >= {} queries (head_dim <= 128): the prefill form (64 query-head rows a "
+                               "block on tensor cores, each tile dequantized once into hi/lo fp16)",
+                               kivi_prefill_min_);
         }
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
