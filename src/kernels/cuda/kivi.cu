@@ -488,9 +488,10 @@ __device__ __forceinline__ bool kivi_fast_keys(const KiviAttentionParams& p, con
     return p.kf.group % kKiviTile == 0 && t0 + kKiviTile <= hd.k_packed;
 }
 
-// Starts the copies of tile t0's bytes into a stage (one commit group per tile, empty or not).
+// Starts the copies of tile t0's bytes into a stage by threads tid of nthreads (the caller
+// commits them: one group per tile, empty or not).
 template <int D>
-__device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int lane) {
+__device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int tid, int nthreads) {
     const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8, vbb = p.vf.block_bytes;
     const int t = int(t0);  // a cache's token counts fit 32 bits (its context): no 64-bit division
     if (kivi_fast_keys(p, hd, t0)) {
@@ -498,16 +499,16 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
         if (KG == kKiviTile) {
             // The tile is the key block: its zeros, scales and code rows (4 bits bytes each) are
             // laid out as the stage holds them, one contiguous copy.
-            for (int u = lane; u < D / 4 + D * kbits / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
+            for (int u = tid; u < D / 4 + D * kbits / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
         } else {
-            for (int u = lane; u < D / 4; u += 32) cp_async16(stage + 16 * u, blk + 16 * u);
+            for (int u = tid; u < D / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
             const uint8_t* codes = blk + 4 * D + (t % KG) * kbits / 8;
             uint8_t* kc = stage + 4 * D;
             if (kbits == 2) {
-                for (int c = lane; c < D; c += 32) cp_async8(kc + 8 * c, codes + c * krb);
+                for (int c = tid; c < D; c += nthreads) cp_async8(kc + 8 * c, codes + c * krb);
             } else {
                 const int units = kbits / 4;  // 16-byte units of a row's 4 bits bytes
-                for (int idx = lane; idx < D * units; idx += 32) {
+                for (int idx = tid; idx < D * units; idx += nthreads) {
                     const int c = idx / units, u = idx - c * units;
                     cp_async16(kc + c * 4 * kbits + 16 * u, codes + c * krb + 16 * u);
                 }
@@ -518,10 +519,9 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
         const int units = (int(min64(kKiviTile, hd.v_packed - t0)) * vbb + 15) / 16;
         const uint8_t* src = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * vbb;
         uint8_t* dst = stage + 4 * D + 4 * D * kbits;
-        for (int u = lane; u < units; u += 32) cp_async16(dst + 16 * u, src + 16 * u);
+        for (int u = tid; u < units; u += nthreads) cp_async16(dst + 16 * u, src + 16 * u);
     }
-    cp_async_commit();
-}
+    }
 
 // Warp w's tiles of [t_begin, t_end) (t_begin a multiple of 32): every 4th 32-token tile, its
 // bytes in a stage of the warp's 2-stage ring, the next tile's copies in flight while
@@ -530,14 +530,14 @@ template <int D, class F>
 __device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const KiviHeadDev& hd, uint8_t* wbase, int stage_bytes,
                                            int64_t t_begin, int64_t t_end, int warp, int lane, F&& f) {
     int64_t t0 = t_begin + warp * kKiviTile;
-    if (t0 < t_end) kivi_issue<D>(p, hd, t0, wbase, lane);
+    if (t0 < t_end) {
+        kivi_issue<D>(p, hd, t0, wbase, lane, 32);
+        cp_async_commit();
+    }
     for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
         const int64_t tn = t0 + kKiviWarps * kKiviTile;
-        if (tn < t_end) {
-            kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
-        } else {
-            cp_async_commit();
-        }
+        if (tn < t_end) kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane, 32);
+        cp_async_commit();
         cp_async_wait<1>();
         __syncwarp();
         f(t0, wbase + (k & 1) * stage_bytes);
@@ -1436,6 +1436,7 @@ bool kivi_prefill(const KiviAttentionParams& p) {
 
 namespace {
 
+// The prefill's reads of a staged tile (kivi_issue's layout), kivi_tail_packed8's arithmetic.
 // Channels c .. c + 7 of a packed key as f32, fma(code, s, z) as kivi.h reads them: zs holds the
 // block's zeros [D] then scales [D] (16-byte aligned), row0 the token's code byte in channel c's
 // row (rows rb bytes apart), the code at bit `shift` of it.
@@ -1463,49 +1464,12 @@ __device__ __forceinline__ void kivi_pf_value8(const KiviFormatDev& f, const uin
         x[e] = fmaf(float((codes[bit >> 3] >> (bit & 7)) & mask), s, z);
     }
 }
-// The same from global memory for packed token t (role 0 keys, 1 values); kivi_tail_packed8 where
-// a value row boundary falls inside the 8 channels.
-template <int D>
-__device__ __forceinline__ void kivi_pf_packed8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, float* x) {
-    const KiviFormatDev& f = role ? p.vf : p.kf;
-    if (role == 0) {
-        const int G = f.group, rb = G * f.bits / 8, b = t / G, bit = (t - b * G) * f.bits;
-        const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(b) * f.block_bytes;
-        kivi_pf_key8<D>(blk, blk + 4 * D + c * rb + (bit >> 3), rb, bit & 7, (1u << f.bits) - 1, c, x);
-    } else if (f.group % 8 == 0) {
-        kivi_pf_value8(f, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * f.block_bytes, c, x);
-    } else {
-        kivi_tail_packed8<D>(p, hd, role, t, c, x);
-    }
-}
 
 // Whether tile t0's raw bytes go through the prefill's cp.async stage: keys in one packed block
 // (G a multiple of 32), values packed, in rows of a multiple of 8 channels.
 __device__ __forceinline__ bool kivi_pf_staged(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0) {
     return kivi_fast_keys(p, hd, t0) && t0 + kKiviTile <= hd.v_packed && p.vf.group % 8 == 0;
 }
-// Starts the copies of tile t0's raw bytes into `stage` by all threads of the block (kivi_issue's
-// layout: zeros and scales [4 D], the tile's code rows [D][4 bits], the value blocks [32][vbb]).
-template <int D>
-__device__ void kivi_pf_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int tid, int nthreads) {
-    const int kbits = p.kf.bits, KG = p.kf.group, krb = KG * kbits / 8, vbb = p.vf.block_bytes, t = int(t0);
-    const uint8_t* blk = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t / KG) * p.kf.block_bytes;
-    if (KG == kKiviTile) {
-        for (int u = tid; u < D / 4 + D * kbits / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
-    } else {
-        for (int u = tid; u < D / 4; u += nthreads) cp_async16(stage + 16 * u, blk + 16 * u);
-        const uint8_t* codes = blk + 4 * D + (t % KG) * kbits / 8;
-        const int units = kbits / 2;  // 8-byte units of a row's 4 bits bytes
-        for (int idx = tid; idx < D * units; idx += nthreads) {
-            const int c = idx / units, u = idx - c * units;
-            cp_async8(stage + 4 * D + c * 4 * kbits + 8 * u, codes + c * krb + 8 * u);
-        }
-    }
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * vbb;
-    uint8_t* dst = stage + 4 * D + 4 * D * kbits;
-    for (int u = tid; u < kKiviTile * vbb / 16; u += nthreads) cp_async16(dst + 16 * u, src + 16 * u);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
@@ -1548,14 +1512,14 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
     // The raw bytes of packed tiles (kivi_pf_staged) come through two cp.async stages after the
     // hi / lo buffers, the next tile's in flight while one is converted and computed; others
     // (the windows, a partial tile, other layouts) are read from global memory as they are staged.
-    const int stage_bytes = (kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes) + 15) & ~15;
+    const int stage_bytes = kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes);  // whole 16-byte units (D % 32 == 0)
     uint8_t* raw_stage = reinterpret_cast<uint8_t*>(smem4) + kivi_pf_smem(D);
-    if (kivi_pf_staged(p, hd, 0) && n_end > 0) kivi_pf_issue<D>(p, hd, 0, raw_stage, tid, kPfWarps * 32);
+    if (kivi_pf_staged(p, hd, 0) && n_end > 0) kivi_issue<D>(p, hd, 0, raw_stage, tid, kPfWarps * 32);
     cp_async_commit();
     int s = 0;
     for (int64_t t0 = 0; t0 < n_end; t0 += kPfTile, s ^= 1) {
         const int64_t tn = t0 + kPfTile;
-        if (tn < n_end && kivi_pf_staged(p, hd, tn)) kivi_pf_issue<D>(p, hd, tn, raw_stage + (s ^ 1) * stage_bytes, tid, kPfWarps * 32);
+        if (tn < n_end && kivi_pf_staged(p, hd, tn)) kivi_issue<D>(p, hd, tn, raw_stage + (s ^ 1) * stage_bytes, tid, kPfWarps * 32);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // the tile's raw bytes have landed, the previous tile is read by every warp (q staged)
@@ -1588,7 +1552,7 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
                     x[2 * e] = f.x, x[2 * e + 1] = f.y;
                 }
             } else {
-                kivi_pf_packed8<D>(p, hd, role, int(tok), c, x);
+                kivi_tail_packed8<D>(p, hd, role, int(tok), c, x);
             }
             unsigned hi[4], lo[4];
 #pragma unroll
@@ -1715,7 +1679,7 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
 template <int D>
 void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
     const int qb = kPfRows / int(p.n_head / p.n_head_kv);
-    const size_t smem = kivi_pf_smem(D) + 2 * size_t((kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes) + 15) & ~15);
+    const size_t smem = kivi_pf_smem(D) + 2 * size_t(kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes));
     static size_t configured = 0;
     allow_smem(kivi_prefill_kernel<D>, smem, configured);
     launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kPfWarps * 32), smem, st, p);
