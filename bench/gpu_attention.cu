@@ -1,6 +1,6 @@
 // Decode attention alone (issue 11): one query token of a Llama-3-8B layer (32 query heads over 8
 // KV heads of 128) against a device KV cache of 1K..128K tokens in each format the CUDA backend
-// reads (f16, q8_0, q4_0), through the split-K kernel (attention.cuh: attention_split) as a
+// reads (f16, q8_0, q4_0, fp8), through the split-K kernel (attention.cuh: attention_split) as a
 // decode step launches it. Bandwidth counts every byte the kernel must read: keys and values with
 // their block scales (q, the partials and the output are < 0.1 % of them), against a
 // device-to-device copy measured in the same run. Layers are rotated so the bytes read between
@@ -8,7 +8,7 @@
 // where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--formats f16,q8_0,q4_0,kivi4,kivi2] [--splits N,..] [--tile N,..] [--stages N,..]
+//   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2] [--splits N,..] [--tile N,..] [--stages N,..]
 //                     [--stream N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
@@ -75,7 +75,10 @@ struct Format {
     const char* kv;
     vxq::cuda::KvCode code;
 };
-constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16}, {"q8_0", vxq::cuda::KvCode::Q8_0}, {"q4_0", vxq::cuda::KvCode::Q4_0}};
+constexpr Format kFormats[] = {{"f16", vxq::cuda::KvCode::F16},
+                               {"q8_0", vxq::cuda::KvCode::Q8_0},
+                               {"q4_0", vxq::cuda::KvCode::Q4_0},
+                               {"fp8", vxq::cuda::KvCode::FP8}};
 
 // Random keys and values (|x| < 1, one chunk of them reused), written chunk by chunk into every
 // layer of `cache` through the backend's store kernels. Returns the chunk (its first floats are
@@ -161,7 +164,8 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         for (int64_t g = 0; g < kHeadsKv; ++g) {
             const KvHeadView& h = view.heads[g];
             table[size_t(l * kHeadsKv + g)] = {uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
-                                               uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), h.n_tokens};
+                                               uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), h.n_tokens, 0,
+                                               h.k.fmt.scale, h.v.fmt.scale};
         }
     }
     VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
@@ -347,7 +351,8 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
     std::vector<cuda::KvHeadDev> table(static_cast<size_t>(kHeadsKv));
     for (int64_t g = 0; g < kHeadsKv; ++g) {
         uint8_t* k = pages + size_t(2 * g) * page_bytes;
-        table[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(k)), uint64_t(reinterpret_cast<uintptr_t>(k + page_bytes)), 0, 0};
+        table[size_t(g)] = {uint64_t(reinterpret_cast<uintptr_t>(k)), uint64_t(reinterpret_cast<uintptr_t>(k + page_bytes)), 0, 0,
+                            1.0f / 448.0f, 1.0f / 448.0f};  // fp8: |x| < 1 (the others ignore the scales)
     }
     VXQ_CUDA_CHECK(cudaMemcpy(heads, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
     cuda::KvStoreParams p{};
@@ -486,10 +491,10 @@ int main(int argc, char** argv) {
                 for (int64_t s : split_counts)
                     for (int64_t sm : streams) configs.push_back(Config{s, int(t), int(g), int(sm)});
         if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
-        if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "kivi4", "kivi2"};
+        if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "fp8", "kivi4", "kivi2"};
         for (const std::string& f : formats) {
-            if (f != "f16" && f != "q8_0" && f != "q4_0" && f != "kivi4" && f != "kivi2") {
-                std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, kivi4, kivi2\n");
+            if (f != "f16" && f != "q8_0" && f != "q4_0" && f != "fp8" && f != "kivi4" && f != "kivi2") {
+                std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, fp8, kivi4, kivi2\n");
                 return 1;
             }
         }

@@ -47,6 +47,9 @@ public:
     // Called once with the first batch of tokens this stream receives (the prompt), before any
     // encode: codecs with a per-(layer, head) scale (fp8) set it here.   x: [n, head_dim]
     virtual void observe_first_batch(const float* x, int64_t n, int64_t head_dim) {}
+    // Whether observe_first_batch reads a first batch of n tokens (a device cache copies it to the
+    // host only then).
+    virtual bool wants_first_batch(int64_t n) const { return false; }
 
     // x: [block_tokens, head_dim] f32 -> one packed block. The scalar reference of the format.
     virtual void encode(const float* x, int64_t head_dim, uint8_t* block) const = 0;

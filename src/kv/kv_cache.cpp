@@ -50,6 +50,7 @@ public:
     // The bookkeeping of append(n) without touching a byte: the caller (a device backend's
     // kernels) encodes and moves the tokens as the returned plan says (kv_view.h).
     KvWindowWrite reserve(int64_t n) {
+        observed_ = true;  // the first batch has passed (observe() before this, where the codec wants it)
         KvWindowWrite w{n_enc_, n_pending_, head_, window_, n};
         if (window_ == 0) {
             VXQ_ASSERT(bt_ == 1);
@@ -62,6 +63,13 @@ public:
         if (w.encoded > 0) pages_->grow_to((n_enc_ + w.encoded + page_tokens_ - 1) / page_tokens_);
         n_enc_ += w.encoded;
         return w;
+    }
+
+    // A device stream's first batch (before reserve()).  x: [n, d] f32
+    bool wants_first_batch(int64_t n) const { return !observed_ && codec_->wants_first_batch(n); }
+    void observe(const float* x, int64_t n) {
+        codec_->observe_first_batch(x, n, d_);
+        observed_ = true;
     }
 
     // Appends n tokens.  x: [n, d] f32
@@ -393,6 +401,29 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
         h.k.append(head_major.data(), n, scratch);
         for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], v + (t * H + g) * d, size_t(d) * 4);
         h.v.append(head_major.data(), n, scratch);
+    }
+}
+
+bool KvCache::wants_first_batch(int64_t layer, int64_t n) const {
+    VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer);
+    for (int64_t g = 0; g < shape_.n_head_kv; ++g) {
+        const Head& h = impl_->head(layer, g);
+        if (h.k.wants_first_batch(n) || h.v.wants_first_batch(n)) return true;
+    }
+    return false;
+}
+
+void KvCache::observe_first_batch(int64_t layer, const float* k, const float* v, int64_t n) {
+    VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && n >= 0);
+    const int64_t H = shape_.n_head_kv, d = shape_.head_dim;
+    std::vector<float> head_major(size_t(n * d));
+    for (int64_t g = 0; g < H; ++g) {
+        Head& h = impl_->head(layer, g);
+        for (auto [s, x] : {std::pair<Stream*, const float*>{&h.k, k}, {&h.v, v}}) {
+            if (!s->wants_first_batch(n)) continue;
+            for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], x + (t * H + g) * d, size_t(d) * 4);
+            s->observe(head_major.data(), n);
+        }
     }
 }
 

@@ -80,6 +80,12 @@ public:
     // same in every head: which tokens to encode into blocks, which wait in the fp16 window;
     // kv_view.h). Token-wise formats: every new token is encoded into its own block.
     KvWritePlan reserve_write(int64_t layer, int64_t pos0, int64_t n);
+    // Whether a stream of the layer has not seen its first batch yet and its codec calibrates on
+    // one of n tokens (fp8's scale, Codec::observe_first_batch); a device cache's backend then hands that batch
+    // (host copies, [n, n_head_kv, head_dim]) to observe_first_batch before reserve_write, so the
+    // scales are those a host cache fed the same batches computes.
+    bool wants_first_batch(int64_t layer, int64_t n) const;
+    void observe_first_batch(int64_t layer, const float* k, const float* v, int64_t n);
     // Makes positions [0, n) the cache's content once every layer has been written; then the
     // eviction policy, if any, evicts when due.
     void commit(int64_t n);

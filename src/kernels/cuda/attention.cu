@@ -77,14 +77,14 @@ __global__ void store_kv_kernel(KvStoreParams p) {
     const int hd = int(p.head_dim);
     const int64_t slot = h.n_tokens + t, row = (t * p.n_head_kv + g) * p.head_dim;
     kv_store_row(p.k_code, p.k + row, reinterpret_cast<uint8_t*>(h.k) + slot * kv_token_bytes(p.k_code, hd), hd,
-                 threadIdx.x, blockDim.x);
+                 threadIdx.x, blockDim.x, h.k_scale);
     kv_store_row(p.v_code, p.v + row, reinterpret_cast<uint8_t*>(h.v) + slot * kv_token_bytes(p.v_code, hd), hd,
-                 threadIdx.x, blockDim.x);
+                 threadIdx.x, blockDim.x, h.v_scale);
 }
 
 // The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per row (token t,
 // head g, keys or values), lane l taking values 4l .. 4l + 3 of each 128-value stretch with one
-// 16-byte load. f16: one 8-byte store per lane; q8_0 / q4_0: 8 lanes per 32-block (the block's
+// 16-byte load. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes per 32-block (the block's
 // amax, or its first value of largest magnitude, by 3 shuffles), the same arithmetic as
 // kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time. The kernel above
 // takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at 14-35 % of
@@ -116,6 +116,14 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
                 const uint2 hw{kv_half_bits(v.x) | (unsigned(kv_half_bits(v.y)) << 16),
                                kv_half_bits(v.z) | (unsigned(kv_half_bits(v.w)) << 16)};
                 *reinterpret_cast<uint2*>(dst + 2 * c) = hw;
+            }
+            continue;
+        }
+        if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
+            const float sc = is_v ? h.v_scale : h.k_scale;
+            if (in) {
+                *reinterpret_cast<unsigned*>(dst + c) = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8) |
+                                                        (unsigned(kv_fp8_code(v.z, sc)) << 16) | (unsigned(kv_fp8_code(v.w, sc)) << 24);
             }
             continue;
         }
@@ -268,14 +276,14 @@ struct MmaSmem {
 };
 __host__ __device__ inline int pad_row(KvCode c, int hd) {
     const int b = int(kv_token_bytes(c, hd));
-    return c == KvCode::F16 ? b + 16 : b;
+    return kv_half_keys(c) ? b + 16 : b;  // f16 and fp8 rows: read a few bytes a token, rows in other banks
 }
 __host__ __device__ inline int align16(int n) { return (n + 15) & ~15; }
 __host__ __device__ inline MmaSmem mma_smem(int hd, KvCode kc, KvCode vc, int tile, int stages) {
     MmaSmem m{};
     m.qs = 0;
     m.qf = m.qs + kMmaRows * hd * 4;
-    const bool f16k = kc == KvCode::F16;
+    const bool f16k = kv_half_keys(kc);
     m.qcodes = m.qf + (f16k ? 2 * (hd / 16) * 32 * 16 : (hd / 32) * 32 * 16);
     m.qd = m.qcodes + (f16k ? 0 : kMmaRows * hd);
     m.sc = m.qd + align16(f16k ? 0 : kMmaRows * (hd / 32) * 4);
@@ -331,12 +339,14 @@ __host__ __device__ inline ShortSmem short_smem(const MmaSmem& L, int rep) {
     return s;
 }
 
-// Values j and j + 1 (j even) of token row `row` (its bytes in shared memory) as float: f16, or
-// code * d of their 32-block.
+// Values j and j + 1 (j even) of token row `row` (its bytes in shared memory) as float: f16, fp8's
+// e4m3 numbers (the caller applies the scale), or code * d of their 32-block.
 template <KvCode VC>
 __device__ __forceinline__ float2 short_value2(const uint8_t* row, int j) {
     if constexpr (VC == KvCode::F16) {
         return __half22float2(reinterpret_cast<const __half2*>(row)[j / 2]);
+    } else if constexpr (VC == KvCode::FP8) {
+        return kv_fp8x2_to_float2(u16_at(row + j));
     } else {
         constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
         const uint8_t* blk = row + (j / kQBlock) * kBlockBytes;
@@ -367,16 +377,23 @@ __device__ __forceinline__ void load_rep(const float* src, float (&w)[REP]) {
 }
 
 // Quarter `quarter` (0..3) of the dot products of token row kr's key with the block's REP query
-// rows, added to s: of f16 keys the 8-channel pieces quarter, quarter + 4, ... (16-byte loads), of
-// q8_0 / q4_0 keys the 32-blocks quarter, quarter + 4, ... (the q8_0 query's codes qc and scales
+// rows, added to s: of f16 keys the 8-channel pieces quarter, quarter + 4, ... (16-byte loads; fp8
+// keys 8-byte loads, their e4m3 numbers: the caller applies the scale), of q8_0 / q4_0 keys the 32-blocks quarter, quarter + 4, ... (the q8_0 query's codes qc and scales
 // qd: exact int32 block dots times d_k * d_q, as the split form's MMAs).
 template <int REP, KvCode KC>
 __device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qsm, const int8_t* qc, const float* qd, int hd,
                                               int quarter, float (&s)[REP]) {
-    if constexpr (KC == KvCode::F16) {
+    if constexpr (kv_half_keys(KC)) {
         for (int c = quarter * 8; c < hd; c += 4 * 8) {
-            const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
-            const unsigned words[4] = {w.x, w.y, w.z, w.w};
+            unsigned words[4];
+            if constexpr (KC == KvCode::F16) {
+                const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
+                words[0] = w.x, words[1] = w.y, words[2] = w.z, words[3] = w.w;
+            } else {
+                const uint2 w = *reinterpret_cast<const uint2*>(kr + c);
+                words[0] = kv_fp8x2_to_half2(w.x), words[1] = kv_fp8x2_to_half2(w.x >> 16);
+                words[2] = kv_fp8x2_to_half2(w.y), words[3] = kv_fp8x2_to_half2(w.y >> 16);
+            }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
@@ -479,19 +496,19 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
         const float* vg = p.rope.v + int64_t(g) * hd;
         for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
         for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[int64_t(g) * REP * hd + e] = qsm[e];
-        kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads);
-        kv_store_row(VC, vg, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid, kSplitThreads);
+        kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads, sh.k_scale);
+        kv_store_row(VC, vg, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid, kSplitThreads, sh.v_scale);
         if (slot < n) {  // its copy in shared memory: the same bytes, once the copies have landed there
             cp_async_wait<0>();
             __syncthreads();
-            kv_store_row(KC, kn, ks + slot * L.k_row, hd, tid, kSplitThreads);
-            kv_store_row(VC, vg, vs + slot * L.v_row, hd, tid, kSplitThreads);
+            kv_store_row(KC, kn, ks + slot * L.k_row, hd, tid, kSplitThreads, sh.k_scale);
+            kv_store_row(VC, vg, vs + slot * L.v_row, hd, tid, kSplitThreads, sh.v_scale);
         }
     }
     // q8_0 / q4_0 keys: q as q8_0, the CPU reader's prepare_query (the split form's codes).
     int8_t* qc = reinterpret_cast<int8_t*>(smem + L.qcodes);
     float* qd = reinterpret_cast<float*>(smem + L.qd);
-    if constexpr (KC != KvCode::F16) {
+    if constexpr (!kv_half_keys(KC)) {
         __syncthreads();  // q rotated
         quantize_query_q8_0(qsm, REP * (hd / kQBlock), qc, qd, nullptr);
     }
@@ -501,6 +518,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
     // Scores: 8 tokens per warp, each token's row in 4 quarters (16-byte pieces or 32-blocks
     // q, q + 4, ...) by lanes t, t + 8, t + 16, t + 24, added by two shuffles.
     const int quarter = lane >> 3;
+    const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
     for (int t0 = warp * 8; t0 < n; t0 += kSplitWarps * 8) {
         const int t = t0 + (lane & 7);
         float s[REP];
@@ -514,7 +532,7 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
         }
         if (t < n && quarter == 0) {
 #pragma unroll
-            for (int r = 0; r < REP; ++r) sc[t * REP + r] = s[r] * p.scale;
+            for (int r = 0; r < REP; ++r) sc[t * REP + r] = s[r] * score_scale;
         }
     }
     __syncthreads();
@@ -531,7 +549,8 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
             sum += e;
         }
         sum = warp_sum(sum);
-        if (lane == 0) inv_s[r] = sum > 0.0f ? float(1.0 / double(sum)) : 0.0f;
+        // fp8 values: the stream's scale once per row, not per token.
+        if (lane == 0) inv_s[r] = sum > 0.0f ? float(1.0 / double(sum)) * (VC == KvCode::FP8 ? head.v_scale : 1.0f) : 0.0f;
     }
     __syncthreads();
     pdl_trace_mark(15);
@@ -585,23 +604,28 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
 // warp j % 4) through a ring of p.stream_stages tiles of its own in shared memory (cp.async; a warp
 // waits for its own copies and syncs with __syncwarp, never with the block), keeping the online
 // softmax state of its REP query heads in registers:
-//   scores  f16 keys: two lanes per token (16 tokens a tile), each half a row against q in f32
-//           FMAs, the halves added by a shuffle; q8_0 / q4_0 keys: a lane per token (32 a tile),
+//   scores  f16 and fp8 keys: two lanes per token (16 tokens a tile), each half a row against q
+//           in f32 FMAs (fp8: its e4m3 numbers, the sum times the keys' scale), the halves added
+//           by a shuffle; q8_0 / q4_0 keys: a lane per token (32 a tile),
 //           dp4a of the codes against the query quantized to q8_0 (the CPU's prepare_query), the
 //           exact int32 per 32-block times d_k * d_q (q4_0: sum nib * q - 8 * sum q, the same integer);
 //   values  a lane per hd / 32 adjacent channels: for each token of the tile its probabilities
-//           (shared memory, broadcast) times the value as f16, or (p * d) * code for q8_0 / q4_0.
+//           (shared memory, broadcast) times the value as f16 or e4m3 (fp8: the output times the
+//           values' scale at the end), or (p * d) * code for q8_0 / q4_0.
 // At the end the block's four warps are merged (log-sum-exp weights) into the split's partial.
 // Against the tensor-core form: the same f32-exact products (q as f32 against fp16 keys; the same
 // integers), f32 sums in another order.
 constexpr int kStreamWarps = kSplitWarps;
 constexpr int kStreamMaxRep = 8;
-__host__ __device__ constexpr int stream_tile(KvCode kc) { return kc == KvCode::F16 ? 16 : 32; }
-// A key row in the ring: f16 rows as two halves of head_dim bytes, each followed by 16 bytes of
-// padding (a token's two lanes, and the next tokens', read other banks); block formats unpadded.
-__host__ __device__ constexpr int stream_krow(KvCode kc, int hd) { return kc == KvCode::F16 ? 2 * hd + 32 : int(kv_token_bytes(kc, hd)); }
+__host__ __device__ constexpr int stream_tile(KvCode kc) { return kv_half_keys(kc) ? 16 : 32; }
+// A key row in the ring: f16 and fp8 rows as two halves (head_dim bytes, fp8: head_dim / 2), each
+// followed by 16 bytes of padding (a token's two lanes, and the next tokens', read other banks);
+// block formats unpadded.
+__host__ __device__ constexpr int stream_krow(KvCode kc, int hd) {
+    return kv_half_keys(kc) ? int(kv_token_bytes(kc, hd)) + 32 : int(kv_token_bytes(kc, hd));
+}
 // Where the stream form's shared memory goes, from `base` on (the tensor-core form's q rows stay
-// below it: the RoPE writes them and the merge reads them). q: f16 keys: [rep][2][hd / 2 + 4] f32
+// below it: the RoPE writes them and the merge reads them). q: f16 / fp8 keys: [rep][2][hd / 2 + 4] f32
 // (each half padded); block formats: codes [rep][hd] int8, scales and quant sums [rep][hd / 32].
 // p: [warps][tile][rep] probabilities. ring: [warps][stages] tiles of keys then values.
 struct StreamSmem {
@@ -609,7 +633,7 @@ struct StreamSmem {
 };
 __host__ __device__ inline StreamSmem stream_smem(int base, int hd, KvCode kc, KvCode vc, int stages) {
     StreamSmem s{};
-    const bool f16k = kc == KvCode::F16;
+    const bool f16k = kv_half_keys(kc);
     const int tw = stream_tile(kc);
     s.q = base;
     s.qd = s.q + align16(f16k ? kStreamMaxRep * 2 * (hd / 2 + 4) * 4 : kStreamMaxRep * hd);
@@ -623,10 +647,20 @@ __host__ __device__ inline StreamSmem stream_smem(int base, int hd, KvCode kc, K
 }
 
 // Channels j of a value row (its bytes in shared memory) as float, for j in [j0, j0 + C): f16,
-// or the code (q8_0 / q4_0; the caller multiplies by the block's scale, returned in d).
+// fp8's e4m3 numbers (the caller applies the scale), or the code (q8_0 / q4_0; the caller
+// multiplies by the block's scale, returned in d).
 template <KvCode VC, int C>
 __device__ __forceinline__ void stream_values(const uint8_t* row, int j0, float (&v)[C], float& d) {
-    if constexpr (VC == KvCode::F16) {
+    if constexpr (VC == KvCode::FP8) {
+        static_assert(C % 2 == 0);
+#pragma unroll
+        for (int c = 0; c < C; c += 2) {
+            const float2 f = kv_fp8x2_to_float2(u16_at(row + j0 + c));
+            v[c] = f.x;
+            v[c + 1] = f.y;
+        }
+        d = 1.0f;
+    } else if constexpr (VC == KvCode::F16) {
         const __half2* h = reinterpret_cast<const __half2*>(row) + j0 / 2;
 #pragma unroll
         for (int c = 0; c < C / 2; ++c) {
@@ -659,13 +693,13 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
     const StreamSmem S = stream_smem(base, hd, KC, VC, stages);
     constexpr int krow = stream_krow(KC, hd);
     constexpr int ktb = int(kv_token_bytes(KC, hd)), vtb = int(kv_token_bytes(VC, hd));
-    constexpr int qrow = hd / 2 + 4;  // f16 keys: floats per half row of q
+    constexpr int qrow = hd / 2 + 4;  // f16 / fp8 keys: floats per half row of q
     float* qp = reinterpret_cast<float*>(smem + S.q);
     int8_t* qc = reinterpret_cast<int8_t*>(smem + S.q);
     float* qd = reinterpret_cast<float*>(smem + S.qd);
     int* qsum = reinterpret_cast<int*>(smem + S.qsum);
     // q in the form the scores read it.
-    if constexpr (KC == KvCode::F16) {
+    if constexpr (kv_half_keys(KC)) {
         for (int e = tid; e < REP * hd; e += kSplitThreads) {
             const int r = e / hd, dd = e - r * hd, h = dd / (hd / 2);
             qp[(r * 2 + h) * qrow + dd - h * (hd / 2)] = q[e];
@@ -676,6 +710,7 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
     __syncthreads();
     const int64_t n_tok = t_end - t_begin;
     const int n_wt = int((n_tok + TW - 1) / TW);  // tiles of the stretch
+    const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
     const int mine = n_wt > warp ? (n_wt - warp + kStreamWarps - 1) / kStreamWarps : 0;
     uint8_t* ring = smem + S.ring + warp * stages * S.stage;
     float* pw = reinterpret_cast<float*>(smem + S.p) + warp * TW * kStreamMaxRep;
@@ -687,7 +722,7 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
             uint8_t* st = ring + (j % stages) * S.stage;
             const uint8_t* ks = reinterpret_cast<const uint8_t*>(head.k) + c0 * ktb;
             const uint8_t* vs = reinterpret_cast<const uint8_t*>(head.v) + c0 * vtb;
-            if constexpr (KC == KvCode::F16) {  // 16-byte pieces into the padded halves
+            if constexpr (kv_half_keys(KC)) {  // 16-byte pieces into the padded halves
                 constexpr int per = ktb / 16, half = per / 2;
                 for (int e = lane; e < len * per; e += 32) {
                     const int t = e / per, o = e - t * per;
@@ -727,18 +762,19 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
         float s[REP];
 #pragma unroll
         for (int r = 0; r < REP; ++r) s[r] = 0.0f;
-        if constexpr (KC == KvCode::F16) {
+        if constexpr (kv_half_keys(KC)) {
+            constexpr int eb = KC == KvCode::F16 ? 2 : 1;  // bytes per key value
             const int tt = lane >> 1, h = lane & 1;
             if (tt < len) {
-                const uint8_t* kr = kt + tt * krow + h * (hd + 16);
+                const uint8_t* kr = kt + tt * krow + h * (eb * hd / 2 + 16);
                 const float* qh = qp + h * qrow;
-#pragma unroll 4
-                for (int c = 0; c < hd / 2; c += 8) {
-                    const uint4 w = *reinterpret_cast<const uint4*>(kr + 2 * c);
-                    const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
-                    const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
-                    const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&w.z));
-                    const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&w.w));
+                // 8 values per step as four fp16 pairs (fp8: two steps per 16-byte load, bank-conflict
+                // free over a quarter warp's rows where 8-byte loads would not be).
+                const auto dot8 = [&](int c, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+                    const float2 k0 = __half22float2(*reinterpret_cast<const __half2*>(&w0));
+                    const float2 k1 = __half22float2(*reinterpret_cast<const __half2*>(&w1));
+                    const float2 k2 = __half22float2(*reinterpret_cast<const __half2*>(&w2));
+                    const float2 k3 = __half22float2(*reinterpret_cast<const __half2*>(&w3));
 #pragma unroll
                     for (int r = 0; r < REP; ++r) {
                         const float4 a = *reinterpret_cast<const float4*>(qh + r * 2 * qrow + c);
@@ -753,6 +789,22 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
                         x = fmaf(b.z, k3.x, x);
                         x = fmaf(b.w, k3.y, x);
                         s[r] = x;
+                    }
+                };
+                if constexpr (KC == KvCode::F16) {
+#pragma unroll 4
+                    for (int c = 0; c < hd / 2; c += 8) {
+                        const uint4 w = *reinterpret_cast<const uint4*>(kr + 2 * c);
+                        dot8(c, w.x, w.y, w.z, w.w);
+                    }
+                } else {
+#pragma unroll 2
+                    for (int c = 0; c < hd / 2; c += 16) {
+                        const uint4 w = *reinterpret_cast<const uint4*>(kr + c);
+                        dot8(c, kv_fp8x2_to_half2(w.x), kv_fp8x2_to_half2(w.x >> 16), kv_fp8x2_to_half2(w.y),
+                             kv_fp8x2_to_half2(w.y >> 16));
+                        dot8(c + 8, kv_fp8x2_to_half2(w.z), kv_fp8x2_to_half2(w.z >> 16), kv_fp8x2_to_half2(w.w),
+                             kv_fp8x2_to_half2(w.w >> 16));
                     }
                 }
             }
@@ -797,20 +849,21 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
             }
         }
         // Online softmax over the tile, per query head; the probabilities into pw for the values.
-        const int tt = KC == KvCode::F16 ? lane >> 1 : lane;
+        constexpr bool kPair = kv_half_keys(KC);  // two lanes per token
+        const int tt = kPair ? lane >> 1 : lane;
         const bool real = tt < len;
 #pragma unroll
         for (int r = 0; r < REP; ++r) {
-            const float sv = real ? s[r] * p.scale : -INFINITY;
+            const float sv = real ? s[r] * score_scale : -INFINITY;
             const float m_new = fmaxf(m_run[r], warp_max(sv));  // len >= 1: finite
             const float f = expf(m_run[r] - m_new);              // 0 while m_run is -inf
             const float e = real ? expf(sv - m_new) : 0.0f;
-            const float sum = warp_sum(KC == KvCode::F16 && (lane & 1) ? 0.0f : e);
+            const float sum = warp_sum(kPair && (lane & 1) ? 0.0f : e);
             l_run[r] = l_run[r] * f + sum;
             m_run[r] = m_new;
 #pragma unroll
             for (int c = 0; c < C; ++c) acc[r][c] *= f;
-            if (real && (KC != KvCode::F16 || !(lane & 1))) pw[tt * kStreamMaxRep + r] = e;
+            if (real && (!kPair || !(lane & 1))) pw[tt * kStreamMaxRep + r] = e;
         }
         __syncwarp();
         // Values: this lane's C channels of every token of the tile.
@@ -859,7 +912,7 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
             l += wl[w * REP + r] * f;
         }
         float* row = part_row(r);
-        row[dd] = o;
+        row[dd] = VC == KvCode::FP8 ? o * head.v_scale : o;  // (l unscaled: the merge divides by it)
         if (dd == 0) {
             row[hd] = m;
             row[hd + 1] = l;
@@ -942,9 +995,9 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         if (owner) {
             const KvHeadDev sh = p.rope.heads[g];
             for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
-            kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads);
+            kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads, sh.k_scale);
             kv_store_row(VC, p.rope.v + int64_t(g) * hd, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid,
-                         kSplitThreads);
+                         kSplitThreads, sh.v_scale);
             __threadfence();  // the tile copies below read the new slot through L2
         }
     }
@@ -962,7 +1015,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         uint4* qf = reinterpret_cast<uint4*>(smem + L.qf);
         float* qd = reinterpret_cast<float*>(smem + L.qd);
         if (n_tiles == 0) {
-        } else if constexpr (KC == KvCode::F16) {
+        } else if constexpr (kv_half_keys(KC)) {
             for (int e = tid; e < (hd / 16) * 32; e += kSplitThreads) {
                 const int ks = e / 32, ln = e % 32, r = ln >> 2, c = ks * 16 + (ln & 3) * 2;
                 uint4 hi, lo;
@@ -997,6 +1050,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         // Tokens each of this thread's two C rows sees, relative to t_begin (padding rows: none).
         const auto row_vis = [&](int r) { return r < rows ? visible(q0 + r / REP) - t_begin : int64_t(0); };
         const int64_t vis_a = row_vis(gid), vis_b = row_vis(gid + 8);
+        const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;  // fp8: the keys' scale once per score
         // Tile it goes to stage it % stages; stages - 1 tiles ahead are in flight (a group is
         // committed for every tile, empty past the last, so cp_async_wait counts the same).
         const auto issue = [&](int it) {
@@ -1038,12 +1092,18 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                 const int tok = nb * 8 + gid;  // this lane's B column (token) in the tile
                 const uint8_t* krow = kt + tok * L.k_row;
                 float s[4];
-                if constexpr (KC == KvCode::F16) {
+                if constexpr (kv_half_keys(KC)) {
                     float hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
                     for (int ks = 0; ks < hd / 16; ++ks) {
                         const uint4 ah = qf[2 * (ks * 32 + lane)], al = qf[2 * (ks * 32 + lane) + 1];
-                        const unsigned b0 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + tig * 2) * 2);
-                        const unsigned b1 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + 8 + tig * 2) * 2);
+                        unsigned b0, b1;
+                        if constexpr (KC == KvCode::F16) {
+                            b0 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + tig * 2) * 2);
+                            b1 = *reinterpret_cast<const unsigned*>(krow + (ks * 16 + 8 + tig * 2) * 2);
+                        } else {  // fp8: two codes become two fp16 numbers, exactly
+                            b0 = kv_fp8x2_to_half2(u16_at(krow + ks * 16 + tig * 2));
+                            b1 = kv_fp8x2_to_half2(u16_at(krow + ks * 16 + 8 + tig * 2));
+                        }
                         mma_f16(hi, ah.x, ah.y, ah.z, ah.w, b0, b1);
                         mma_f16(lo, al.x, al.y, al.z, al.w, b0, b1);
                     }
@@ -1080,7 +1140,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                 for (int j = 0; j < 4; ++j) {
                     const int t = tile0 + t0 + (j & 1);
                     const bool seen = t < (j < 2 ? vis_a : vis_b) && t0 + (j & 1) < len;
-                    sc(gid + (j < 2 ? 0 : 8), t0 + (j & 1)) = seen ? s[j] * p.scale : -INFINITY;
+                    sc(gid + (j < 2 ? 0 : 8), t0 + (j & 1)) = seen ? s[j] * score_scale : -INFINITY;
                 }
             }
             __syncthreads();
@@ -1126,7 +1186,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                     const int ta = ks * 16 + tig * 2, tb = ta + 8;  // the A columns (tokens) of this lane
                     float pa0 = sc(gid, ta), pa1 = sc(gid, ta + 1), pb0 = sc(gid + 8, ta), pb1 = sc(gid + 8, ta + 1);
                     float pc0 = sc(gid, tb), pc1 = sc(gid, tb + 1), pd0 = sc(gid + 8, tb), pd1 = sc(gid + 8, tb + 1);
-                    if constexpr (VC != KvCode::F16) {  // the block scale of each token goes into P
+                    if constexpr (VC == KvCode::Q8_0 || VC == KvCode::Q4_0) {  // the block scale of each token goes into P
                         constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
                         const float d0 = kv_half_at(vt + ta * L.v_row + cb * kBlockBytes);
                         const float d1 = kv_half_at(vt + (ta + 1) * L.v_row + cb * kBlockBytes);
@@ -1148,6 +1208,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
                             const auto v = [&](int t) { return u16_at(vt + t * L.v_row + col * 2); };
                             b0 = v(ta) | (v(ta + 1) << 16);
                             b1 = v(tb) | (v(tb + 1) << 16);
+                        } else if constexpr (VC == KvCode::FP8) {  // the values' scale goes on the output
+                            const auto v = [&](int t) { return unsigned(vt[t * L.v_row + col]); };
+                            b0 = kv_fp8x2_to_half2(v(ta) | (v(ta + 1) << 8));
+                            b1 = kv_fp8x2_to_half2(v(tb) | (v(tb + 1) << 8));
                         } else {
                             constexpr int kBlockBytes = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes;
                             const int j = n * 8 + gid;
@@ -1182,7 +1246,10 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     #pragma unroll
                     for (int j = 0; j < 4; ++j) {
                         const int r = gid + (j < 2 ? 0 : 8);
-                        if (r < rows) part_row(r)[col + (j & 1)] = acc[ch][n][j] + acc_lo[ch][n][j] * kLoInv;
+                        if (r < rows) {
+                            const float o = acc[ch][n][j] + acc_lo[ch][n][j] * kLoInv;
+                            part_row(r)[col + (j & 1)] = VC == KvCode::FP8 ? o * head.v_scale : o;
+                        }
                     }
                 }
             }
@@ -1237,9 +1304,9 @@ __global__ void rope_store_kernel(const RopeStoreParams p) {
     const int64_t slot = h.n_tokens + t;
     const float* vrow = p.v + (t * p.n_head_kv + head) * p.head_dim;
     kv_store_row(p.k_code, row, reinterpret_cast<uint8_t*>(h.k) + slot * kv_token_bytes(p.k_code, hd), hd, threadIdx.x,
-                 blockDim.x);
+                 blockDim.x, h.k_scale);
     kv_store_row(p.v_code, vrow, reinterpret_cast<uint8_t*>(h.v) + slot * kv_token_bytes(p.v_code, hd), hd, threadIdx.x,
-                 blockDim.x);
+                 blockDim.x, h.v_scale);
 }
 
 // ---- the GEMM path's kernels ---------------------------------------------------------------------
@@ -1367,6 +1434,7 @@ int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
     const int64_t per_sm = forced                    ? forced
                            : k_code == KvCode::F16  ? int64_t(kAttnSplitBlocksPerSmF16)
                            : k_code == KvCode::Q8_0 ? int64_t(kAttnSplitBlocksPerSmQ8)
+                           : k_code == KvCode::FP8  ? int64_t(kAttnSplitBlocksPerSmFp8)
                                                     : int64_t(kAttnSplitBlocksPerSmQ4);
     const int64_t want = (per_sm * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
     int64_t s = 1;
@@ -1412,6 +1480,7 @@ void launch_split_v(const SplitAttentionParams& p, cudaStream_t st) {
         case KvCode::F16: launch_split<REP, KC, KvCode::F16>(p, st); break;
         case KvCode::Q8_0: launch_split<REP, KC, KvCode::Q8_0>(p, st); break;
         case KvCode::Q4_0: launch_split<REP, KC, KvCode::Q4_0>(p, st); break;
+        case KvCode::FP8: launch_split<REP, KC, KvCode::FP8>(p, st); break;
     }
 }
 
@@ -1421,6 +1490,7 @@ void launch_split_kv(const SplitAttentionParams& p, cudaStream_t st) {
         case KvCode::F16: launch_split_v<REP, KvCode::F16>(p, st); break;
         case KvCode::Q8_0: launch_split_v<REP, KvCode::Q8_0>(p, st); break;
         case KvCode::Q4_0: launch_split_v<REP, KvCode::Q4_0>(p, st); break;
+        case KvCode::FP8: launch_split_v<REP, KvCode::FP8>(p, st); break;
     }
 }
 

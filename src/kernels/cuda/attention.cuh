@@ -1,12 +1,12 @@
 // The KV cache in device memory: the store kernel (new keys and values into each head's pages,
-// in their format: f16, q8_0 or q4_0, kv_codes.cuh) and causal attention over those pages. Every
+// in their format: f16, q8_0, q4_0 or fp8, kv_codes.cuh) and causal attention over those pages. Every
 // value that changes from one decode step to the next (positions, token counts, page addresses)
 // is read from a small device table, not passed as a kernel argument, so a captured CUDA graph of
 // the step stays valid as the cache grows.
 //
 // Attention takes one of three paths:
 //   decode with -fa (n_q < kAttnGemmMinQueries, GQA 1/2/3/4/8, head_dim a multiple of 32), and
-//     every call on a q8_0 / q4_0 cache: split-K over the tokens with an online softmax and an
+//     every call on a q8_0 / q4_0 / fp8 cache: split-K over the tokens with an online softmax and an
 //     in-kernel merge, reading each format in place (attention_split below);
 //   decode without -fa, or other shapes (f16 only): one block per query token and head, scores
 //     in device scratch, softmax and the V sum in f32; with round_f16 the two fp16 roundings of
@@ -37,6 +37,7 @@ struct KvHeadDev {
     // 0 without). The batch's queries are its last stored tokens, so query i (position pos0 + i)
     // sees its first pos0 + i + 1 - evicted stored tokens.
     int64_t evicted;
+    float k_scale = 1.0f, v_scale = 1.0f;  // fp8: the streams' scales (x = e4m3(code) * scale); 1 for the other formats
 };
 
 struct KvStoreParams {
@@ -90,7 +91,9 @@ void rope_store_kv(const RopeStoreParams& p, cudaStream_t stream);
 // more tiles in flight while one is computed). Scores and the weighted sum of values are tensor-core
 // MMAs (attention.cu says how q, the keys, the probabilities and the values enter them exactly);
 // the readers are templates on the key and the value format (kv_codes.cuh): q8_0 / q4_0 keys are
-// scored against the query quantized to q8_0 once per block, as the CPU does. Each split writes
+// scored against the query quantized to q8_0 once per block, as the CPU does; fp8 codes enter as
+// the fp16 numbers they are (like f16 pages, from a byte each), the scores times the keys' scale,
+// each split's output times the values' scale. Each split writes
 // an unnormalized partial (o, max, sum) per row; the last block of (group, g) to finish (an
 // arrival counter) merges the splits with their log-sum-exp weights, so the step runs one kernel,
 // not two. The split count is fixed per call (a graph argument) and each split's stretch follows
@@ -123,6 +126,7 @@ constexpr int kAttnSplitMaxSplits = 128;
 constexpr int kAttnSplitBlocksPerSmF16 = 1;
 constexpr int kAttnSplitBlocksPerSmQ8 = 1;
 constexpr int kAttnSplitBlocksPerSmQ4 = 2;
+constexpr int kAttnSplitBlocksPerSmFp8 = 1;  // as f16 (not swept)
 constexpr int kAttnSplitMinTokens = 16;  // the stretch's granule: a tile starts 16-byte aligned in every format
 // The fewest tokens a split holds (SplitAttentionParams::min_stretch; VXQ_CUDA_ATTN_MIN_STRETCH
 // overrides it): at a short depth fewer splits hold tokens, so fewer blocks read, write partials
@@ -204,12 +208,12 @@ constexpr int kAttnShortTokens = 128;
 // The stream form: one query (decode) over more tokens than the short form takes, head_dim 64,
 // 128 or 256, with p.stream_stages in [1, 4] (1: a warp waits for each tile it issues; the
 // block's other warps compute meanwhile). No tensor cores and no block-wide barrier in the
-// loop: each of the block's 4 warps streams its own tiles of the split's stretch (16 f16 tokens or
-// 32 q8_0 / q4_0 tokens a tile, copied with cp.async into a ring of stream_stages tiles of its own)
-// and keeps the online softmax of the group's query heads in registers; the four warps' states are
-// merged into the split's partial at the end (attention.cu says how each format is read). The
-// tensor-core form spends 12 of its 16 MMA rows on padding at one query and synchronizes the
-// block several times per tile; on the H200 it read 13-35 % of the copy bandwidth at 32K-128K
+// loop: each of the block's 4 warps streams its own tiles of the split's stretch (16 f16 or fp8
+// tokens or 32 q8_0 / q4_0 tokens a tile, copied with cp.async into a ring of stream_stages tiles
+// of its own) and keeps the online softmax of the group's query heads in registers; the four
+// warps' states are merged into the split's partial at the end (attention.cu says how each format
+// is read). The tensor-core form spends 12 of its 16 MMA rows on padding at one query and
+// synchronizes the block several times per tile; on the H200 it read 13-35 % of the copy bandwidth at 32K-128K
 // tokens (docs/gpu.md); the stream form 1.5-2.0x faster on the same shapes (docs/gpu.md, session
 // of 2026-12-03 (second)). VXQ_CUDA_ATTN_STREAM=0 turns the stream form off, =N forces N stages.
 // The default ring: 2 tiles per warp. On the H200 (32 / 8 heads of 128, 4K / 32K / 128K tokens)

@@ -378,6 +378,9 @@ public:
         const KvShape& s = cache.shape();
         const size_t count = size_t(n * s.n_head_kv * s.head_dim);
         if (KvObserver* obs = cache.observer()) obs->on_write(layer, pos0, to_host(k, count, 0), to_host(v, count, 1), n);
+        // fp8's scales come from the first batch, as a host cache computes them (its codecs, on a
+        // host copy: once per stream).
+        if (cache.wants_first_batch(layer, n)) cache.observe_first_batch(layer, to_host(k, count, 0), to_host(v, count, 1), n);
         const KvWritePlan plan = cache.reserve_write(layer, pos0, n);
         const KvLayerView view = cache.view(layer);
         require_device(view);
@@ -463,8 +466,9 @@ public:
             return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
                                "(keys {}; one query over <= {} tokens: its short form, f32 FMAs), f32 softmax",
                                kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
-                               codes.k == KvCode::F16 ? "against hi/lo fp16 splits of q"
-                                                      : "against the query quantized to q8_0, int8 MMA",
+                               codes.k == KvCode::F16   ? "against hi/lo fp16 splits of q"
+                               : codes.k == KvCode::FP8 ? "as fp16 numbers (e4m3 exact) against hi/lo fp16 splits of q"
+                                                        : "against the query quantized to q8_0, int8 MMA",
                                attn_short_);
         }
         return view.flash_attn
@@ -597,6 +601,10 @@ private:
                  "--device cpu");
         }
         const KvCodes codes = kv_codes(view);
+        if (codes.k == KvCode::FP8) {
+            fail("the attention mass (eviction scores, attention observers) over fp8 keys has no CUDA kernel; use --device "
+                 "cpu");
+        }
         int64_t max_tokens = 0;
         for (int64_t g = 0; g < view.n_head_kv; ++g) max_tokens = std::max(max_tokens, view.heads[g].n_tokens);
         if (n_q == 0 || max_tokens == 0) return;
@@ -676,7 +684,7 @@ private:
     // A head's page addresses (its streams are contiguous) and a token count, as the kernels read them.
     static KvHeadDev head_dev(const KvHeadView& h, int64_t n_tokens) {
         return KvHeadDev{uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.k))),
-                         uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens, 0};
+                         uint64_t(reinterpret_cast<uintptr_t>(kv_packed_blocks(h.v))), n_tokens, 0, h.k.fmt.scale, h.v.fmt.scale};
     }
     // Positions before the batch that a head with its own positions (eviction) no longer holds:
     // the kernels assume the batch's n_q queries are the head's last stored tokens, at positions
@@ -700,17 +708,21 @@ private:
             case KvFormatKind::F16: return KvCode::F16;
             case KvFormatKind::Q8_0: return KvCode::Q8_0;
             case KvFormatKind::Q4_0: return KvCode::Q4_0;
+            case KvFormatKind::FP8: return KvCode::FP8;
             default: return std::nullopt;
         }
     }
     static KvCode require_code(const KvStreamView& s, int64_t head_dim, const char* what) {
         const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
         if (!c) {
-            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0 and q4_0 caches; use "
-                 "--device cpu",
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8 and KIVI caches; "
+                 "use --device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
-        if (!kv_code_fits(*c, head_dim)) fail("KV format {} needs head_dim % 32 == 0, not {}", kv_format_kind_name(s.fmt.kind), head_dim);
+        if (!kv_code_fits(*c, head_dim)) {
+            fail("KV format {} needs head_dim % {} == 0, not {}", kv_format_kind_name(s.fmt.kind), *c == KvCode::FP8 ? 16 : 32,
+                 head_dim);
+        }
         return *c;
     }
     // Whether a layer is a KIVI cache (keys and values: the KIVI kernels read no other format),

@@ -10,10 +10,15 @@
 //   q4_0  head_dim/32 blocks {fp16 d; uint8 qs[16]}: ggml's quantize_row_q4_0_ref (m = the first
 //         value of largest magnitude, d = m / -8, q = min(15, int8(trunc(x / d + 8.5)))), value j
 //         in the low nibble of qs[j], value j + 16 in its high nibble
+//   fp8   head_dim e4m3fn codes of x / scale (kvfmt::e4m3_encode: round to nearest even,
+//         saturated at 448, NaN -> 0x7f with x's sign), one f32 scale per (layer, KV head) and
+//         stream, set by the host codec from the first batch (KvHeadDev::k_scale / v_scale)
 //
 // The attention (attention.cu) reads these bytes in place: q8_0 / q4_0 keys as the CPU does
 // (kernels/cpu/kv_read_baseline.cpp: the query quantized to q8_0 once per step, each 32-block's
-// integer dot exact, times d_k * d_q), values as float(q) * d.
+// integer dot exact, times d_k * d_q), values as float(q) * d; fp8 codes as fp16 numbers (every
+// e4m3 value is one: 3 mantissa bits, exponents 2^-9 .. 2^8), the stream's scale applied once to
+// a score or an output row, not per token.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +30,7 @@
 
 namespace vxq::cuda {
 
-enum class KvCode : uint8_t { F16, Q8_0, Q4_0 };
+enum class KvCode : uint8_t { F16, Q8_0, Q4_0, FP8 };
 struct KvCodes {  // a layer's key and value formats
     KvCode k, v;
 };
@@ -33,11 +38,18 @@ struct KvCodes {  // a layer's key and value formats
 constexpr int kKvQ8BlockBytes = 34, kKvQ4BlockBytes = 18;
 
 __host__ __device__ constexpr int64_t kv_token_bytes(KvCode c, int64_t head_dim) {
-    return c == KvCode::F16 ? 2 * head_dim
-                            : head_dim / kQBlock * (c == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
+    return c == KvCode::F16   ? 2 * head_dim
+           : c == KvCode::FP8 ? head_dim
+                              : head_dim / kQBlock * (c == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
 }
-// Whether a format stores rows of this length (the block formats need whole 32-blocks).
-constexpr bool kv_code_fits(KvCode c, int64_t head_dim) { return c == KvCode::F16 || head_dim % kQBlock == 0; }
+// Whether a format's keys enter the attention's MMAs as fp16 numbers against hi / lo fp16 splits
+// of q (f16, fp8), not as integers against q as q8_0 (q8_0, q4_0).
+__host__ __device__ constexpr bool kv_half_keys(KvCode c) { return c == KvCode::F16 || c == KvCode::FP8; }
+// Whether a format stores rows of this length (the block formats need whole 32-blocks; fp8 rows
+// are copied in 16-byte pieces).
+constexpr bool kv_code_fits(KvCode c, int64_t head_dim) {
+    return c == KvCode::F16 || head_dim % (c == KvCode::FP8 ? 16 : kQBlock) == 0;
+}
 
 #ifdef __CUDACC__
 __device__ __forceinline__ uint16_t kv_half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
@@ -77,6 +89,33 @@ __device__ __forceinline__ KvQ4Scale kv_q4_scale(float m) {
 }
 __device__ __forceinline__ int kv_q4_code(float v, float id) { return min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f))); }
 
+// fp8: the e4m3fn code of x / scale, kvfmt::e4m3_encode's steps on the IEEE quotient. The sign
+// is x's (scale > 0): the host's division keeps a NaN's sign (x86 returns the NaN operand), the
+// device's returns the canonical NaN.
+__device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale) {
+    const float y = __fdiv_rn(x, scale);
+    const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
+    const float a = fabsf(y);
+    if (isnan(a)) return uint8_t(sign | 0x7fu);
+    if (a >= 448.0f) return uint8_t(sign | 0x7eu);  // saturate (infinities too)
+    if (a < 0x1p-6f) return uint8_t(sign | unsigned(rintf(__fmul_rn(a, 512.0f))));  // subnormal: m * 2^-9
+    const unsigned ua = __float_as_uint(a);
+    unsigned r = ua >> 20;  // exponent and the top 3 mantissa bits; the other 20 rounded to even
+    const unsigned rem = ua & 0xfffffu;
+    if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) ++r;
+    return uint8_t(sign | (r - ((127u - 7u) << 3)));
+}
+// Two e4m3fn codes (the low byte first) as two fp16 numbers, exactly (sm_89+: one instruction).
+__device__ __forceinline__ unsigned kv_fp8x2_to_half2(unsigned codes) {
+    unsigned h;
+    asm("{.reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;}" : "=r"(h) : "r"(codes));
+    return h;
+}
+__device__ __forceinline__ float2 kv_fp8x2_to_float2(unsigned codes) {
+    const unsigned h = kv_fp8x2_to_half2(codes);
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+}
+
 // The butterfly over lanes xor kFirst, kFirst / 2, .., 1 (all 32 lanes call): the largest `best`,
 // ties to the lowest `at` (q4_0's first value of largest magnitude).
 template <int kFirst>
@@ -112,10 +151,16 @@ __device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) 
 }
 
 // Row x[0, hd) into one token's bytes at dst, by all `nthreads` threads of a block (a multiple of
-// 32; every thread calls). f16: any hd; q8_0 / q4_0: hd % 32 == 0, a warp per 32-block.
-__device__ __forceinline__ void kv_store_row(KvCode c, const float* x, uint8_t* dst, int hd, int tid, int nthreads) {
+// 32; every thread calls). f16, fp8 (its stream's `scale`): any hd; q8_0 / q4_0: hd % 32 == 0, a
+// warp per 32-block.
+__device__ __forceinline__ void kv_store_row(KvCode c, const float* x, uint8_t* dst, int hd, int tid, int nthreads,
+                                             float scale) {
     if (c == KvCode::F16) {
         for (int d = tid; d < hd; d += nthreads) reinterpret_cast<uint16_t*>(dst)[d] = kv_half_bits(x[d]);
+        return;
+    }
+    if (c == KvCode::FP8) {
+        for (int d = tid; d < hd; d += nthreads) dst[d] = kv_fp8_code(x[d], scale);
         return;
     }
     const int lane = tid & 31;

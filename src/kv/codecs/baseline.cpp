@@ -50,6 +50,9 @@ public:
             scale_ = sc > 0.0f ? sc : 1.0f;
         }
     }
+    bool wants_first_batch(int64_t n) const override {
+        return std::is_same_v<F, FP8> && !fixed_scale_ && n >= kFp8MinPromptTokens;
+    }
     void set_fixed_scale(float s) {
         scale_ = s;
         fixed_scale_ = true;

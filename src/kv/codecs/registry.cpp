@@ -26,7 +26,7 @@ std::vector<Entry> builtin_entries() {
         {{"q4_0", "", "llama.cpp q4_0 blocks: 32 4-bit codes + fp16 scale along head_dim", "4.5", {"cpu", "cuda"}, {"q4_0"}},
          codecs::make_q4_0, nullptr},
         {{"fp8", "scale=prompt|S (prompt)",
-          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8", {"cpu"},
+          "e4m3fn, one fp32 scale per (layer, KV head): amax/448 of a prompt of >= 16 tokens, else 1", "8", {"cpu", "cuda"},
           {"fp8", "fp8:scale=0.01"}},
          codecs::make_fp8, nullptr},
         {{"kivi", "bits=2|4|8 (2), group=G (32), residual=R (128, multiple of G)",
