@@ -30,7 +30,7 @@
 #                    (an A/A arm), at depths VXQ_GPU_AB_DEPTHS (0,4096); table ab.md
 #   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24, as prefill)
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
-#   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0")
+#   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0 fp8")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
 #   VXQ_GPU_ATTN_ARGS  its layouts (default "--splits 32,64 --stream 0,2": the stream form and the
 #                    tensor-core form at 32 and 64 splits)
@@ -39,10 +39,9 @@
 #                    weight type, each decode-step kernel's time inside the graph from an empty
 #                    cache (VXQ_CUDA_PROFILE=timeline; launch.cuh)
 #   VXQ_GPU_KV_DEPTHS  depths of the decode-vs-context sweep per KV format (default
-#                    1024,4096,16384,32768: a q8_0 / q4_0 prefill re-reads the cache per query
-#                    group, too slow beyond L2-sized caches until a flash prefill exists)
-#   VXQ_GPU_KV_METHODS  the sweep's --kv list (default f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2; the
-#                    KIVI prefill also reads the cache once per query)
+#                    1024,4096,16384,32768: each depth is filled three times per format, ~1 min
+#                    per 128K fill with the flash prefill, more for KIVI's: docs/gpu.md)
+#   VXQ_GPU_KV_METHODS  the sweep's --kv list (default f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -149,7 +148,7 @@ if [ "$status_build" = ok ]; then
     done
     # Compressed caches on the device (issue 11): f16 weights, -fa (the fused kernel on both backends).
     m="$SHARED/assets/models/vxq-llama-h64-f16.gguf"
-    for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0}; do
+    for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0 fp8}; do
       [ -f "$m" ] && [ -f "$TEXT" ] || break
       for mode in prefill stream; do
         chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
@@ -272,7 +271,7 @@ if [ "$status_build" = ok ]; then
     DEPTHS="${VXQ_GPU_KV_DEPTHS:-1024,4096,16384,32768}"
     if [ -f "$m" ]; then
       step "decode vs context per KV cache format (depths $DEPTHS)"
-      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --kv "${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
+      "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 64 -d "$DEPTHS" -r 2 --kv "${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2}" \
         --json >"$LOGS/kv_sweep.json" 2>"$LOGS/kv_sweep.err" || { echo "kv sweep failed:"; tail -3 "$LOGS/kv_sweep.err"; status_e2e=FAIL; }
       python3 -c "
 import json, sys
@@ -283,7 +282,7 @@ for r in json.load(open(sys.argv[1]))['rows']:
         --title "H200, synthetic Llama-3-8B Q4_0, tg64 vs depth per KV cache" >/dev/null 2>&1 || true
       if [ -n "${LLAMA_CPP_BIN:-}" ]; then
         # Both engines on the same file at the longest depth, in one script (rounds alternate them).
-        VXQ="$BUILD/src/vxq" VXQ_KV_DEPTHS="${DEPTHS##*,}" VXQ_KV_METHODS="${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}" \
+        VXQ="$BUILD/src/vxq" VXQ_KV_DEPTHS="${DEPTHS##*,}" VXQ_KV_METHODS="${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2}" \
           bench/gpu_kv_vs_llamacpp.sh "$m" "$LOGS/kv_vs_llamacpp" | tee "$LOGS/kv_vs_llamacpp.md"
       fi
     fi

@@ -970,6 +970,83 @@ TEST(Cuda, AttentionMatchesCpu) {
     }
 }
 
+// The flash-style prefill (attention_prefill: batches of >= 64 queries, head_dim 64 / 128) against
+// the CPU and against the split kernel or cuBLAS path it replaces (VXQ_CUDA_ATTN_PREFILL_MIN
+// beyond every batch) on the same device cache: every format as keys and as values, GQA 1/2/3/4/8,
+// earlier tokens before the queries or none, batches that leave partial blocks of queries and
+// partial 32-token tiles. f32 sums of f32-exact products (q and the probabilities as hi / lo fp16
+// halves; q8_0 / q4_0 keys the same integers per 32-block as the other forms) in other orders:
+// 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
+TEST(Cuda, AttentionPrefillFormMatchesCpuAndOtherPaths) {
+    VXQ_REQUIRE_CUDA(be);
+    setenv("VXQ_CUDA_ATTN_PREFILL_MIN", "1000000", 1);
+    auto other = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_ATTN_PREFILL_MIN");
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    struct Case { int64_t kv_len, head_dim, n_head, n_head_kv, n_q; };
+    const Case cases[] = {{64, 64, 8, 8, 64},      {100, 128, 32, 8, 64}, {300, 64, 12, 4, 97}, {1000, 128, 8, 1, 200},
+                          {2000, 128, 32, 8, 512}, {129, 64, 4, 2, 65},   {777, 128, 6, 3, 300}};
+    for (const Case& c : cases) {
+        for (const char* spec_text : {"f16", "q8_0", "q4_0", "fp8", "q4_0/f16", "f16/q8_0", "fp8/q4_0", "q8_0/fp8"}) {
+            SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
+                                            << " heads " << c.n_head << "/" << c.n_head_kv << " n_q " << c.n_q << " seed " << seed);
+            const KvSpec spec = KvSpec::parse(spec_text);
+            KvCacheOptions opts;
+            opts.flash_attn = true;
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len};
+            auto host = make_kv_cache(shape, spec, opts);
+            const auto k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+            const auto v = random_floats(k.size(), rng);
+            const auto q = random_floats(size_t(c.n_q * c.n_head * c.head_dim), rng);
+            host->write(0, 0, k.data(), v.data(), c.kv_len);
+            host->commit(c.kv_len);
+            const int64_t pos0 = c.kv_len - c.n_q;
+            std::vector<float> ref(q.size());
+            cpu->attention(host->view(0), q.data(), c.n_q, pos0, ref.data());
+            // Each backend reads a cache in its own device memory, written by its store kernel.
+            const auto on = [&](Backend& b) {
+                KvCacheOptions o = opts;
+                o.memory = b.kv_memory();
+                auto dev = make_kv_cache(shape, spec, o);
+                b.kv_write(*dev, 0, 0, k.data(), v.data(), c.kv_len);
+                dev->commit(c.kv_len);
+                std::vector<float> out(q.size(), NAN);
+                b.attention(dev->view(0), q.data(), c.n_q, pos0, out.data());
+                return out;
+            };
+            const std::vector<float> got = on(*be), got_other = on(*other);
+            for (size_t i = 0; i < ref.size(); ++i) {
+                ASSERT_NEAR(got[i], ref[i], 2e-5f) << i;
+                ASSERT_NEAR(got[i], got_other[i], 2e-5f) << i;
+            }
+        }
+    }
+}
+
+// Which shapes and formats the flash-style prefill takes (host logic, no GPU needed): head_dim 64
+// and 128, every token-wise format pair, GQA groups up to its 64 rows; the backend sends batches of
+// >= kAttnPrefillMinQueries queries there.
+TEST(Cuda, AttentionPrefillTakesHeadDim64And128) {
+#if !VXQ_HAVE_CUDA
+    VXQ_SKIP_WITHOUT_CUDA_BUILD("the flash prefill's shapes");
+#else
+    using cuda::KvCode;
+    for (KvCode k : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0, KvCode::FP8}) {
+        for (KvCode v : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0, KvCode::FP8}) {
+            for (int64_t hd : {32, 64, 96, 128, 256}) {
+                EXPECT_EQ(cuda::attention_prefill_fits(32, 8, hd, k, v), hd == 64 || hd == 128) << hd;
+            }
+            EXPECT_TRUE(cuda::attention_prefill_fits(64, 1, 128, k, v));
+            EXPECT_FALSE(cuda::attention_prefill_fits(128, 1, 128, k, v));  // a group of 128 heads: more than a block's rows
+            EXPECT_FALSE(cuda::attention_prefill_fits(12, 5, 128, k, v));
+        }
+    }
+    EXPECT_EQ(cuda::kAttnPrefillMinQueries, 64);
+#endif
+}
+
 // One query over a device cache of each case and KV format pair (the decode-form tests below):
 // random keys, values and query (a fresh seed), the CPU's output as the reference, and `on(be)`:
 // the same cache written by a CUDA backend's store kernel (the CPU codecs' bytes: compared) and

@@ -259,14 +259,6 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
 //           in fp16) and the block scale goes into P: sum_t (p_t d_t) q_t (the CPU: p_t (q_t d_t)).
 // Accumulation is f32 in the tensor cores; results match the CPU's f32 kernel to ~1e-6 relative.
 constexpr int kMmaRows = 16;
-__device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ unsigned u16_at(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
-__device__ __forceinline__ unsigned u32_at2(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }  // 2-byte aligned
 
 // Where a block's dynamic shared memory goes (byte offsets, each 16-byte aligned).
 struct MmaSmem {
@@ -1474,24 +1466,9 @@ void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
     launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), attention_split_smem(p), st, p);
 }
 
-template <int REP, KvCode KC>
-void launch_split_v(const SplitAttentionParams& p, cudaStream_t st) {
-    switch (p.v_code) {
-        case KvCode::F16: launch_split<REP, KC, KvCode::F16>(p, st); break;
-        case KvCode::Q8_0: launch_split<REP, KC, KvCode::Q8_0>(p, st); break;
-        case KvCode::Q4_0: launch_split<REP, KC, KvCode::Q4_0>(p, st); break;
-        case KvCode::FP8: launch_split<REP, KC, KvCode::FP8>(p, st); break;
-    }
-}
-
 template <int REP>
 void launch_split_kv(const SplitAttentionParams& p, cudaStream_t st) {
-    switch (p.k_code) {
-        case KvCode::F16: launch_split_v<REP, KvCode::F16>(p, st); break;
-        case KvCode::Q8_0: launch_split_v<REP, KvCode::Q8_0>(p, st); break;
-        case KvCode::Q4_0: launch_split_v<REP, KvCode::Q4_0>(p, st); break;
-        case KvCode::FP8: launch_split_v<REP, KvCode::FP8>(p, st); break;
-    }
+    with_kv_codes(p.k_code, p.v_code, [&]<KvCode KC, KvCode VC>() { launch_split<REP, KC, VC>(p, st); });
 }
 
 }  // namespace

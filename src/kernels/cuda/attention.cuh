@@ -242,6 +242,22 @@ int32_t attention_split_short_cap(const SplitAttentionParams& p);
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits);
 void attention_split(const SplitAttentionParams& p, cudaStream_t stream);
 
+// ---- prefill: flash-style (attention_prefill.cu) ----------------------------------------------
+// A batch of >= kAttnPrefillMinQueries queries (the backend's threshold; VXQ_CUDA_ATTN_PREFILL_MIN
+// sets it) over a cache in any of the token-wise formats, head_dim 64 or 128, with flash-attention
+// numerics: flash_prefill.cuh's blocks of 64 (query, head) rows of one KV head on tensor cores,
+// each 32-token tile of keys and values read from the pages and converted once per block (against
+// once per 4 queries in the split kernel, and no n_q x n_kv score matrix as the cuBLAS path
+// writes). Keys: f16 and fp8 as fp16 numbers against q hi / lo (fp8: the score times the keys'
+// scale); q8_0 / q4_0 as int8 codes against q quantized to q8_0 per row (the CPU reader's
+// prepare_query), m16n8k32 integer MMAs per 32-block times d_k d_q, summed in f32 (the split
+// kernel's products). Values: f16 and fp8 as fp16 numbers (fp8: the output times the values'
+// scale); q8_0 / q4_0 as hi / lo halves of code * d (exact in f32). It reads p's q, pos0, heads,
+// out, shape, scale and formats; writes out directly (no partials, no merge).
+constexpr int64_t kAttnPrefillMinQueries = 64;
+bool attention_prefill_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim, KvCode k_code, KvCode v_code);
+void attention_prefill(const SplitAttentionParams& p, cudaStream_t stream);
+
 // ---- prefill: batched cuBLAS GEMMs ----------------------------------------------------------
 // Per query head h (KV head g = h / (n_head / n_head_kv)), one batch entry of each GEMM:
 //   S_h = Q_h K_g^T                       [n_q, n_kv] f32: every query against every stored token

@@ -92,13 +92,13 @@ T zeroed() {
 
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
-    AttentionMass, KiviStore, KiviAttention
+    AttentionMass, KiviStore, KiviAttention, AttentionPrefill
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
                                     "attention gemm", "attention split-K", "rope + kv store", "attention mass",
-                                    "kivi store", "kivi attention"};
-static_assert(std::size(kOpNames) == size_t(Op::KiviAttention) + 1);
+                                    "kivi store", "kivi attention", "attention prefill"};
+static_assert(std::size(kOpNames) == size_t(Op::AttentionPrefill) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
 // of its arguments) until something on the host needs a result (an output in host memory, a host
@@ -146,6 +146,7 @@ public:
         set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM")) attn_stream_ = std::clamp(std::atoi(sm), 0, 4);
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
+        if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
         }
@@ -464,18 +465,20 @@ public:
         const KvCodes codes = kv_codes(view);
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
             return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
-                               "(keys {}; one query over <= {} tokens: its short form, f32 FMAs), f32 softmax",
+                               "(keys {}; one query over <= {} tokens: its short form, f32 FMAs), f32 softmax; batches of "
+                               ">= {} queries (head_dim 64 / 128): the flash-style prefill kernel",
                                kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
                                codes.k == KvCode::F16   ? "against hi/lo fp16 splits of q"
                                : codes.k == KvCode::FP8 ? "as fp16 numbers (e4m3 exact) against hi/lo fp16 splits of q"
                                                         : "against the query quantized to q8_0, int8 MMA",
-                               attn_short_);
+                               attn_short_, attn_prefill_min_);
         }
         return view.flash_attn
                    ? fmt::format("cuda f16 pages on the device, f32 softmax (-fa): split-K tensor-core kernel (one query "
-                                 "over <= {} tokens: its short form, f32 FMAs); >= 16 queries: cuBLAS batched fp16 GEMMs "
+                                 "over <= {} tokens: its short form, f32 FMAs); >= {} queries (head_dim 64 / 128): the "
+                                 "flash-style prefill kernel; other batches of >= 16 queries: cuBLAS batched fp16 GEMMs "
                                  "on hi/lo fp16 splits of q and the probabilities",
-                                 attn_short_)
+                                 attn_short_, attn_prefill_min_)
                    : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
                      "queries: cuBLAS batched fp16 GEMMs";
     }
@@ -508,8 +511,21 @@ private:
         }
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         float* dev_out = out(o, n_out);
-        // Prefill: the batched GEMMs, which cover the same n_kv tokens in every head (a head with
-        // fewer would have its keys read past its last mapped page). f16 pages only.
+        // Prefill with flash-attention numerics (-fa, and every q8_0 / q4_0 / fp8 cache): the
+        // flash-style kernel, one pass over the cache per 64 (query, head) rows.
+        if ((view.flash_attn || !f16) && n_q >= attn_prefill_min_ &&
+            attention_prefill_fits(view.n_head, view.n_head_kv, view.head_dim, codes.k, codes.v)) {
+            SplitAttentionParams p = zeroed<SplitAttentionParams>();
+            p.k_code = codes.k;
+            p.v_code = codes.v;
+            attention_inputs(p, view, q, n_q, pos0, dev_out);
+            record(Op::AttentionPrefill, p, [](const SplitAttentionParams& p, cudaStream_t st) { attention_prefill(p, st); });
+            finish(o, p.out, n_out);
+            return;
+        }
+        // Other prefills of f16 pages (without -fa, or a shape the flash kernel does not take): the
+        // batched GEMMs, which cover the same n_kv tokens in every head (a head with fewer would
+        // have its keys read past its last mapped page).
         if (f16 && min_tokens == max_tokens &&
             attention_gemm_fits(n_q, view.n_head, view.head_dim, max_tokens, scores_stride_, dev_out)) {
             attention_gemm(view, q, n_q, pos0, o, dev_out, max_tokens);
@@ -1411,6 +1427,7 @@ private:
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
     int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
+    int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;

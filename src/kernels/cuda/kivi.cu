@@ -12,6 +12,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/flash_prefill.cuh"
 #include "kernels/cuda/kivi_code.h"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -457,15 +458,6 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
     // would queue behind this kernel's on the SMs this kernel holds while it encodes.
     for (int role = 0; role < 2; ++role) {
         for (int64_t j = 0; j < p.n; ++j) window_token(p, role, g, j, threadIdx.x, kStoreThreads);
-    }
-}
-
-// Sets a kernel's dynamic shared memory limit where it needs more than the default 48 KB.
-template <class Kernel>
-void allow_smem(Kernel kernel, size_t smem, size_t& configured) {
-    if (smem > 48 * 1024 && smem > configured) {
-        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
     }
 }
 
@@ -1408,24 +1400,16 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
 }
 
 // ---- prefill: a block of queries on tensor cores (flash-style) ----------------------------------
-// Block (query block, KV head g) takes kPfRows rows (query, head): the kPfRows / gqa consecutive
-// queries of the block times g's query heads, row r = query r / gqa, head r % gqa. Warp w owns rows
-// 16 w .. 16 w + 15 (an MMA's m-tile). The block walks the tokens its last query sees in 32-token
-// tiles: all 128 threads stage a tile's keys ([token][channel]) and values (transposed,
-// [channel][token]) in shared memory as fp16 hi + lo halves of the f32 numbers kivi.h's reader
-// gives (packed tokens fma(code, s, z), window tokens their fp16: both exact in f32), then each
-// warp computes its rows' scores (q hi/lo x k hi/lo: hi*hi, hi*lo, lo*hi, the lo parts scaled by
-// 2^11, mma.cuh), keeps the online softmax of its rows in registers (a row's 32 tokens on its 4
-// lanes tig) and adds P V into one accumulator of 2^11 o: (2^11 p_hi) v_hi + p_hi v_lo + p_lo v_hi
-// (p <= 1, so 2^11 p_hi is an exact fp16 number). The products are f32-exact to ~2^-22 and the
-// tensor cores add in f32: dequantize-then-attend within ~1e-6 relative, as the decode forms. The
-// tile's keys and values are staged once for the block's 64 rows, where the per-query form
-// (above) reads and converts them once per query (4 rows at GQA 4).
-constexpr int kPfWarps = 4, kPfRows = 16 * kPfWarps, kPfTile = 32;
-__host__ __device__ constexpr int kivi_pf_qpitch(int d) { return d + 8; }  // halves: rows 4 banks apart
-constexpr int kPfVPitch = kPfTile + 8;                                     // halves of a value channel's row
+// flash_prefill.cuh's block of 64 (query, head) rows of one KV head: all 128 threads stage each
+// 32-token tile's keys ([token][channel]) and values (transposed, [channel][token]) in shared
+// memory as fp16 hi + lo halves of the f32 numbers kivi.h's reader gives (packed tokens
+// fma(code, s, z), window tokens their fp16: both exact in f32), then each warp takes its rows'
+// scores, online softmax and P V there. The tile's keys and values are staged once for the
+// block's 64 rows, where the per-query form (above) reads and converts them once per query (4
+// rows at GQA 4).
+constexpr int kPfWarps = kFlashWarps, kPfRows = kFlashRows, kPfTile = kFlashTile;
 __host__ __device__ constexpr size_t kivi_pf_smem(int d) {  // q, k, v^T hi / lo (the raw stages follow)
-    return 2 * 2 * (size_t(kPfRows + kPfTile) * size_t(kivi_pf_qpitch(d)) + size_t(d) * kPfVPitch);
+    return 2 * 2 * (size_t(kPfRows + kPfTile) * size_t(flash_qpitch(d)) + size_t(d) * kFlashVPitch);
 }
 }  // namespace
 
@@ -1473,7 +1457,7 @@ __device__ __forceinline__ bool kivi_pf_staged(const KiviAttentionParams& p, con
 template <int D>
 __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
-    constexpr int QP = kivi_pf_qpitch(D), VP = kPfVPitch, NTO = D / 8;  // NTO: the output's n-tiles
+    constexpr int QP = flash_qpitch(D), VP = kFlashVPitch;
     auto* qh = reinterpret_cast<__half*>(smem4);
     __half* ql = qh + kPfRows * QP;
     __half* kh = ql + kPfRows * QP;
@@ -1485,17 +1469,7 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
     const int64_t g = blockIdx.y, i0 = int64_t(blockIdx.x) * qb;
     const KiviHeadDev hd = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
     pdl_wait();
-    // q's rows as hi / lo halves (rows past the block's queries zero).
-    for (int e = tid; e < kPfRows * D / 2; e += kPfWarps * 32) {
-        const int r = e / (D / 2), c = 2 * (e - r * (D / 2));
-        const int64_t i = i0 + r / gqa;
-        float2 x = make_float2(0.0f, 0.0f);
-        if (r < qb * gqa && i < p.n_q) x = *reinterpret_cast<const float2*>(p.q + (i * p.n_head + g * gqa + r % gqa) * D + c);
-        unsigned hi, lo;
-        split_pair(x.x, x.y, hi, lo);
-        *reinterpret_cast<unsigned*>(qh + r * QP + c) = hi;
-        *reinterpret_cast<unsigned*>(ql + r * QP + c) = lo;
-    }
+    flash_load_q<D>(p.q, p.n_q, p.n_head, gqa, i0, g, qh, ql);
     // This thread's rows ra = 16 warp + gid and rb = ra + 8: the tokens their queries see.
     const int64_t i_last = min64(p.n_q, i0 + qb) - 1, base = hd.n_tokens - p.n_q;
     const int ra = 16 * warp + gid, rbw = ra + 8;
@@ -1504,10 +1478,8 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
         return r < qb * gqa && i < p.n_q ? base + i + 1 : base + i_last + 1;  // padding rows: any count (q is 0)
     };
     const int64_t vis_a = visible(ra), vis_b = visible(rbw), n_end = base + i_last + 1;
-    float o[NTO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int nt = 0; nt < NTO; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
-    const unsigned two11 = 0x68006800u;  // fp16 2048 in both halves
+    FlashRows<D> rows;
+    rows.init();
 
     // The raw bytes of packed tiles (kivi_pf_staged) come through two cp.async stages after the
     // hi / lo buffers, the next tile's in flight while one is converted and computed; others
@@ -1572,108 +1544,12 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
         }
         __syncthreads();
 
-        // Scores of rows ra, rb against the tile's 4 n-tiles of 8 tokens: hi*hi in sh, the rest in sx.
-        float sh[4][4], sx[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) sh[nt][j] = sx[nt][j] = 0.0f;
-        }
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const int c = 16 * kk + 2 * tig;
-            const auto ld = [](const __half* a) { return *reinterpret_cast<const unsigned*>(a); };
-            const unsigned ah[4] = {ld(qh + ra * QP + c), ld(qh + rbw * QP + c), ld(qh + ra * QP + c + 8), ld(qh + rbw * QP + c + 8)};
-            const unsigned al[4] = {ld(ql + ra * QP + c), ld(ql + rbw * QP + c), ld(ql + ra * QP + c + 8), ld(ql + rbw * QP + c + 8)};
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int tk = (8 * nt + gid) * QP + c;
-                const unsigned bh0 = ld(kh + tk), bh1 = ld(kh + tk + 8), bl0 = ld(kl + tk), bl1 = ld(kl + tk + 8);
-                mma_f16(sh[nt], ah[0], ah[1], ah[2], ah[3], bh0, bh1);
-                mma_f16(sx[nt], ah[0], ah[1], ah[2], ah[3], bl0, bl1);
-                mma_f16(sx[nt], al[0], al[1], al[2], al[3], bh0, bh1);
-            }
-        }
-        // The online softmax of rows ra (j = 0, 1) and rb (j = 2, 3): token 8 nt + 2 tig + (j & 1).
-        float pr[4][4];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int64_t vis = half ? vis_b : vis_a;
-            float s[4][2], mx = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const int j = 2 * half + u;
-                    const int64_t tok = t0 + 8 * nt + 2 * tig + u;
-                    s[nt][u] = tok < vis ? (sh[nt][j] + sx[nt][j] * kLoInv) * p.scale : -INFINITY;
-                    mx = fmaxf(mx, s[nt][u]);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[half], mx);
-            const float corr = mn == -INFINITY ? 1.0f : expf(m[half] - mn);
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    const float e = s[nt][u] == -INFINITY ? 0.0f : expf(s[nt][u] - mn);
-                    pr[nt][2 * half + u] = e;
-                    sum += e;
-                }
-            }
-            l[half] = l[half] * corr + sum;  // this lane's part of the row's sum (added across tig at the end)
-            m[half] = mn;
-#pragma unroll
-            for (int nt = 0; nt < NTO; ++nt) {
-                o[nt][2 * half] *= corr;
-                o[nt][2 * half + 1] *= corr;
-            }
-        }
-        // P V: two 16-token k-steps; P's A fragments are the score fragments of n-tiles 2 ks, 2 ks + 1.
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-            unsigned ph[4], pl[4], p11[4];
-            split_pair(pr[2 * ks][0], pr[2 * ks][1], ph[0], pl[0]);
-            split_pair(pr[2 * ks][2], pr[2 * ks][3], ph[1], pl[1]);
-            split_pair(pr[2 * ks + 1][0], pr[2 * ks + 1][1], ph[2], pl[2]);
-            split_pair(pr[2 * ks + 1][2], pr[2 * ks + 1][3], ph[3], pl[3]);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const __half2 x = __hmul2(*reinterpret_cast<const __half2*>(&ph[j]), *reinterpret_cast<const __half2*>(&two11));
-                p11[j] = *reinterpret_cast<const unsigned*>(&x);
-            }
-            const int tk = 16 * ks + 2 * tig;
-#pragma unroll
-            for (int nt = 0; nt < NTO; ++nt) {
-                const int vr = (8 * nt + gid) * VP + tk;
-                const unsigned bh0 = *reinterpret_cast<const unsigned*>(vh + vr), bh1 = *reinterpret_cast<const unsigned*>(vh + vr + 8);
-                const unsigned bl0 = *reinterpret_cast<const unsigned*>(vl + vr), bl1 = *reinterpret_cast<const unsigned*>(vl + vr + 8);
-                mma_f16(o[nt], p11[0], p11[1], p11[2], p11[3], bh0, bh1);
-                mma_f16(o[nt], ph[0], ph[1], ph[2], ph[3], bl0, bl1);
-                mma_f16(o[nt], pl[0], pl[1], pl[2], pl[3], bh0, bh1);
-            }
-        }
+        float sc[4][4];
+        flash_scores<D, true>(qh, ql, kh, kl, ra, rbw, gid, tig, sc);
+        flash_softmax_pv<D, true>(sc, p.scale, t0, vis_a, vis_b, vh, vl, gid, tig, rows);
     }
     pdl_launch_dependents();
-    // out = o / (2^11 l), l the row's sum over its 4 lanes.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        float sum = l[half];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        const int r = half ? rbw : ra;
-        const int64_t i = i0 + r / gqa;
-        if (r >= qb * gqa || i >= p.n_q) continue;
-        const float inv = kLoInv / sum;
-        float* dst = p.out + (i * p.n_head + g * gqa + r % gqa) * D;
-#pragma unroll
-        for (int nt = 0; nt < NTO; ++nt) {
-            *reinterpret_cast<float2*>(dst + 8 * nt + 2 * tig) = make_float2(o[nt][2 * half] * inv, o[nt][2 * half + 1] * inv);
-        }
-    }
+    flash_store<D>(rows, p.out, p.n_q, p.n_head, gqa, i0, g, ra, rbw, tig, 1.0f);
 }
 
 template <int D>

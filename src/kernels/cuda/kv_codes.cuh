@@ -51,8 +51,30 @@ constexpr bool kv_code_fits(KvCode c, int64_t head_dim) {
     return c == KvCode::F16 || head_dim % (c == KvCode::FP8 ? 16 : kQBlock) == 0;
 }
 
+// Calls f.template operator()<KC, VC>() with the key and value formats (k, v) as template
+// arguments: the launchers' dispatch to a kernel instance per format pair.
+template <class F>
+void with_kv_codes(KvCode k, KvCode v, F&& f) {
+    const auto on_v = [&]<KvCode KC>() {
+        switch (v) {
+            case KvCode::F16: f.template operator()<KC, KvCode::F16>(); break;
+            case KvCode::Q8_0: f.template operator()<KC, KvCode::Q8_0>(); break;
+            case KvCode::Q4_0: f.template operator()<KC, KvCode::Q4_0>(); break;
+            case KvCode::FP8: f.template operator()<KC, KvCode::FP8>(); break;
+        }
+    };
+    switch (k) {
+        case KvCode::F16: on_v.template operator()<KvCode::F16>(); break;
+        case KvCode::Q8_0: on_v.template operator()<KvCode::Q8_0>(); break;
+        case KvCode::Q4_0: on_v.template operator()<KvCode::Q4_0>(); break;
+        case KvCode::FP8: on_v.template operator()<KvCode::FP8>(); break;
+    }
+}
+
 #ifdef __CUDACC__
 __device__ __forceinline__ uint16_t kv_half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ unsigned u16_at(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
+__device__ __forceinline__ unsigned u32_at2(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }  // 2-byte aligned
 __device__ __forceinline__ float kv_half_at(const uint8_t* p) {  // 2-byte aligned
     return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t*>(p)));
 }

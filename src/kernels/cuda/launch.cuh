@@ -102,4 +102,14 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
     VXQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
+// Sets a kernel's dynamic shared memory limit where it needs more than the default 48 KB
+// (`configured`: the caller's record of what it set, a static per kernel).
+template <class Kernel>
+void allow_smem(Kernel kernel, size_t smem, size_t& configured) {
+    if (smem > 48 * 1024 && smem > configured) {
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        configured = smem;
+    }
+}
+
 }  // namespace vxq::cuda
