@@ -2120,8 +2120,8 @@ TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
 }
 
 // vxq-llama-h64 (f16 weights, GQA 3) with a q8_0 / q4_0 / fp8 cache on the device against the same cache
-// on the CPU: a short prompt and 8 decode steps, and a 40-token prompt (the split kernel with 40
-// queries). Both encode the same k and v bits the same way, but k and v differ in their last bits
+// on the CPU: a short prompt and 8 decode steps, and a 64-token prompt (the flash prefill, or
+// KIVI's prefill form, with 64 queries). Both encode the same k and v bits the same way, but k and v differ in their last bits
 // (matmul order), which can move a code by a whole step (or, for q4_0, pick another value as the
 // block's maximum): q8_0 a step of amax/127, as activations for q8_0 / q4_0 weights (their
 // logit_tolerance, 3e-2), q4_0 a step of amax/8, 16x larger: 1e-1 (measured on the H200: 4.2e-2
