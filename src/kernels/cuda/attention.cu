@@ -84,11 +84,11 @@ __global__ void store_kv_kernel(KvStoreParams p) {
 
 // The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per row (token t,
 // head g, keys or values), lane l taking values 4l .. 4l + 3 of each 128-value stretch with one
-// 16-byte load. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes per 32-block (the block's
-// amax, or its first value of largest magnitude, by 3 shuffles), the same arithmetic as
-// kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time. The kernel above
-// takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at 14-35 % of
-// the copy bandwidth (docs/gpu.md).
+// 16-byte load. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes per
+// 32-block (the block's amax, or its first value of largest magnitude, by 3 shuffles), the same
+// arithmetic as kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time. The
+// kernel above takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at
+// 14-35 % of the copy bandwidth (docs/gpu.md).
 constexpr int kStoreWarps = 8;
 __device__ __forceinline__ float f4_at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-byte aligned
@@ -122,8 +122,9 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
         if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
             const float sc = is_v ? h.v_scale : h.k_scale;
             if (in) {
-                *reinterpret_cast<unsigned*>(dst + c) = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8) |
-                                                        (unsigned(kv_fp8_code(v.z, sc)) << 16) | (unsigned(kv_fp8_code(v.w, sc)) << 24);
+                const unsigned lo = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8);
+                const unsigned hi = unsigned(kv_fp8_code(v.z, sc)) | (unsigned(kv_fp8_code(v.w, sc)) << 8);
+                *reinterpret_cast<unsigned*>(dst + c) = lo | (hi << 16);
             }
             continue;
         }
@@ -370,7 +371,8 @@ __device__ __forceinline__ void load_rep(const float* src, float (&w)[REP]) {
 
 // Quarter `quarter` (0..3) of the dot products of token row kr's key with the block's REP query
 // rows, added to s: of f16 keys the 8-channel pieces quarter, quarter + 4, ... (16-byte loads; fp8
-// keys 8-byte loads, their e4m3 numbers: the caller applies the scale), of q8_0 / q4_0 keys the 32-blocks quarter, quarter + 4, ... (the q8_0 query's codes qc and scales
+// keys 8-byte loads, their e4m3 numbers: the caller applies the scale), of q8_0 / q4_0 keys the
+// 32-blocks quarter, quarter + 4, ... (the q8_0 query's codes qc and scales
 // qd: exact int32 block dots times d_k * d_q, as the split form's MMAs).
 template <int REP, KvCode KC>
 __device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qsm, const int8_t* qc, const float* qd, int hd,
