@@ -956,10 +956,10 @@ TEST(Cuda, AttentionMatchesCpu) {
             // probability whose f32 value differs in its last bits (expf ulps, summation order)
             // can round to the neighbouring fp16, 2^-11 of it, which moves the output by 2^-11 p |v|:
             // two such flips of probabilities near 1, 1e-3 max |v| (the values are N(0, 1), up to
-            // ~4: seed 4212325005 gave 1.3e-3 on an output of -1.38, past a fixed 1e-3). q8_0 / q4_0 keys: the same
-            // integers per 32-block and scales on both, f32 sums in another order: 2e-5. fp8: the
-            // same e4m3 numbers, the stream's scale once per score and output row on the device,
-            // once per element on the CPU (x = e4m3 * scale): ~1e-7 relative more, 2e-5.
+            // ~4: seed 4212325005 gave 1.3e-3 on an output of -1.38, past a fixed 1e-3). q8_0 / q4_0
+            // keys: the same integers per 32-block and scales on both, f32 sums in another order:
+            // 2e-5. fp8: the same e4m3 numbers, the stream's scale once per score and output row on
+            // the device, once per element on the CPU (x = e4m3 * scale): ~1e-7 relative more, 2e-5.
             float v_max = 1.0f;
             for (float x : v) v_max = std::max(v_max, std::fabs(x));
             const float tol = flash ? 2e-5f : 1e-3f * v_max;
@@ -972,9 +972,9 @@ TEST(Cuda, AttentionMatchesCpu) {
 
 // The flash-style prefill (attention_prefill: batches of >= 64 queries, head_dim 64 / 128) against
 // the CPU and against the split kernel or cuBLAS path it replaces (VXQ_CUDA_ATTN_PREFILL_MIN
-// beyond every batch) on the same device cache: every format as keys and as values, GQA 1/2/3/4/8,
-// earlier tokens before the queries or none, batches that leave partial blocks of queries and
-// partial 32-token tiles. f32 sums of f32-exact products (q and the probabilities as hi / lo fp16
+// beyond every batch), each on a device cache its store kernel wrote: every format as keys and as
+// values, GQA 1/2/3/4/8, earlier tokens before the queries or none, batches that leave partial
+// blocks of queries and partial 32-token tiles. f32 sums of f32-exact products (q and the probabilities as hi / lo fp16
 // halves; q8_0 / q4_0 keys the same integers per 32-block as the other forms) in other orders:
 // 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
 TEST(Cuda, AttentionPrefillFormMatchesCpuAndOtherPaths) {
@@ -2119,11 +2119,11 @@ TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
     EXPECT_LT(diff, tol) << "prompt of " << prompt.size() << " tokens";
 }
 
-// vxq-llama-h64 (f16 weights, GQA 3) with a q8_0 / q4_0 / fp8 cache on the device against the same cache
-// on the CPU: a short prompt and 8 decode steps, and a 64-token prompt (the flash prefill, or
-// KIVI's prefill form, with 64 queries). Both encode the same k and v bits the same way, but k and v differ in their last bits
-// (matmul order), which can move a code by a whole step (or, for q4_0, pick another value as the
-// block's maximum): q8_0 a step of amax/127, as activations for q8_0 / q4_0 weights (their
+// vxq-llama-h64 (f16 weights, GQA 3) with a q8_0 / q4_0 / fp8 cache on the device against the same
+// cache on the CPU: a short prompt and 8 decode steps, and a 64-token prompt (the flash prefill,
+// or KIVI's prefill form, with 64 queries). Both encode the same k and v bits the same way, but k
+// and v differ in their last bits (matmul order), which can move a code by a whole step (or, for
+// q4_0, pick another value as the block's maximum): q8_0 a step of amax/127, as activations for q8_0 / q4_0 weights (their
 // logit_tolerance, 3e-2), q4_0 a step of amax/8, 16x larger: 1e-1 (measured on the H200: 4.2e-2
 // with a 64-token prompt). The value is recorded as kv_difference.
 TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {

@@ -24,6 +24,11 @@ constexpr int64_t kMinPageTokens = 64;  // tokens per page (and per attention ch
 // Slots of a stream's fp16 window: flush_at() tokens, none for a codec that encodes on arrival.
 int64_t window_slots(const Codec& c) { return c.flush_at() > 1 ? c.flush_at() : 0; }
 
+// Head g's rows of x [n, H, d] (a batch as the model writes it) into out [n, d].
+void gather_head(const float* x, int64_t g, int64_t n, int64_t H, int64_t d, float* out) {
+    for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * d, x + (t * H + g) * d, size_t(d) * sizeof(float));
+}
+
 // One (layer, KV head) stream of keys or values. Stored tokens [0, n_enc) are packed blocks in
 // pages; [n_enc, n_enc + n_pending) wait in an fp16 ring of flush_at() tokens (absent when the
 // codec encodes every token on arrival). In host memory the ring is the stream's own, allocated
@@ -385,11 +390,10 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
         m.exact_n = n;
         m.exact_k.resize(size_t(H * n * d));
         m.exact_v.resize(size_t(H * n * d));
-        for (int64_t g = 0; g < H; ++g)
-            for (int64_t t = 0; t < n; ++t) {
-                std::memcpy(&m.exact_k[size_t((g * n + t) * d)], k + (t * H + g) * d, size_t(d) * 4);
-                std::memcpy(&m.exact_v[size_t((g * n + t) * d)], v + (t * H + g) * d, size_t(d) * 4);
-            }
+        for (int64_t g = 0; g < H; ++g) {
+            gather_head(k, g, n, H, d, &m.exact_k[size_t(g * n * d)]);
+            gather_head(v, g, n, H, d, &m.exact_v[size_t(g * n * d)]);
+        }
     }
     std::vector<float>& head_major = m.head_major;  // reused: a decode step allocates nothing here
     std::vector<float>& scratch = m.scratch;
@@ -397,9 +401,9 @@ void KvCache::write(int64_t layer, int64_t pos0, const float* k, const float* v,
     for (int64_t g = 0; g < H; ++g) {
         Head& h = m.head(layer, g);
         h.place(pos0, n);
-        for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], k + (t * H + g) * d, size_t(d) * 4);
+        gather_head(k, g, n, H, d, head_major.data());
         h.k.append(head_major.data(), n, scratch);
-        for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], v + (t * H + g) * d, size_t(d) * 4);
+        gather_head(v, g, n, H, d, head_major.data());
         h.v.append(head_major.data(), n, scratch);
     }
 }
@@ -416,12 +420,13 @@ bool KvCache::wants_first_batch(int64_t layer, int64_t n) const {
 void KvCache::observe_first_batch(int64_t layer, const float* k, const float* v, int64_t n) {
     VXQ_ASSERT(layer >= 0 && layer < shape_.n_layer && n >= 0);
     const int64_t H = shape_.n_head_kv, d = shape_.head_dim;
-    std::vector<float> head_major(size_t(n * d));
+    std::vector<float>& head_major = impl_->head_major;
+    head_major.resize(size_t(n * d));
     for (int64_t g = 0; g < H; ++g) {
         Head& h = impl_->head(layer, g);
         for (auto [s, x] : {std::pair<Stream*, const float*>{&h.k, k}, {&h.v, v}}) {
             if (!s->wants_first_batch(n)) continue;
-            for (int64_t t = 0; t < n; ++t) std::memcpy(&head_major[size_t(t * d)], x + (t * H + g) * d, size_t(d) * 4);
+            gather_head(x, g, n, H, d, head_major.data());
             s->observe(head_major.data(), n);
         }
     }

@@ -39,6 +39,14 @@ struct KvHeadDev {
     int64_t evicted;
     float k_scale = 1.0f, v_scale = 1.0f;  // fp8: the streams' scales (x = e4m3(code) * scale); 1 for the other formats
 };
+#ifdef __CUDACC__
+// Stored tokens of `head` that query i of a batch starting at position pos0 sees (the batch's
+// queries are the head's last stored tokens; positions evicted before it no longer count).
+__device__ __forceinline__ int64_t kv_visible(const KvHeadDev& head, int64_t pos0, int64_t i) {
+    const int64_t seen = pos0 + i + 1 - head.evicted;
+    return seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
+}
+#endif
 
 struct KvStoreParams {
     const float* k;           // [n, n_head_kv, head_dim] (device)

@@ -11,12 +11,6 @@ namespace {
 constexpr int kMassWarps = 4;
 constexpr int kMassThreads = kMassWarps * 32;
 
-// Stored tokens of head `head` that query i sees (its last n_q tokens are the queries).
-__device__ __forceinline__ int64_t mass_visible(const KvHeadDev& head, int64_t pos0, int64_t i) {
-    const int64_t seen = pos0 + i + 1 - head.evicted;
-    return seen < 0 ? 0 : (seen < head.n_tokens ? seen : head.n_tokens);
-}
-
 // Score of row r = i * n_head + h against token t of `keys`: the dot times the scale, each
 // product rounded on its own (__fmul_rn: no contraction into the exp's subtraction, so both
 // kernels get the same bits).
@@ -65,7 +59,7 @@ __global__ void __launch_bounds__(kMassThreads) mass_stats_kernel(const Attentio
     const int64_t r = blockIdx.x, i = r / p.n_head, h = r % p.n_head;
     const int64_t g = h / (p.n_head / p.n_head_kv);
     const KvHeadDev head = p.heads[g];
-    const int64_t n_vis = mass_visible(head, *p.pos0, i);
+    const int64_t n_vis = kv_visible(head, *p.pos0, i);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     if (p.k_code != KvCode::F16) {
         const int nb = int(p.head_dim / kQBlock);
@@ -99,7 +93,7 @@ __global__ void __launch_bounds__(kMassThreads) mass_sum_kernel(const AttentionM
     const uint8_t* keys = reinterpret_cast<const uint8_t*>(head.k);
     float acc = 0.0f;
     for (int64_t i = 0; i < p.n_q; ++i) {
-        if (t >= mass_visible(head, pos0, i)) continue;
+        if (t >= kv_visible(head, pos0, i)) continue;
         for (int64_t h = g * n_gqa; h < (g + 1) * n_gqa; ++h) {
             const int64_t r = i * p.n_head + h;
             const float pr = __fmul_rn(expf(mass_score(p, keys, r, t) - p.stats[2 * r]), p.stats[2 * r + 1]);

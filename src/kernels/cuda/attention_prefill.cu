@@ -68,7 +68,7 @@ template <int D, KvCode KC, KvCode VC>
 __global__ void __launch_bounds__(kFlashWarps * 32) attention_prefill_kernel(const SplitAttentionParams p) {
     extern __shared__ __align__(16) uint8_t smem[];
     constexpr bool kHalfK = kv_half_keys(KC), kValLo = prefill_value_lo(VC);
-    constexpr int QP = flash_qpitch(D), VP = kFlashVPitch, CP = D + 16, NB = D / kQBlock;
+    constexpr int QP = flash_qpitch(D), CP = D + 16, NB = D / kQBlock;
     constexpr int ktb = int(kv_token_bytes(KC, D)), vtb = int(kv_token_bytes(VC, D));
     constexpr PrefillSmem L = prefill_smem(D, KC, VC);
     auto* qh = reinterpret_cast<__half*>(smem + L.qh);
@@ -78,18 +78,15 @@ __global__ void __launch_bounds__(kFlashWarps * 32) attention_prefill_kernel(con
     auto* qd = reinterpret_cast<float*>(smem + L.qd);
     auto* kc = reinterpret_cast<int8_t*>(smem + L.kc);
     auto* kd = reinterpret_cast<float*>(smem + L.kd);
-    auto* vh = reinterpret_cast<uint16_t*>(smem + L.vh);
-    auto* vl = reinterpret_cast<uint16_t*>(smem + L.vl);
+    auto* vh = reinterpret_cast<__half*>(smem + L.vh);
+    auto* vl = reinterpret_cast<__half*>(smem + L.vl);
     const int gqa = int(p.n_head / p.n_head_kv), qb = kFlashRows / gqa;  // queries a block takes
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     const int64_t g = blockIdx.y, i0 = int64_t(blockIdx.x) * qb;
     const KvHeadDev head = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
     pdl_wait();
     const int64_t pos0 = *p.pos0;
-    const auto n_vis = [&](int64_t i) {  // stored tokens query i sees (its position and the eviction)
-        const int64_t seen = pos0 + i + 1 - head.evicted;
-        return seen < 0 ? int64_t(0) : (seen < head.n_tokens ? seen : head.n_tokens);
-    };
+    const auto n_vis = [&](int64_t i) { return kv_visible(head, pos0, i); };
     const int64_t i_last = (p.n_q < i0 + qb ? p.n_q : i0 + qb) - 1;
     const int ra = 16 * warp + gid, rb = ra + 8;
     const auto visible = [&](int r) {  // padding rows: the last query's count (their q is 0)
@@ -191,11 +188,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32) attention_prefill_kernel(con
                     hi[0] = h.x, hi[1] = h.y, hi[2] = h.z, hi[3] = h.w;
                 }
             }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                vh[(c + e) * VP + t] = uint16_t(hi[e / 2] >> (16 * (e & 1)));
-                if constexpr (kValLo) vl[(c + e) * VP + t] = uint16_t(lo[e / 2] >> (16 * (e & 1)));
-            }
+            flash_put_values8<kValLo>(vh, vl, c, t, hi, lo);
         }
         __syncthreads();
         float sc[4][4];
@@ -223,8 +216,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32) attention_prefill_kernel(con
                 }
             }
         }
-        flash_softmax_pv<D, kValLo>(sc, score_scale, t0, vis_a, vis_b, reinterpret_cast<const __half*>(vh),
-                                    reinterpret_cast<const __half*>(vl), gid, tig, rows);
+        flash_softmax_pv<D, kValLo>(sc, score_scale, t0, vis_a, vis_b, vh, vl, gid, tig, rows);
     }
     cp_async_wait<0>();  // (only empty groups can be left)
     pdl_launch_dependents();

@@ -378,10 +378,16 @@ public:
     void kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) override {
         const KvShape& s = cache.shape();
         const size_t count = size_t(n * s.n_head_kv * s.head_dim);
-        if (KvObserver* obs = cache.observer()) obs->on_write(layer, pos0, to_host(k, count, 0), to_host(v, count, 1), n);
-        // fp8's scales come from the first batch, as a host cache computes them (its codecs, on a
-        // host copy: once per stream).
-        if (cache.wants_first_batch(layer, n)) cache.observe_first_batch(layer, to_host(k, count, 0), to_host(v, count, 1), n);
+        // The batch on the host, once, for an observer and for the codecs that calibrate on their
+        // first batch (fp8's scales, as a host cache computes them: once per stream).
+        KvObserver* obs = cache.observer();
+        const bool calibrate = cache.wants_first_batch(layer, n);
+        if (obs || calibrate) {
+            const float* hk = to_host(k, count, 0);
+            const float* hv = to_host(v, count, 1);
+            if (obs) obs->on_write(layer, pos0, hk, hv, n);
+            if (calibrate) cache.observe_first_batch(layer, hk, hv, n);
+        }
         const KvWritePlan plan = cache.reserve_write(layer, pos0, n);
         const KvLayerView view = cache.view(layer);
         require_device(view);
@@ -736,8 +742,7 @@ private:
                  kv_format_kind_name(s.fmt.kind), what);
         }
         if (!kv_code_fits(*c, head_dim)) {
-            fail("KV format {} needs head_dim % {} == 0, not {}", kv_format_kind_name(s.fmt.kind), *c == KvCode::FP8 ? 16 : 32,
-                 head_dim);
+            fail("KV format {} needs head_dim % {} == 0, not {}", kv_format_kind_name(s.fmt.kind), kv_row_multiple(*c), head_dim);
         }
         return *c;
     }

@@ -62,6 +62,21 @@ __device__ __forceinline__ void flash_load_q(const float* q, int64_t n_q, int64_
     }
 }
 
+// Channels c .. c + 7 of tile token t into the transposed value buffers [D][kFlashVPitch]: hi (and
+// lo where kValLo) as four fp16 pairs each (a warp's lanes taking 32 tokens of one chunk write
+// distinct banks).
+template <bool kValLo>
+__device__ __forceinline__ void flash_put_values8(__half* vh, __half* vl, int c, int t, const unsigned (&hi)[4],
+                                                  const unsigned (&lo)[4]) {
+    auto* h16 = reinterpret_cast<uint16_t*>(vh);
+    auto* l16 = reinterpret_cast<uint16_t*>(vl);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        h16[(c + e) * kFlashVPitch + t] = uint16_t(hi[e / 2] >> (16 * (e & 1)));
+        if constexpr (kValLo) l16[(c + e) * kFlashVPitch + t] = uint16_t(lo[e / 2] >> (16 * (e & 1)));
+    }
+}
+
 // Unscaled scores of rows ra, rb against the staged tile's 4 n-tiles of 8 tokens: s[nt][j] for
 // token 8 nt + 2 tig + (j & 1), row ra (j < 2) or rb. kKeyLo: the keys have lo halves (kl).
 template <int D, bool kKeyLo>

@@ -513,7 +513,7 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
         uint8_t* dst = stage + 4 * D + 4 * D * kbits;
         for (int u = tid; u < units; u += nthreads) cp_async16(dst + 16 * u, src + 16 * u);
     }
-    }
+}
 
 // Warp w's tiles of [t_begin, t_end) (t_begin a multiple of 32): every 4th 32-token tile, its
 // bytes in a stage of the warp's 2-stage ring, the next tile's copies in flight while
@@ -1407,9 +1407,8 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
 // scores, online softmax and P V there. The tile's keys and values are staged once for the
 // block's 64 rows, where the per-query form (above) reads and converts them once per query (4
 // rows at GQA 4).
-constexpr int kPfWarps = kFlashWarps, kPfRows = kFlashRows, kPfTile = kFlashTile;
 __host__ __device__ constexpr size_t kivi_pf_smem(int d) {  // q, k, v^T hi / lo (the raw stages follow)
-    return 2 * 2 * (size_t(kPfRows + kPfTile) * size_t(flash_qpitch(d)) + size_t(d) * kFlashVPitch);
+    return 2 * 2 * (size_t(kFlashRows + kFlashTile) * size_t(flash_qpitch(d)) + size_t(d) * kFlashVPitch);
 }
 }  // namespace
 
@@ -1455,16 +1454,16 @@ __device__ __forceinline__ bool kivi_pf_staged(const KiviAttentionParams& p, con
     return kivi_fast_keys(p, hd, t0) && t0 + kKiviTile <= hd.v_packed && p.vf.group % 8 == 0;
 }
 template <int D>
-__global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttentionParams p) {
+__global__ void __launch_bounds__(kFlashWarps * 32) kivi_prefill_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
     constexpr int QP = flash_qpitch(D), VP = kFlashVPitch;
     auto* qh = reinterpret_cast<__half*>(smem4);
-    __half* ql = qh + kPfRows * QP;
-    __half* kh = ql + kPfRows * QP;
-    __half* kl = kh + kPfTile * QP;
-    __half* vh = kl + kPfTile * QP;
+    __half* ql = qh + kFlashRows * QP;
+    __half* kh = ql + kFlashRows * QP;
+    __half* kl = kh + kFlashTile * QP;
+    __half* vh = kl + kFlashTile * QP;
     __half* vl = vh + D * VP;
-    const int gqa = int(p.n_head / p.n_head_kv), qb = kPfRows / gqa;  // queries a block takes
+    const int gqa = int(p.n_head / p.n_head_kv), qb = kFlashRows / gqa;  // queries a block takes
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gid = lane >> 2, tig = lane & 3;
     const int64_t g = blockIdx.y, i0 = int64_t(blockIdx.x) * qb;
     const KiviHeadDev hd = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
@@ -1486,12 +1485,12 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
     // (the windows, a partial tile, other layouts) are read from global memory as they are staged.
     const int stage_bytes = kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes);  // whole 16-byte units (D % 32 == 0)
     uint8_t* raw_stage = reinterpret_cast<uint8_t*>(smem4) + kivi_pf_smem(D);
-    if (kivi_pf_staged(p, hd, 0) && n_end > 0) kivi_issue<D>(p, hd, 0, raw_stage, tid, kPfWarps * 32);
+    if (kivi_pf_staged(p, hd, 0) && n_end > 0) kivi_issue<D>(p, hd, 0, raw_stage, tid, kFlashWarps * 32);
     cp_async_commit();
     int s = 0;
-    for (int64_t t0 = 0; t0 < n_end; t0 += kPfTile, s ^= 1) {
-        const int64_t tn = t0 + kPfTile;
-        if (tn < n_end && kivi_pf_staged(p, hd, tn)) kivi_issue<D>(p, hd, tn, raw_stage + (s ^ 1) * stage_bytes, tid, kPfWarps * 32);
+    for (int64_t t0 = 0; t0 < n_end; t0 += kFlashTile, s ^= 1) {
+        const int64_t tn = t0 + kFlashTile;
+        if (tn < n_end && kivi_pf_staged(p, hd, tn)) kivi_issue<D>(p, hd, tn, raw_stage + (s ^ 1) * stage_bytes, tid, kFlashWarps * 32);
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // the tile's raw bytes have landed, the previous tile is read by every warp (q staged)
@@ -1500,9 +1499,9 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
         const unsigned kmask = (1u << p.kf.bits) - 1;
         // Stage: item it = (role, 8-channel chunk, token), tokens fastest (a warp's lanes take 32
         // tokens of one chunk: the transposed value stores fall in distinct banks).
-        for (int it = tid; it < 2 * kPfTile * (D / 8); it += kPfWarps * 32) {
-            const int role = it / (kPfTile * (D / 8)), rem = it - role * (kPfTile * (D / 8));
-            const int t = rem % kPfTile, c = 8 * (rem / kPfTile);
+        for (int it = tid; it < 2 * kFlashTile * (D / 8); it += kFlashWarps * 32) {
+            const int role = it / (kFlashTile * (D / 8)), rem = it - role * (kFlashTile * (D / 8));
+            const int t = rem % kFlashTile, c = 8 * (rem / kFlashTile);
             const int64_t tok = t0 + t;
             float x[8];
             uint4 raw;
@@ -1533,13 +1532,7 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
                 *reinterpret_cast<uint4*>(kh + t * QP + c) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
                 *reinterpret_cast<uint4*>(kl + t * QP + c) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
             } else {
-                auto* vh16 = reinterpret_cast<uint16_t*>(vh);
-                auto* vl16 = reinterpret_cast<uint16_t*>(vl);
-#pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    vh16[(c + e) * VP + t] = uint16_t(hi[e / 2] >> (16 * (e & 1)));
-                    vl16[(c + e) * VP + t] = uint16_t(lo[e / 2] >> (16 * (e & 1)));
-                }
+                flash_put_values8<true>(vh, vl, c, t, hi, lo);
             }
         }
         __syncthreads();
@@ -1554,11 +1547,11 @@ __global__ void __launch_bounds__(kPfWarps * 32) kivi_prefill_kernel(KiviAttenti
 
 template <int D>
 void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
-    const int qb = kPfRows / int(p.n_head / p.n_head_kv);
+    const int qb = kFlashRows / int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_pf_smem(D) + 2 * size_t(kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes));
     static size_t configured = 0;
     allow_smem(kivi_prefill_kernel<D>, smem, configured);
-    launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kPfWarps * 32), smem, st, p);
+    launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kFlashWarps * 32), smem, st, p);
 }
 
 template <int D, int B, int NT, int VGS = 0>

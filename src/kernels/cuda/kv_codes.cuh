@@ -45,11 +45,10 @@ __host__ __device__ constexpr int64_t kv_token_bytes(KvCode c, int64_t head_dim)
 // Whether a format's keys enter the attention's MMAs as fp16 numbers against hi / lo fp16 splits
 // of q (f16, fp8), not as integers against q as q8_0 (q8_0, q4_0).
 __host__ __device__ constexpr bool kv_half_keys(KvCode c) { return c == KvCode::F16 || c == KvCode::FP8; }
-// Whether a format stores rows of this length (the block formats need whole 32-blocks; fp8 rows
-// are copied in 16-byte pieces).
-constexpr bool kv_code_fits(KvCode c, int64_t head_dim) {
-    return c == KvCode::F16 || head_dim % (c == KvCode::FP8 ? 16 : kQBlock) == 0;
-}
+// What a format's row length must be a multiple of: the block formats need whole 32-blocks, fp8
+// rows are copied in 16-byte pieces, f16 takes any.
+constexpr int kv_row_multiple(KvCode c) { return c == KvCode::F16 ? 1 : c == KvCode::FP8 ? 16 : kQBlock; }
+constexpr bool kv_code_fits(KvCode c, int64_t head_dim) { return head_dim % kv_row_multiple(c) == 0; }
 
 // Calls f.template operator()<KC, VC>() with the key and value formats (k, v) as template
 // arguments: the launchers' dispatch to a kernel instance per format pair.
