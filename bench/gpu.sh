@@ -32,8 +32,8 @@
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
 #   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0 fp8")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
-#   VXQ_GPU_ATTN_ARGS  its layouts (default "--splits 32,64 --stream 0,2": the stream form and the
-#                    tensor-core form at 32 and 64 splits)
+#   VXQ_GPU_ATTN_ARGS  its layouts (default "--splits 32,64 --stream 0,2 --mma 0,1": the stream form's
+#                    ring, the stream form on tensor cores (f16, fp8) and the tensor-core form at 32 and 64 splits)
 #   VXQ_GPU_NCU_STEP=1  also each decode-step kernel alone under Nsight Compute (time, DRAM bytes)
 #   VXQ_GPU_TIMELINE=1  also a second build with -DVXQ_CUDA_TRACE=ON (BUILD_DIR-trace) and, per
 #                    weight type, each decode-step kernel's time inside the graph from an empty
@@ -159,9 +159,10 @@ if [ "$status_build" = ok ]; then
   fi
 
   step "decode attention alone (bench/gpu_attention.cu)"
-  # The stream form (the decode default) at 32 and 64 splits beside the tensor-core form
-  # (--stream 0); VXQ_GPU_ATTN_ARGS="--tile 32,64 --stages 2,3 ..." sweeps the latter's tiling.
-  "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,64 --stream 0,2} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
+  # The stream form (the decode default; its ring and, for f16 / fp8, its form on tensor cores) at
+  # 32 and 64 splits beside the tensor-core form (--stream 0); VXQ_GPU_ATTN_ARGS="--tile 32,64
+  # --stages 2,3 ..." sweeps the latter's tiling.
+  "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,64 --stream 0,2 --mma 0,1} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
     tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
   # The same shape through PyTorch's scaled_dot_product_attention (issue 11 compares f16 with it),
   # where the machine's Python has torch with CUDA.

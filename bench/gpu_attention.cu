@@ -9,11 +9,12 @@
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
 //   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2] [--splits N,..] [--tile N,..] [--stages N,..]
-//                     [--stream N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
+//                     [--stream N,..] [--mma N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles, stages and forms (--stream: 0 the
-// tensor-core form, 1..4 the stream form's ring depth; attention.cuh) (the backend's
+// tensor-core form, 1..4 the stream form's ring depth; --mma: 1 the stream form on tensor cores
+// where it fits, 0 its ring; attention.cuh) (the backend's
 // choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
 // of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
@@ -58,12 +59,13 @@ struct Config {
     int64_t splits;
     int tile, stages;
     int stream;  // stages of the stream form's ring (0: the tensor-core form; -1: the backend's default)
+    int mma;     // the stream form on tensor cores where it fits (1), its ring form (0), the backend's choice (-1)
 };
 
 struct Row {
     std::string kv;
     int64_t ctx, layers, splits;
-    int tile, stages, stream;
+    int tile, stages, stream, mma;
     size_t bytes;  // read per call
     double us, us_min, us_max;  // median, min, max over the interleaved repetitions
     bool aa;                    // the default layout's second arm (A/A: the noise floor)
@@ -185,12 +187,18 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         const int32_t stream_default = cuda::attention_stream_stages(p);
         p.stream_stages = c.stream < 0 ? stream_default : c.stream;
         if (!cuda::attention_split_tiling_fits(p) || (p.stream_stages > 0 && !cuda::attention_stream_fits(p))) continue;
+        const bool mma_fits = p.stream_stages > 0 && cuda::attention_stream_mma_fits(p);
+        if (c.mma == 1 && !mma_fits) continue;  // the ring form's arm already times it
+        const int mma_default = mma_fits && f.code == cuda::KvCode::FP8 ? 1 : 0;  // the backend's rule (backend_cuda.cpp)
+        p.stream_mma = c.mma < 0 ? mma_default : c.mma == 1 && mma_fits ? 1 : 0;
         const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
-                          c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default;
-        if (c.stream < 0 && std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
-                return o.splits == c.splits && o.tile == c.tile && o.stages == c.stages && o.stream == stream_default;
+                          c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default && p.stream_mma == mma_default;
+        if ((c.stream < 0 || c.mma < 0) && std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
+                return o.splits == c.splits && o.tile == c.tile && o.stages == c.stages && &o != &c &&
+                       (c.stream < 0 ? o.stream == stream_default : o.stream == c.stream) &&
+                       (c.mma < 0 ? o.mma == mma_default : o.mma == c.mma);
             })) {
-            continue;  // the default ring is listed by its number too
+            continue;  // the default is listed by its numbers too
         }
         arms.push_back(p);
         aa.push_back(false);
@@ -210,7 +218,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const auto& c = arms[a];
-        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, c.stream_mma, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, aa[a], dflts[a]});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
@@ -310,7 +318,7 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const int form = a >= n_auto ? -3 : tc ? -2 : -3;
-        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, a == 1, a < n_auto && arms[a] == dflt});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
@@ -423,7 +431,7 @@ std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaS
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, encode, kivi_splits;
+        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, mmas, encode, kivi_splits;
         std::vector<std::string> formats;
         bool only_encode = false;
         const auto list = [](const char* text, std::vector<int64_t>& out) {
@@ -444,6 +452,8 @@ int main(int argc, char** argv) {
                 list(argv[++i], stages);
             } else if (a == "--stream" && i + 1 < argc) {
                 list(argv[++i], streams);
+            } else if (a == "--mma" && i + 1 < argc) {
+                list(argv[++i], mmas);
             } else if (a == "--kivi-splits" && i + 1 < argc) {
                 list(argv[++i], kivi_splits);
             } else if (a == "--formats" && i + 1 < argc) {
@@ -486,10 +496,18 @@ int main(int argc, char** argv) {
                 return 1;
             }
         }
+        add(mmas, -1);  // the backend's choice
+        for (int64_t m : mmas) {
+            if (m < -1 || m > 1) {
+                std::fprintf(stderr, "vxq_gpu_attention: --mma takes 0 (the stream form's ring) or 1 (on tensor cores)\n");
+                return 1;
+            }
+        }
         for (int64_t t : tiles)
             for (int64_t g : stages)
                 for (int64_t s : split_counts)
-                    for (int64_t sm : streams) configs.push_back(Config{s, int(t), int(g), int(sm)});
+                    for (int64_t sm : streams)
+                        for (int64_t m : mmas) configs.push_back(Config{s, int(t), int(g), int(sm), int(m)});
         if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "fp8", "kivi4", "kivi2"};
         for (const std::string& f : formats) {
@@ -553,7 +571,8 @@ int main(int argc, char** argv) {
                 for (const Row& r : case_rows) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     char form[32];
-                    std::snprintf(form, sizeof form, r.stream == -2 ? "kivi tensor cores" : r.stream == -3 ? "kivi SIMT" : r.stream > 0 ? "stream x %d" : "tensor cores",
+                    std::snprintf(form, sizeof form,
+                                  r.stream == -2 ? "kivi tensor cores" : r.stream == -3 ? "kivi SIMT" : r.mma ? "stream mma" : r.stream > 0 ? "stream x %d" : "tensor cores",
                                   r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
@@ -567,9 +586,9 @@ int main(int argc, char** argv) {
         for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
+                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"mma\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
                         "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.aa ? "true" : "false", r.us,
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.mma, r.aa ? "true" : "false", r.us,
                         r.us_min, r.us_max, bench::kGpuRepeats, r.bytes, copy_gbs);
         }
         return 0;

@@ -1126,7 +1126,8 @@ TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
 
 // The stream form of the split kernel (one query over more tokens than the short form takes:
 // each warp streams its own tiles, attention.cuh) against the CPU and against the tensor-core form
-// (VXQ_CUDA_ATTN_STREAM=0) on the same cache, with each ring depth it takes (1-4 stages):
+// (VXQ_CUDA_ATTN_STREAM=0) on the same cache, with each ring depth it takes (1-4 stages) and on
+// tensor cores (f16 / fp8 pairs at head_dim 64 / 128, VXQ_CUDA_ATTN_STREAM_MMA=1; the default for fp8):
 // every format pair, GQA 1/2/3/4/8, head_dim 64/128/256 (96: the tensor-core form in all), odd
 // token counts that leave partial tiles and splits of uneven length. f32 sums of the same exact
 // products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
@@ -1135,19 +1136,24 @@ TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     setenv("VXQ_CUDA_ATTN_STREAM", "0", 1);
     auto mma = make_backend("cuda", 1);
     std::vector<std::unique_ptr<Backend>> streams;
+    setenv("VXQ_CUDA_ATTN_STREAM_MMA", "0", 1);  // the ring form, also where the one on tensor cores fits
     for (const char* stages : {"1", "2", "3", "4"}) {
         setenv("VXQ_CUDA_ATTN_STREAM", stages, 1);
         streams.push_back(make_backend("cuda", 1));
     }
     unsetenv("VXQ_CUDA_ATTN_STREAM");
     streams.push_back(make_backend("cuda", 1));  // the default ring
+    setenv("VXQ_CUDA_ATTN_STREAM_MMA", "1", 1);
+    streams.push_back(make_backend("cuda", 1));  // on tensor cores for f16 / fp8 pairs at head_dim 64 / 128
+    unsetenv("VXQ_CUDA_ATTN_STREAM_MMA");
+    streams.push_back(make_backend("cuda", 1));  // the default (on tensor cores where a side is fp8)
     const std::vector<DecodeCase> cases = {{129, 128, 32, 8},  {1000, 64, 12, 4}, {4099, 128, 8, 8},  {777, 256, 16, 2},
                                            {2049, 128, 24, 8}, {300, 64, 8, 1},   {5001, 128, 4, 2},  {160, 96, 4, 4}};
     for_each_decode_case(cases, [&](const DecodeRun& r) {
         const std::vector<float> got_mma = r.on(*mma);
         for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got_mma[i], r.ref[i], 2e-5f) << i;
         for (size_t b = 0; b < streams.size(); ++b) {
-            SCOPED_TRACE(testing::Message() << "stream backend " << b << " (1, 2, 3, 4 stages, default)");
+            SCOPED_TRACE(testing::Message() << "stream backend " << b << " (1, 2, 3, 4 stages, default ring, tensor cores, default)");
             const std::vector<float> got = r.on(*streams[b]);
             for (size_t i = 0; i < r.ref.size(); ++i) {
                 ASSERT_NEAR(got[i], r.ref[i], 2e-5f) << i;
@@ -1210,8 +1216,8 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
         }
     }
     // The stream form (one query) takes head_dim 64 / 128 / 256 in every format pair (one
-    // exception below) and GQA group by default, with 2-4 stages that fit; other head sizes and
-    // batches stay on the tensor-core form.
+    // exception below) and GQA group by default, with 2-4 stages that fit (f16 / fp8 pairs at 64 /
+    // 128 also on tensor cores); other head sizes and batches stay on the tensor-core form.
     for (int64_t hd = 32; hd <= cuda::kAttnSplitMaxHeadDim; hd += 32) {
         for (KvCode k : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0, KvCode::FP8}) {
             for (KvCode v : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0, KvCode::FP8}) {
@@ -1237,8 +1243,13 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                     p.stream_stages = st;
                     EXPECT_TRUE(cuda::attention_stream_fits(p));
                     EXPECT_TRUE(cuda::attention_split_tiling_fits(p));
+                    // On tensor cores: f16 / fp8 keys and values at head_dim 64 / 128.
+                    const auto half = [](KvCode c) { return c == KvCode::F16 || c == KvCode::FP8; };
+                    EXPECT_EQ(cuda::attention_stream_mma_fits(p), (hd == 64 || hd == 128) && half(k) && half(v))
+                        << "head_dim " << hd << " rep " << rep;
                     p.n_q = 2;
                     EXPECT_FALSE(cuda::attention_stream_fits(p));
+                    EXPECT_FALSE(cuda::attention_stream_mma_fits(p));
                 }
             }
         }

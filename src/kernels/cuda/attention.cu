@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cp_async.cuh"
@@ -673,6 +674,33 @@ __device__ __forceinline__ void stream_values(const uint8_t* row, int j0, float 
     }
 }
 
+// The four warps' states of a stream form (wo [warps][REP][hd], then wm and wl [warps][REP] in
+// shared memory, written before a barrier) into one partial: o = sum_w o_w exp(m_w - m), l likewise.
+template <int REP, KvCode VC, typename PartRow>
+__device__ void stream_write_partial(const KvHeadDev& head, const float* wo, int hd, PartRow part_row) {
+    const float* wm = wo + kStreamWarps * REP * hd;
+    const float* wl = wm + kStreamWarps * REP;
+    for (int e = threadIdx.x; e < REP * hd; e += kSplitThreads) {
+        const int r = e / hd, dd = e - r * hd;
+        float m = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) m = fmaxf(m, wm[w * REP + r]);
+        float o = 0.0f, l = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kStreamWarps; ++w) {
+            const float f = wm[w * REP + r] == -INFINITY ? 0.0f : expf(wm[w * REP + r] - m);
+            o += wo[(w * REP + r) * hd + dd] * f;
+            l += wl[w * REP + r] * f;
+        }
+        float* row = part_row(r);
+        row[dd] = VC == KvCode::FP8 ? o * head.v_scale : o;  // (l unscaled: the merge divides by it)
+        if (dd == 0) {
+            row[hd] = m;
+            row[hd + 1] = l;
+        }
+    }
+}
+
 // One split's stretch [t_begin, t_end) of head `head` for one query (hd / 32 == C channels per
 // lane): its partial (o, max, sum) per query head into part_row(r) (when write_partial). q: the
 // block's REP rows in shared memory (after the RoPE). Every thread of the block calls.
@@ -877,7 +905,6 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
     }
     cp_async_wait<0>();  // (only empty groups can be left)
     pdl_launch_dependents();  // as the tensor-core form: after the loads
-    // The four warps' states into one partial: o = sum_w o_w exp(m_w - m), l likewise.
     __syncthreads();  // every warp is done with its ring: the merge buffers reuse it
     float* wo = reinterpret_cast<float*>(smem + S.ring);        // [warps][REP][hd]
     float* wm = wo + kStreamWarps * REP * hd;                   // [warps][REP]
@@ -892,26 +919,242 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
         }
     }
     __syncthreads();
-    if (!write_partial) return;
-    for (int e = tid; e < REP * hd; e += kSplitThreads) {
-        const int r = e / hd, dd = e - r * hd;
-        float m = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) m = fmaxf(m, wm[w * REP + r]);
-        float o = 0.0f, l = 0.0f;
-#pragma unroll
-        for (int w = 0; w < kStreamWarps; ++w) {
-            const float f = wm[w * REP + r] == -INFINITY ? 0.0f : expf(wm[w * REP + r] - m);
-            o += wo[(w * REP + r) * hd + dd] * f;
-            l += wl[w * REP + r] * f;
+    if (write_partial) stream_write_partial<REP, VC>(head, wo, hd, part_row);
+}
+
+// ---- the stream form on tensor cores (one query, f16 / fp8 pages, head_dim 64 / 128) ----------------
+// attention.cuh says when it runs. Each warp takes every 4th 16-token tile of the split's stretch,
+// as the ring form does, but reads a tile straight from global memory (through L2: .cg loads see
+// the block's own store of the step's token) into registers laid out as the m16n8k16 MMAs'
+// fragments, the next tile's keys while this tile's values are summed and its values while the
+// next scores are taken, its next kStreamMmaAhead tiles requested into L2 by a bulk prefetch each
+// (one instruction per tile's keys or values, no registers or shared memory held for them):
+//   scores  S = Q K^T with the group's query heads as rows and the tile's tokens as two n-tiles:
+//           rows 0..7 q hi, rows 8..15 q lo (split once per block, A fragments in shared memory),
+//           so one MMA per k-step gives both parts of a score, against the keys as fp16
+//           numbers. A lane's B fragments for token 8 n + gid are one load of the 8 dims
+//           32 c + 8 tig .. + 7 (16 bytes of f16, 8 of fp8 converted), which serve k-steps 2c and
+//           2c + 1, q's A fragments taken at the same dims: the sum over the dims in another order,
+//           the same products;
+//   softmax each head's 16 scores lie in the 4 lanes of its row (shuffles over tig), its running
+//           max and sum in registers;
+//   values  O += P V with P's A fragments the two n-tiles' score accumulators as they lie (the
+//           flash-attention register reuse), scaled by 2^15 before the hi / lo split (so lo stays
+//           a normal fp16 number down to p ~ 4e-6; undone at the end), hi in rows 0..7 and lo in
+//           rows 8..15 (one MMA, the two parts added at the end); a lane's B fragments pair two
+//           tokens' values at one dim (a PRMT of two loads of the dims 64 h + 8 gid .. + 7 of
+//           tokens 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9), so n-tile 8 h + e holds the dims
+//           64 h + 8 n + e.
+// Per 16 tokens a warp issues 16 loads and 32 MMAs (head_dim 128) where the ring form's lanes run
+// ~20 f32 FMAs per token and channel group; the four warps' states are merged as the ring form's.
+constexpr int kStreamMmaTile = 16;
+constexpr int kStreamMmaAhead = 3;  // a warp's tiles requested into L2 ahead of the one it loads
+constexpr float kPScale = 32768.0f, kPScaleInv = 1.0f / 32768.0f;
+
+// A hint that [ptr, ptr + bytes) will be read soon: one bulk request into L2 (sm_90; both multiples of 16).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
+}
+
+// Values e0 .. e0 + 7 of a page row (f16: 16 bytes, fp8: 8 bytes) as loaded, through L2 (.cg);
+// `asm volatile` so that the compiler keeps the loads where the loop issues them, ahead of the MMAs
+// that run while they are in flight (it would otherwise sink each next to its first use).
+template <KvCode C>
+using Raw8 = std::conditional_t<C == KvCode::F16, uint4, uint2>;
+template <KvCode C>
+__device__ __forceinline__ Raw8<C> load8_raw(const uint8_t* row, int e0) {
+    Raw8<C> r;
+    if constexpr (C == KvCode::F16) {
+        asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(row + 2 * e0));
+    } else {
+        asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(row + e0));
+    }
+    return r;
+}
+// The same 8 values as four fp16 pairs (fp8: converted exactly).
+template <KvCode C>
+__device__ __forceinline__ uint4 half8(const Raw8<C>& w) {
+    if constexpr (C == KvCode::F16) {
+        return w;
+    } else {
+        return make_uint4(kv_fp8x2_to_half2(w.x), kv_fp8x2_to_half2(w.x >> 16), kv_fp8x2_to_half2(w.y),
+                          kv_fp8x2_to_half2(w.y >> 16));
+    }
+}
+__device__ __forceinline__ unsigned word_of(const uint4& w, int i) {
+    return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+// hi = fp16 pair of (x0, x1), lo = fp16 pair of the rests, unscaled (the caller keeps x large enough).
+__device__ __forceinline__ void split_pair_unscaled(float x0, float x1, unsigned& hi, unsigned& lo) {
+    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
+    hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
+    lo = pack_half2(x0 - __half2float(h0), x1 - __half2float(h1));
+}
+
+template <int REP, KvCode KC, KvCode VC, int HD, typename PartRow>
+__device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHeadDev& head, const float* q, uint8_t* smem,
+                                     int base, int64_t t_begin, int64_t t_end, bool write_partial, PartRow part_row) {
+    static_assert(REP <= 8 && (HD == 64 || HD == 128) && kv_half_keys(KC) && kv_half_keys(VC));
+    constexpr int TW = kStreamMmaTile, KC32 = HD / 32, KS = HD / 16, VH = HD / 64, NV = HD / 8;
+    constexpr int ktb = int(kv_token_bytes(KC, HD)), vtb = int(kv_token_bytes(VC, HD));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    const bool row_ok = gid < REP;
+    // The warps' merge: o [warps][REP][HD], then max and sum [warps][REP].
+    float* wo = reinterpret_cast<float*>(smem + base);
+    float* wm = wo + kStreamWarps * REP * HD;
+    float* wl = wm + kStreamWarps * REP;
+    // q's A fragments, once per block into shared memory (after the merge buffers), read per k-step:
+    // rows gid < REP hold q hi, rows gid + 8 its lo (so one MMA gives both halves of a score), and
+    // k-step 2c + h takes the dims 32c + 8 tig + 4h + {0, 1} (a0, a1) and + {2, 3} (a2, a3).
+    uint4* qf = reinterpret_cast<uint4*>(wl + kStreamWarps * REP);  // 16-byte aligned: base is, 4 REP (HD + 2) floats are
+    for (int e = threadIdx.x; e < KS * 32; e += kSplitThreads) {
+        const int s = e / 32, g = (e & 31) >> 2, t = e & 3;
+        const float4 x = g < REP ? *reinterpret_cast<const float4*>(q + g * HD + 32 * (s / 2) + 8 * t + 4 * (s % 2))
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint4 a;
+        split_pair(x.x, x.y, a.x, a.y);
+        split_pair(x.z, x.w, a.z, a.w);
+        qf[e] = a;
+    }
+    __syncthreads();
+    const int64_t n_tok = t_end - t_begin;
+    const int n_wt = int((n_tok + TW - 1) / TW);  // tiles of the stretch
+    const int mine = n_wt > warp ? (n_wt - warp + kStreamWarps - 1) / kStreamWarps : 0;
+    const auto tile_start = [&](int j) { return t_begin + int64_t(warp + kStreamWarps * j) * TW; };
+    const uint8_t* kpage = reinterpret_cast<const uint8_t*>(head.k);
+    const uint8_t* vpage = reinterpret_cast<const uint8_t*>(head.v);
+    const auto request = [&](int j) {  // this warp's j-th tile into L2
+        if (lane == 0 && j < mine) {
+            const int64_t c0 = tile_start(j);
+            const unsigned len = unsigned(min(int64_t(TW), t_end - c0));
+            prefetch_l2_bulk(kpage + c0 * ktb, len * unsigned(ktb));
+            prefetch_l2_bulk(vpage + c0 * vtb, len * unsigned(vtb));
         }
-        float* row = part_row(r);
-        row[dd] = VC == KvCode::FP8 ? o * head.v_scale : o;  // (l unscaled: the merge divides by it)
-        if (dd == 0) {
-            row[hd] = m;
-            row[hd + 1] = l;
+    };
+#pragma unroll
+    for (int j = 0; j < kStreamMmaAhead; ++j) request(j);
+    const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
+    float m_run = -INFINITY, l_run = 0.0f;
+    float acc[NV][4];
+#pragma unroll
+    for (int v = 0; v < NV; ++v) acc[v][0] = acc[v][1] = acc[v][2] = acc[v][3] = 0.0f;
+    // A tile's keys of tokens gid and 8 + gid and values of 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9
+    // (past its last token: the last real token's bytes, its scores masked and values zeroed at use).
+    // The next tile's keys are loaded once this tile's scores are taken, its values once this tile's
+    // are summed, so each load is in flight while the other half of the tile is computed.
+    Raw8<KC> kw[2][KC32];
+    Raw8<VC> vw[4][VH];
+    const auto tile_len = [&](int j) { return int(min(int64_t(TW), t_end - tile_start(j))); };
+    const auto load_keys = [&](int j) {
+        const int len = tile_len(j);
+        const uint8_t* kt = kpage + tile_start(j) * ktb;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int c = 0; c < KC32; ++c) kw[n][c] = load8_raw<KC>(kt + min(8 * n + gid, len - 1) * ktb, 32 * c + 8 * tig);
+        }
+    };
+    const auto load_values = [&](int j) {
+        const int len = tile_len(j);
+        const uint8_t* vt = vpage + tile_start(j) * vtb;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = min(2 * tig + (i & 1) + 8 * (i >> 1), len - 1);
+#pragma unroll
+            for (int h = 0; h < VH; ++h) vw[i][h] = load8_raw<VC>(vt + t * vtb, 64 * h + 8 * gid);
+        }
+    };
+    if (mine > 0) {
+        load_keys(0);
+        load_values(0);
+    }
+    for (int j = 0; j < mine; ++j) {
+        request(j + kStreamMmaAhead);
+        const int len = tile_len(j);
+        // Scores: c0, c1 of n-tile n are tokens 8n + 2 tig, + 1 of head gid.
+        float sc[2][2], ca[2][4] = {};
+#pragma unroll
+        for (int c = 0; c < KC32; ++c) {
+            const uint4 a0 = qf[(2 * c) * 32 + lane], a1 = qf[(2 * c + 1) * 32 + lane];
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const uint4 w = half8<KC>(kw[n][c]);
+                mma_f16(ca[n], a0.x, a0.y, a0.z, a0.w, w.x, w.y);
+                mma_f16(ca[n], a1.x, a1.y, a1.z, a1.w, w.z, w.w);
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {  // c0, c1: q hi's part, c2, c3: q lo's
+                sc[n][i] = 8 * n + 2 * tig + i < len ? (ca[n][i] + ca[n][i + 2] * kLoInv) * score_scale : -INFINITY;
+            }
+        }
+        if (j + 1 < mine) load_keys(j + 1);
+        // Online softmax of head gid over the tile (its row's four lanes).
+        float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m_run, mx);  // len >= 1: finite
+        const float f = expf(m_run - m_new);   // 0 while m_run is -inf
+        float e[2][2], sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                e[n][i] = expf(sc[n][i] - m_new);  // masked: exp(-inf) = 0
+                sum += e[n][i];
+            }
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        l_run = l_run * f + sum;
+        m_run = m_new;
+        unsigned ph0, pl0, ph2, pl2;  // P's A fragments (tokens 2 tig, + 1 and 2 tig + 8, + 9; hi rows gid, lo rows gid + 8)
+        split_pair_unscaled(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0);
+        split_pair_unscaled(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2);
+#pragma unroll
+        for (int h = 0; h < VH; ++h) {
+            uint4 v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                v[i] = 2 * tig + (i & 1) + 8 * (i >> 1) < len ? half8<VC>(vw[i][h]) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+                const unsigned sel = x % 2 ? 0x7632u : 0x5410u;  // the high or the low fp16 of both words
+                const unsigned b0 = __byte_perm(word_of(v[0], x / 2), word_of(v[1], x / 2), sel);
+                const unsigned b1 = __byte_perm(word_of(v[2], x / 2), word_of(v[3], x / 2), sel);
+                float (&a)[4] = acc[8 * h + x];
+                a[0] *= f;
+                a[1] *= f;
+                a[2] *= f;
+                a[3] *= f;
+                mma_f16(a, ph0, pl0, ph2, pl2, b0, b1);  // rows gid: P hi, rows gid + 8: P lo
+            }
+        }
+        if (j + 1 < mine) load_values(j + 1);
+    }
+    pdl_launch_dependents();  // as the other forms: after the loads
+    if (row_ok) {
+        float* o = wo + (warp * REP + gid) * HD;
+#pragma unroll
+        for (int h = 0; h < VH; ++h) {
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {  // P hi's sums plus P lo's
+                o[64 * h + 16 * tig + x] = (acc[8 * h + x][0] + acc[8 * h + x][2]) * kPScaleInv;
+                o[64 * h + 16 * tig + 8 + x] = (acc[8 * h + x][1] + acc[8 * h + x][3]) * kPScaleInv;
+            }
+        }
+        if (tig == 0) {
+            wm[warp * REP + gid] = m_run;
+            wl[warp * REP + gid] = l_run;
         }
     }
+    __syncthreads();
+    if (write_partial) stream_write_partial<REP, VC>(head, wo, HD, part_row);
 }
 
 template <int REP, KvCode KC, KvCode VC>
@@ -998,7 +1241,16 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     __syncthreads();  // q (and the new token's page writes) visible to the whole block
     if (p.n_q == 1 && p.stream_stages > 0) {  // the stream form (above); attention_split checked head_dim
         const auto part_row1 = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (hd + 2); };
-        switch (hd) {
+        bool on_mma = false;  // the form on tensor cores (attention_stream_mma_fits)
+        if constexpr (kv_half_keys(KC) && kv_half_keys(VC)) {
+            on_mma = p.stream_mma && (hd == 64 || hd == 128);
+            if (on_mma && hd == 64) {
+                attention_stream_mma<REP, KC, VC, 64>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1);
+            } else if (on_mma) {
+                attention_stream_mma<REP, KC, VC, 128>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1);
+            }
+        }
+        if (!on_mma) switch (hd) {
             case 64: attention_stream<REP, KC, VC, 2>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
             case 128: attention_stream<REP, KC, VC, 4>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
             default: attention_stream<REP, KC, VC, 8>(p, head, qrow(0), smem, L.qf, t_begin, t_end, z < active, part_row1); break;
@@ -1400,6 +1652,14 @@ bool attention_stream_fits(const SplitAttentionParams& p) {
     const StreamSmem S = stream_smem(0, int(p.head_dim), p.k_code, p.v_code, p.stream_stages);
     const int64_t rep = p.n_head / p.n_head_kv;
     return int64_t(S.total - S.ring) >= kStreamWarps * rep * (p.head_dim + 2) * 4;
+}
+
+bool attention_stream_mma_fits(const SplitAttentionParams& p) {
+    return attention_stream_fits(p) && (p.head_dim == 64 || p.head_dim == 128) && kv_half_keys(p.k_code) &&
+           kv_half_keys(p.v_code) && size_t(mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages).qf) +
+                                             size_t(kStreamWarps * kStreamMaxRep * (p.head_dim + 2) * 4) +
+                                             size_t(p.head_dim / 16 * 32 * 16) <=
+                                         attention_split_smem(p);
 }
 
 int32_t attention_stream_stages(const SplitAttentionParams& p) {

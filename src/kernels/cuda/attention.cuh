@@ -188,6 +188,7 @@ struct SplitAttentionParams {
     int32_t min_stretch;      // tokens a split holds at least (split_stretch rounds it up to whole granules)
     int32_t short_tokens;     // one query seeing at most this many tokens: the short form (below); 0: never
     int32_t stream_stages;    // n_q == 1: the stream form (below) with this many tiles per warp's ring; 0: the tensor-core form
+    int32_t stream_mma;       // with stream_stages: 1 runs the stream form on tensor cores (attention_stream_mma_fits must hold)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
@@ -229,6 +230,17 @@ constexpr int kAttnShortTokens = 128;
 // memory than two (f16, q8_0) or four (q4_0) blocks per SM leave, and the split count's grid then
 // runs in waves; 3 stages only paid off with half the splits (one block per SM).
 constexpr int kAttnStreamStages = 2;
+//
+// The stream form on tensor cores (p.stream_mma, attention_stream_mma_fits: f16 / fp8 keys and
+// values, head_dim 64 or 128): each warp reads its 16-token tiles from global memory straight into
+// registers laid out as the MMAs' fragments (its next tiles requested into L2 by one bulk prefetch
+// each, no ring), scores q hi / lo against the keys and sums P hi / lo times the values on tensor
+// cores (attention.cu says how the operands are laid out): the ring form's per-token f32 FMAs
+// (~20 instructions per token and lane) become 2 MMAs per token and warp. The same f32-exact
+// products, f32 sums in another order. The backend takes it where a side is fp8 (on the H200 fp8
+// at 32K / 128K tokens: 43 / 123 us against the ring's 59 / 194; f16: 60 / 190 against 59 / 184);
+// VXQ_CUDA_ATTN_STREAM_MMA=1 takes it for f16 too, =0 never.
+bool attention_stream_mma_fits(const SplitAttentionParams& p);
 // Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits
 // kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).
 bool attention_stream_fits(const SplitAttentionParams& p);

@@ -145,6 +145,7 @@ public:
         const char* xr = std::getenv("VXQ_GEMV1_X_REGS");
         set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM")) attn_stream_ = std::clamp(std::atoi(sm), 0, 4);
+        if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM_MMA")) attn_stream_mma_ = std::clamp(std::atoi(sm), 0, 1);
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
@@ -565,6 +566,8 @@ private:
             if (n_q == 1 && attn_stream_ != 0) {  // the stream form (attention.cuh): a forced ring depth, else the default
                 p.stream_stages = attn_stream_ > 0 ? attn_stream_ : 0;
                 if (p.stream_stages == 0 || !attention_stream_fits(p)) p.stream_stages = attention_stream_stages(p);
+                const bool mma = attn_stream_mma_ < 0 ? p.k_code == KvCode::FP8 || p.v_code == KvCode::FP8 : attn_stream_mma_ == 1;
+                p.stream_mma = mma && attention_stream_mma_fits(p) ? 1 : 0;
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
@@ -1434,6 +1437,10 @@ private:
     int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
+    // VXQ_CUDA_ATTN_STREAM_MMA: the stream form on tensor cores where it fits (1), never (0), or by
+    // default (-1) where a side is fp8 (on the H200 1.4-1.6x faster than the ring at 32K-128K; an
+    // f16 cache 3 % slower than the ring: docs/gpu.md, 2026-12-04, fifth session).
+    int attn_stream_mma_ = -1;
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
