@@ -189,7 +189,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         if (!cuda::attention_split_tiling_fits(p) || (p.stream_stages > 0 && !cuda::attention_stream_fits(p))) continue;
         const bool mma_fits = p.stream_stages > 0 && cuda::attention_stream_mma_fits(p);
         if (c.mma == 1 && !mma_fits) continue;  // the ring form's arm already times it
-        const int mma_default = mma_fits && f.code == cuda::KvCode::FP8 ? 1 : 0;  // the backend's rule (backend_cuda.cpp)
+        const int mma_default = p.stream_stages > 0 && cuda::attention_stream_mma_default(p) ? 1 : 0;
         p.stream_mma = c.mma < 0 ? mma_default : c.mma == 1 && mma_fits ? 1 : 0;
         const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
                           c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default && p.stream_mma == mma_default;

@@ -1247,6 +1247,9 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                     const auto half = [](KvCode c) { return c == KvCode::F16 || c == KvCode::FP8; };
                     EXPECT_EQ(cuda::attention_stream_mma_fits(p), (hd == 64 || hd == 128) && half(k) && half(v))
                         << "head_dim " << hd << " rep " << rep;
+                    // The backend's default there: where a side is fp8 (f16 pairs keep the ring).
+                    EXPECT_EQ(cuda::attention_stream_mma_default(p),
+                              cuda::attention_stream_mma_fits(p) && (k == KvCode::FP8 || v == KvCode::FP8));
                     p.n_q = 2;
                     EXPECT_FALSE(cuda::attention_stream_fits(p));
                     EXPECT_FALSE(cuda::attention_stream_mma_fits(p));

@@ -241,6 +241,10 @@ constexpr int kAttnStreamStages = 2;
 // at 32K / 128K tokens: 43 / 123 us against the ring's 59 / 194; f16: 60 / 190 against 59 / 184);
 // VXQ_CUDA_ATTN_STREAM_MMA=1 takes it for f16 too, =0 never.
 bool attention_stream_mma_fits(const SplitAttentionParams& p);
+// The backend's choice for p (stream_stages set): on tensor cores where a side is fp8 and it fits.
+inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
+    return (p.k_code == KvCode::FP8 || p.v_code == KvCode::FP8) && attention_stream_mma_fits(p);
+}
 // Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits
 // kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).
 bool attention_stream_fits(const SplitAttentionParams& p);

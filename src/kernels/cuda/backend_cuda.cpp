@@ -566,8 +566,8 @@ private:
             if (n_q == 1 && attn_stream_ != 0) {  // the stream form (attention.cuh): a forced ring depth, else the default
                 p.stream_stages = attn_stream_ > 0 ? attn_stream_ : 0;
                 if (p.stream_stages == 0 || !attention_stream_fits(p)) p.stream_stages = attention_stream_stages(p);
-                const bool mma = attn_stream_mma_ < 0 ? p.k_code == KvCode::FP8 || p.v_code == KvCode::FP8 : attn_stream_mma_ == 1;
-                p.stream_mma = mma && attention_stream_mma_fits(p) ? 1 : 0;
+                const bool mma = attn_stream_mma_ < 0 ? attention_stream_mma_default(p) : attn_stream_mma_ == 1 && attention_stream_mma_fits(p);
+                p.stream_mma = mma ? 1 : 0;
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
