@@ -190,7 +190,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         const bool mma_fits = p.stream_stages > 0 && cuda::attention_stream_mma_fits(p);
         if (c.mma == 1 && !mma_fits) continue;  // the ring form's arm already times it
         const int mma_default = p.stream_stages > 0 && cuda::attention_stream_mma_default(p) ? 1 : 0;
-        p.stream_mma = c.mma < 0 ? mma_default : c.mma == 1 && mma_fits ? 1 : 0;
+        p.stream_mma = c.mma < 0 ? mma_default : c.mma;
         const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
                           c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default && p.stream_mma == mma_default;
         if ((c.stream < 0 || c.mma < 0) && std::any_of(configs.begin(), configs.end(), [&](const Config& o) {

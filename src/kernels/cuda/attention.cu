@@ -91,7 +91,9 @@ __global__ void store_kv_kernel(KvStoreParams p) {
 // kernel above takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at
 // 14-35 % of the copy bandwidth (docs/gpu.md).
 constexpr int kStoreWarps = 8;
-__device__ __forceinline__ float f4_at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// Element i of a 4-vector (float4, uint4).
+template <class V4>
+__device__ __forceinline__ auto at4(const V4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
 __device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-byte aligned
     reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
     reinterpret_cast<uint16_t*>(p)[1] = uint16_t(w >> 16);
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
             const float id = kv_q8_inv_scale(amax);
             unsigned q = 0;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(f4_at(v, i), id)) << (8 * i);
+            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(at4(v, i), id)) << (8 * i);
             if (in) {
                 store_u32_at2(blk + 2 + 4 * li, q);
                 if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
@@ -148,18 +150,18 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
             int at = 4 * li;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-                const float a = kv_q4_magnitude(f4_at(v, i));
+                const float a = kv_q4_magnitude(at4(v, i));
                 if (a > best) {
                     best = a;
                     at = 4 * li + i;
                 }
             }
             first_max_lanes<4>(best, at);  // the block's 8 lanes
-            const float vm = __shfl_sync(0xffffffffu, f4_at(v, at & 3), (lane & ~7) | (at >> 2));
+            const float vm = __shfl_sync(0xffffffffu, at4(v, at & 3), (lane & ~7) | (at >> 2));
             const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
             unsigned q = 0;  // this lane's four codes, a byte each
 #pragma unroll
-            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(f4_at(v, i), sc.id) & 0x0f) << (8 * i);
+            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
             const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
             if (in && li < 4) {
                 store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
@@ -380,15 +382,14 @@ __device__ __forceinline__ void short_key_dot(const uint8_t* kr, const float* qs
                                               int quarter, float (&s)[REP]) {
     if constexpr (kv_half_keys(KC)) {
         for (int c = quarter * 8; c < hd; c += 4 * 8) {
-            unsigned words[4];
+            uint4 w;
             if constexpr (KC == KvCode::F16) {
-                const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 2);
-                words[0] = w.x, words[1] = w.y, words[2] = w.z, words[3] = w.w;
+                w = *reinterpret_cast<const uint4*>(kr + c * 2);
             } else {
-                const uint2 w = *reinterpret_cast<const uint2*>(kr + c);
-                words[0] = kv_fp8x2_to_half2(w.x), words[1] = kv_fp8x2_to_half2(w.x >> 16);
-                words[2] = kv_fp8x2_to_half2(w.y), words[3] = kv_fp8x2_to_half2(w.y >> 16);
+                const uint2 b = *reinterpret_cast<const uint2*>(kr + c);
+                w = kv_fp8x8_to_half8(b.x, b.y);
             }
+            const unsigned words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const float2 kf = __half22float2(*reinterpret_cast<const __half2*>(&words[j]));
@@ -823,10 +824,9 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
 #pragma unroll 2
                     for (int c = 0; c < hd / 2; c += 16) {
                         const uint4 w = *reinterpret_cast<const uint4*>(kr + c);
-                        dot8(c, kv_fp8x2_to_half2(w.x), kv_fp8x2_to_half2(w.x >> 16), kv_fp8x2_to_half2(w.y),
-                             kv_fp8x2_to_half2(w.y >> 16));
-                        dot8(c + 8, kv_fp8x2_to_half2(w.z), kv_fp8x2_to_half2(w.z >> 16), kv_fp8x2_to_half2(w.w),
-                             kv_fp8x2_to_half2(w.w >> 16));
+                        const uint4 a = kv_fp8x8_to_half8(w.x, w.y), b = kv_fp8x8_to_half8(w.z, w.w);
+                        dot8(c, a.x, a.y, a.z, a.w);
+                        dot8(c + 8, b.x, b.y, b.z, b.w);
                     }
                 }
             }
@@ -950,6 +950,11 @@ __device__ void attention_stream(const SplitAttentionParams& p, const KvHeadDev&
 constexpr int kStreamMmaTile = 16;
 constexpr int kStreamMmaAhead = 3;  // a warp's tiles requested into L2 ahead of the one it loads
 constexpr float kPScale = 32768.0f, kPScaleInv = 1.0f / 32768.0f;
+// Its shared memory from `base` on: the warps' merge buffers (o [warps][rep][hd], max and sum
+// [warps][rep]), then q's A fragments (hd / 16 k-steps of 32 lanes' uint4).
+__host__ __device__ constexpr int stream_mma_smem(int rep, int hd) {
+    return kStreamWarps * rep * (hd + 2) * 4 + hd / 16 * 32 * 16;
+}
 
 // A hint that [ptr, ptr + bytes) will be read soon: one bulk request into L2 (sm_90; both multiples of 16).
 __device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, unsigned bytes) {
@@ -979,18 +984,8 @@ __device__ __forceinline__ uint4 half8(const Raw8<C>& w) {
     if constexpr (C == KvCode::F16) {
         return w;
     } else {
-        return make_uint4(kv_fp8x2_to_half2(w.x), kv_fp8x2_to_half2(w.x >> 16), kv_fp8x2_to_half2(w.y),
-                          kv_fp8x2_to_half2(w.y >> 16));
+        return kv_fp8x8_to_half8(w.x, w.y);
     }
-}
-__device__ __forceinline__ unsigned word_of(const uint4& w, int i) {
-    return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
-}
-// hi = fp16 pair of (x0, x1), lo = fp16 pair of the rests, unscaled (the caller keeps x large enough).
-__device__ __forceinline__ void split_pair_unscaled(float x0, float x1, unsigned& hi, unsigned& lo) {
-    const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
-    hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
-    lo = pack_half2(x0 - __half2float(h0), x1 - __half2float(h1));
 }
 
 template <int REP, KvCode KC, KvCode VC, int HD, typename PartRow>
@@ -1001,7 +996,7 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
     constexpr int ktb = int(kv_token_bytes(KC, HD)), vtb = int(kv_token_bytes(VC, HD));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
     const bool row_ok = gid < REP;
-    // The warps' merge: o [warps][REP][HD], then max and sum [warps][REP].
+    // stream_mma_smem's layout: the warps' merge, o [warps][REP][HD], then max and sum [warps][REP].
     float* wo = reinterpret_cast<float*>(smem + base);
     float* wm = wo + kStreamWarps * REP * HD;
     float* wl = wm + kStreamWarps * REP;
@@ -1113,8 +1108,8 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
         l_run = l_run * f + sum;
         m_run = m_new;
         unsigned ph0, pl0, ph2, pl2;  // P's A fragments (tokens 2 tig, + 1 and 2 tig + 8, + 9; hi rows gid, lo rows gid + 8)
-        split_pair_unscaled(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0);
-        split_pair_unscaled(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2);
+        split_pair(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0, 1.0f);
+        split_pair(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2, 1.0f);
 #pragma unroll
         for (int h = 0; h < VH; ++h) {
             uint4 v[4];
@@ -1125,8 +1120,8 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
 #pragma unroll
             for (int x = 0; x < 8; ++x) {
                 const unsigned sel = x % 2 ? 0x7632u : 0x5410u;  // the high or the low fp16 of both words
-                const unsigned b0 = __byte_perm(word_of(v[0], x / 2), word_of(v[1], x / 2), sel);
-                const unsigned b1 = __byte_perm(word_of(v[2], x / 2), word_of(v[3], x / 2), sel);
+                const unsigned b0 = __byte_perm(at4(v[0], x / 2), at4(v[1], x / 2), sel);
+                const unsigned b1 = __byte_perm(at4(v[2], x / 2), at4(v[3], x / 2), sel);
                 float (&a)[4] = acc[8 * h + x];
                 a[0] *= f;
                 a[1] *= f;
@@ -1656,10 +1651,9 @@ bool attention_stream_fits(const SplitAttentionParams& p) {
 
 bool attention_stream_mma_fits(const SplitAttentionParams& p) {
     return attention_stream_fits(p) && (p.head_dim == 64 || p.head_dim == 128) && kv_half_keys(p.k_code) &&
-           kv_half_keys(p.v_code) && size_t(mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages).qf) +
-                                             size_t(kStreamWarps * kStreamMaxRep * (p.head_dim + 2) * 4) +
-                                             size_t(p.head_dim / 16 * 32 * 16) <=
-                                         attention_split_smem(p);
+           kv_half_keys(p.v_code) &&
+           size_t(mma_smem(int(p.head_dim), p.k_code, p.v_code, p.tile, p.stages).qf +
+                  stream_mma_smem(kStreamMaxRep, int(p.head_dim))) <= attention_split_smem(p);
 }
 
 int32_t attention_stream_stages(const SplitAttentionParams& p) {

@@ -132,6 +132,10 @@ __device__ __forceinline__ unsigned kv_fp8x2_to_half2(unsigned codes) {
     asm("{.reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;}" : "=r"(h) : "r"(codes));
     return h;
 }
+// Eight e4m3fn codes (two words, the low byte first) as four fp16 pairs, exactly.
+__device__ __forceinline__ uint4 kv_fp8x8_to_half8(unsigned lo, unsigned hi) {
+    return make_uint4(kv_fp8x2_to_half2(lo), kv_fp8x2_to_half2(lo >> 16), kv_fp8x2_to_half2(hi), kv_fp8x2_to_half2(hi >> 16));
+}
 __device__ __forceinline__ float2 kv_fp8x2_to_float2(unsigned codes) {
     const unsigned h = kv_fp8x2_to_half2(codes);
     return __half22float2(*reinterpret_cast<const __half2*>(&h));

@@ -40,11 +40,12 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0,
 __device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
     return unsigned(__half_as_ushort(__float2half_rn(lo_index))) | (unsigned(__half_as_ushort(__float2half_rn(hi_index))) << 16);
 }
-// hi = fp16 pair of (x0, x1), lo = the scaled rest (above).
-__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo) {
+// hi = fp16 pair of (x0, x1), lo = the rest times lo_scale (above; 1 where the caller has scaled x
+// so that the rest stays a normal fp16 number).
+__device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, unsigned& lo, float lo_scale = kLoScale) {
     const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
     hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
-    lo = pack_half2((x0 - __half2float(h0)) * kLoScale, (x1 - __half2float(h1)) * kLoScale);
+    lo = pack_half2((x0 - __half2float(h0)) * lo_scale, (x1 - __half2float(h1)) * lo_scale);
 }
 #endif
 
