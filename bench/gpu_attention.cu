@@ -9,12 +9,12 @@
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
 //   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2] [--splits N,..] [--tile N,..] [--stages N,..]
-//                     [--stream N,..] [--mma N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
+//                     [--stream N,..] [--mma N,..] [--tma N,..] [--kivi-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
 // prints a markdown table and, last, one JSON line per case (for plots and docs). The lists time
 // the kernel with every combination of those split counts, tiles, stages and forms (--stream: 0 the
 // tensor-core form, 1..4 the stream form's ring depth; --mma: 1 the stream form on tensor cores
-// where it fits, 0 its ring; attention.cuh) (the backend's
+// where it fits, 0 its ring; --tma: 1..4 the bulk-copy stream form's ring depth; attention.cuh) (the backend's
 // choice is always included and marked "*"; a tiling that does not fit is skipped). The layouts
 // of one case are timed interleaved (kGpuRepeats rounds of every layout in turn, median, min and
 // max), the backend's layout twice: its second arm, "A/A", is the noise floor of that case.
@@ -60,12 +60,13 @@ struct Config {
     int tile, stages;
     int stream;  // stages of the stream form's ring (0: the tensor-core form; -1: the backend's default)
     int mma;     // the stream form on tensor cores where it fits (1), its ring form (0), the backend's choice (-1)
+    int tma;     // > 0: the bulk-copy stream form with this ring depth (the other fields but splits unused); 0: not
 };
 
 struct Row {
     std::string kv;
     int64_t ctx, layers, splits;
-    int tile, stages, stream, mma;
+    int tile, stages, stream, mma, tma;
     size_t bytes;  // read per call
     double us, us_min, us_max;  // median, min, max over the interleaved repetitions
     bool aa;                    // the default layout's second arm (A/A: the noise floor)
@@ -179,10 +180,28 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     // The layouts that fit, and the default one again as an A/A arm; all timed interleaved.
     std::vector<cuda::SplitAttentionParams> arms;
     std::vector<bool> aa, dflts;
+    // The backend's form for this format past the short form's context: the bulk-copy stream form where it fits.
+    p.splits = cuda::attention_splits(1, kHeadsKv, f.code);
+    p.tma_stages = cuda::kAttnTmaStages;
+    const bool tma_default = cuda::attention_stream_tma_fits(p);
     for (const Config& c : configs) {
         p.splits = c.splits;
         p.tile = c.tile;
         p.stages = c.stages;
+        p.tma_stages = c.tma;
+        if (c.tma > 0) {  // its own kernel: one arm per split count and ring depth
+            if (!cuda::attention_stream_tma_fits(p)) continue;
+            const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tma == cuda::kAttnTmaStages;
+            arms.push_back(p);
+            aa.push_back(false);
+            dflts.push_back(dflt);
+            if (dflt) {
+                arms.push_back(p);
+                aa.push_back(true);
+                dflts.push_back(true);
+            }
+            continue;
+        }
         p.stream_stages = 0;
         const int32_t stream_default = cuda::attention_stream_stages(p);
         p.stream_stages = c.stream < 0 ? stream_default : c.stream;
@@ -191,10 +210,10 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         if (c.mma == 1 && !mma_fits) continue;  // the ring form's arm already times it
         const int mma_default = p.stream_stages > 0 && cuda::attention_stream_mma_default(p) ? 1 : 0;
         p.stream_mma = c.mma < 0 ? mma_default : c.mma;
-        const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
+        const bool dflt = !tma_default && c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tile == cuda::kAttnSplitTile &&
                           c.stages == cuda::kAttnSplitStages && p.stream_stages == stream_default && p.stream_mma == mma_default;
         if ((c.stream < 0 || c.mma < 0) && std::any_of(configs.begin(), configs.end(), [&](const Config& o) {
-                return o.splits == c.splits && o.tile == c.tile && o.stages == c.stages && &o != &c &&
+                return o.splits == c.splits && o.tile == c.tile && o.stages == c.stages && &o != &c && o.tma == 0 &&
                        (c.stream < 0 ? o.stream == stream_default : o.stream == c.stream) &&
                        (c.mma < 0 ? o.mma == mma_default : o.mma == c.mma);
             })) {
@@ -218,7 +237,8 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const auto& c = arms[a];
-        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, c.stream_mma, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+        rows.push_back(Row{kv, ctx, layers, c.splits, c.tile, c.stages, c.stream_stages, c.stream_mma, c.tma_stages, layer_bytes,
+                           ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, aa[a], dflts[a]});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
@@ -318,7 +338,7 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
         const int form = a >= n_auto ? -3 : tc ? -2 : -3;
-        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, a == 1, a < n_auto && arms[a] == dflt});
     }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
@@ -431,7 +451,7 @@ std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaS
 int main(int argc, char** argv) {
     using namespace vxq;
     try {
-        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, mmas, encode, kivi_splits;
+        std::vector<int64_t> contexts, split_counts, tiles, stages, streams, mmas, tmas, encode, kivi_splits;
         std::vector<std::string> formats;
         bool only_encode = false;
         const auto list = [](const char* text, std::vector<int64_t>& out) {
@@ -454,6 +474,8 @@ int main(int argc, char** argv) {
                 list(argv[++i], streams);
             } else if (a == "--mma" && i + 1 < argc) {
                 list(argv[++i], mmas);
+            } else if (a == "--tma" && i + 1 < argc) {
+                list(argv[++i], tmas);
             } else if (a == "--kivi-splits" && i + 1 < argc) {
                 list(argv[++i], kivi_splits);
             } else if (a == "--formats" && i + 1 < argc) {
@@ -507,7 +529,17 @@ int main(int argc, char** argv) {
             for (int64_t g : stages)
                 for (int64_t s : split_counts)
                     for (int64_t sm : streams)
-                        for (int64_t m : mmas) configs.push_back(Config{s, int(t), int(g), int(sm), int(m)});
+                        for (int64_t m : mmas) configs.push_back(Config{s, int(t), int(g), int(sm), int(m), 0});
+        add(tmas, cuda::kAttnTmaStages);  // the backend's ring depth
+        for (int64_t tm : tmas) {
+            if (tm < 0 || tm > 4) {
+                std::fprintf(stderr, "vxq_gpu_attention: --tma takes 1..4 (the bulk-copy stream form's ring depth; 0: none)\n");
+                return 1;
+            }
+            for (int64_t s : split_counts) {
+                if (tm > 0) configs.push_back(Config{s, cuda::kAttnSplitTile, cuda::kAttnSplitStages, -1, -1, int(tm)});
+            }
+        }
         if (contexts.empty() && !only_encode) contexts = {1024, 4096, 16384, 32768, 65536, 131072};
         if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "fp8", "kivi4", "kivi2"};
         for (const std::string& f : formats) {
@@ -572,8 +604,13 @@ int main(int argc, char** argv) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     char form[32];
                     std::snprintf(form, sizeof form,
-                                  r.stream == -2 ? "kivi tensor cores" : r.stream == -3 ? "kivi SIMT" : r.mma ? "stream mma" : r.stream > 0 ? "stream x %d" : "tensor cores",
-                                  r.stream);
+                                  r.tma > 0         ? "bulk-copy ring x %d"
+                                  : r.stream == -2 ? "kivi tensor cores"
+                                  : r.stream == -3 ? "kivi SIMT"
+                                  : r.mma          ? "stream mma"
+                                  : r.stream > 0   ? "stream x %d"
+                                                   : "tensor cores",
+                                  r.tma > 0 ? r.tma : r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
                                 r.aa ? " A/A" : r.dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
@@ -586,9 +623,9 @@ int main(int argc, char** argv) {
         for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"mma\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
+                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"mma\": %d, \"tma\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
                         "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.mma, r.aa ? "true" : "false", r.us,
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.mma, r.tma, r.aa ? "true" : "false", r.us,
                         r.us_min, r.us_max, bench::kGpuRepeats, r.bytes, copy_gbs);
         }
         return 0;

@@ -1127,12 +1127,15 @@ TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
 // The stream form of the split kernel (one query over more tokens than the short form takes:
 // each warp streams its own tiles, attention.cuh) against the CPU and against the tensor-core form
 // (VXQ_CUDA_ATTN_STREAM=0) on the same cache, with each ring depth it takes (1-4 stages) and on
-// tensor cores (f16 / fp8 pairs at head_dim 64 / 128, VXQ_CUDA_ATTN_STREAM_MMA=1; the default for fp8):
+// tensor cores (f16 / fp8 pairs at head_dim 64 / 128, VXQ_CUDA_ATTN_STREAM_MMA=1; the default for fp8),
+// and through bulk copies in its own kernel (the same pairs, VXQ_CUDA_ATTN_TMA=1..4 ring depths and
+// the backend's default, which takes it past the short form's context):
 // every format pair, GQA 1/2/3/4/8, head_dim 64/128/256 (96: the tensor-core form in all), odd
 // token counts that leave partial tiles and splits of uneven length. f32 sums of the same exact
 // products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
 TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     VXQ_REQUIRE_CUDA(cuda);
+    setenv("VXQ_CUDA_ATTN_TMA", "0", 1);  // the split kernel's forms first
     setenv("VXQ_CUDA_ATTN_STREAM", "0", 1);
     auto mma = make_backend("cuda", 1);
     std::vector<std::unique_ptr<Backend>> streams;
@@ -1147,13 +1150,21 @@ TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     streams.push_back(make_backend("cuda", 1));  // on tensor cores for f16 / fp8 pairs at head_dim 64 / 128
     unsetenv("VXQ_CUDA_ATTN_STREAM_MMA");
     streams.push_back(make_backend("cuda", 1));  // the default (on tensor cores where a side is fp8)
+    for (const char* stages : {"1", "2", "3", "4"}) {  // the bulk-copy form for f16 / fp8 pairs at head_dim 64 / 128
+        setenv("VXQ_CUDA_ATTN_TMA", stages, 1);
+        streams.push_back(make_backend("cuda", 1));
+    }
+    unsetenv("VXQ_CUDA_ATTN_TMA");
+    streams.push_back(make_backend("cuda", 1));  // the backend's default
     const std::vector<DecodeCase> cases = {{129, 128, 32, 8},  {1000, 64, 12, 4}, {4099, 128, 8, 8},  {777, 256, 16, 2},
                                            {2049, 128, 24, 8}, {300, 64, 8, 1},   {5001, 128, 4, 2},  {160, 96, 4, 4}};
     for_each_decode_case(cases, [&](const DecodeRun& r) {
         const std::vector<float> got_mma = r.on(*mma);
         for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got_mma[i], r.ref[i], 2e-5f) << i;
         for (size_t b = 0; b < streams.size(); ++b) {
-            SCOPED_TRACE(testing::Message() << "stream backend " << b << " (1, 2, 3, 4 stages, default ring, tensor cores, default)");
+            SCOPED_TRACE(testing::Message() << "stream backend " << b
+                                            << " (ring of 1, 2, 3, 4 stages, default ring, tensor cores, default; bulk copies "
+                                               "1, 2, 3, 4 stages, default)");
             const std::vector<float> got = r.on(*streams[b]);
             for (size_t i = 0; i < r.ref.size(); ++i) {
                 ASSERT_NEAR(got[i], r.ref[i], 2e-5f) << i;
@@ -1250,9 +1261,23 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                     // The backend's default there: where a side is fp8 (f16 pairs keep the ring).
                     EXPECT_EQ(cuda::attention_stream_mma_default(p),
                               cuda::attention_stream_mma_fits(p) && (k == KvCode::FP8 || v == KvCode::FP8));
+                    // Through bulk copies: the same pairs and sizes, every ring depth up to 4, without the short form.
+                    for (int32_t tm = 1; tm <= 4; ++tm) {
+                        p.splits = cuda::kAttnSplitMaxSplits;
+                        p.tma_stages = tm;
+                        EXPECT_EQ(cuda::attention_stream_tma_fits(p), (hd == 64 || hd == 128) && half(k) && half(v))
+                            << "head_dim " << hd << " rep " << rep << " stages " << tm;
+                        p.short_tokens = cuda::kAttnShortTokens;
+                        EXPECT_FALSE(cuda::attention_stream_tma_fits(p));
+                        p.short_tokens = 0;
+                    }
+                    p.tma_stages = 5;
+                    EXPECT_FALSE(cuda::attention_stream_tma_fits(p));
+                    p.tma_stages = cuda::kAttnTmaStages;
                     p.n_q = 2;
                     EXPECT_FALSE(cuda::attention_stream_fits(p));
                     EXPECT_FALSE(cuda::attention_stream_mma_fits(p));
+                    EXPECT_FALSE(cuda::attention_stream_tma_fits(p));
                 }
             }
         }

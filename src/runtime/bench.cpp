@@ -172,9 +172,30 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         return run_on(ci, *caches[ci], t, prompt);
     };
 
+    // Resident KV per (config, test): what a cache holds after one run of the test alone. A cache
+    // keeps the pages of the most tokens it has held, so the shared cache shows it right after a
+    // test's warm-up run when no earlier run held more tokens (the tests of one depth in order of
+    // their token counts, and every test of a single-depth run: no fill of its own); the others are
+    // measured on a fresh cache below.
+    struct KvFigure {
+        size_t bytes = 0;
+        double bits_per_element = 0;
+        bool measured = false;
+    };
+    std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
+    const auto held = [](const Test& t) { return t.depth + t.n; };
+
     // Warm-up: every config once on every test, untimed (first-touch faults, caches, pool spin-up).
-    for (size_t ci = 0; ci < configs.size(); ++ci)
-        for (const auto& t : tests) run_one(ci, t, pools[ci][0]);
+    for (size_t ci = 0; ci < configs.size(); ++ci) {
+        int64_t most = 0;  // tokens the cache has held
+        for (size_t ti = 0; ti < tests.size(); ++ti) {
+            run_one(ci, tests[ti], pools[ci][0]);
+            if (held(tests[ti]) >= most) {
+                kv_of[ci][ti] = {caches[ci]->resident_bytes(), resident_bits_per_element(*caches[ci], caches[ci]->size()), true};
+            }
+            most = std::max(most, held(tests[ti]));
+        }
+    }
 
     // The (test, config) pairs of one repetition round, configurations alternating within each
     // test (A B C A B C ...), every depth in the same round. Round r starts r pairs further along
@@ -203,19 +224,14 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         }
     }
 
-    // Resident KV per (config, test), measured on a fresh cache after one untimed run of the test:
-    // the shared cache keeps the pages of every depth it has held, so a depth-0 row read from it
-    // would report the largest depth's memory.
-    struct KvFigure {
-        size_t bytes = 0;
-        double bits_per_element = 0;
-    };
-    std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
+    // The other tests' resident KV: on a fresh cache after one untimed run of the test (the shared
+    // cache still holds the pages of a larger depth).
     for (size_t ci = 0; ci < configs.size(); ++ci) {
         for (size_t ti = 0; ti < tests.size(); ++ti) {
+            if (kv_of[ci][ti].measured) continue;
             auto fresh = make_cache(configs[ci], n_ctx, *backend);
             run_on(ci, *fresh, tests[ti], pools[ci][0]);
-            kv_of[ci][ti] = {fresh->resident_bytes(), resident_bits_per_element(*fresh, fresh->size())};
+            kv_of[ci][ti] = {fresh->resident_bytes(), resident_bits_per_element(*fresh, fresh->size()), true};
         }
     }
 

@@ -235,14 +235,47 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
         if (lane == 0) inv_s[r] = l > 0.0f ? float(1.0 / double(l)) : 0.0f;
     }
     __syncthreads();
-    for (int e = tid; e < REP * hd; e += kSplitThreads) {
-        const int r = e / hd, d = e - r * hd;
-        const float* part = part_of(r);
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int z = 0; z < splits; ++z) acc += __ldcg(part + z * stride + d) * wz[r][z];
-        p.out[(int64_t(i) * p.n_head + int64_t(g) * REP + r) * hd + d] = acc * inv_s[r];
-        if (keep) keep[e] = acc * inv_s[r];
+    // o: a thread takes two channels (one 8-byte load per split: rows of hd + 2 floats keep 8-byte
+    // alignment) of up to two rows' pairs at once, kMergeBatch splits of loads in flight before the
+    // first is used: a merge is a few memory latencies, not one per split. The sum over the splits in
+    // their order, as before.
+    constexpr int kMergeBatch = 16;
+    const int pairs = REP * hd / 2;
+    for (int e0 = tid; e0 < pairs; e0 += 2 * kSplitThreads) {
+        const int e1 = min(e0 + kSplitThreads, pairs - 1);  // past the last pair: the last again (not written)
+        const int r0 = 2 * e0 / hd, r1 = 2 * e1 / hd;
+        const float* part0 = part_of(r0) + 2 * e0 - r0 * hd;
+        const float* part1 = part_of(r1) + 2 * e1 - r1 * hd;
+        float2 a0 = make_float2(0.0f, 0.0f), a1 = a0;
+        for (int z0 = 0; z0 < splits; z0 += kMergeBatch) {
+            float2 v0[kMergeBatch], v1[kMergeBatch];
+#pragma unroll
+            for (int u = 0; u < kMergeBatch; ++u) {
+                const int z = min(z0 + u, splits - 1);
+                v0[u] = __ldcg(reinterpret_cast<const float2*>(part0 + z * stride));
+                v1[u] = __ldcg(reinterpret_cast<const float2*>(part1 + z * stride));
+            }
+#pragma unroll
+            for (int u = 0; u < kMergeBatch; ++u) {
+                if (z0 + u < splits) {
+                    const float w0 = wz[r0][z0 + u], w1 = wz[r1][z0 + u];
+                    a0.x += v0[u].x * w0;
+                    a0.y += v0[u].y * w0;
+                    a1.x += v1[u].x * w1;
+                    a1.y += v1[u].y * w1;
+                }
+            }
+        }
+        const auto put = [&](int e, int r, float2 a) {
+            const float2 o = make_float2(a.x * inv_s[r], a.y * inv_s[r]);
+            *reinterpret_cast<float2*>(p.out + (int64_t(i) * p.n_head + int64_t(g) * REP) * hd + 2 * e) = o;
+            if (keep) {
+                keep[2 * e] = o.x;
+                keep[2 * e + 1] = o.y;
+            }
+        };
+        put(e0, r0, a0);
+        if (e0 + kSplitThreads < pairs) put(e1, r1, a1);
     }
 }
 
@@ -988,31 +1021,224 @@ __device__ __forceinline__ uint4 half8(const Raw8<C>& w) {
     }
 }
 
+// The step's RoPE and KV store inside a decode launch (p.rope, one query; attention.cuh): every
+// block rotates its `rep` q rows (shared memory, q_rows: rep x head_dim floats); the block whose
+// stretch [t_begin, t_end) holds the new token's slot (split 0 when the slot is past n_vis) rotates
+// k, writes it back and stores k and v in their formats (rope_store_kv's arithmetic, the same bits),
+// fenced for the reads of this launch (tile copies through L2, bulk copies). Every thread of the
+// block calls, after its q rows are written; the caller's barrier follows.
+template <KvCode KC, KvCode VC>
+__device__ void rope_store_in_split(const SplitAttentionParams& p, int g, int z, int rep, int64_t t_begin, int64_t t_end,
+                                    int64_t n_vis, float* q_rows, float* kn) {
+    const int hd = int(p.head_dim), tid = threadIdx.x;
+    const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
+    const int half = int(p.rope.n_rot / 2);
+    const bool owner = slot < n_vis ? (slot >= t_begin && slot < t_end) : z == 0;
+    float* kg = p.rope.k + int64_t(g) * hd;
+    if (owner) {
+        for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
+    }
+    __syncthreads();
+    for (int e = tid; e < rep * half; e += kSplitThreads) rope_pair(q_rows + (e / half) * hd, e % half, pos, p.rope);
+    if (owner) {
+        for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
+    }
+    __syncthreads();
+    if (owner) {
+        const KvHeadDev sh = p.rope.heads[g];
+        for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
+        kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * kv_token_bytes(KC, hd), hd, tid, kSplitThreads, sh.k_scale);
+        kv_store_row(VC, p.rope.v + int64_t(g) * hd, reinterpret_cast<uint8_t*>(sh.v) + slot * kv_token_bytes(VC, hd), hd, tid,
+                     kSplitThreads, sh.v_scale);
+        __threadfence();              // the tile copies read the new slot through L2
+        fence_proxy_async_global();  // and the bulk copies through the async proxy
+    }
+}
+
+// The end of a decode launch, after the block's partials are written: the block's partials are
+// published (fence) before its arrival is counted; the last block of (query group qg, KV head g)
+// to arrive merges (merge_splits, queries q0 .. q0 + nq - 1, the first `active` splits), writes the
+// rotated q rows back with p.rope (every block of the group has read q by then) and, with
+// p.out_q8, the merged rows as q8_0. q_rows: the block's q rows in shared memory (REP x head_dim
+// floats at least), rewritten. Every thread of the block calls.
+template <int REP>
+__device__ void arrive_and_merge(const SplitAttentionParams& p, int g, int qg, int q0, int nq, int active, float* q_rows) {
+    __shared__ bool merger;
+    const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // The barrier orders the block's partial writes before thread 0's fence, which makes them
+    // visible at device scope before its arrival (a release); the merger's fence after it orders
+    // the partial reads after the other arrivals (an acquire), and the barrier passes that on.
+    __syncthreads();
+    unsigned* arrivals = p.arrivals + int64_t(qg) * p.n_head_kv + g;
+    if (tid == 0) {
+        __threadfence();
+        merger = atomicAdd(arrivals, 1u) == unsigned(p.splits - 1);
+        if (merger) __threadfence();
+    }
+    __syncthreads();
+    if (!merger) return;
+    if (p.rope.q != nullptr) {  // as rope_store leaves them
+        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[int64_t(g) * REP * hd + e] = q_rows[e];
+        __syncthreads();  // q's rows are merge_splits' `keep` below
+    }
+    float* keep = p.out_q8.qs ? q_rows : nullptr;  // REP * hd floats (one query)
+    for (int i = q0; i < q0 + nq; ++i) {
+        merge_splits<REP>(p, g, i, active, keep);
+        __syncthreads();  // merge_splits' weights are rewritten by the next query's merge
+    }
+    if (keep) {  // one query: the group's rows of out, contiguous, whole 32-element blocks
+        __syncthreads();
+        const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
+        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
+            quantize_block_q8_0(keep[b * kQBlock + lane], b0 + b, lane, p.out_q8.qs, p.out_q8.s);
+        }
+    }
+    if (tid == 0) *arrivals = 0;  // ready for the next call (a kernel boundary orders it)
+}
+
+// The tensor-core stream forms' arithmetic on one 16-token tile (attention_stream_mma from registers
+// loaded out of global memory, attention_stream_tma from its shared-memory ring). A lane holds keys of
+// tokens gid and 8 + gid (kw[n][c]: dims 32 c + 8 tig .. + 7) and values of tokens 2 tig, 2 tig + 1,
+// 2 tig + 8, 2 tig + 9 (vw[i][h]: dims 64 h + 8 gid .. + 7); past the tile's len tokens, any bytes
+// (scores masked, values zeroed). qfrag(s): q's A fragments of k-step s (rows gid < REP q hi, rows
+// gid + 8 its lo; k-step 2c + h takes the dims 32c + 8 tig + 4h + {0, 1} and + {2, 3}).
+template <int HD>
+struct MmaTileState {
+    float m_run = -INFINITY, l_run = 0.0f;
+    float acc[HD / 8][4] = {};  // n-tile 8 h + x: dims 64 h + 8 n + x (rows gid: P hi, gid + 8: P lo)
+};
+
+// Scores of the tile: sc[n][i] for token 8 n + 2 tig + i of head gid (-inf past len). Four
+// accumulator chains (n-tile x k-step parity), so the MMAs of a k-step pair do not wait on each other.
+template <KvCode KC, int HD, typename QFrag>
+__device__ __forceinline__ void mma_tile_scores(QFrag qfrag, const Raw8<KC> (&kw)[2][HD / 32], int len, float score_scale,
+                                                float (&sc)[2][2]) {
+    const int tig = threadIdx.x & 3;
+    float ca[2][2][4] = {};
+#pragma unroll
+    for (int c = 0; c < HD / 32; ++c) {
+        const uint4 a0 = qfrag(2 * c), a1 = qfrag(2 * c + 1);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const uint4 w = half8<KC>(kw[n][c]);
+            mma_f16(ca[n][0], a0.x, a0.y, a0.z, a0.w, w.x, w.y);
+            mma_f16(ca[n][1], a1.x, a1.y, a1.z, a1.w, w.z, w.w);
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {  // c0, c1: q hi's part, c2, c3: q lo's
+            const float hi = ca[n][0][i] + ca[n][1][i], lo = ca[n][0][i + 2] + ca[n][1][i + 2];
+            sc[n][i] = 8 * n + 2 * tig + i < len ? (hi + lo * kLoInv) * score_scale : -INFINITY;
+        }
+    }
+}
+
+// The online softmax of head gid over the tile's scores (its row's four lanes) and O += P V: P x
+// 2^15 split hi / lo as the A fragments (rows gid / gid + 8), a lane's B fragments two tokens'
+// values at one dim (a PRMT of two of its loads). The accumulators are rescaled only when a row's
+// maximum moved (any lane's factor below 1: multiplying by 1 changes no bit).
+template <KvCode VC, int HD>
+__device__ __forceinline__ void mma_tile_values(const float (&sc)[2][2], const Raw8<VC> (&vw)[4][HD / 64], int len,
+                                                MmaTileState<HD>& st) {
+    const int tig = threadIdx.x & 3;
+    float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(st.m_run, mx);  // len >= 1: finite
+    const float f = expf(st.m_run - m_new);   // 0 while m_run is -inf
+    float e[2][2], sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            e[n][i] = expf(sc[n][i] - m_new);  // masked: exp(-inf) = 0
+            sum += e[n][i];
+        }
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    st.l_run = st.l_run * f + sum;
+    st.m_run = m_new;
+    if (__any_sync(0xffffffffu, f != 1.0f)) {
+#pragma unroll
+        for (int v = 0; v < HD / 8; ++v) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) st.acc[v][i] *= f;
+        }
+    }
+    unsigned ph0, pl0, ph2, pl2;  // P's A fragments (tokens 2 tig, + 1 and 2 tig + 8, + 9; hi rows gid, lo rows gid + 8)
+    split_pair(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0, 1.0f);
+    split_pair(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2, 1.0f);
+#pragma unroll
+    for (int h = 0; h < HD / 64; ++h) {
+        uint4 v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            v[i] = 2 * tig + (i & 1) + 8 * (i >> 1) < len ? half8<VC>(vw[i][h]) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int x = 0; x < 8; ++x) {
+            const unsigned sel = x % 2 ? 0x7632u : 0x5410u;  // the high or the low fp16 of both words
+            const unsigned b0 = __byte_perm(at4(v[0], x / 2), at4(v[1], x / 2), sel);
+            const unsigned b1 = __byte_perm(at4(v[2], x / 2), at4(v[3], x / 2), sel);
+            mma_f16(st.acc[8 * h + x], ph0, pl0, ph2, pl2, b0, b1);  // rows gid: P hi, rows gid + 8: P lo
+        }
+    }
+}
+
+// q's A fragment of k-step s for this lane from the group's REP q rows (shared memory, hd floats apart).
+template <int REP, int HD>
+__device__ __forceinline__ uint4 mma_q_fragment(const float* q, int s) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float4 x = g < REP ? *reinterpret_cast<const float4*>(q + g * HD + 32 * (s / 2) + 8 * t + 4 * (s % 2))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    uint4 a;
+    split_pair(x.x, x.y, a.x, a.y);
+    split_pair(x.z, x.w, a.z, a.w);
+    return a;
+}
+
+// A warp's state into the merge buffers (wo [warps][REP][HD], wm and wl [warps][REP]), then the
+// block's partial (stream_write_partial). Every thread of the block calls.
+template <int REP, KvCode VC, int HD, typename PartRow>
+__device__ void mma_state_write_partial(const MmaTileState<HD>& st, const KvHeadDev& head, float* wo, bool write_partial,
+                                        PartRow part_row) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+    float* wm = wo + kStreamWarps * REP * HD;
+    float* wl = wm + kStreamWarps * REP;
+    if (gid < REP) {
+        float* o = wo + (warp * REP + gid) * HD;
+#pragma unroll
+        for (int h = 0; h < HD / 64; ++h) {
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {  // P hi's sums plus P lo's
+                o[64 * h + 16 * tig + x] = (st.acc[8 * h + x][0] + st.acc[8 * h + x][2]) * kPScaleInv;
+                o[64 * h + 16 * tig + 8 + x] = (st.acc[8 * h + x][1] + st.acc[8 * h + x][3]) * kPScaleInv;
+            }
+        }
+        if (tig == 0) {
+            wm[warp * REP + gid] = st.m_run;
+            wl[warp * REP + gid] = st.l_run;
+        }
+    }
+    __syncthreads();
+    if (write_partial) stream_write_partial<REP, VC>(head, wo, HD, part_row);
+}
+
 template <int REP, KvCode KC, KvCode VC, int HD, typename PartRow>
 __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHeadDev& head, const float* q, uint8_t* smem,
                                      int base, int64_t t_begin, int64_t t_end, bool write_partial, PartRow part_row) {
     static_assert(REP <= 8 && (HD == 64 || HD == 128) && kv_half_keys(KC) && kv_half_keys(VC));
-    constexpr int TW = kStreamMmaTile, KC32 = HD / 32, KS = HD / 16, VH = HD / 64, NV = HD / 8;
+    constexpr int TW = kStreamMmaTile, KC32 = HD / 32, KS = HD / 16, VH = HD / 64;
     constexpr int ktb = int(kv_token_bytes(KC, HD)), vtb = int(kv_token_bytes(VC, HD));
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
-    const bool row_ok = gid < REP;
-    // stream_mma_smem's layout: the warps' merge, o [warps][REP][HD], then max and sum [warps][REP].
+    // stream_mma_smem's layout: the warps' merge, o [warps][REP][HD], then max and sum [warps][REP],
+    // then q's A fragments, once per block, read per k-step.
     float* wo = reinterpret_cast<float*>(smem + base);
-    float* wm = wo + kStreamWarps * REP * HD;
-    float* wl = wm + kStreamWarps * REP;
-    // q's A fragments, once per block into shared memory (after the merge buffers), read per k-step:
-    // rows gid < REP hold q hi, rows gid + 8 its lo (so one MMA gives both halves of a score), and
-    // k-step 2c + h takes the dims 32c + 8 tig + 4h + {0, 1} (a0, a1) and + {2, 3} (a2, a3).
-    uint4* qf = reinterpret_cast<uint4*>(wl + kStreamWarps * REP);  // 16-byte aligned: base is, 4 REP (HD + 2) floats are
-    for (int e = threadIdx.x; e < KS * 32; e += kSplitThreads) {
-        const int s = e / 32, g = (e & 31) >> 2, t = e & 3;
-        const float4 x = g < REP ? *reinterpret_cast<const float4*>(q + g * HD + 32 * (s / 2) + 8 * t + 4 * (s % 2))
-                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        uint4 a;
-        split_pair(x.x, x.y, a.x, a.y);
-        split_pair(x.z, x.w, a.z, a.w);
-        qf[e] = a;
-    }
+    uint4* qf = reinterpret_cast<uint4*>(wo + kStreamWarps * REP * (HD + 2));  // 16-byte aligned: base is, 4 REP (HD + 2) floats are
+    for (int e = threadIdx.x; e < KS * 32; e += kSplitThreads) qf[e] = mma_q_fragment<REP, HD>(q, e / 32);  // e % 32: this lane
     __syncthreads();
     const int64_t n_tok = t_end - t_begin;
     const int n_wt = int((n_tok + TW - 1) / TW);  // tiles of the stretch
@@ -1031,14 +1257,11 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
 #pragma unroll
     for (int j = 0; j < kStreamMmaAhead; ++j) request(j);
     const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
-    float m_run = -INFINITY, l_run = 0.0f;
-    float acc[NV][4];
-#pragma unroll
-    for (int v = 0; v < NV; ++v) acc[v][0] = acc[v][1] = acc[v][2] = acc[v][3] = 0.0f;
-    // A tile's keys of tokens gid and 8 + gid and values of 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9
-    // (past its last token: the last real token's bytes, its scores masked and values zeroed at use).
-    // The next tile's keys are loaded once this tile's scores are taken, its values once this tile's
-    // are summed, so each load is in flight while the other half of the tile is computed.
+    MmaTileState<HD> st;
+    // A tile's keys and values as mma_tile_scores / mma_tile_values take them (past its last token:
+    // the last real token's bytes). The next tile's keys are loaded once this tile's scores are
+    // taken, its values once this tile's are summed, so each load is in flight while the other half
+    // of the tile is computed.
     Raw8<KC> kw[2][KC32];
     Raw8<VC> vw[4][VH];
     const auto tile_len = [&](int j) { return int(min(int64_t(TW), t_end - tile_start(j))); };
@@ -1065,91 +1288,142 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
         load_keys(0);
         load_values(0);
     }
+    const auto qfrag = [&](int s) { return qf[s * 32 + lane]; };
     for (int j = 0; j < mine; ++j) {
         request(j + kStreamMmaAhead);
         const int len = tile_len(j);
-        // Scores: c0, c1 of n-tile n are tokens 8n + 2 tig, + 1 of head gid.
-        float sc[2][2], ca[2][4] = {};
-#pragma unroll
-        for (int c = 0; c < KC32; ++c) {
-            const uint4 a0 = qf[(2 * c) * 32 + lane], a1 = qf[(2 * c + 1) * 32 + lane];
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const uint4 w = half8<KC>(kw[n][c]);
-                mma_f16(ca[n], a0.x, a0.y, a0.z, a0.w, w.x, w.y);
-                mma_f16(ca[n], a1.x, a1.y, a1.z, a1.w, w.z, w.w);
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {  // c0, c1: q hi's part, c2, c3: q lo's
-                sc[n][i] = 8 * n + 2 * tig + i < len ? (ca[n][i] + ca[n][i + 2] * kLoInv) * score_scale : -INFINITY;
-            }
-        }
+        float sc[2][2];
+        mma_tile_scores<KC, HD>(qfrag, kw, len, score_scale, sc);
         if (j + 1 < mine) load_keys(j + 1);
-        // Online softmax of head gid over the tile (its row's four lanes).
-        float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m_run, mx);  // len >= 1: finite
-        const float f = expf(m_run - m_new);   // 0 while m_run is -inf
-        float e[2][2], sum = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                e[n][i] = expf(sc[n][i] - m_new);  // masked: exp(-inf) = 0
-                sum += e[n][i];
-            }
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        l_run = l_run * f + sum;
-        m_run = m_new;
-        unsigned ph0, pl0, ph2, pl2;  // P's A fragments (tokens 2 tig, + 1 and 2 tig + 8, + 9; hi rows gid, lo rows gid + 8)
-        split_pair(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0, 1.0f);
-        split_pair(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2, 1.0f);
-#pragma unroll
-        for (int h = 0; h < VH; ++h) {
-            uint4 v[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                v[i] = 2 * tig + (i & 1) + 8 * (i >> 1) < len ? half8<VC>(vw[i][h]) : make_uint4(0u, 0u, 0u, 0u);
-            }
-#pragma unroll
-            for (int x = 0; x < 8; ++x) {
-                const unsigned sel = x % 2 ? 0x7632u : 0x5410u;  // the high or the low fp16 of both words
-                const unsigned b0 = __byte_perm(at4(v[0], x / 2), at4(v[1], x / 2), sel);
-                const unsigned b1 = __byte_perm(at4(v[2], x / 2), at4(v[3], x / 2), sel);
-                float (&a)[4] = acc[8 * h + x];
-                a[0] *= f;
-                a[1] *= f;
-                a[2] *= f;
-                a[3] *= f;
-                mma_f16(a, ph0, pl0, ph2, pl2, b0, b1);  // rows gid: P hi, rows gid + 8: P lo
-            }
-        }
+        mma_tile_values<VC, HD>(sc, vw, len, st);
         if (j + 1 < mine) load_values(j + 1);
     }
     pdl_launch_dependents();  // as the other forms: after the loads
-    if (row_ok) {
-        float* o = wo + (warp * REP + gid) * HD;
-#pragma unroll
-        for (int h = 0; h < VH; ++h) {
-#pragma unroll
-            for (int x = 0; x < 8; ++x) {  // P hi's sums plus P lo's
-                o[64 * h + 16 * tig + x] = (acc[8 * h + x][0] + acc[8 * h + x][2]) * kPScaleInv;
-                o[64 * h + 16 * tig + 8 + x] = (acc[8 * h + x][1] + acc[8 * h + x][3]) * kPScaleInv;
-            }
+    mma_state_write_partial<REP, VC, HD>(st, head, wo, write_partial, part_row);
+}
+
+// ---- the one-query kernel: the tensor-core stream form through a ring of bulk copies ------------
+// attention.cuh says when it runs. Its own kernel (not a form of attention_split_kernel, whose other
+// forms reserve ~90 KB of shared memory and more registers per block): 4 warps, two blocks per SM.
+// Each warp takes every 4th tile of the split's stretch, as the other stream forms, and keeps a ring
+// of p.tma_stages tiles in shared memory: its lane 0 requests a tile's keys and values with one bulk
+// copy each (cp.async.bulk, the TMA unit; no registers or load instructions held for the bytes in
+// flight), completing on the stage's mbarrier, stages - 1 tiles ahead of the one the warp computes.
+// A tile is kTmaStageBytes of keys and values (16 f16 tokens of 128 dims, 32 fp8 ones), computed as
+// 16-token tiles by the tensor-core stream form's arithmetic (mma_tile_scores / mma_tile_values:
+// the same products and sums), its fragments loaded from the ring, q's A fragments in registers.
+// Tiles of tokens stored before this step are requested before the wait for the previous kernel
+// (PDL), so the first bytes are in flight while it ends; the newest token (this launch's or the
+// previous kernel's store) only after it.
+constexpr int kTmaStageBytes = 8192;
+__host__ __device__ constexpr int tma_tile_tokens(KvCode kc, KvCode vc, int hd) {
+    const int sub = kTmaStageBytes / (kStreamMmaTile * int(kv_token_bytes(kc, hd) + kv_token_bytes(vc, hd)));
+    return (sub < 1 ? 1 : sub) * kStreamMmaTile;
+}
+// Dynamic shared memory: the warps' mbarriers (128 bytes), their rings (whose bytes the warps' merge
+// reuses after the loop).
+__host__ __device__ constexpr int tma_ring_bytes(int hd, KvCode kc, KvCode vc, int stages) {
+    return kStreamWarps * stages * tma_tile_tokens(kc, vc, hd) * int(kv_token_bytes(kc, hd) + kv_token_bytes(vc, hd));
+}
+__host__ __device__ constexpr int tma_smem(int rep, int hd, KvCode kc, KvCode vc, int stages) {
+    const int ring = tma_ring_bytes(hd, kc, vc, stages), merge = kStreamWarps * rep * (hd + 2) * 4;
+    return 128 + (ring > merge ? ring : merge);
+}
+constexpr int kTmaMaxStages = 4;
+
+template <int REP, KvCode KC, KvCode VC, int HD>
+__global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(const SplitAttentionParams p) {
+    static_assert(REP <= 8 && (HD == 64 || HD == 128) && kv_half_keys(KC) && kv_half_keys(VC));
+    extern __shared__ __align__(16) uint8_t smem[];
+    __shared__ __align__(16) float qs[REP * HD];  // the group's q rows (rotated with p.rope), then the merge's `keep`
+    __shared__ float kn[HD];                      // with rope: the new key, rotated
+    constexpr int KC32 = HD / 32, KS = HD / 16, VH = HD / 64;
+    constexpr int ktb = int(kv_token_bytes(KC, HD)), vtb = int(kv_token_bytes(VC, HD));
+    constexpr int TT = tma_tile_tokens(KC, VC, HD), stage_bytes = TT * (ktb + vtb);
+    const int g = blockIdx.x, z = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, gid = lane >> 2, tig = lane & 3;
+    const int stages = p.tma_stages;
+    // The step block and the pages of earlier steps were written before this step's first kernel.
+    const KvHeadDev head = p.heads[g];
+    const int64_t n_vis = kv_visible(head, *p.pos0, 0);
+    const SplitStretch cut = split_stretch(n_vis, p.splits, p.min_stretch);
+    const int64_t t_begin = min(n_vis, int64_t(z) * cut.per), t_end = min(n_vis, t_begin + cut.per);
+    const int n_wt = int((t_end - t_begin + TT - 1) / TT);  // tiles of the stretch
+    const int mine = n_wt > warp ? (n_wt - warp + kStreamWarps - 1) / kStreamWarps : 0;
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem) + warp * kTmaMaxStages;
+    uint8_t* ring = smem + 128 + warp * stages * stage_bytes;
+    const auto tile_start = [&](int j) { return t_begin + int64_t(warp + kStreamWarps * j) * TT; };
+    const auto tile_len = [&](int j) { return int(min(int64_t(TT), t_end - tile_start(j))); };
+    const uint8_t* kpage = reinterpret_cast<const uint8_t*>(head.k);
+    const uint8_t* vpage = reinterpret_cast<const uint8_t*>(head.v);
+    const auto issue = [&](int j) {  // lane 0: this warp's j-th tile into stage j % stages
+        if (lane == 0 && j < mine) {
+            const int64_t c0 = tile_start(j);
+            const unsigned len = unsigned(tile_len(j));
+            uint8_t* st = ring + (j % stages) * stage_bytes;
+            uint64_t* bar = bars + j % stages;
+            mbar_expect_tx(bar, len * unsigned(ktb + vtb));
+            bulk_copy_to_shared(st, kpage + c0 * ktb, len * unsigned(ktb), bar);
+            bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, len * unsigned(vtb), bar);
         }
-        if (tig == 0) {
-            wm[warp * REP + gid] = m_run;
-            wl[warp * REP + gid] = l_run;
-        }
+    };
+    if (lane == 0) {
+        for (int s = 0; s < stages; ++s) mbar_init(bars + s, 1);
+        mbar_init_fence();
     }
-    __syncthreads();
-    if (write_partial) stream_write_partial<REP, VC>(head, wo, HD, part_row);
+    __syncwarp();
+    // Tiles of tokens before the newest one (written by earlier steps) go out before the wait.
+    int issued = 0;
+    while (issued < stages - 1 && issued < mine && tile_start(issued) + tile_len(issued) < head.n_tokens) issue(issued++);
+    pdl_wait();
+    for (int e = tid; e < REP * HD; e += kSplitThreads) qs[e] = p.q[int64_t(g) * REP * HD + e];
+    if (p.rope.q != nullptr) rope_store_in_split<KC, VC>(p, g, z, REP, t_begin, t_end, n_vis, qs, kn);
+    __syncthreads();  // q (and the new token's page writes) visible to the whole block
+    for (; issued < stages - 1; ++issued) issue(issued);
+    uint4 qa[KS];
+#pragma unroll
+    for (int s = 0; s < KS; ++s) qa[s] = mma_q_fragment<REP, HD>(qs, s);
+    const auto qfrag = [&](int s) { return qa[s]; };
+    const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
+    MmaTileState<HD> st;
+    for (int j = 0; j < mine; ++j) {
+        issue(j + stages - 1);  // into the stage tile j - 1 used (the __syncwarp ending it freed it)
+        mbar_wait(bars + j % stages, unsigned(j / stages) & 1u);
+        const uint8_t* kt = ring + (j % stages) * stage_bytes;
+        const uint8_t* vt = kt + TT * ktb;
+        const int len = tile_len(j);
+#pragma unroll
+        for (int u = 0; u < TT / kStreamMmaTile; ++u) {
+            const int ul = len - u * kStreamMmaTile;  // tokens of this 16-token tile
+            if (ul <= 0) break;
+            const uint8_t* ku = kt + u * kStreamMmaTile * ktb;
+            const uint8_t* vu = vt + u * kStreamMmaTile * vtb;
+            Raw8<KC> kw[2][KC32];
+            Raw8<VC> vw[4][VH];
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                for (int c = 0; c < KC32; ++c) {
+                    kw[n][c] = *reinterpret_cast<const Raw8<KC>*>(ku + min(8 * n + gid, ul - 1) * ktb + (32 * c + 8 * tig) * ktb / HD);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int t = min(2 * tig + (i & 1) + 8 * (i >> 1), ul - 1);
+#pragma unroll
+                for (int h = 0; h < VH; ++h) vw[i][h] = *reinterpret_cast<const Raw8<VC>*>(vu + t * vtb + (64 * h + 8 * gid) * vtb / HD);
+            }
+            float sc[2][2];
+            mma_tile_scores<KC, HD>(qfrag, kw, ul, score_scale, sc);
+            mma_tile_values<VC, HD>(sc, vw, ul, st);
+        }
+        __syncwarp();  // every lane is done with this stage
+    }
+    pdl_launch_dependents();  // after the loads, as the other forms
+    __syncthreads();          // every warp is done with its ring: the merge buffers reuse it
+    const auto part_row = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (HD + 2); };
+    mma_state_write_partial<REP, VC, HD>(st, head, reinterpret_cast<float*>(smem + 128), z < cut.active, part_row);
+    arrive_and_merge<REP>(p, g, 0, 0, 1, cut.active, qs);
 }
 
 template <int REP, KvCode KC, KvCode VC>
@@ -1157,7 +1431,6 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float kn[kAttnSplitMaxHeadDim];  // with rope: the new key, rotated
     __shared__ float m_run[kMmaRows], l_run[kMmaRows], factor[kMmaRows];
-    __shared__ bool merger;
     constexpr int kQPB = kMmaRows / REP;  // queries per block
     const int g = blockIdx.x, qg = blockIdx.y, z = blockIdx.z;
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1210,29 +1483,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
         m_run[tid] = -INFINITY;
         l_run[tid] = 0.0f;
     }
-    if (rope) {  // n_q == 1: RoPE of q and k, the new token's store (attention.cuh)
-        const int64_t pos = *p.rope.pos0, slot = p.rope.heads[g].n_tokens;
-        const int half = int(p.rope.n_rot / 2);
-        const bool owner = slot < n_vis ? (slot >= t_begin && slot < t_end) : z == 0;
-        float* kg = p.rope.k + int64_t(g) * hd;
-        if (owner) {
-            for (int d = tid; d < hd; d += kSplitThreads) kn[d] = kg[d];
-        }
-        __syncthreads();
-        for (int e = tid; e < REP * half; e += kSplitThreads) rope_pair(qrow(e / half), e % half, pos, p.rope);
-        if (owner) {
-            for (int e = tid; e < half; e += kSplitThreads) rope_pair(kn, e, pos, p.rope);
-        }
-        __syncthreads();
-        if (owner) {
-            const KvHeadDev sh = p.rope.heads[g];
-            for (int d = tid; d < hd; d += kSplitThreads) kg[d] = kn[d];
-            kv_store_row(KC, kn, reinterpret_cast<uint8_t*>(sh.k) + slot * ktb, hd, tid, kSplitThreads, sh.k_scale);
-            kv_store_row(VC, p.rope.v + int64_t(g) * hd, reinterpret_cast<uint8_t*>(sh.v) + slot * vtb, hd, tid,
-                         kSplitThreads, sh.v_scale);
-            __threadfence();  // the tile copies below read the new slot through L2
-        }
-    }
+    if (rope) rope_store_in_split<KC, VC>(p, g, z, REP, t_begin, t_end, n_vis, qrow(0), kn);  // n_q == 1 (attention.cuh)
     __syncthreads();  // q (and the new token's page writes) visible to the whole block
     if (p.n_q == 1 && p.stream_stages > 0) {  // the stream form (above); attention_split checked head_dim
         const auto part_row1 = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (hd + 2); };
@@ -1500,32 +1751,7 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             }
         }
     }
-    // The last block of (group, g) to get here merges: each block's partial is published (fence)
-    // before its arrival is counted, and the merger fences again before reading them.
-    __threadfence();
-    __syncthreads();
-    unsigned* arrivals = p.arrivals + int64_t(qg) * p.n_head_kv + g;
-    if (tid == 0) merger = atomicAdd(arrivals, 1u) == unsigned(p.splits - 1);
-    __syncthreads();
-    if (!merger) return;
-    __threadfence();
-    if (rope) {  // every block of the group has read q: the rotated rows go back (as rope_store leaves them)
-        for (int e = tid; e < REP * hd; e += kSplitThreads) p.rope.q[(int64_t(g) * REP + e / hd) * hd + e % hd] = qrow(e / hd)[e % hd];
-        __syncthreads();  // q's rows are merge_splits' `keep` below
-    }
-    float* keep = p.out_q8.qs ? qrow(0) : nullptr;  // REP * hd floats (one query)
-    for (int i = q0; i < q0 + nq; ++i) {
-        merge_splits<REP>(p, g, i, active, keep);
-        __syncthreads();  // merge_splits' weights are rewritten by the next query's merge
-    }
-    if (keep) {  // one query: the group's rows of out, contiguous, whole 32-element blocks
-        __syncthreads();
-        const int64_t b0 = int64_t(g) * REP * hd / kQBlock;
-        for (int b = warp; b < REP * hd / kQBlock; b += kSplitWarps) {
-            quantize_block_q8_0(keep[b * kQBlock + lane], b0 + b, lane, p.out_q8.qs, p.out_q8.s);
-        }
-    }
-    if (tid == 0) *arrivals = 0;  // ready for the next call (a kernel boundary orders it)
+    arrive_and_merge<REP>(p, g, qg, q0, nq, active, qrow(0));
 }
 
 // Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as
@@ -1656,6 +1882,14 @@ bool attention_stream_mma_fits(const SplitAttentionParams& p) {
                   stream_mma_smem(kStreamMaxRep, int(p.head_dim))) <= attention_split_smem(p);
 }
 
+bool attention_stream_tma_fits(const SplitAttentionParams& p) {
+    const int64_t rep = p.n_head_kv > 0 ? p.n_head / p.n_head_kv : 0;
+    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128) && kv_half_keys(p.k_code) && kv_half_keys(p.v_code) &&
+           attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) && p.short_tokens == 0 &&
+           p.tma_stages >= 1 && p.tma_stages <= kTmaMaxStages && p.splits >= 1 && p.splits <= kAttnSplitMaxSplits &&
+           tma_smem(int(rep), int(p.head_dim), p.k_code, p.v_code, p.tma_stages) <= kAttnSplitMaxSmem;
+}
+
 int32_t attention_stream_stages(const SplitAttentionParams& p) {
     SplitAttentionParams s = p;
     s.stream_stages = kAttnStreamStages;
@@ -1722,9 +1956,36 @@ void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
     launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), attention_split_smem(p), st, p);
 }
 
+template <int REP, KvCode KC, KvCode VC, int HD>
+void launch_stream_tma(const SplitAttentionParams& p, cudaStream_t st) {
+    static const bool sized = [] {  // room for the deepest ring
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_stream_tma_kernel<REP, KC, VC, HD>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, tma_smem(REP, HD, KC, VC, kTmaMaxStages)));
+        VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_stream_tma_kernel<REP, KC, VC, HD>,
+                                            cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+        return true;
+    }();
+    (void)sized;
+    const dim3 grid(unsigned(p.n_head_kv), 1u, unsigned(p.splits));
+    launch_pdl(attention_stream_tma_kernel<REP, KC, VC, HD>, grid, dim3(kSplitThreads),
+               size_t(tma_smem(REP, HD, KC, VC, p.tma_stages)), st, p);
+}
+
 template <int REP>
 void launch_split_kv(const SplitAttentionParams& p, cudaStream_t st) {
-    with_kv_codes(p.k_code, p.v_code, [&]<KvCode KC, KvCode VC>() { launch_split<REP, KC, VC>(p, st); });
+    with_kv_codes(p.k_code, p.v_code, [&]<KvCode KC, KvCode VC>() {
+        if constexpr (kv_half_keys(KC) && kv_half_keys(VC)) {
+            if (p.tma_stages > 0) {  // attention_split checked attention_stream_tma_fits
+                if (p.head_dim == 64) {
+                    launch_stream_tma<REP, KC, VC, 64>(p, st);
+                } else {
+                    launch_stream_tma<REP, KC, VC, 128>(p, st);
+                }
+                return;
+            }
+        }
+        launch_split<REP, KC, VC>(p, st);
+    });
 }
 
 }  // namespace
@@ -1739,7 +2000,11 @@ void attention_split(const SplitAttentionParams& p, cudaStream_t st) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: shape or format not taken (attention_split_fits)",
                          __FILE__, __LINE__);
     }
-    if (p.n_q == 1 && p.stream_stages != 0 && !attention_stream_fits(p)) {
+    if (p.tma_stages != 0 && !attention_stream_tma_fits(p)) {
+        throw_cuda_error(cudaErrorInvalidValue, "attention_split: the bulk-copy stream form not taken (attention_stream_tma_fits)",
+                         __FILE__, __LINE__);
+    }
+    if (p.n_q == 1 && p.tma_stages == 0 && p.stream_stages != 0 && !attention_stream_fits(p)) {
         throw_cuda_error(cudaErrorInvalidValue, "attention_split: stream form not taken (attention_stream_fits)", __FILE__,
                          __LINE__);
     }

@@ -189,6 +189,7 @@ struct SplitAttentionParams {
     int32_t short_tokens;     // one query seeing at most this many tokens: the short form (below); 0: never
     int32_t stream_stages;    // n_q == 1: the stream form (below) with this many tiles per warp's ring; 0: the tensor-core form
     int32_t stream_mma;       // with stream_stages: 1 runs the stream form on tensor cores (attention_stream_mma_fits must hold)
+    int32_t tma_stages;       // > 0: the one-query kernel through a ring of bulk copies, this deep (below; attention_stream_tma_fits)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0
@@ -245,6 +246,22 @@ bool attention_stream_mma_fits(const SplitAttentionParams& p);
 inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
     return (p.k_code == KvCode::FP8 || p.v_code == KvCode::FP8) && attention_stream_mma_fits(p);
 }
+//
+// The stream form through bulk copies (p.tma_stages > 0, attention_stream_tma_fits: one query, f16 /
+// fp8 keys and values, head_dim 64 or 128, p.short_tokens 0): a kernel of its own (the split
+// kernel's other forms reserve ~90 KB of shared memory and more registers a block, which left 8
+// warps per SM with one tile in flight each), 4 warps and two blocks per SM. Each warp keeps a ring
+// of p.tma_stages tiles of 8 KB of keys and values (16 f16 tokens of 128 dims, 32 fp8 ones) in
+// shared memory, requested by its lane 0 as one bulk copy of keys and one of values (the TMA unit,
+// completing on an mbarrier per stage: no load instructions or registers held for the bytes in
+// flight), p.tma_stages - 1 tiles ahead of the one it computes with the tensor-core stream form's
+// arithmetic (the same products and sums, q's fragments in registers). Tiles of tokens stored by
+// earlier steps are requested before the wait for the previous kernel. The RoPE + store, the
+// partials, the merge and the q8_0 output as the split kernel. The backend takes it for one query
+// once the context is past the short form's (p.short_tokens then 0: a step's graph changes form
+// once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth.
+constexpr int kAttnTmaStages = 3;
+bool attention_stream_tma_fits(const SplitAttentionParams& p);
 // Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits
 // kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).
 bool attention_stream_fits(const SplitAttentionParams& p);

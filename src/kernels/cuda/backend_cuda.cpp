@@ -146,6 +146,7 @@ public:
         set_gemv1_x_in_registers(!(xr && std::string_view(xr) == "0"));
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM")) attn_stream_ = std::clamp(std::atoi(sm), 0, 4);
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM_MMA")) attn_stream_mma_ = std::clamp(std::atoi(sm), 0, 1);
+        if (const char* tm = std::getenv("VXQ_CUDA_ATTN_TMA")) attn_tma_ = std::clamp(std::atoi(tm), 0, 4);
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
@@ -568,6 +569,14 @@ private:
                 if (p.stream_stages == 0 || !attention_stream_fits(p)) p.stream_stages = attention_stream_stages(p);
                 const bool mma = attn_stream_mma_ < 0 ? attention_stream_mma_default(p) : attn_stream_mma_ == 1 && attention_stream_mma_fits(p);
                 p.stream_mma = mma ? 1 : 0;
+            }
+            // Past the short form's context, one query over f16 / fp8 pages: the bulk-copy stream
+            // form (its own kernel, no short form: the graph changes once, at that depth).
+            if (n_q == 1 && attn_tma_ > 0 && max_tokens > p.short_tokens) {
+                SplitAttentionParams t = p;
+                t.short_tokens = 0;
+                t.tma_stages = attn_tma_;
+                if (attention_stream_tma_fits(t)) p = t;
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
@@ -1441,6 +1450,7 @@ private:
     // default (-1) where a side is fp8 (on the H200 1.4-1.6x faster than the ring at 32K-128K; an
     // f16 cache 3 % slower than the ring: docs/gpu.md, 2026-12-04, fifth session).
     int attn_stream_mma_ = -1;
+    int attn_tma_ = kAttnTmaStages;  // VXQ_CUDA_ATTN_TMA: the bulk-copy stream form's ring depth (0: off)
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;

@@ -1,7 +1,9 @@
-// cp.async (sm_80+): 16 bytes from global memory into shared memory, asynchronously; the copy
-// bypasses L1. A thread may read back what it copied itself after cp_async_wait<N>; bytes copied
-// by other threads of the block need a barrier after their wait as well.
+// Asynchronous copies from global into shared memory. cp.async (sm_80+): 16 bytes, bypassing L1;
+// a thread may read back what it copied itself after cp_async_wait<N>, bytes copied by other
+// threads of the block need a barrier after their wait as well. Bulk copies (sm_90): below.
 #pragma once
+
+#include <cstdint>
 
 #include <cuda_runtime.h>
 
@@ -23,6 +25,36 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+// The TMA unit's bulk copy (sm_90): `bytes` (a multiple of 16, both addresses 16-byte aligned) from
+// global into shared memory, counted on the mbarrier `bar` as they land. An mbarrier of count 1
+// completes a phase when its one arrival (mbar_expect_tx, which also announces the bytes to come) and
+// all the announced bytes are in; waiters name the phase by its parity (0, 1, 0, ...).
+__device__ __forceinline__ unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// After the inits, before the barriers are used by the async proxy (the bulk copies).
+__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+    asm volatile(
+        "{\n\t.reg .pred done;\n"
+        "WAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "\t@!done bra WAIT;\n}" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+// Global memory written through the generic proxy (plain stores), then read by bulk copies: each
+// writing thread fences before the barrier that precedes the copy.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 #endif
 
 }  // namespace vxq::cuda
