@@ -207,8 +207,9 @@ __device__ __forceinline__ void quantize_query_q8_0(const float* q, int blocks, 
 // dependent loads would cost a memory latency per split), then o = sum_z o_z exp(m_z - m) /
 // sum_z l_z exp(m_z - m). No visible token: 0. Partials of other blocks are read through L2
 // (__ldcg): L1 is not coherent. `keep` (shared memory, REP * head_dim floats, or null): the
-// merged rows again, for the q8_0 output.
-template <int REP>
+// merged rows again, for the q8_0 output. BATCH: splits of loads in flight per thread (2 x BATCH
+// float2 registers, which count against the calling kernel's blocks per SM).
+template <int REP, int BATCH>
 __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int splits, float* keep) {
     __shared__ float wz[REP][kAttnSplitMaxSplits], lz[REP][kAttnSplitMaxSplits];
     __shared__ float inv_s[REP];
@@ -236,10 +237,10 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
     }
     __syncthreads();
     // o: a thread takes two channels (one 8-byte load per split: rows of hd + 2 floats keep 8-byte
-    // alignment) of up to two rows' pairs at once, kMergeBatch splits of loads in flight before the
-    // first is used: a merge is a few memory latencies, not one per split. The sum over the splits in
-    // their order, as before.
-    constexpr int kMergeBatch = 16;
+    // alignment) of up to two rows' pairs at once, BATCH splits of loads in flight before the first
+    // is used: a merge is a few memory latencies, not one per split. The sum over the splits in their
+    // order, as before.
+    constexpr int kMergeBatch = BATCH;
     const int pairs = REP * hd / 2;
     for (int e0 = tid; e0 < pairs; e0 += 2 * kSplitThreads) {
         const int e1 = min(e0 + kSplitThreads, pairs - 1);  // past the last pair: the last again (not written)
@@ -1060,8 +1061,8 @@ __device__ void rope_store_in_split(const SplitAttentionParams& p, int g, int z,
 // to arrive merges (merge_splits, queries q0 .. q0 + nq - 1, the first `active` splits), writes the
 // rotated q rows back with p.rope (every block of the group has read q by then) and, with
 // p.out_q8, the merged rows as q8_0. q_rows: the block's q rows in shared memory (REP x head_dim
-// floats at least), rewritten. Every thread of the block calls.
-template <int REP>
+// floats at least), rewritten. Every thread of the block calls. MERGE_BATCH: merge_splits' BATCH.
+template <int REP, int MERGE_BATCH>
 __device__ void arrive_and_merge(const SplitAttentionParams& p, int g, int qg, int q0, int nq, int active, float* q_rows) {
     __shared__ bool merger;
     const int hd = int(p.head_dim), tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -1083,7 +1084,7 @@ __device__ void arrive_and_merge(const SplitAttentionParams& p, int g, int qg, i
     }
     float* keep = p.out_q8.qs ? q_rows : nullptr;  // REP * hd floats (one query)
     for (int i = q0; i < q0 + nq; ++i) {
-        merge_splits<REP>(p, g, i, active, keep);
+        merge_splits<REP, MERGE_BATCH>(p, g, i, active, keep);
         __syncthreads();  // merge_splits' weights are rewritten by the next query's merge
     }
     if (keep) {  // one query: the group's rows of out, contiguous, whole 32-element blocks
@@ -1423,11 +1424,17 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
     __syncthreads();          // every warp is done with its ring: the merge buffers reuse it
     const auto part_row = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (HD + 2); };
     mma_state_write_partial<REP, VC, HD>(st, head, reinterpret_cast<float*>(smem + 128), z < cut.active, part_row);
-    arrive_and_merge<REP>(p, g, 0, 0, 1, cut.active, qs);
+    arrive_and_merge<REP, 16>(p, g, 0, 0, 1, cut.active, qs);  // registers to spare: two blocks per SM by shared memory
 }
 
+// q4_0 pages are planned at two blocks per SM per KV head's split (kAttnSplitBlocksPerSmQ4: 512
+// blocks for 8 KV heads on 132 SMs), one wave only at four blocks per SM: registers capped at 128
+// up to GQA 4 (at 8 the cap would spill in the loop).
 template <int REP, KvCode KC, KvCode VC>
-__global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const SplitAttentionParams p) {
+constexpr int kSplitMinBlocks = KC == KvCode::Q4_0 && VC == KvCode::Q4_0 && REP <= 4 ? 4 : 1;
+
+template <int REP, KvCode KC, KvCode VC>
+__global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<REP, KC, VC>) attention_split_kernel(const SplitAttentionParams p) {
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ float kn[kAttnSplitMaxHeadDim];  // with rope: the new key, rotated
     __shared__ float m_run[kMmaRows], l_run[kMmaRows], factor[kMmaRows];
@@ -1751,7 +1758,9 @@ __global__ void __launch_bounds__(kSplitThreads) attention_split_kernel(const Sp
             }
         }
     }
-    arrive_and_merge<REP>(p, g, qg, q0, nq, active, qrow(0));
+    // 8 splits of loads a batch: 16 would take the q4_0 / q8_0 stream forms' instances past 128
+    // registers (three blocks per SM instead of four).
+    arrive_and_merge<REP, 8>(p, g, qg, q0, nq, active, qrow(0));
 }
 
 // Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as

@@ -471,22 +471,28 @@ public:
             }
         }
         const KvCodes codes = kv_codes(view);
+        // Past the short form, one query over f16 / fp8 pages at head_dim 64 / 128: the bulk-copy stream form.
+        const auto tma_path = [&](KvCodes c) -> std::string_view {
+            const bool takes = attn_tma_ > 0 && kv_half_keys(c.k) && kv_half_keys(c.v) &&
+                               (view.head_dim == 64 || view.head_dim == 128);
+            return takes ? "; more: per-warp rings of TMA bulk copies on tensor cores, a kernel of its own" : "";
+        };
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
             return fmt::format("cuda {} / {} pages on the device read in place by the split-K tensor-core kernel "
-                               "(keys {}; one query over <= {} tokens: its short form, f32 FMAs), f32 softmax; batches of "
+                               "(keys {}; one query over <= {} tokens: its short form, f32 FMAs{}), f32 softmax; batches of "
                                ">= {} queries (head_dim 64 / 128): the flash-style prefill kernel",
                                kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind),
                                codes.k == KvCode::F16   ? "against hi/lo fp16 splits of q"
                                : codes.k == KvCode::FP8 ? "as fp16 numbers (e4m3 exact) against hi/lo fp16 splits of q"
                                                         : "against the query quantized to q8_0, int8 MMA",
-                               attn_short_, attn_prefill_min_);
+                               attn_short_, tma_path(codes), attn_prefill_min_);
         }
         return view.flash_attn
                    ? fmt::format("cuda f16 pages on the device, f32 softmax (-fa): split-K tensor-core kernel (one query "
-                                 "over <= {} tokens: its short form, f32 FMAs); >= {} queries (head_dim 64 / 128): the "
+                                 "over <= {} tokens: its short form, f32 FMAs{}); >= {} queries (head_dim 64 / 128): the "
                                  "flash-style prefill kernel; other batches of >= 16 queries: cuBLAS batched fp16 GEMMs "
                                  "on hi/lo fp16 splits of q and the probabilities",
-                                 attn_short_, attn_prefill_min_)
+                                 attn_short_, tma_path(codes), attn_prefill_min_)
                    : "cuda f16 pages on the device, fp16-rounded q and probabilities (llama.cpp non-flash); >= 16 "
                      "queries: cuBLAS batched fp16 GEMMs";
     }
