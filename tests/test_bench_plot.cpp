@@ -106,6 +106,30 @@ TEST(BenchDepths, EveryRoundRunsEveryPairOnceInARotatingOrder) {
     EXPECT_NE(*prompts[1].begin(), *prompts[2].begin()) << "the prompt did not rotate\n" << r.err;
 }
 
+// A row's resident KV is what a cache holds after that test alone: read from the shared cache after
+// the test's warm-up where no earlier run held more tokens, else from a fresh cache. Either order
+// of the depths gives the same figures, and the shallow test holds less than the deep one.
+TEST(BenchDepths, ResidentKvIsEachTestsOwnInEitherDepthOrder) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    std::map<std::string, size_t> bytes[2];  // "config|test" -> kv_bytes, per order
+    const char* orders[2] = {"0,256", "256,0"};
+    for (int o = 0; o < 2; ++o) {
+        const auto r = test::run_cli({"bench", "-m", M(), "-p", "0", "-n", "4", "-d", orders[o], "-r", "1", "-t", "1", "--no-aa",
+                                      "--kv", "f16,kivi:bits=2", "--json"});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        for (const auto& row : j["rows"]) {
+            bytes[o][row["config"].get<std::string>() + "|" + row["test"].get<std::string>()] = row["kv_bytes"].get<size_t>();
+        }
+    }
+    ASSERT_EQ(bytes[0].size(), 4u);
+    EXPECT_EQ(bytes[0], bytes[1]);
+    for (const char* kv : {"f16", "kivi:bits=2"}) {
+        const std::string c = std::string("stories260K kv=") + kv;
+        EXPECT_LT(bytes[0][c + "|tg4"], bytes[0][c + "|tg4@d256"]) << kv;
+    }
+}
+
 TEST(BenchDepths, BadDepthListIsOneLineError) {
     VXQ_REQUIRE_ASSET(kModelRel);
     for (const char* bad : {"1,,2", "-5", "x", "0,-8", "8,", "1e3", "0,0"}) {
