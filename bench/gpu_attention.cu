@@ -180,6 +180,16 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     // The layouts that fit, and the default one again as an A/A arm; all timed interleaved.
     std::vector<cuda::SplitAttentionParams> arms;
     std::vector<bool> aa, dflts;
+    const auto add_arm = [&](const cuda::SplitAttentionParams& a, bool dflt) {  // the default twice: its A/A arm
+        arms.push_back(a);
+        aa.push_back(false);
+        dflts.push_back(dflt);
+        if (dflt) {
+            arms.push_back(a);
+            aa.push_back(true);
+            dflts.push_back(true);
+        }
+    };
     // The backend's form for this format past the short form's context: the bulk-copy stream form where it fits.
     p.splits = cuda::attention_splits(1, kHeadsKv, f.code);
     p.tma_stages = cuda::kAttnTmaStages;
@@ -191,15 +201,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         p.tma_stages = c.tma;
         if (c.tma > 0) {  // its own kernel: one arm per split count and ring depth
             if (!cuda::attention_stream_tma_fits(p)) continue;
-            const bool dflt = c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tma == cuda::kAttnTmaStages;
-            arms.push_back(p);
-            aa.push_back(false);
-            dflts.push_back(dflt);
-            if (dflt) {
-                arms.push_back(p);
-                aa.push_back(true);
-                dflts.push_back(true);
-            }
+            add_arm(p, c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tma == cuda::kAttnTmaStages);
             continue;
         }
         p.stream_stages = 0;
@@ -219,14 +221,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
             })) {
             continue;  // the default is listed by its numbers too
         }
-        arms.push_back(p);
-        aa.push_back(false);
-        dflts.push_back(dflt);
-        if (dflt) {
-            arms.push_back(p);
-            aa.push_back(true);
-            dflts.push_back(true);
-        }
+        add_arm(p, dflt);
     }
     const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
         cuda::SplitAttentionParams pl = arms[size_t(arm)];
