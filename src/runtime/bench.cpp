@@ -183,6 +183,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         bool measured = false;
     };
     std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
+    const auto figure = [](const KvCache& c) { return KvFigure{c.resident_bytes(), resident_bits_per_element(c, c.size()), true}; };
     const auto held = [](const Test& t) { return t.depth + t.n; };
 
     // Warm-up: every config once on every test, untimed (first-touch faults, caches, pool spin-up).
@@ -191,7 +192,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         for (size_t ti = 0; ti < tests.size(); ++ti) {
             run_one(ci, tests[ti], pools[ci][0]);
             if (held(tests[ti]) >= most) {
-                kv_of[ci][ti] = {caches[ci]->resident_bytes(), resident_bits_per_element(*caches[ci], caches[ci]->size()), true};
+                kv_of[ci][ti] = figure(*caches[ci]);
             }
             most = std::max(most, held(tests[ti]));
         }
@@ -231,7 +232,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             if (kv_of[ci][ti].measured) continue;
             auto fresh = make_cache(configs[ci], n_ctx, *backend);
             run_on(ci, *fresh, tests[ti], pools[ci][0]);
-            kv_of[ci][ti] = {fresh->resident_bytes(), resident_bits_per_element(*fresh, fresh->size()), true};
+            kv_of[ci][ti] = figure(*fresh);
         }
     }
 

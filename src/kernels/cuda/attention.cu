@@ -646,6 +646,8 @@ __device__ void attention_short(const SplitAttentionParams& p, const KvHeadDev& 
 // Against the tensor-core form: the same f32-exact products (q as f32 against fp16 keys; the same
 // integers), f32 sums in another order.
 constexpr int kStreamWarps = kSplitWarps;
+// The stream forms' merge buffers (stream_write_partial): o [warps][rep][hd], then max and sum [warps][rep], f32.
+__host__ __device__ constexpr int stream_merge_bytes(int rep, int hd) { return kStreamWarps * rep * (hd + 2) * 4; }
 constexpr int kStreamMaxRep = 8;
 __host__ __device__ constexpr int stream_tile(KvCode kc) { return kv_half_keys(kc) ? 16 : 32; }
 // A key row in the ring: f16 and fp8 rows as two halves (head_dim bytes, fp8: head_dim / 2), each
@@ -987,7 +989,7 @@ constexpr float kPScale = 32768.0f, kPScaleInv = 1.0f / 32768.0f;
 // Its shared memory from `base` on: the warps' merge buffers (o [warps][rep][hd], max and sum
 // [warps][rep]), then q's A fragments (hd / 16 k-steps of 32 lanes' uint4).
 __host__ __device__ constexpr int stream_mma_smem(int rep, int hd) {
-    return kStreamWarps * rep * (hd + 2) * 4 + hd / 16 * 32 * 16;
+    return stream_merge_bytes(rep, hd) + hd / 16 * 32 * 16;
 }
 
 // A hint that [ptr, ptr + bytes) will be read soon: one bulk request into L2 (sm_90; both multiples of 16).
@@ -1238,7 +1240,7 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
     // stream_mma_smem's layout: the warps' merge, o [warps][REP][HD], then max and sum [warps][REP],
     // then q's A fragments, once per block, read per k-step.
     float* wo = reinterpret_cast<float*>(smem + base);
-    uint4* qf = reinterpret_cast<uint4*>(wo + kStreamWarps * REP * (HD + 2));  // 16-byte aligned: base is, 4 REP (HD + 2) floats are
+    uint4* qf = reinterpret_cast<uint4*>(smem + base + stream_merge_bytes(REP, HD));  // 16-byte aligned: base is, the buffers' bytes are
     for (int e = threadIdx.x; e < KS * 32; e += kSplitThreads) qf[e] = mma_q_fragment<REP, HD>(q, e / 32);  // e % 32: this lane
     __syncthreads();
     const int64_t n_tok = t_end - t_begin;
@@ -1321,16 +1323,17 @@ __host__ __device__ constexpr int tma_tile_tokens(KvCode kc, KvCode vc, int hd) 
     const int sub = kTmaStageBytes / (kStreamMmaTile * int(kv_token_bytes(kc, hd) + kv_token_bytes(vc, hd)));
     return (sub < 1 ? 1 : sub) * kStreamMmaTile;
 }
-// Dynamic shared memory: the warps' mbarriers (128 bytes), their rings (whose bytes the warps' merge
-// reuses after the loop).
+// Dynamic shared memory: the warps' mbarriers (kTmaMaxStages each), their rings (whose bytes the
+// warps' merge reuses after the loop).
+constexpr int kTmaMaxStages = 4;
+constexpr int kTmaBarrierBytes = kStreamWarps * kTmaMaxStages * 8;
 __host__ __device__ constexpr int tma_ring_bytes(int hd, KvCode kc, KvCode vc, int stages) {
     return kStreamWarps * stages * tma_tile_tokens(kc, vc, hd) * int(kv_token_bytes(kc, hd) + kv_token_bytes(vc, hd));
 }
 __host__ __device__ constexpr int tma_smem(int rep, int hd, KvCode kc, KvCode vc, int stages) {
-    const int ring = tma_ring_bytes(hd, kc, vc, stages), merge = kStreamWarps * rep * (hd + 2) * 4;
-    return 128 + (ring > merge ? ring : merge);
+    const int ring = tma_ring_bytes(hd, kc, vc, stages), merge = stream_merge_bytes(rep, hd);
+    return kTmaBarrierBytes + (ring > merge ? ring : merge);
 }
-constexpr int kTmaMaxStages = 4;
 
 template <int REP, KvCode KC, KvCode VC, int HD>
 __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(const SplitAttentionParams p) {
@@ -1352,7 +1355,7 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
     const int n_wt = int((t_end - t_begin + TT - 1) / TT);  // tiles of the stretch
     const int mine = n_wt > warp ? (n_wt - warp + kStreamWarps - 1) / kStreamWarps : 0;
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem) + warp * kTmaMaxStages;
-    uint8_t* ring = smem + 128 + warp * stages * stage_bytes;
+    uint8_t* ring = smem + kTmaBarrierBytes + warp * stages * stage_bytes;
     const auto tile_start = [&](int j) { return t_begin + int64_t(warp + kStreamWarps * j) * TT; };
     const auto tile_len = [&](int j) { return int(min(int64_t(TT), t_end - tile_start(j))); };
     const uint8_t* kpage = reinterpret_cast<const uint8_t*>(head.k);
@@ -1423,7 +1426,7 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
     pdl_launch_dependents();  // after the loads, as the other forms
     __syncthreads();          // every warp is done with its ring: the merge buffers reuse it
     const auto part_row = [&](int r) { return p.partial + ((int64_t(g) * REP + r) * p.splits + z) * (HD + 2); };
-    mma_state_write_partial<REP, VC, HD>(st, head, reinterpret_cast<float*>(smem + 128), z < cut.active, part_row);
+    mma_state_write_partial<REP, VC, HD>(st, head, reinterpret_cast<float*>(smem + kTmaBarrierBytes), z < cut.active, part_row);
     arrive_and_merge<REP, 16>(p, g, 0, 0, 1, cut.active, qs);  // registers to spare: two blocks per SM by shared memory
 }
 
@@ -1881,7 +1884,7 @@ bool attention_stream_fits(const SplitAttentionParams& p) {
     // The warps' merge reuses the rings: o, max and sum of every warp's query heads.
     const StreamSmem S = stream_smem(0, int(p.head_dim), p.k_code, p.v_code, p.stream_stages);
     const int64_t rep = p.n_head / p.n_head_kv;
-    return int64_t(S.total - S.ring) >= kStreamWarps * rep * (p.head_dim + 2) * 4;
+    return S.total - S.ring >= stream_merge_bytes(int(rep), int(p.head_dim));
 }
 
 bool attention_stream_mma_fits(const SplitAttentionParams& p) {
