@@ -188,6 +188,26 @@ std::unique_ptr<Tokenizer> Tokenizer::create(Vocab vocab) {
     fail("tokenizer: unsupported {} \"{}\" (supported: \"llama\", \"gpt2\")", kModel, vocab.model);
 }
 
+std::vector<TokenId> Tokenizer::encode(std::string_view text, bool add_special, bool parse_special) const {
+    check_utf8(text);
+    std::vector<TokenId> out;
+    if (add_special && vocab_.add_bos) {
+        if (vocab_.bos < 0) fail("tokenizer: the vocab asks for BOS but has no BOS token");
+        out.push_back(vocab_.bos);
+    }
+    encode_text(text, parse_special, out);
+    if (add_special && vocab_.add_eos) {
+        if (vocab_.eos < 0) fail("tokenizer: the vocab asks for EOS but has no EOS token");
+        out.push_back(vocab_.eos);
+    }
+    return out;
+}
+
+std::string Tokenizer::token_to_piece(TokenId id) const {
+    if (id < 0 || id >= n_vocab()) fail("tokenizer: token id {} is out of range (vocabulary of {})", id, n_vocab());
+    return pieces_[size_t(id)];
+}
+
 std::string Tokenizer::decode(std::span<const TokenId> ids) const {
     std::string out;
     for (TokenId id : ids) out += token_to_piece(id);

@@ -49,13 +49,13 @@ public:
     // Text to ids. add_special: prepend BOS / append EOS as the vocab says. parse_special:
     // control/user-defined token texts (e.g. "<s>") in the text become those tokens.
     // vxq::Error if text is not valid UTF-8 (naming the byte offset).
-    virtual std::vector<TokenId> encode(std::string_view text, bool add_special,
-                                        bool parse_special = false) const = 0;
+    std::vector<TokenId> encode(std::string_view text, bool add_special, bool parse_special = false) const;
 
     // The bytes one token contributes to output, as llama.cpp's token_to_piece with
     // special=false: control tokens give "", byte tokens give their byte (possibly a partial
     // UTF-8 sequence), U+2581 becomes a space (llama), byte-level chars are unmapped (gpt2).
-    virtual std::string token_to_piece(TokenId id) const = 0;
+    // vxq::Error for an id outside the vocabulary.
+    std::string token_to_piece(TokenId id) const;
 
     // Concatenated pieces.
     std::string decode(std::span<const TokenId> ids) const;
@@ -91,9 +91,21 @@ protected:
     // vxq::Error naming the offset if text is not valid UTF-8.
     static void check_utf8(std::string_view text);
 
+    // The model's own part of encode: the ids of valid UTF-8 text, between BOS and EOS.
+    virtual void encode_text(std::string_view text, bool parse_special, std::vector<TokenId>& out) const = 0;
+    // Each token's piece (token_to_piece), computed once by the model's constructor: piece(id).
+    template <class Piece>
+    void make_pieces(Piece piece) {
+        pieces_.resize(vocab_.tokens.size());
+        for (size_t i = 0; i < pieces_.size(); ++i) pieces_[i] = piece(TokenId(i));
+    }
+
     Vocab vocab_;
     std::unordered_map<std::string, TokenId> token_to_id_;
     std::vector<TokenId> special_tokens_;  // control / user-defined / unknown, longest text first
+
+private:
+    std::vector<std::string> pieces_;  // [n_vocab]
 };
 
 namespace detail {

@@ -157,19 +157,11 @@ public:
             if (m.find(' ', 1) == std::string::npos) continue;  // can never match a pair
             ranks_.emplace(m, int(i));
         }
-        const size_t n = vocab_.tokens.size();
-        pieces_.resize(n);
-        for (size_t i = 0; i < n; ++i) pieces_[i] = make_piece(TokenId(i));
+        make_pieces([&](TokenId id) { return make_piece(id); });
     }
 
-    std::vector<TokenId> encode(std::string_view text, bool add_special,
-                                bool parse_special) const override {
-        check_utf8(text);
-        std::vector<TokenId> out;
-        if (add_special && vocab_.add_bos) {
-            if (vocab_.bos < 0) fail("tokenizer: the vocab asks for BOS but has no BOS token");
-            out.push_back(vocab_.bos);
-        }
+private:
+    void encode_text(std::string_view text, bool parse_special, std::vector<TokenId>& out) const override {
         MatchData md;
         for (const Fragment& f : split_special(text, parse_special)) {
             if (f.token >= 0) {
@@ -178,21 +170,8 @@ public:
                 tokenize_run(text.substr(f.offset, f.length), md.md, out);
             }
         }
-        if (add_special && vocab_.add_eos) {
-            if (vocab_.eos < 0) fail("tokenizer: the vocab asks for EOS but has no EOS token");
-            out.push_back(vocab_.eos);
-        }
-        return out;
     }
 
-    std::string token_to_piece(TokenId id) const override {
-        if (id < 0 || id >= n_vocab()) {
-            fail("tokenizer: token id {} is out of range (vocabulary of {})", id, n_vocab());
-        }
-        return pieces_[size_t(id)];
-    }
-
-private:
     struct Symbol {
         int prev, next;
         size_t start, n;  // bytes of the encoded word; n == 0 once merged into its left neighbour
@@ -306,7 +285,6 @@ private:
     Regexes regexes_;
     std::unordered_map<std::string, int> ranks_;
     bool ignore_merges_ = false;
-    std::vector<std::string> pieces_;
 };
 
 }  // namespace

@@ -30,9 +30,7 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 class SpmTokenizer final : public Tokenizer {
 public:
     explicit SpmTokenizer(Vocab v) : Tokenizer(std::move(v)) {
-        const size_t n = vocab_.tokens.size();
-        pieces_.resize(n);
-        for (size_t i = 0; i < n; ++i) pieces_[i] = make_piece(TokenId(i));
+        make_pieces([&](TokenId id) { return make_piece(id); });
         static const char* const hex = "0123456789ABCDEF";
         for (int b = 0; b < 256; ++b) {
             const char name[7] = {'<', '0', 'x', hex[b >> 4], hex[b & 15], '>', 0};
@@ -42,14 +40,8 @@ public:
         }
     }
 
-    std::vector<TokenId> encode(std::string_view text, bool add_special,
-                                bool parse_special) const override {
-        check_utf8(text);
-        std::vector<TokenId> out;
-        if (add_special && vocab_.add_bos) {
-            if (vocab_.bos < 0) fail("tokenizer: the vocab asks for BOS but has no BOS token");
-            out.push_back(vocab_.bos);
-        }
+private:
+    void encode_text(std::string_view text, bool parse_special, std::vector<TokenId>& out) const override {
         // As llama.cpp: the space prefix goes before every run of text that starts the input or
         // follows a special token.
         bool prev_special = true;
@@ -66,21 +58,8 @@ public:
             Session(*this, s).run(out);
             prev_special = false;
         }
-        if (add_special && vocab_.add_eos) {
-            if (vocab_.eos < 0) fail("tokenizer: the vocab asks for EOS but has no EOS token");
-            out.push_back(vocab_.eos);
-        }
-        return out;
     }
 
-    std::string token_to_piece(TokenId id) const override {
-        if (id < 0 || id >= n_vocab()) {
-            fail("tokenizer: token id {} is out of range (vocabulary of {})", id, n_vocab());
-        }
-        return pieces_[size_t(id)];
-    }
-
-private:
     // One run of text: symbols are byte ranges of `text`, linked into a list as pairs merge.
     class Session {
     public:
@@ -196,7 +175,6 @@ private:
         }
     }
 
-    std::vector<std::string> pieces_;
     TokenId byte_token_[256];
 };
 
