@@ -261,6 +261,12 @@ const BadInput kBadInputs[] = {
     {"EvalPasskeyModelMissing", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", tmp_file("pk3.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--passkey-model", "/nonexistent_pk.gguf"}; }, "/nonexistent_pk.gguf"},
     {"EvalPasskeyLengthsWithoutSet", [] { return Args{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--passkey-lengths", "4000"}; }, "go with --passkey"},
     {"EvalPlotWithoutText", [] { return Args{"eval", "-m", M(), "--kv", "q8_0", "--passkey", tmp_file("pk4.json", R"({"name": "x", "cases": [{"id": "a", "prompt": "p", "answer": "1", "target_tokens": 8, "prompt_tokens": 3, "depth": 0.5}]})"), "--plot", "/tmp/vxq_pk.svg"}; }, "needs a text (-f)"},
+    // Empty or ill-formed inputs of eval, plot and calibrate: an error, never an empty success.
+    {"EvalEmptyText", [] { return Args{"eval", "-m", M(), "-f", tmp_file("eval_empty.txt", ""), "--kv", "q8_0", "--plot", "/tmp/vxq_empty.svg"}; }, "eval_empty.txt is empty"},
+    {"PlotEmptyTable", [] { return Args{"plot", tmp_file("plot_empty.tsv", "# only a comment\n"), "-o", "/tmp/vxq_plot_empty.svg"}; }, "no data rows"},
+    {"PlotNotANumber", [] { return Args{"plot", tmp_file("plot_nan.tsv", "1\t2\n2\tnan\n"), "-o", "/tmp/vxq_plot_nan.svg"}; }, "plot_nan.tsv:2: column 2 ('nan') is not a finite number"},
+    {"PlotTrailingJunk", [] { return Args{"plot", tmp_file("plot_junk.tsv", "1\t12abc\n"), "-o", "/tmp/vxq_plot_junk.svg"}; }, "column 2 ('12abc') is not a finite number"},
+    {"CalibrateTurboFewerVectorsThanHeadDim", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "turbo", "-o", "/tmp/vxq_turbo_few.gguf", "--tokens", "8", "-c", "8"}; }, "fewer than head_dim 64"},
     {"VecinferCalibrationWrongShape", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:n=8,calib=" + vecinfer_calib("this_model", true)}; }, "not n=8,m=8"},
 };
 

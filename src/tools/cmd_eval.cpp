@@ -207,6 +207,7 @@ void run_eval_cmd(EvalOptions o) {
         if (!std::filesystem::is_regular_file(pk->model)) fail("--passkey-model: no such file: {}", pk->model);
     }
     const std::string text = o.file.empty() ? std::string() : read_file(o.file);
+    if (!o.file.empty() && text.empty()) fail("eval: {} is empty: no text for perplexity and KL", o.file);
     EvalParams p;
     if (gate) {
         if (!o.kv.empty() || o.n_ctx > 0 || o.chunks != -1 || o.modes_given) {

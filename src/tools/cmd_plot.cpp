@@ -1,6 +1,7 @@
 // vxq plot: an SVG chart from a tab-separated table (e.g. scripts/quality_table.sh's output),
 // decode speed vs context depth from `vxq bench --json` files, or KL divergence vs bits/element
 // from `vxq eval --json` files.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -35,23 +36,36 @@ std::vector<PlotPoint> read_table(const PlotOptions& o, const std::string& input
     int lineno = 0;
     while (std::getline(in, line)) {
         ++lineno;
+        if (!line.empty() && line.back() == '\r') line.pop_back();  // a CRLF file
         if (line.empty() || line[0] == '#') continue;
         std::vector<std::string> cols;
         std::istringstream ls(line);
         for (std::string c; std::getline(ls, c, '\t');) cols.push_back(c);
         const int need = std::max({o.x_col, o.y_col, o.label_col, o.series_col});
         if (int(cols.size()) <= need) fail("{}:{}: expected at least {} tab-separated columns", input, lineno, need + 1);
+        // The whole field a finite number (std::stod alone takes "12abc" as 12, and "nan").
+        const auto number = [&](int col) {
+            const std::string& f = cols[size_t(col)];
+            size_t used = 0;
+            double v = NAN;
+            try {
+                v = std::stod(f, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != f.size() || !std::isfinite(v)) {
+                fail("{}:{}: column {} ('{}') is not a finite number", input, lineno, col + 1, f);
+            }
+            return v;
+        };
         PlotPoint p;
-        try {
-            p.x = std::stod(cols[size_t(o.x_col)]);
-            p.y = std::stod(cols[size_t(o.y_col)]);
-        } catch (const std::exception&) {
-            fail("{}:{}: column {} or {} is not a number", input, lineno, o.x_col + 1, o.y_col + 1);
-        }
+        p.x = number(o.x_col);
+        p.y = number(o.y_col);
         if (o.label_col >= 0) p.label = cols[size_t(o.label_col)];
         if (o.series_col >= 0) p.series = cols[size_t(o.series_col)];
         pts.push_back(p);
     }
+    if (pts.empty()) fail("{}: no data rows to plot (rows of tab-separated numbers; '#' starts a comment)", input);
     return pts;
 }
 
@@ -81,6 +95,7 @@ void run_plot(PlotOptions o) {
     } else {
         fail("several inputs must all be vxq bench --json files (*.json); a TSV table is plotted on its own");
     }
+    if (pts.empty()) fail("{}: no data points to plot", fmt::join(o.inputs, ", "));
     write_file_atomically(o.output, render_svg(o.spec, pts));
     fmt::print("wrote {} ({} points)\n", o.output, pts.size());
 }
