@@ -265,7 +265,7 @@ const BadInput kBadInputs[] = {
     {"EvalEmptyText", [] { return Args{"eval", "-m", M(), "-f", tmp_file("eval_empty.txt", ""), "--kv", "q8_0", "--plot", "/tmp/vxq_empty.svg"}; }, "eval_empty.txt is empty"},
     {"PlotEmptyTable", [] { return Args{"plot", tmp_file("plot_empty.tsv", "# only a comment\n"), "-o", "/tmp/vxq_plot_empty.svg"}; }, "no data rows"},
     {"PlotNotANumber", [] { return Args{"plot", tmp_file("plot_nan.tsv", "1\t2\n2\tnan\n"), "-o", "/tmp/vxq_plot_nan.svg"}; }, "plot_nan.tsv:2: column 2 ('nan') is not a finite number"},
-    {"PlotTrailingJunk", [] { return Args{"plot", tmp_file("plot_junk.tsv", "1\t12abc\n"), "-o", "/tmp/vxq_plot_junk.svg"}; }, "column 2 ('12abc') is not a finite number"},
+    {"PlotTrailingJunk", [] { return Args{"plot", tmp_file("plot_junk.tsv", "1\t2 \n1\t12abc\n"), "-o", "/tmp/vxq_plot_junk.svg"}; }, "plot_junk.tsv:2: column 2 ('12abc') is not a finite number"},
     {"CalibrateTurboFewerVectorsThanHeadDim", [] { return Args{"calibrate", "-m", M(), "-f", T(), "--method", "turbo", "-o", "/tmp/vxq_turbo_few.gguf", "--tokens", "8", "-c", "8"}; }, "fewer than head_dim 64"},
     {"VecinferCalibrationWrongShape", [] { return Args{"perplexity", "-m", M(), "-f", T(), "-c", "64", "--kv", "vecinfer:n=8,calib=" + vecinfer_calib("this_model", true)}; }, "not n=8,m=8"},
 };

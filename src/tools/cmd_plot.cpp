@@ -43,7 +43,8 @@ std::vector<PlotPoint> read_table(const PlotOptions& o, const std::string& input
         for (std::string c; std::getline(ls, c, '\t');) cols.push_back(c);
         const int need = std::max({o.x_col, o.y_col, o.label_col, o.series_col});
         if (int(cols.size()) <= need) fail("{}:{}: expected at least {} tab-separated columns", input, lineno, need + 1);
-        // The whole field a finite number (std::stod alone takes "12abc" as 12, and "nan").
+        // The whole field a finite number, spaces around it allowed (std::stod alone takes "12abc"
+        // as 12, and "nan").
         const auto number = [&](int col) {
             const std::string& f = cols[size_t(col)];
             size_t used = 0;
@@ -53,6 +54,7 @@ std::vector<PlotPoint> read_table(const PlotOptions& o, const std::string& input
             } catch (const std::exception&) {
                 used = 0;
             }
+            while (used > 0 && used < f.size() && (f[used] == ' ' || f[used] == '\t')) ++used;
             if (used == 0 || used != f.size() || !std::isfinite(v)) {
                 fail("{}:{}: column {} ('{}') is not a finite number", input, lineno, col + 1, f);
             }
