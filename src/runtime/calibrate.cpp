@@ -320,9 +320,9 @@ TurboCalibration calibrate_turbo(const Model& model, Backend& be, std::string_vi
             const std::vector<float>& x = key ? kv.k[size_t(l)] : kv.v[size_t(l)];
             int64_t used = 0;  // every (token, KV head) row
             std::vector<double> m = unit_second_moment(x.data(), x.size() / size_t(d), size_t(d), d, &used);
-            if (used == 0) fail("calibrate: layer {} wrote only zero {}", l, key ? "keys" : "values");
-            // Fewer vectors than dimensions leave directions the text never showed with variance 0,
-            // so the basis would give them no bits and code any later key or value along them as 0.
+            // Fewer vectors than dimensions (none: a layer that wrote only zeros) leave directions the
+            // text never showed with variance 0, so the basis would give them no bits and code any
+            // later key or value along them as 0.
             if (used < d) {
                 fail("calibrate: layer {} has {} nonzero {} vectors (tokens x KV heads), fewer than head_dim {}: "
                      "no full eigenbasis (give more text or --tokens)",

@@ -83,6 +83,7 @@ std::vector<PlotPoint> read_json_inputs(PlotOptions& o) {
     if (o.xlabel_given) c.spec.x_label = o.spec.x_label;
     if (o.ylabel_given) c.spec.y_label = o.spec.y_label;
     o.spec = c.spec;
+    if (c.points.empty()) fail("{}: no data points to plot", fmt::join(o.inputs, ", "));
     return c.points;
 }
 
@@ -97,7 +98,6 @@ void run_plot(PlotOptions o) {
     } else {
         fail("several inputs must all be vxq bench --json files (*.json); a TSV table is plotted on its own");
     }
-    if (pts.empty()) fail("{}: no data points to plot", fmt::join(o.inputs, ", "));
     write_file_atomically(o.output, render_svg(o.spec, pts));
     fmt::print("wrote {} ({} points)\n", o.output, pts.size());
 }

@@ -240,7 +240,6 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
     // alignment) of up to two rows' pairs at once, BATCH splits of loads in flight before the first
     // is used: a merge is a few memory latencies, not one per split. The sum over the splits in their
     // order, as before.
-    constexpr int kMergeBatch = BATCH;
     const int pairs = REP * hd / 2;
     for (int e0 = tid; e0 < pairs; e0 += 2 * kSplitThreads) {
         const int e1 = min(e0 + kSplitThreads, pairs - 1);  // past the last pair: the last again (not written)
@@ -248,16 +247,16 @@ __device__ void merge_splits(const SplitAttentionParams& p, int g, int i, int sp
         const float* part0 = part_of(r0) + 2 * e0 - r0 * hd;
         const float* part1 = part_of(r1) + 2 * e1 - r1 * hd;
         float2 a0 = make_float2(0.0f, 0.0f), a1 = a0;
-        for (int z0 = 0; z0 < splits; z0 += kMergeBatch) {
-            float2 v0[kMergeBatch], v1[kMergeBatch];
+        for (int z0 = 0; z0 < splits; z0 += BATCH) {
+            float2 v0[BATCH], v1[BATCH];
 #pragma unroll
-            for (int u = 0; u < kMergeBatch; ++u) {
+            for (int u = 0; u < BATCH; ++u) {
                 const int z = min(z0 + u, splits - 1);
                 v0[u] = __ldcg(reinterpret_cast<const float2*>(part0 + z * stride));
                 v1[u] = __ldcg(reinterpret_cast<const float2*>(part1 + z * stride));
             }
 #pragma unroll
-            for (int u = 0; u < kMergeBatch; ++u) {
+            for (int u = 0; u < BATCH; ++u) {
                 if (z0 + u < splits) {
                     const float w0 = wz[r0][z0 + u], w1 = wz[r1][z0 + u];
                     a0.x += v0[u].x * w0;
@@ -1894,9 +1893,13 @@ bool attention_stream_mma_fits(const SplitAttentionParams& p) {
                   stream_mma_smem(kStreamMaxRep, int(p.head_dim))) <= attention_split_smem(p);
 }
 
+bool attention_stream_tma_formats(KvCode k, KvCode v, int64_t head_dim) {
+    return (head_dim == 64 || head_dim == 128) && kv_half_keys(k) && kv_half_keys(v);
+}
+
 bool attention_stream_tma_fits(const SplitAttentionParams& p) {
     const int64_t rep = p.n_head_kv > 0 ? p.n_head / p.n_head_kv : 0;
-    return p.n_q == 1 && (p.head_dim == 64 || p.head_dim == 128) && kv_half_keys(p.k_code) && kv_half_keys(p.v_code) &&
+    return p.n_q == 1 && attention_stream_tma_formats(p.k_code, p.v_code, p.head_dim) &&
            attention_split_fits(p.n_head, p.n_head_kv, p.head_dim, p.k_code, p.v_code) && p.short_tokens == 0 &&
            p.tma_stages >= 1 && p.tma_stages <= kTmaMaxStages && p.splits >= 1 && p.splits <= kAttnSplitMaxSplits &&
            tma_smem(int(rep), int(p.head_dim), p.k_code, p.v_code, p.tma_stages) <= kAttnSplitMaxSmem;

@@ -261,6 +261,9 @@ inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
 // once the context is past the short form's (p.short_tokens then 0: a step's graph changes form
 // once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth.
 constexpr int kAttnTmaStages = 3;
+// The page formats and head sizes the bulk-copy kernel has instances for (f16 / fp8 keys and
+// values, head_dim 64 / 128); attention_stream_tma_fits checks them and the rest of p.
+bool attention_stream_tma_formats(KvCode k, KvCode v, int64_t head_dim);
 bool attention_stream_tma_fits(const SplitAttentionParams& p);
 // Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits
 // kAttnSplitMaxSmem), and the default stages for p's shape and formats (0: it does not take it).

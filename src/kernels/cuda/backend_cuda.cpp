@@ -473,8 +473,7 @@ public:
         const KvCodes codes = kv_codes(view);
         // Past the short form, one query over f16 / fp8 pages at head_dim 64 / 128: the bulk-copy stream form.
         const auto tma_path = [&](KvCodes c) -> std::string_view {
-            const bool takes = attn_tma_ > 0 && kv_half_keys(c.k) && kv_half_keys(c.v) &&
-                               (view.head_dim == 64 || view.head_dim == 128);
+            const bool takes = attn_tma_ > 0 && attention_stream_tma_formats(c.k, c.v, view.head_dim);
             return takes ? "; more: per-warp rings of TMA bulk copies on tensor cores, a kernel of its own" : "";
         };
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
