@@ -132,6 +132,12 @@ const BadInput kBadInputs[] = {
     {"NonNumericCtx", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-c", "lots"}; }, "ctx"},
     {"HugeContext", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "-c", "16000000"}; },
      "--device cpu: this run needs"},
+    {"TpDoesNotDivideKvHeads", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--tp", "3"}; },
+     "does not divide the 2 KV heads"},
+    {"TpZero", [] { return std::vector<std::string>{"generate", "-m", M(), "-p", "x", "--tp", "0"}; }, "--tp"},
+    {"TpQFilters", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--mode", "stream", "--tp", "2",
+                                                        "--evict", "qfilters:budget=64,calib=/nonexistent.gguf"}; },
+     "--evict qfilters with --tp 2"},
     {"PerplexityMissingText", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", "/nonexistent.txt"}; }, "/nonexistent.txt"},
     {"PerplexityTextTooShort", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", tmp_file("short.txt", "Just a few words."), "-c", "128"}; }, "needs at least"},
     {"PerplexityZeroChunks", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--chunks", "0"}; }, "chunks"},
@@ -401,6 +407,32 @@ TEST(Cli, GenerateJsonReportsBackendMemory) {
     EXPECT_EQ(m["where"], "host RAM");
     EXPECT_EQ(m["weight_bytes"], 0);
     EXPECT_GT(m["activation_bytes"].get<size_t>(), 0u);
+}
+
+// --tp 2 on the CPU's reference group: the same greedy text as one rank, and each rank's
+// backend, memory and KV bytes in the JSON (the two ranks hold one KV head each: half the bytes).
+TEST(Cli, GenerateTp2MatchesTp1AndReportsEachRank) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const std::vector<std::string> args{"generate", "-m", M(), "-p", "The kernel", "-n", "24", "--temp", "0", "--json", "-t", "2",
+                                        "--kv", "q8_0"};
+    const auto one = test::run_cli(args);
+    auto split_args = args;
+    split_args.insert(split_args.end(), {"--tp", "2"});
+    const auto two = test::run_cli(split_args);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    ASSERT_EQ(two.exit_code, 0) << two.err;
+    const auto a = nlohmann::json::parse(one.out), b = nlohmann::json::parse(two.out);
+    EXPECT_EQ(a["ids"], b["ids"]);
+    EXPECT_FALSE(a.contains("tp"));
+    ASSERT_EQ(b["tp"]["size"], 2);
+    for (int r = 0; r < 2; ++r) {
+        const auto& rank = b["tp"]["ranks"][size_t(r)];
+        EXPECT_NE(rank["backend"].get<std::string>().find(fmt::format("rank {} of 2", r)), std::string::npos) << rank;
+        EXPECT_EQ(rank["memory"]["where"], "host RAM");
+        EXPECT_EQ(2 * rank["kv_resident_bytes"].get<size_t>(), a["kv_cache"]["resident_bytes"].get<size_t>());
+    }
+    EXPECT_EQ(b["kv_cache"]["resident_bytes"], a["kv_cache"]["resident_bytes"]);
+    EXPECT_EQ(b["kv_cache"]["bits_per_element"], a["kv_cache"]["bits_per_element"]);
 }
 
 // Between the core count and 4x it, -t runs, with one warning line.

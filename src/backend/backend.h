@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,25 @@ public:
     // Which attention kernel and readers run for such a layer, e.g. "fused, K q4_0 / V f16 readers
     // avx2" (benchmarks print it with every line).
     virtual std::string attention_path(const KvLayerView& view) const = 0;
+
+    // ---- tensor parallelism (model/tensor_parallel.h) ----------------------------------------
+    // The backends of a group (make_backend_group) run one model's slices, each on a host thread
+    // of its own, and meet in these collectives, which every rank calls in the same order. A
+    // backend made alone is rank 0 of 1, whose collectives change nothing.
+    virtual int tp_rank() const { return 0; }
+    virtual int tp_size() const { return 1; }
+    // Makes the calling thread ready to run this backend's ops (a GPU backend selects its device);
+    // a group's thread calls it once before its first op.
+    virtual void bind_thread() {}
+    // x (n floats, this backend's memory) becomes the elementwise sum of every rank's x.
+    virtual void all_reduce_sum(float* x, int64_t n);
+    // Each rank passes its block x [n_rows, widths[rank]] (its memory); rank 0's out (host memory,
+    // [n_rows, sum of widths]) gets rank r's block at column widths[0] + ... + widths[r - 1].
+    // The other ranks pass out = nullptr.
+    virtual void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out);
+    // This rank failed between collectives: the other ranks' collectives, in progress or to
+    // come, fail instead of waiting for it forever.
+    virtual void tp_abort() {}
 };
 
 // The backends this build has, by name ("cpu"): the names make_backend accepts.
@@ -102,5 +122,12 @@ void check_backend_name(const std::string& name);
 // The backend called `name`, using n_threads host threads; vxq::Error listing the available
 // backends for an unknown name. Defined beside the kernels (kernels/backends.cpp).
 std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads);
+
+// A tensor-parallel group of `size` backends called `name`, rank r at index r (size 1: one
+// make_backend). "cuda": GPUs 0 .. size-1 of this machine in one process, joined by NCCL
+// communicators (vxq::Error where the build has no NCCL or the machine has fewer GPUs). "cpu":
+// the reference group, ranks sharing host memory and n_threads between them, whose collectives
+// sum in rank order (what tests and CI run tensor parallelism with).
+std::vector<std::unique_ptr<Backend>> make_backend_group(const std::string& name, int n_threads, int size);
 
 }  // namespace vxq

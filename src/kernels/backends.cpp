@@ -17,12 +17,13 @@ namespace {
 struct BackendEntry {
     const char* name;
     std::unique_ptr<Backend> (*make)(int n_threads);
+    std::vector<std::unique_ptr<Backend>> (*make_group)(int n_threads, int size);  // tensor parallelism
 };
 
 constexpr BackendEntry kBackends[] = {
-    {"cpu", cpu::make_backend},
+    {"cpu", cpu::make_backend, cpu::make_backend_group},
 #if VXQ_HAVE_CUDA
-    {"cuda", cuda::make_backend},
+    {"cuda", cuda::make_backend, cuda::make_backend_group},
 #endif
 };
 
@@ -50,6 +51,17 @@ void check_backend_name(const std::string& name) {
 std::unique_ptr<Backend> make_backend(const std::string& name, int n_threads) {
     check_backend_name(name);
     return find_backend(name)->make(n_threads);
+}
+
+std::vector<std::unique_ptr<Backend>> make_backend_group(const std::string& name, int n_threads, int size) {
+    check_backend_name(name);
+    if (size < 1) fail("--tp must be at least 1, got {}", size);
+    if (size == 1) {
+        std::vector<std::unique_ptr<Backend>> one;
+        one.push_back(make_backend(name, n_threads));
+        return one;
+    }
+    return find_backend(name)->make_group(n_threads, size);
 }
 
 }  // namespace vxq

@@ -11,16 +11,25 @@ namespace vxq {
 namespace {
 
 // The forward pass's activation buffers (Backend::activation_buffer ids).
-enum ActivationId : int { kResidual, kNormed, kQ, kK, kV, kAttn, kGate, kUp, kActivations };
+enum ActivationId : int { kResidual, kNormed, kQ, kK, kV, kAttn, kGate, kUp, kLogits, kActivations };
 
-// Floats per token of each activation buffer, by ActivationId.
-std::array<int64_t, kActivations> activation_widths(const ModelConfig& c) {
+// Floats per token of each activation buffer, by ActivationId (c: the rank's config; kLogits, a
+// tensor-parallel rank's slice of the vocabulary, is sized apart).
+std::array<int64_t, kActivations - 1> activation_widths(const ModelConfig& c) {
     return {c.n_embd, c.n_embd, c.q_dim(), c.kv_dim(), c.kv_dim(), c.q_dim(), c.n_ff, c.n_ff};
+}
+
+// The vocabulary rows of each rank (tensor parallelism: the output matrix split by rows).
+std::vector<int64_t> vocab_split(int64_t n_vocab, int size) {
+    std::vector<int64_t> w;
+    for (int r = 0; r < size; ++r) w.push_back(tp_begin(n_vocab, r + 1, size) - tp_begin(n_vocab, r, size));
+    return w;
 }
 
 }  // namespace
 
-std::unique_ptr<Model> Model::load(const std::string& path, std::string_view backend) {
+std::unique_ptr<Model> Model::load(const std::string& path, std::string_view backend, TpRank tp) {
+    VXQ_ASSERT(tp.rank >= 0 && tp.rank < tp.size);
     std::unique_ptr<Model> m(new Model(GgufFile::open(path)));
     m->cfg_ = ModelConfig::from_gguf(m->file_);
     m->w_ = ModelWeights::from_gguf(m->file_, m->cfg_, backend);
@@ -28,21 +37,21 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::string_view bac
     if (m->tok_->n_vocab() != m->cfg_.n_vocab) {
         fail("{}: tokenizer has {} tokens but token_embd.weight has {} rows", path, m->tok_->n_vocab(), m->cfg_.n_vocab);
     }
+    check_tp_split(m->cfg_, m->w_, tp.size, path);
+    m->tp_ = tp;
+    m->local_ = shard_config(m->cfg_, tp);
+    m->w_ = shard_weights(m->w_, m->cfg_, tp, m->owned_);
     return m;
 }
 
 void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out,
                     float* logits) const {
-    const ModelConfig& c = cfg_;
+    const ModelConfig& c = local_;  // this rank's heads and FFN width (the whole model's outside a group)
     const int64_t n = int64_t(tokens.size());
     const int64_t pos0 = cache.size();
-    VXQ_ASSERT(n > 0 && n_out >= 1 && n_out <= n);
-    if (pos0 + n > cache.shape().n_ctx) {
-        fail("context is full: {} cached + {} new tokens exceed the context size {}", pos0, n, cache.shape().n_ctx);
-    }
-    for (const TokenId t : tokens) {
-        if (t < 0 || t >= c.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, c.n_vocab);
-    }
+    VXQ_ASSERT(n > 0 && n_out >= 1 && n_out <= n && (logits || tp_.rank > 0));
+    VXQ_ASSERT(cache.shape().n_head_kv == c.n_head_kv && be.tp_size() == tp_.size && be.tp_rank() == tp_.rank);
+    check_batch(tokens, pos0, cache.shape().n_ctx);
 
     // Activations for the whole batch, in the backend's memory: kept by the backend between
     // calls, so a forward pass allocates nothing once the context's largest batch has run.
@@ -94,6 +103,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
                                     be.to_host(attn, size_t(n * c.q_dim()), 1));
         }
         be.matmul(L.wo, attn, n, cur);
+        if (tp_.size > 1) be.all_reduce_sum(cur, n * c.n_embd);  // row-parallel: the ranks' partial products
         be.add(x, cur, n * c.n_embd);
 
         // After the last attention only the rows whose logits are wanted matter; llama.cpp
@@ -105,18 +115,52 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.matmul(L.w_up, cur, m, up);
         be.swiglu(gate, up, m, c.n_ff);
         be.matmul(L.w_down, gate, m, cur);
+        if (tp_.size > 1) be.all_reduce_sum(cur, m * c.n_embd);
         be.add(xs, cur, m * c.n_embd);
     }
     cache.commit(pos0 + n);
 
     const float* last = x + (n - n_out) * c.n_embd;
     be.rms_norm(last, w_.output_norm, n_out, c.n_embd, c.rms_eps, cur);
-    be.matmul(w_.output, cur, n_out, logits);
+    if (tp_.size == 1) {
+        be.matmul(w_.output, cur, n_out, logits);
+        return;
+    }
+    // The output matrix split by vocabulary rows: each rank's logits columns, gathered on rank 0.
+    float* part = be.activation_buffer(kLogits, size_t(n_out * w_.output.rows));
+    be.matmul(w_.output, cur, n_out, part);
+    be.gather_columns(part, n_out, vocab_split(c.n_vocab, tp_.size), tp_.rank == 0 ? logits : nullptr);
+}
+
+void Model::check_batch(std::span<const TokenId> tokens, int64_t cached, int64_t n_ctx) const {
+    const int64_t n = int64_t(tokens.size());
+    if (cached + n > n_ctx) fail("context is full: {} cached + {} new tokens exceed the context size {}", cached, n, n_ctx);
+    for (const TokenId t : tokens) {
+        if (t < 0 || t >= cfg_.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, cfg_.n_vocab);
+    }
+}
+
+size_t Model::weight_bytes() const {
+    size_t bytes = 0;
+    if (tp_.size == 1) {
+        for (const GgufTensorInfo& t : file_.tensors()) bytes += t.n_bytes;
+        return bytes;
+    }
+    const auto matrix = [](const WeightView& w) { return size_t(w.rows) * w.row_bytes; };
+    const auto norm = [&](const float* p, int64_t n) { return p ? size_t(n) * sizeof(float) : 0; };
+    bytes += matrix(w_.token_embd) + norm(w_.output_norm, cfg_.n_embd) + (w_.tied_output ? 0 : matrix(w_.output));
+    for (const LayerWeights& L : w_.layers) {
+        for (const WeightView* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) bytes += matrix(*m);
+        bytes += norm(L.attn_norm, cfg_.n_embd) + norm(L.ffn_norm, cfg_.n_embd) + norm(L.bq, local_.q_dim()) +
+                 2 * norm(L.bk, local_.kv_dim()) + 2 * norm(L.q_norm, cfg_.head_dim);
+    }
+    return bytes;
 }
 
 size_t Model::activation_bytes(int64_t n_tokens) const {
-    const auto width = activation_widths(cfg_);
-    return size_t(n_tokens * std::accumulate(width.begin(), width.end(), int64_t(0))) * sizeof(float);
+    const auto width = activation_widths(local_);
+    const int64_t logits = tp_.size > 1 ? w_.output.rows : 0;  // a rank's slice of the logits (forward)
+    return size_t(n_tokens * (std::accumulate(width.begin(), width.end(), int64_t(0)) + logits)) * sizeof(float);
 }
 
 }  // namespace vxq

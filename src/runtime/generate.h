@@ -15,6 +15,7 @@ namespace vxq {
 class Model;
 class Backend;
 class KvCache;
+class Runner;
 
 struct GenerateParams {
     int32_t n_predict = 128;   // < 0 is rejected; 0 generates nothing
@@ -35,5 +36,8 @@ struct GenerateResult {
 // vxq::Error for invalid UTF-8, an empty prompt, or a prompt that does not fit.
 GenerateResult generate(const Model& model, Backend& be, KvCache& cache, std::string_view prompt,
                         const GenerateParams& p, const std::function<void(std::string_view)>& on_text = {});
+// The same through a Runner (one backend, or a tensor-parallel group).
+GenerateResult generate(Runner& run, std::string_view prompt, const GenerateParams& p,
+                        const std::function<void(std::string_view)>& on_text = {});
 
 }  // namespace vxq

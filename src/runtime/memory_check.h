@@ -26,7 +26,8 @@ struct MemoryNeed {
 
 // The need of running `models` on `be` over `caches` (all alive at once), the largest forward
 // pass being `max_batch` tokens with `logit_rows` rows of logits.
-//   weights: where be.copies_weights(), the tensor data of every model as the file stores it — a
+//   weights: where be.copies_weights(), the tensor data of every model (Model::weight_bytes: a
+//     tensor-parallel rank's slice) as the file stores it — a
 //     close estimate of the device copies, which hold the same blocks (Q8_0/Q4_0 split into a
 //     quant plane and a scale plane of the same bytes) with the file's alignment padding dropped;
 //   kv: KvCache::bytes_for_tokens of each cache's context;

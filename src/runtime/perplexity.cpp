@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "runtime/runner.h"
 
 namespace vxq {
 
@@ -44,19 +45,25 @@ PplChunks plan_chunks(const Model& model, std::string_view text, int64_t n_ctx, 
 void run_chunk(const Model& model, Backend& be, KvCache& cache, const std::vector<TokenId>& chunk, PplMode mode,
                int64_t first, const std::function<void(int64_t, const float*)>& row,
                const std::function<void(int64_t)>& before_token) {
+    SingleRunner run(model, be, cache);
+    run_chunk(run, chunk, mode, first, row, before_token);
+}
+
+void run_chunk(Runner& run, const std::vector<TokenId>& chunk, PplMode mode, int64_t first,
+               const std::function<void(int64_t, const float*)>& row, const std::function<void(int64_t)>& before_token) {
     const int64_t n_ctx = int64_t(chunk.size());
-    const int64_t n_vocab = model.config().n_vocab;
-    cache.truncate(0);
+    const int64_t n_vocab = run.model().config().n_vocab;
+    run.truncate(0);
     if (mode == PplMode::Prefill) {
         const int64_t n_rows = n_ctx - first;  // logits rows llama-perplexity requests
         std::vector<float> logits(size_t(n_rows * n_vocab));
-        model.forward(be, cache, chunk, n_rows, logits.data());
+        run.forward(chunk, n_rows, logits.data());
         for (int64_t j = first; j < n_ctx - 1; ++j) row(j, logits.data() + (j - first) * n_vocab);
     } else {
         std::vector<float> logits(static_cast<size_t>(n_vocab));
         for (int64_t j = 0; j < n_ctx - 1; ++j) {
             if (before_token) before_token(j);
-            model.forward(be, cache, std::span(chunk).subspan(size_t(j), 1), int64_t(1), logits.data());
+            run.forward(std::span(chunk).subspan(size_t(j), 1), 1, logits.data());
             if (j >= first) row(j, logits.data());
         }
     }
@@ -65,22 +72,29 @@ void run_chunk(const Model& model, Backend& be, KvCache& cache, const std::vecto
 PerplexityResult perplexity(const Model& model, Backend& be, KvCache& cache, std::string_view text,
                             const PerplexityParams& p,
                             const std::function<void(int64_t, int64_t, double)>& progress) {
+    SingleRunner run(model, be, cache);
+    return perplexity(run, text, p, progress);
+}
+
+PerplexityResult perplexity(Runner& run, std::string_view text, const PerplexityParams& p,
+                            const std::function<void(int64_t, int64_t, double)>& progress) {
+    const Model& model = run.model();
     const auto t_start = std::chrono::steady_clock::now();
-    const PplChunks plan = plan_chunks(model, text, p.n_ctx, p.n_chunks, cache.shape().n_ctx);
+    const PplChunks plan = plan_chunks(model, text, p.n_ctx, p.n_chunks, run.n_ctx());
     const int64_t n_vocab = model.config().n_vocab;
     PerplexityResult r;
     r.n_text_tokens = int64_t(plan.tokens.size());
     double nll = 0.0, nll2 = 0.0;
     int64_t count = 0;
     for (int64_t i = 0; i < plan.n_chunks; ++i) {
-        run_chunk(model, be, cache, plan.chunk(i), p.mode, plan.first, [&](int64_t j, const float* row) {
+        run_chunk(run, plan.chunk(i), p.mode, plan.first, [&](int64_t j, const float* row) {
             const double v = nll_of(row, n_vocab, plan.next(i, j));
             nll += v;
             nll2 += v * v;
             ++count;
         });
-        r.kv_bytes_max = std::max(r.kv_bytes_max, cache.resident_bytes());
-        r.kv_tokens_max = std::max(r.kv_tokens_max, cache.size());
+        r.kv_bytes_max = std::max(r.kv_bytes_max, run.kv_bytes());
+        r.kv_tokens_max = std::max(r.kv_tokens_max, run.size());
         r.chunk_ppl.push_back(std::exp(nll / double(count)));
         if (progress) progress(i, plan.n_chunks, r.chunk_ppl.back());
     }

@@ -15,6 +15,7 @@ namespace vxq {
 class Model;
 class Backend;
 class KvCache;
+class Runner;
 
 enum class PplMode {
     Prefill,  // each chunk is one batch, its K/V written to the cache and read back through it
@@ -61,6 +62,9 @@ PplChunks plan_chunks(const Model& model, std::string_view text, int64_t n_ctx, 
 void run_chunk(const Model& model, Backend& be, KvCache& cache, const std::vector<TokenId>& chunk, PplMode mode,
                int64_t first, const std::function<void(int64_t, const float*)>& row,
                const std::function<void(int64_t)>& before_token = {});
+// The same through a Runner (one backend, or a tensor-parallel group).
+void run_chunk(Runner& run, const std::vector<TokenId>& chunk, PplMode mode, int64_t first,
+               const std::function<void(int64_t, const float*)>& row, const std::function<void(int64_t)>& before_token = {});
 
 // -log p(token) from one row of logits, as llama-perplexity: max-shifted, exp sum in double.
 double nll_of(const float* logits, int64_t n_vocab, int32_t token);
@@ -68,6 +72,8 @@ double nll_of(const float* logits, int64_t n_vocab, int32_t token);
 // progress(chunk_index, n_chunks, running_ppl) after each chunk.
 PerplexityResult perplexity(const Model& model, Backend& be, KvCache& cache, std::string_view text,
                             const PerplexityParams& p,
+                            const std::function<void(int64_t, int64_t, double)>& progress = {});
+PerplexityResult perplexity(Runner& run, std::string_view text, const PerplexityParams& p,
                             const std::function<void(int64_t, int64_t, double)>& progress = {});
 
 }  // namespace vxq

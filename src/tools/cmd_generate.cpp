@@ -42,8 +42,8 @@ void run_generate(const GenerateOptions& o) {
             std::fflush(stdout);
         };
     }
-    const GenerateResult r = generate(*e.model, *e.backend, *e.cache, prompt, o.gen, stream);
-    const size_t kv_bytes = e.cache->resident_bytes();
+    const GenerateResult r = generate(*e.runner, prompt, o.gen, stream);
+    const size_t kv_bytes = e.runner->kv_bytes();
     const double pp_tps = r.prompt_ids.size() / (r.prompt_ms / 1e3);
     const double tg_tps = r.ids.empty() ? 0.0 : r.ids.size() / (r.decode_ms / 1e3);
     if (o.json) {
@@ -56,13 +56,15 @@ void run_generate(const GenerateOptions& o) {
         j["stop_reason"] = r.stop_reason;
         j["timings"] = {{"prompt_n", r.prompt_ids.size()}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", pp_tps},
                         {"predicted_n", r.ids.size()},     {"predicted_ms", r.decode_ms}, {"predicted_per_second", tg_tps}};
-        const int64_t tokens = e.cache->size();
-        const KvShape& s = e.cache->shape();
-        j["kv_cache"] = {{"format", e.cache->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx}, {"tokens", tokens},
-                         {"bits_per_element", resident_bits_per_element(*e.cache, tokens)},
-                         {"f16_bytes", 4 * s.n_layer * s.n_head_kv * s.head_dim * tokens}};
-        j["backend"] = e.backend->describe();
-        j["backend_memory"] = memory_json(BackendMemory::of(*e.backend));
+        const int64_t tokens = e.runner->size();
+        const ModelConfig& m = e.runner->model().config();  // the whole model's KV heads (every rank's)
+        const int64_t f16_bytes = 4 * m.n_layer * m.n_head_kv * m.head_dim * tokens;
+        j["kv_cache"] = {{"format", e.ranks()[0].second->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx},
+                         {"tokens", tokens}, {"bits_per_element", tokens > 0 ? 16.0 * double(kv_bytes) / double(f16_bytes) : 0.0},
+                         {"f16_bytes", f16_bytes}};
+        j["backend"] = e.describe();
+        j["backend_memory"] = memory_json(BackendMemory::of(*e.ranks()[0].first));
+        if (e.group) j["tp"] = tp_json(e);
         fmt::print("{}\n", dump_json(std::move(j)));
     } else {
         echo_prompt();
@@ -70,7 +72,7 @@ void run_generate(const GenerateOptions& o) {
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
                    "stop: {}\n{} | backend: {} | {}\n",
                    r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
-                   kv_summary(*e.cache, e.cache->size()), e.backend->describe(), memory_summary(BackendMemory::of(*e.backend)));
+                   kv_summary(e, e.runner->size()), e.describe(), memory_summary(e));
     }
 }
 }  // namespace
@@ -79,6 +81,7 @@ void add_generate(CLI::App& app, int& rc) {
     auto* sub = app.add_subcommand("generate", "Generate a continuation of a prompt");
     auto o = std::make_shared<GenerateOptions>();
     o->rt.add_to(sub);
+    add_tp_option(sub, o->rt.tp);
     auto* p = sub->add_option("-p,--prompt", o->prompt, "prompt text");
     auto* f = sub->add_option("-f,--file", o->prompt_file, "read the prompt from a file");
     p->excludes(f);

@@ -35,20 +35,21 @@ void run_perplexity(PerplexityOptions o) {
     // the whole context's: an upper bound); stream mode runs one token at a time.
     Engine e = mode == PplMode::Prefill ? make_engine(o.rt, INT64_MAX, INT64_MAX) : make_engine(o.rt, 1, 1);
     const bool tty = stderr_is_tty();
-    const auto r = perplexity(*e.model, *e.backend, *e.cache, text, PerplexityParams{e.n_ctx, o.chunks, mode},
+    const auto r = perplexity(*e.runner, text, PerplexityParams{e.n_ctx, o.chunks, mode},
                               [&](int64_t i, int64_t n, double ppl) {
                                   if (tty) fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
                               });
     if (tty) fmt::print(stderr, "\n");
     // What ran is printed with the results, not before: a refused input prints only its error.
-    fmt::print("perplexity: {} | ctx {} | kv {}{} | {}\n", o.rt.model, e.n_ctx, e.cache->format(),
-               e.cache->evictor() ? " | evict " + e.cache->evictor()->spec().str() : "", e.backend->describe());
+    const KvCache& cache = *e.ranks()[0].second;
+    fmt::print("perplexity: {} | ctx {} | kv {}{} | {}\n", o.rt.model, e.n_ctx, cache.format(),
+               cache.evictor() ? " | evict " + cache.evictor()->spec().str() : "", e.describe());
     fmt::print("chunks: {} x {} tokens, {} scored, {:.1f} s ({:.0f} tokens/s)\n", r.n_chunks, e.n_ctx, r.n_scored,
                r.seconds, double(r.n_chunks * e.n_ctx) / r.seconds);
     fmt::print("mode: {} ({})\n", o.mode,
                mode == PplMode::Prefill ? "each chunk one batch, K/V written to the cache and read back through it"
                                         : "token by token through the decode path");
-    fmt::print("{}\n", kv_summary(*e.cache, r.kv_tokens_max));
+    fmt::print("{}\n", kv_summary(e, r.kv_tokens_max));
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
     fmt::print("peak RSS: {} KiB\n", ru.ru_maxrss);
@@ -60,6 +61,7 @@ void add_perplexity(CLI::App& app, int& rc) {
     auto* sub = app.add_subcommand("perplexity", "Perplexity of a model on a text file (llama-perplexity semantics)");
     auto o = std::make_shared<PerplexityOptions>();
     o->rt.add_to(sub);
+    add_tp_option(sub, o->rt.tp);
     sub->add_option("-f,--file", o->file, "text file")->required();
     sub->add_option("--chunks", o->chunks, "number of chunks (default: all)");
     sub->add_option("--mode", o->mode, "prefill (llama-perplexity: one batch per chunk) or stream (token by token)")

@@ -105,6 +105,13 @@ void check_prefill_exact(bool has_prefill_mode, bool has_compressed_cache) {
     }
 }
 
+void add_tp_option(CLI::App* sub, int& tp) {
+    sub->add_option("--tp", tp,
+                    "tensor parallelism: split the model over N ranks of --device (cuda: GPUs 0..N-1 over NCCL; cpu: a "
+                    "reference group in host memory); each rank holds its KV heads' cache (default 1)")
+        ->check(CLI::Range(1, 64));
+}
+
 void add_device_option(CLI::App* sub, std::string& device) {
     sub->add_option("--device", device,
                     fmt::format("backend to run on: {} (default cpu); -t stays the host threads", fmt::join(backend_names(), ", ")));
@@ -131,6 +138,27 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     const KvSpec spec = o.kv_spec();  // a bad method or device fails before the model loads
     check_device(o.device, std::span(&spec, 1), o.prefill_exact);
     KvCacheOptions cache_opts = o.cache_options();
+    if (o.tp > 1) {
+        if (cache_opts.evict.active() && cache_opts.evict.policy == EvictPolicy::QFilters) {
+            fail("--evict qfilters with --tp {}: its filters are calibrated per KV head of the whole model, and a rank's "
+                 "cache numbers its own heads from 0; use another policy (streaming, knorm, h2o, snapkv)", o.tp);
+        }
+        check_calibration_model(spec, o.model);
+        TpGroupParams p;
+        p.model_path = o.model;
+        p.device = o.device;
+        p.n_threads = resolve_threads(o.threads);
+        p.size = o.tp;
+        p.spec = spec;
+        p.cache = cache_opts;
+        p.context = [&](const ModelConfig& c) { return o.context(c.n_ctx_train); };
+        p.max_batch = max_batch;
+        p.logit_rows = logit_rows;
+        e.group = TpGroup::create(p);
+        e.runner = e.group.get();
+        e.n_ctx = e.group->n_ctx();
+        return e;
+    }
     e.model = Model::load(o.model, o.device);
     check_calibration_model(spec, o.model);
     check_calibration_model(cache_opts.evict, o.model);
@@ -144,7 +172,41 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     const KvCache* caches[] = {e.cache.get()};
     check_fits(memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx)),
                e.backend->memory_info(), o.device);
+    e.single = std::make_unique<SingleRunner>(*e.model, *e.backend, *e.cache);
+    e.runner = e.single.get();
     return e;
+}
+
+std::vector<std::pair<Backend*, const KvCache*>> Engine::ranks() const {
+    if (!group) return {{backend.get(), cache.get()}};
+    std::vector<std::pair<Backend*, const KvCache*>> r;
+    for (int i = 0; i < group->ranks(); ++i) r.emplace_back(&group->backend(i), &group->cache(i));
+    return r;
+}
+
+std::string Engine::describe() const {
+    std::vector<std::string> d;
+    for (const auto& [be, kv] : ranks()) d.push_back(be->describe());
+    return fmt::format("{}", fmt::join(d, " | "));
+}
+
+std::string memory_summary(const Engine& e) {
+    if (!e.group) return memory_summary(BackendMemory::of(*e.backend));
+    std::vector<std::string> lines;
+    for (const auto& [be, kv] : e.ranks()) {
+        lines.push_back(fmt::format("rank {}: {}, KV cache {:.1f} MiB", be->tp_rank(), memory_summary(BackendMemory::of(*be)),
+                                    double(kv->resident_bytes()) / (1 << 20)));
+    }
+    return fmt::format("{}", fmt::join(lines, "\n"));
+}
+
+nlohmann::json tp_json(const Engine& e) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& [be, kv] : e.ranks()) {
+        ranks.push_back({{"backend", be->describe()}, {"memory", memory_json(BackendMemory::of(*be))},
+                         {"kv_resident_bytes", kv->resident_bytes()}});
+    }
+    return {{"size", ranks.size()}, {"ranks", ranks}};
 }
 
 nlohmann::json memory_json(const BackendMemory& m) {
@@ -220,12 +282,17 @@ std::string dump_json(nlohmann::json j, int indent) {
     }
 }
 
-std::string kv_summary(const KvCache& c, int64_t tokens) {
+std::string kv_summary(const Engine& e, int64_t tokens) {
+    const KvCache& c = *e.ranks()[0].second;
     const KvShape& s = c.shape();
-    const double f16_bytes = 2.0 * double(s.n_layer * s.n_head_kv * s.head_dim) * double(tokens) * 2.0;
-    return fmt::format("kv cache: {}, ctx {} | resident {} bytes for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} "
+    const ModelConfig& m = e.runner->model().config();  // the whole model's KV heads
+    const double elements = 2.0 * double(m.n_layer * m.n_head_kv * m.head_dim) * double(tokens);
+    const size_t bytes = e.runner->kv_bytes();
+    const std::string split = e.group ? fmt::format(" over {} ranks", e.group->ranks()) : "";
+    return fmt::format("kv cache: {}, ctx {} | resident {} bytes{} for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} "
                        "bytes (16 bits/element)",
-                       c.format(), s.n_ctx, c.resident_bytes(), tokens, resident_bits_per_element(c, tokens), f16_bytes);
+                       c.format(), s.n_ctx, bytes, split, tokens, tokens > 0 ? 8.0 * double(bytes) / elements : 0.0,
+                       2.0 * elements);
 }
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }

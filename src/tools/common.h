@@ -13,6 +13,8 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/memory_check.h"
+#include "runtime/runner.h"
+#include "runtime/tensor_parallel.h"
 
 namespace vxq::tools {
 
@@ -27,6 +29,7 @@ struct RuntimeOptions {
     bool prefill_exact = false;
     bool flash_attn = false;  // -fa
     std::string evict;        // --evict POLICY:budget=N,... (kv/evict.h); empty: none
+    int tp = 1;               // --tp N (add_tp_option): tensor-parallel ranks
     CLI::Option* kv_opt = nullptr;
 
     static constexpr int64_t kDefaultCtx = 4096;  // as llama.cpp; capped at the model's
@@ -44,11 +47,10 @@ struct RuntimeOptions {
 // ("f16,kivi:bits=2,group=32,q4_0" -> f16 | kivi:bits=2,group=32 | q4_0). Repeated flags add up.
 std::vector<std::string> split_methods(const std::vector<std::string>& args);
 
-// Resident KV bytes, bits per element and the f16 figure for the same tokens, one line.
-std::string kv_summary(const KvCache& c, int64_t tokens);
-
 // --device NAME (default cpu) on a subcommand that runs a model.
 void add_device_option(CLI::App* sub, std::string& device);
+// --tp N on a subcommand that runs through a Runner (generate, perplexity).
+void add_tp_option(CLI::App* sub, int& tp);
 
 // vxq::Error, before any work, unless `device` is a backend of this build that can run what was
 // asked: every K and V method of `specs` needs a reader there (the KV codec registry says which
@@ -58,18 +60,34 @@ void check_device(const std::string& device, std::span<const KvSpec> specs, bool
 // The model, a backend and a KV cache sized for n_ctx, built from validated options, after
 // checking that the run fits in the backend's memory (runtime/memory_check.h) with a largest
 // forward pass of `max_batch` tokens (capped at n_ctx) and `logit_rows` rows of logits.
+// With --tp N > 1 the model runs on a tensor-parallel group (runtime/tensor_parallel.h) instead.
 struct Engine {
-    std::unique_ptr<Model> model;
-    std::unique_ptr<Backend> backend;
-    std::unique_ptr<KvCache> cache;
+    std::unique_ptr<Model> model;      // --tp 1
+    std::unique_ptr<Backend> backend;  // --tp 1
+    std::unique_ptr<KvCache> cache;    // --tp 1
+    std::unique_ptr<TpGroup> group;    // --tp N > 1 (model, backend and cache stay null)
+    std::unique_ptr<SingleRunner> single;  // --tp 1: over the three above
+    Runner* runner = nullptr;          // what runs: single or group
     int64_t n_ctx = 0;
+
+    // Each backend with its cache: the one pair, or the group's ranks in rank order.
+    std::vector<std::pair<Backend*, const KvCache*>> ranks() const;
+    // Backend::describe of each, joined by " | ".
+    std::string describe() const;
 };
 Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_rows);
+
+// Resident KV bytes (every rank's), bits per element and the f16 figure for the same tokens, one line.
+std::string kv_summary(const Engine& e, int64_t tokens);
 
 // What a backend holds in its own memory after a run (runtime/memory_check.h), as JSON and as
 // one line of text; the KV cache's resident bytes are kv_summary's.
 nlohmann::json memory_json(const BackendMemory& m);
 std::string memory_summary(const BackendMemory& m);
+// The same for every backend of an engine (a group: one line per rank, with its KV bytes).
+std::string memory_summary(const Engine& e);
+// {"size": N, "ranks": [{"backend", "memory", "kv_resident_bytes"}, ...]}: a group's ranks.
+nlohmann::json tp_json(const Engine& e);
 
 // Flag check for a real-valued option: a finite number in [lo, hi] ("nan", "inf" and values
 // outside are refused with the range); hi = infinity means no upper bound.

@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_fused.h"
+#include "kernels/cpu/host_group.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -45,10 +46,12 @@ MemoryInfo host_memory() {
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int n_threads) : pool_(n_threads) {}
+    explicit CpuBackend(int n_threads, std::shared_ptr<HostGroup> group = nullptr, int rank = 0)
+        : pool_(n_threads), group_(std::move(group)), rank_(rank) {}
 
     std::string describe() const override {
-        return fmt::format("cpu/{} x{} threads", cpu::matmul_isa(), pool_.size());
+        const std::string tp = group_ ? fmt::format(", tensor-parallel rank {} of {} (host reference collectives)", rank_, group_->size()) : "";
+        return fmt::format("cpu/{} x{} threads{}", cpu::matmul_isa(), pool_.size(), tp);
     }
     MemoryInfo memory_info() const override { return host_memory(); }
     bool copies_weights() const override { return false; }  // matmuls read the mapped file
@@ -113,6 +116,19 @@ public:
         }
     }
 
+    int tp_rank() const override { return rank_; }
+    int tp_size() const override { return group_ ? group_->size() : 1; }
+    void all_reduce_sum(float* x, int64_t n) override {
+        if (group_) group_->all_reduce_sum(rank_, x, n);
+    }
+    void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) override {
+        if (!group_) return Backend::gather_columns(x, n_rows, widths, out);
+        group_->gather_columns(rank_, x, n_rows, widths, out);
+    }
+    void tp_abort() override {
+        if (group_) group_->abort();
+    }
+
 private:
     struct Buffer {
         std::unique_ptr<float[]> data;
@@ -120,10 +136,19 @@ private:
     };
     ThreadPool pool_;
     std::vector<Buffer> activations_;  // by id
+    std::shared_ptr<HostGroup> group_;  // null outside a tensor-parallel group
+    int rank_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+
+std::vector<std::unique_ptr<Backend>> make_backend_group(int n_threads, int size) {
+    auto group = std::make_shared<HostGroup>(size);
+    std::vector<std::unique_ptr<Backend>> ranks;
+    for (int r = 0; r < size; ++r) ranks.push_back(std::make_unique<CpuBackend>(std::max(1, n_threads / size), group, r));
+    return ranks;
+}
 
 }  // namespace vxq::cpu

@@ -25,6 +25,7 @@
 #include "kernels/cuda/kivi.cuh"
 #include "kernels/cuda/kv_memory.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/nccl_api.h"
 #include "kernels/cuda/ops.cuh"
 #include "kv/kv_cache.h"
 #include "kv/kv_view.h"
@@ -92,12 +93,13 @@ T zeroed() {
 
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
-    AttentionMass, KiviStore, KiviAttention, AttentionPrefill
+    AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
                                     "attention gemm", "attention split-K", "rope + kv store", "attention mass",
-                                    "kivi store", "kivi attention", "attention prefill"};
+                                    "kivi store", "kivi attention", "all-reduce (NCCL)", "gather (NCCL)",
+                                    "attention prefill"};
 static_assert(std::size(kOpNames) == size_t(Op::AttentionPrefill) + 1);
 
 // The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
@@ -108,18 +110,36 @@ static_assert(std::size(kOpNames) == size_t(Op::AttentionPrefill) + 1);
 // positions, KV token counts and addresses, host inputs) is not an argument: each op writes it
 // into a pinned "step block" whose copy to the device is the pass's first node, and its kernel
 // reads it there. VXQ_CUDA_GRAPHS=0 turns capture off (every pass runs as plain launches).
+// Tensor parallelism: a backend is rank `rank` of a group of `size` on GPU `device` (rank 0 of 1
+// on GPU 0 alone); a group's ranks meet in NCCL collectives on their streams, recorded like any
+// op, so a decode step stays one graph per GPU with its collectives in it.
+constexpr int kMaxTp = 8;  // ranks of a group (GPUs of one host)
+
+struct TpPlace {
+    int device = 0, rank = 0, size = 1;
+#if VXQ_HAVE_NCCL
+    ncclComm_t comm = nullptr;  // owned by the backend (destroyed with it)
+#endif
+};
+
+// The number of CUDA devices; vxq::Error "no CUDA device ..." where there is none.
+int cuda_device_count() {
+    int count = 0;
+    const cudaError_t st = cudaGetDeviceCount(&count);
+    if (st != cudaSuccess || count == 0) {
+        cudaGetLastError();  // clear the sticky status of a failed probe
+        fail("no CUDA device ({})", st != cudaSuccess ? cudaGetErrorString(st) : "the driver reports none");
+    }
+    return count;
+}
+
 class CudaBackend final : public Backend {
 public:
-    CudaBackend() {
-        int count = 0;
-        const cudaError_t st = cudaGetDeviceCount(&count);
-        if (st != cudaSuccess || count == 0) {
-            cudaGetLastError();  // clear the sticky status of a failed probe
-            fail("no CUDA device ({})", st != cudaSuccess ? cudaGetErrorString(st) : "the driver reports none");
-        }
-        VXQ_CUDA_CHECK(cudaSetDevice(0));
+    explicit CudaBackend(TpPlace tp = {}) : tp_(tp) {
+        VXQ_ASSERT(tp_.device < cuda_device_count());
+        VXQ_CUDA_CHECK(cudaSetDevice(tp_.device));
         cudaDeviceProp prop{};
-        VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        VXQ_CUDA_CHECK(cudaGetDeviceProperties(&prop, tp_.device));
         device_name_ = fmt::format("{} (sm_{}{})", prop.name, prop.major, prop.minor);
         VXQ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         for (StepBlock& b : steps_) VXQ_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
@@ -157,7 +177,7 @@ public:
         if (profile_) graphs_on_ = false;  // per-op events need plain launches
         graph_timing_ = prof && std::string_view(prof) == "graphs";
         if (prof && std::string_view(prof) == "timeline") start_timeline();
-        kv_memory_ = make_device_kv_memory(0, fmt::format("GPU 0 ({})", prop.name), [this] { drain(); });
+        kv_memory_ = make_device_kv_memory(tp_.device, fmt::format("GPU {} ({})", tp_.device, prop.name), [this] { drain(); });
     }
     ~CudaBackend() override {
         try {
@@ -190,17 +210,109 @@ public:
         }
         out_host_.release();
         user_out_.release();
+        gather_.release();
         cudaStreamDestroy(stream_);
+#if VXQ_HAVE_NCCL
+        if (tp_.comm) nccl_api().comm_destroy(tp_.comm);
+#endif
     }
 
     std::string describe() const override {
-        return fmt::format("cuda/{}, weights {:.1f} MiB on device, CUDA graphs {}", device_name_,
-                           double(weight_bytes_) / (1 << 20), graphs_on_ ? "on" : "off (VXQ_CUDA_GRAPHS=0)");
+        const std::string tp = tp_.size > 1 ? fmt::format(", tensor-parallel rank {} of {} (NCCL)", tp_.rank, tp_.size) : "";
+        return fmt::format("cuda/{}, weights {:.1f} MiB on device, CUDA graphs {}{}", device_name_,
+                           double(weight_bytes_) / (1 << 20), graphs_on_ ? "on" : "off (VXQ_CUDA_GRAPHS=0)", tp);
     }
     MemoryInfo memory_info() const override {
         size_t free = 0, total = 0;
+        VXQ_CUDA_CHECK(cudaSetDevice(tp_.device));  // cudaMemGetInfo reports the calling thread's device
         VXQ_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-        return {total, free, fmt::format("GPU 0 ({})", device_name_)};  // the constructor chose device 0
+        return {total, free, fmt::format("GPU {} ({})", tp_.device, device_name_)};
+    }
+    void bind_thread() override { VXQ_CUDA_CHECK(cudaSetDevice(tp_.device)); }
+    int tp_rank() const override { return tp_.rank; }
+    int tp_size() const override { return tp_.size; }
+    void all_reduce_sum(float* x, int64_t n) override {
+        if (tp_.size == 1) return;
+#if VXQ_HAVE_NCCL
+        VXQ_ASSERT(is_device(x));
+        struct A {
+            float* x;
+            uint64_t n;
+            ncclComm_t comm;
+        } a = zeroed<A>();
+        a.x = x;
+        a.n = uint64_t(n);
+        a.comm = tp_.comm;
+        record(Op::AllReduce, a, [](const A& a, cudaStream_t st) {
+            nccl_check(nccl_api().all_reduce(a.x, a.x, a.n, ncclFloat, ncclSum, a.comm, st), "all-reduce");
+        });
+#endif
+    }
+    // Rank 0 receives the other ranks' blocks into gather_ (rank-major), lays them out as rows of
+    // the whole width with 2-D copies, and copies that to `out` as its pass's output; the other
+    // ranks send theirs and run their pass (nothing of theirs reaches the host).
+    void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) override {
+        if (tp_.size == 1) return Backend::gather_columns(x, n_rows, widths, out);
+#if VXQ_HAVE_NCCL
+        VXQ_ASSERT(is_device(x) && int(widths.size()) == tp_.size && tp_.size <= kMaxTp);
+        struct A {
+            const float* x;
+            float* buf;   // [size][n_rows * widths[r]], then the gathered rows
+            uint64_t n_rows, rank, size;
+            int64_t widths[kMaxTp];
+            ncclComm_t comm;
+        } a = zeroed<A>();
+        int64_t total = 0;
+        for (int r = 0; r < tp_.size; ++r) total += (a.widths[r] = widths[size_t(r)]);
+        a.x = x;
+        a.n_rows = uint64_t(n_rows);
+        a.rank = uint64_t(tp_.rank);
+        a.size = uint64_t(tp_.size);
+        a.comm = tp_.comm;
+        a.buf = tp_.rank == 0 ? grow(gather_, size_t(2 * n_rows * total)) : nullptr;
+        record(Op::Gather, a, [](const A& a, cudaStream_t st) {
+            const auto& nc = nccl_api();
+            const size_t rows = a.n_rows;
+            if (a.rank != 0) {
+                nccl_check(nc.send(a.x, rows * size_t(a.widths[a.rank]), ncclFloat, 0, a.comm, st), "send (gather)");
+                return;
+            }
+            int64_t total = 0;
+            for (uint64_t r = 0; r < a.size; ++r) total += a.widths[r];
+            float* rows_out = a.buf + rows * size_t(total);  // the gathered [n_rows, total]
+            nccl_check(nc.group_start(), "group start");
+            size_t at = rows * size_t(a.widths[0]);
+            for (uint64_t r = 1; r < a.size; ++r) {
+                nccl_check(nc.recv(a.buf + at, rows * size_t(a.widths[r]), ncclFloat, int(r), a.comm, st), "recv (gather)");
+                at += rows * size_t(a.widths[r]);
+            }
+            nccl_check(nc.group_end(), "group end");
+            const float* block = a.x;  // rank 0's own block is read in place
+            size_t col = 0, next = rows * size_t(a.widths[0]);
+            for (uint64_t r = 0; r < a.size; ++r) {
+                const size_t w = size_t(a.widths[r]);
+                VXQ_CUDA_CHECK(cudaMemcpy2DAsync(rows_out + col, size_t(total) * sizeof(float), block, w * sizeof(float),
+                                                 w * sizeof(float), rows, cudaMemcpyDeviceToDevice, st));
+                col += w;
+                if (r + 1 < a.size) {
+                    block = a.buf + next;
+                    next += rows * size_t(a.widths[r + 1]);
+                }
+            }
+        });
+        if (tp_.rank != 0) {
+            flush();  // this rank's pass runs now (rank 0's waits for its send)
+            return;
+        }
+        VXQ_ASSERT(out);
+        finish(out, gather_.data + n_rows * total, size_t(n_rows * total));
+#endif
+    }
+    void tp_abort() override {
+#if VXQ_HAVE_NCCL
+        if (tp_.comm) nccl_api().comm_abort(tp_.comm);
+        tp_.comm = nullptr;
+#endif
     }
     size_t weight_bytes() const override { return weight_bytes_; }
 
@@ -1397,6 +1509,8 @@ private:
     }
 
     static constexpr size_t kMaxGraphs = 128;
+    TpPlace tp_;
+    DeviceArray<float> gather_;  // rank 0's receive buffer and gathered rows (gather_columns)
 
     std::string device_name_;
     cudaStream_t stream_ = nullptr;
@@ -1539,5 +1653,35 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_backend(int /*n_threads*/) { return std::make_unique<CudaBackend>(); }
+
+std::vector<std::unique_ptr<Backend>> make_backend_group(int /*n_threads*/, int size) {
+#if VXQ_HAVE_NCCL
+    const int count = cuda_device_count();
+    if (size > count) fail("--tp {} needs {} GPUs; this machine has {}", size, size, count);
+    if (size > kMaxTp) fail("--tp {}: at most {} GPUs of one host", size, kMaxTp);
+    const NcclApi& nc = nccl_api();
+    std::vector<ncclComm_t> comms(static_cast<size_t>(size), nullptr);
+    std::vector<int> devices(static_cast<size_t>(size));
+    for (int r = 0; r < size; ++r) devices[size_t(r)] = r;
+    nccl_check(nc.comm_init_all(comms.data(), size, devices.data()), "communicator init (ncclCommInitAll)");
+    std::vector<std::unique_ptr<Backend>> ranks;
+    for (int r = 0; r < size; ++r) {
+        TpPlace place{r, r, size, comms[size_t(r)]};
+        comms[size_t(r)] = nullptr;  // the backend owns it from here
+        try {
+            ranks.push_back(std::make_unique<CudaBackend>(place));
+        } catch (...) {
+            for (ncclComm_t c : comms) {
+                if (c) nc.comm_destroy(c);
+            }
+            nc.comm_destroy(place.comm);
+            throw;
+        }
+    }
+    return ranks;
+#else
+    fail("--tp {} on the CUDA backend: this build has no NCCL (nccl.h was not found when it was configured)", size);
+#endif
+}
 
 }  // namespace vxq::cuda

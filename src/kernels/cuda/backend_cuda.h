@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -17,5 +18,8 @@ namespace vxq::cuda {
 
 // vxq::Error "no CUDA device ..." where the machine has no usable GPU; n_threads is unused.
 std::unique_ptr<Backend> make_backend(int n_threads);
+// make_backend_group("cuda", ...): GPUs 0 .. size-1, rank r on GPU r, joined by NCCL
+// communicators (ncclCommInitAll: one process drives every GPU, a host thread each).
+std::vector<std::unique_ptr<Backend>> make_backend_group(int n_threads, int size);
 
 }  // namespace vxq::cuda

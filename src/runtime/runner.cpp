@@ -1,0 +1,17 @@
+#include "runtime/runner.h"
+
+#include "kv/kv_cache.h"
+#include "model/model.h"
+
+namespace vxq {
+
+void SingleRunner::forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) {
+    m_.forward(be_, cache_, tokens, n_out, logits);
+}
+void SingleRunner::truncate(int64_t n) { cache_.truncate(n); }
+int64_t SingleRunner::size() const { return cache_.size(); }
+int64_t SingleRunner::n_ctx() const { return cache_.shape().n_ctx; }
+size_t SingleRunner::kv_bytes() const { return cache_.resident_bytes(); }
+float* SingleRunner::output_buffer(size_t n) { return be_.output_buffer(n); }
+
+}  // namespace vxq
