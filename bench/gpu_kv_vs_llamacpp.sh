@@ -15,6 +15,8 @@
 #   VXQ_KV_METHODS our caches (default f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2)
 #   LLAMA_CPP_KV   llama.cpp's caches (default "f16 q8_0 q4_0")
 #   VXQ_KV_ROUNDS  rounds (default 3)
+#   VXQ_TP         tensor-parallel GPUs (default 1): ours with --tp N, llama.cpp with --split-mode row
+#                  over the same N GPUs (CUDA_VISIBLE_DEVICES=0..N-1)
 set -uo pipefail
 MODEL="${1:?usage: bench/gpu_kv_vs_llamacpp.sh MODEL.gguf [OUT_DIR]}"
 OUTD="${2:-.}"
@@ -23,6 +25,13 @@ DEPTHS="${VXQ_KV_DEPTHS:-32768}"
 METHODS="${VXQ_KV_METHODS:-f16,q8_0,q4_0,kivi:bits=4,kivi:bits=2}"
 LKV="${LLAMA_CPP_KV-f16 q8_0 q4_0}"
 ROUNDS="${VXQ_KV_ROUNDS:-3}"
+TP="${VXQ_TP:-1}"
+LSPLIT=()
+if [ "$TP" -gt 1 ]; then
+  LSPLIT=(--split-mode row)
+  export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((TP - 1)))"
+fi
+echo "tensor parallelism: $TP GPU(s)"
 mkdir -p "$OUTD"
 [ -f "$MODEL" ] || { echo "vxq: error: no model file $MODEL" >&2; exit 2; }
 
@@ -44,12 +53,12 @@ else
 fi
 
 ours() {  # round, depth
-  "$VXQ" bench -m "$MODEL" --device cuda --flash-attn -p 0 -n 64 -d "$2" -r 1 --kv "$METHODS" --json \
+  "$VXQ" bench -m "$MODEL" --device cuda --tp "$TP" --flash-attn -p 0 -n 64 -d "$2" -r 1 --kv "$METHODS" --json \
     >"$OUTD/ours_d$2_r$1.json" 2>"$OUTD/ours_d$2_r$1.err" || { echo "vxq bench failed (round $1, depth $2):"; tail -3 "$OUTD/ours_d$2_r$1.err"; }
 }
 theirs() {  # round, depth
   for kv in $LKV; do
-    "$LLAMA_CPP_BIN/llama-batched-bench" -m "$MODEL" -ngl 99 -fa -ctk "$kv" -ctv "$kv" -c $(($2 + 128)) -b 2048 -ub 512 \
+    "$LLAMA_CPP_BIN/llama-batched-bench" -m "$MODEL" -ngl 99 "${LSPLIT[@]}" -fa -ctk "$kv" -ctv "$kv" -c $(($2 + 128)) -b 2048 -ub 512 \
       -npp "$2" -ntg 64 -npl 1 >"$OUTD/llama_${kv}_d$2_r$1.log" 2>&1 || echo "llama-batched-bench $kv failed (round $1, depth $2)"
   done
 }

@@ -138,6 +138,8 @@ const BadInput kBadInputs[] = {
     {"TpQFilters", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--mode", "stream", "--tp", "2",
                                                         "--evict", "qfilters:budget=64,calib=/nonexistent.gguf"}; },
      "--evict qfilters with --tp 2"},
+    {"BenchTpTwoModels", [] { return std::vector<std::string>{"bench", "-m", M(), "-m", M(), "-p", "0", "-n", "2", "--tp", "2"}; },
+     "--tp 2 runs one model"},
     {"PerplexityMissingText", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", "/nonexistent.txt"}; }, "/nonexistent.txt"},
     {"PerplexityTextTooShort", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", tmp_file("short.txt", "Just a few words."), "-c", "128"}; }, "needs at least"},
     {"PerplexityZeroChunks", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--chunks", "0"}; }, "chunks"},
@@ -433,6 +435,19 @@ TEST(Cli, GenerateTp2MatchesTp1AndReportsEachRank) {
     }
     EXPECT_EQ(b["kv_cache"]["resident_bytes"], a["kv_cache"]["resident_bytes"]);
     EXPECT_EQ(b["kv_cache"]["bits_per_element"], a["kv_cache"]["bits_per_element"]);
+}
+
+// vxq bench --tp 2: every configuration on the group, each rank's memory in the JSON.
+TEST(Cli, BenchTp2ReportsEachRank) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const auto r = test::run_cli({"bench", "-m", M(), "-p", "0", "-n", "4", "-r", "1", "--kv", "f16,q4_0", "--tp", "2", "--json", "-t", "2"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["tp"]["size"], 2);
+    EXPECT_EQ(j["tp"]["rank_memory"].size(), 2u);
+    ASSERT_EQ(j["rows"].size(), 3u);  // f16, its A/A, q4_0
+    EXPECT_NE(j["rows"][2]["config"].get<std::string>().find("kv=q4_0 tp2"), std::string::npos) << j["rows"][2];
+    EXPECT_NE(j["rows"][2]["code_path"].get<std::string>().find("rank 0 of 2"), std::string::npos) << j["rows"][2];
 }
 
 // Between the core count and 4x it, -t runs, with one warning line.

@@ -34,12 +34,14 @@
 #include "model/quantize.h"
 #include "model/synth.h"
 #include "runtime/generate.h"
+#include "runtime/tensor_parallel.h"
 #include "support/assets.h"
 #include "support/random_weights.h"
 #include "support/tiny_model.h"
 
 #if VXQ_HAVE_CUDA
 #include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/backend_cuda.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/kivi.cuh"
@@ -119,6 +121,66 @@ TEST(Cuda, MakeBackendIsTheDeviceOrAOneLineError) {
             << msg;
         EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
     }
+}
+
+// ---- tensor parallelism ------------------------------------------------------------------------
+
+// A group of one on GPU 0 with an NCCL communicator (what the H200 machine allows): the all-reduce
+// leaves x as it is and the gather (2-D copies into the whole rows) returns it, in plain launches,
+// then captured in a graph, then replayed from it, since NCCL ops are recorded like any op.
+TEST(Cuda, TensorParallelNcclPathOnOneGpu) {
+    VXQ_REQUIRE_CUDA(be);
+#if VXQ_HAVE_CUDA
+    std::vector<std::unique_ptr<Backend>> group;
+    try {
+        group = cuda::make_backend_group(1, 1);
+    } catch (const Error& e) {
+        GTEST_SKIP() << "\n*** SKIPPED: no NCCL group: " << e.what() << " — tensor parallelism is NOT verified ***";
+    }
+    Backend& g = *group[0];
+    g.bind_thread();
+    const int64_t rows = 3, cols = 1000;
+    std::mt19937 rng(fresh_seed());
+    const std::vector<float> table = random_floats(size_t(rows * cols), rng);
+    const WeightView t{GgmlType::F32, table.data(), rows, cols, size_t(cols) * sizeof(float)};
+    const int32_t ids[rows] = {2, 0, 1};
+    for (int pass = 0; pass < 3; ++pass) {
+        float* x = g.activation_buffer(0, size_t(rows * cols));
+        g.embed(t, ids, rows, x);
+        g.all_reduce_sum(x, rows * cols);
+        std::vector<float> out(size_t(rows * cols), -1.0f);
+        const int64_t widths[] = {cols};
+        g.gather_columns(x, rows, widths, out.data());
+        for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_EQ(std::memcmp(out.data() + r * cols, table.data() + ids[r] * cols, size_t(cols) * sizeof(float)), 0)
+                << "pass " << pass << ", row " << r;
+        }
+    }
+#endif
+}
+
+// vxq-llama-h64 over 2 GPUs against one (machines with 2 or more; the one-GPU H200 skips it):
+// greedy text equal, logits' KL from the reduction order only.
+TEST(Cuda, TensorParallelH64OverTwoGpus) {
+    VXQ_REQUIRE_CUDA(be);
+    int count = 0;
+#if VXQ_HAVE_CUDA
+    cudaGetDeviceCount(&count);
+#endif
+    if (count < 2) GTEST_SKIP() << "\n*** SKIPPED: " << count << " GPU(s): --tp 2 on CUDA is NOT verified by this run ***";
+    const std::string path = test::shared_path("assets/models/vxq-llama-h64-f16.gguf");
+    VXQ_REQUIRE_PATH(path);
+    const auto group = TpGroup::create(path, "cuda", 1, 2);
+    const auto split = group->make_runner(KvSpec{}, {}, 256);
+    be->bind_thread();  // the main thread drives the one-GPU backend
+    const auto m = Model::load(path, "cuda");
+    const ModelConfig& c = m->config();
+    auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, device_cache(*be));
+    SingleRunner one(*m, *be, *cache);
+    GenerateParams gp;
+    gp.n_predict = 48;
+    gp.sampler.temperature = 0;
+    EXPECT_EQ(generate(one, "Once upon a time", gp).ids, generate(*split, "Once upon a time", gp).ids);
 }
 
 // ---- matmul ----------------------------------------------------------------------------------

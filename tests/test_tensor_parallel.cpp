@@ -32,20 +32,16 @@ std::string error_of(const std::function<void()>& f) {
     return "";
 }
 
-std::unique_ptr<TpGroup> make_group(const std::string& path, int size, const std::string& kv, int64_t n_ctx,
-                                    const KvCacheOptions& opts = {}) {
-    TpGroupParams p;
-    p.model_path = path;
-    p.device = "cpu";
-    p.n_threads = size;
-    p.size = size;
-    p.spec = KvSpec::parse(kv);
-    p.cache = opts;
-    p.context = [n_ctx](const ModelConfig&) { return n_ctx; };
-    p.max_batch = n_ctx;
-    p.logit_rows = n_ctx;
-    return TpGroup::create(p);
-}
+// A CPU group of `size` ranks with one runner (its KV caches): the group outlives the runner.
+struct Split {
+    std::unique_ptr<TpGroup> group;
+    std::unique_ptr<TpRunner> run;
+    Split(const std::string& path, int size, const std::string& kv, int64_t n_ctx, const KvCacheOptions& opts = {})
+        : group(TpGroup::create(path, "cpu", size, size)), run(group->make_runner(KvSpec::parse(kv), opts, n_ctx)) {
+        const TpRunner* runners[] = {run.get()};
+        group->check_fits(runners, n_ctx, n_ctx, "cpu");
+    }
+};
 
 // One model on one CPU backend, as the reference of a group.
 struct OneRank {
@@ -243,7 +239,8 @@ TEST(TensorParallel, OneLayerRanksHoldTheOneRankCachesHeads) {
         KvCacheOptions opts;
         opts.evict = EvictSpec::parse(evict);
         OneRank one(tiny.path, kv, 128, opts);
-        const auto g = make_group(tiny.path, 2, kv, 128, opts);
+        Split split(tiny.path, 2, kv, 128, opts);
+        TpRunner* g = split.run.get();
         const int64_t prefill = evict.empty() ? 70 : 1;  // eviction acts between passes: stream the rest
         const size_t state_bytes = one.cache->resident_bytes();  // an empty cache holds its layer states only
         const auto a = run_logits(*one.run, tokens, prefill);
@@ -286,7 +283,8 @@ TEST(TensorParallel, H64OverTwoRanksComputesWhatOneRankComputes) {
     for (const char* kv : {"f16", "q8_0", "q4_0", "fp8", "kivi:bits=2", "turbo:bits=3"}) {
         SCOPED_TRACE(kv);
         OneRank one(path, kv, 256);
-        const auto g = make_group(path, 2, kv, 256);
+        Split split(path, 2, kv, 256);
+        TpRunner* g = split.run.get();
         const auto a = run_logits(*one.run, tokens, 200);
         const auto b = run_logits(*g, tokens, 200);
         const double kl_split = mean_kl(a, b, n_vocab);
@@ -301,9 +299,9 @@ TEST(TensorParallel, H64OverTwoRanksComputesWhatOneRankComputes) {
     GenerateParams p;
     p.n_predict = 32;
     p.sampler.temperature = 0;
-    const auto g = make_group(path, 2, "f16", 256);
+    Split g(path, 2, "f16", 256);
     const GenerateResult r1 = generate(*ref.run, "Once upon a time", p);
-    const GenerateResult r2 = generate(*g, "Once upon a time", p);
+    const GenerateResult r2 = generate(*g.run, "Once upon a time", p);
     EXPECT_EQ(r1.ids, r2.ids);
 }
 
@@ -311,7 +309,8 @@ TEST(TensorParallel, H64OverTwoRanksComputesWhatOneRankComputes) {
 TEST(TensorParallel, RefusedBatchLeavesTheGroupUsable) {
     const std::string path = test::shared_path("assets/models/vxq-llama-h64-f16.gguf");
     VXQ_REQUIRE_PATH(path);
-    const auto g = make_group(path, 2, "q4_0", 16);
+    Split split(path, 2, "q4_0", 16);
+    TpRunner* g = split.run.get();
     std::vector<TokenId> many(17, 5);
     std::vector<float> logits(size_t(g->model().config().n_vocab));
     EXPECT_NE(error_of([&] { g->forward(many, 1, logits.data()); }).find("context is full"), std::string::npos);

@@ -13,6 +13,8 @@
 #include "core/error.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
+#include "runtime/runner.h"
+#include "runtime/tensor_parallel.h"
 
 namespace vxq {
 
@@ -36,11 +38,29 @@ std::string cpu_model() {
     return "unknown cpu";
 }
 
-std::unique_ptr<KvCache> make_cache(const BenchConfig& c, int64_t n_ctx, Backend& be) {
-    const ModelConfig& m = c.model->config();
+// One configuration's KV cache and what runs over it: a cache on the bench's backend, or a cache
+// on every rank of a tensor-parallel group.
+struct Arm {
+    std::unique_ptr<KvCache> cache;
+    std::unique_ptr<SingleRunner> single;
+    std::unique_ptr<TpRunner> tp;
+
+    Runner& run() { return single ? static_cast<Runner&>(*single) : *tp; }
+    const KvCache& first_cache() const { return single ? *cache : tp->cache(0); }  // rank 0's in a group
+};
+
+Arm make_arm(const BenchConfig& c, int64_t n_ctx, Backend* be, TpGroup* group) {
     KvCacheOptions opts{false, c.flash_attn};
-    opts.memory = be.kv_memory();  // where the backend's attention reads it
-    return make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, KvSpec::parse(c.kv), opts);
+    Arm a;
+    if (group) {
+        a.tp = group->make_runner(KvSpec::parse(c.kv), opts, n_ctx);
+        return a;
+    }
+    const ModelConfig& m = c.model->config();
+    opts.memory = be->kv_memory();  // where the backend's attention reads it
+    a.cache = make_kv_cache(KvShape{m.n_layer, m.n_head, m.n_head_kv, m.head_dim, n_ctx}, KvSpec::parse(c.kv), opts);
+    a.single = std::make_unique<SingleRunner>(*c.model, *be, *a.cache);
+    return a;
 }
 
 // Random token ids, avoiding control tokens, as llama-bench's prompts.
@@ -111,12 +131,23 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         if (p.n_gen > 0) tests.push_back({fmt::format("tg{}{}", p.n_gen, at), false, p.n_gen, d});
     }
 
-    auto backend = make_backend(p.device, p.threads);
+    if (p.group) {
+        for (const auto& c : configs) {
+            if (c.model != &p.group->model()) fail("bench: with --tp every configuration runs the group's model");
+        }
+    }
+    const std::unique_ptr<Backend> own = p.group ? nullptr : make_backend(p.device, p.threads);
+    Backend& lead = p.group ? p.group->backend(0) : *own;  // rank 0's in a group
     const int64_t max_depth = *std::max_element(p.depths.begin(), p.depths.end());
     const int64_t n_ctx = max_depth + std::max(p.n_prompt, p.n_gen) + 1;
-    std::vector<std::unique_ptr<KvCache>> caches;
-    for (const auto& c : configs) caches.push_back(make_cache(c, n_ctx, *backend));
-    {
+    std::vector<Arm> arms;
+    for (const auto& c : configs) arms.push_back(make_arm(c, n_ctx, own.get(), p.group));
+    const int64_t largest_batch = std::max(std::min<int64_t>(max_depth, kDepthBatch), p.n_prompt);
+    if (p.group) {
+        std::vector<const TpRunner*> all;
+        for (const Arm& a : arms) all.push_back(a.tp.get());
+        p.group->check_fits(all, largest_batch, 1, p.device);
+    } else {
         // Every configuration keeps its cache for the whole run; the largest batch is a depth
         // prefix or a pp test, each with one row of logits.
         std::vector<const Model*> models;
@@ -124,9 +155,8 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             if (std::find(models.begin(), models.end(), c.model) == models.end()) models.push_back(c.model);
         }
         std::vector<const KvCache*> all;
-        for (const auto& c : caches) all.push_back(c.get());
-        check_fits(memory_need(*backend, models, all, std::max(std::min<int64_t>(max_depth, kDepthBatch), p.n_prompt), 1),
-                   backend->memory_info(), p.device);
+        for (const Arm& a : arms) all.push_back(a.cache.get());
+        check_fits(memory_need(*own, models, all, largest_batch, 1), own->memory_info(), p.device);
     }
 
     // One prompt pool per model (configs of the same model share it, so each repetition hands
@@ -144,32 +174,32 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     }
 
     std::vector<float> logits;
-    // Runs test t of config ci on `cache` (depth prefix untimed); returns tokens/s of the timed part.
-    auto run_on = [&](size_t ci, KvCache& cache, const Test& t, const std::vector<TokenId>& prompt) {
+    // Runs test t of config ci on `run` (depth prefix untimed); returns tokens/s of the timed part.
+    auto run_on = [&](size_t ci, Runner& run, const Test& t, const std::vector<TokenId>& prompt) {
         const Model& m = *configs[ci].model;
         logits.resize(size_t(m.config().n_vocab));
         // The backend's own output memory where it has one (as llama.cpp's pinned output buffer).
-        float* out = backend->output_buffer(logits.size());
+        float* out = run.output_buffer(logits.size());
         if (!out) out = logits.data();
-        cache.truncate(0);
+        run.truncate(0);
         const auto depth = static_cast<size_t>(t.depth);
         // The depth prefix in batches of kDepthBatch tokens, as llama.cpp's ubatch: a device's
         // prefill attention holds a score row per (query, token) of a batch.
         for (size_t d0 = 0; d0 < depth; d0 += kDepthBatch) {
-            m.forward(*backend, cache, std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), false, out);
+            run.forward(std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), 1, out);
         }
         const auto body = std::span(prompt).subspan(depth);
         const auto t0 = std::chrono::steady_clock::now();
         if (t.prefill) {
-            m.forward(*backend, cache, body.first(size_t(t.n)), false, out);
+            run.forward(body.first(size_t(t.n)), 1, out);
         } else {
-            for (int64_t i = 0; i < t.n; ++i) m.forward(*backend, cache, body.subspan(size_t(i), 1), false, out);
+            for (int64_t i = 0; i < t.n; ++i) run.forward(body.subspan(size_t(i), 1), 1, out);
         }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return double(t.n) / s;
     };
     auto run_one = [&](size_t ci, const Test& t, const std::vector<TokenId>& prompt) {
-        return run_on(ci, *caches[ci], t, prompt);
+        return run_on(ci, arms[ci].run(), t, prompt);
     };
 
     // Resident KV per (config, test): what a cache holds after one run of the test alone. A cache
@@ -183,7 +213,14 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         bool measured = false;
     };
     std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
-    const auto figure = [](const KvCache& c) { return KvFigure{c.resident_bytes(), resident_bits_per_element(c, c.size()), true}; };
+    // Every rank's bytes, per element of the whole model's K/V.
+    const auto figure = [&](Arm& a) {
+        const ModelConfig& m = configs[0].model->config();
+        const int64_t tokens = a.run().size();
+        const size_t bytes = a.run().kv_bytes();
+        const double elements = 2.0 * double(m.n_layer * m.n_head_kv * m.head_dim) * double(tokens);
+        return KvFigure{bytes, tokens > 0 ? 8.0 * double(bytes) / elements : 0.0, true};
+    };
     const auto held = [](const Test& t) { return t.depth + t.n; };
 
     // Warm-up: every config once on every test, untimed (first-touch faults, caches, pool spin-up).
@@ -192,7 +229,7 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         for (size_t ti = 0; ti < tests.size(); ++ti) {
             run_one(ci, tests[ti], pools[ci][0]);
             if (held(tests[ti]) >= most) {
-                kv_of[ci][ti] = figure(*caches[ci]);
+                kv_of[ci][ti] = figure(arms[ci]);
             }
             most = std::max(most, held(tests[ti]));
         }
@@ -230,9 +267,9 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     for (size_t ci = 0; ci < configs.size(); ++ci) {
         for (size_t ti = 0; ti < tests.size(); ++ti) {
             if (kv_of[ci][ti].measured) continue;
-            auto fresh = make_cache(configs[ci], n_ctx, *backend);
-            run_on(ci, *fresh, tests[ti], pools[ci][0]);
-            kv_of[ci][ti] = figure(*fresh);
+            Arm fresh = make_arm(configs[ci], n_ctx, own.get(), p.group);
+            run_on(ci, fresh.run(), tests[ti], pools[ci][0]);
+            kv_of[ci][ti] = figure(fresh);
         }
     }
 
@@ -244,8 +281,8 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             row.depth = tests[ti].depth;
             row.n_prompt = tests[ti].prefill ? tests[ti].n : 0;
             row.n_gen = tests[ti].prefill ? 0 : tests[ti].n;
-            row.code_path = backend->describe() + ", attention " + backend->attention_path(caches[ci]->view(0));
-            row.kv_format = caches[ci]->format();
+            row.code_path = lead.describe() + ", attention " + lead.attention_path(arms[ci].first_cache().view(0));
+            row.kv_format = arms[ci].first_cache().format();
             row.kv_bytes = kv_of[ci][ti].bytes;
             row.kv_bits_per_element = kv_of[ci][ti].bits_per_element;
             row.is_aa = p.add_aa && ci == 1;
@@ -253,8 +290,11 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
             rep.rows.push_back(std::move(row));
         }
     }
-    rep.backend = backend->describe();
-    rep.memory = BackendMemory::of(*backend);
+    rep.backend = lead.describe();
+    rep.memory = BackendMemory::of(lead);
+    if (p.group) {
+        for (int r = 0; r < p.group->ranks(); ++r) rep.rank_memory.push_back(BackendMemory::of(p.group->backend(r)));
+    }
     return rep;
 }
 

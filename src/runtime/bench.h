@@ -16,6 +16,7 @@
 namespace vxq {
 
 class Model;
+class TpGroup;
 
 struct BenchConfig {
     std::string label;          // e.g. "vxq-llama-h64-f16 kv=f16"
@@ -34,6 +35,9 @@ struct BenchParams {
     int pool = 8;               // distinct prompts in the rotation
     uint64_t seed = 42;
     bool add_aa = true;         // add an A/A copy of the first configuration
+    // Tensor parallelism: every configuration runs on this group (its model must be every
+    // configuration's model, group->model()) instead of on a backend made from `device`.
+    TpGroup* group = nullptr;
 };
 
 struct BenchStats {
@@ -61,6 +65,7 @@ struct BenchReport {
     std::string machine;
     std::string backend;        // Backend::describe() after the runs
     BackendMemory memory;       // what the backend holds after the runs (KV bytes are per row)
+    std::vector<BackendMemory> rank_memory;  // with a group: each rank's (memory is rank 0's)
 };
 
 // trace(line) gets one line per timed run (order of runs, which prompt) when set.

@@ -7,34 +7,55 @@
 
 namespace vxq {
 
-std::unique_ptr<TpGroup> TpGroup::create(const TpGroupParams& p) {
+std::unique_ptr<TpGroup> TpGroup::create(const std::string& model_path, const std::string& device, int n_threads, int size) {
     std::unique_ptr<TpGroup> g(new TpGroup());
-    g->backends_ = make_backend_group(p.device, p.n_threads, p.size);
+    g->backends_ = make_backend_group(device, n_threads, size);
     const int n = int(g->backends_.size());
     g->models_.resize(size_t(n));
-    g->caches_.resize(size_t(n));
     for (int r = 0; r < n; ++r) g->threads_.emplace_back([g = g.get(), r] { g->worker(r); });
     // Every rank maps the file and cuts its own slice (the row-parallel copies in parallel).
-    g->run([&](int r) { g->models_[size_t(r)] = Model::load(p.model_path, p.device, TpRank{r, n}); });
-    const ModelConfig& full = g->models_[0]->config();
-    const int64_t n_ctx = p.context(full);
-    std::vector<KvShape> shapes;
-    for (int r = 0; r < n; ++r) {
-        const ModelConfig& c = g->models_[size_t(r)]->rank_config();
-        shapes.push_back(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx});
+    g->run([&](int r) { g->models_[size_t(r)] = Model::load(model_path, device, TpRank{r, n}); });
+    return g;
+}
+
+TpGroup::~TpGroup() {
+    try {  // each backend on its own thread (a device backend's GPU)
+        if (!broken_) run([&](int r) { backends_[size_t(r)].reset(); });
+    } catch (...) {  // a destructor reports nothing
     }
-    g->run([&](int r) {
-        KvCacheOptions opts = p.cache;
-        opts.memory = g->backends_[size_t(r)]->kv_memory();  // where this rank's attention reads it
-        g->caches_[size_t(r)] = make_kv_cache(shapes[size_t(r)], p.spec, opts);  // allocates nothing until tokens arrive
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+}
+
+std::unique_ptr<TpRunner> TpGroup::make_runner(const KvSpec& spec, KvCacheOptions opts, int64_t n_ctx) {
+    std::unique_ptr<TpRunner> runner(new TpRunner(*this));
+    runner->caches_.resize(backends_.size());
+    run([&](int r) {
+        const ModelConfig& c = models_[size_t(r)]->rank_config();
+        KvCacheOptions o = opts;
+        o.memory = backends_[size_t(r)]->kv_memory();  // where this rank's attention reads it
+        runner->caches_[size_t(r)] = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx}, spec, o);
     });
-    // The memory check: ranks in one memory (the CPU group's host RAM) add up.
+    return runner;
+}
+
+void TpGroup::check_fits(std::span<const TpRunner* const> runners, int64_t max_batch, int64_t logit_rows,
+                         const std::string& device) {
     std::map<std::string, std::pair<MemoryNeed, MemoryInfo>> by_memory;
-    for (int r = 0; r < n; ++r) {
-        const Model* m[] = {g->models_[size_t(r)].get()};
-        const KvCache* c[] = {g->caches_[size_t(r)].get()};
-        const MemoryInfo info = g->backends_[size_t(r)]->memory_info();
-        const MemoryNeed need = memory_need(*g->backends_[size_t(r)], m, c, std::min(p.max_batch, n_ctx), std::min(p.logit_rows, n_ctx));
+    for (int r = 0; r < ranks(); ++r) {
+        const Model* m[] = {models_[size_t(r)].get()};
+        std::vector<const KvCache*> caches;
+        int64_t n_ctx = 1;
+        for (const TpRunner* run : runners) {
+            caches.push_back(&run->cache(r));
+            n_ctx = std::max(n_ctx, run->n_ctx());
+        }
+        const MemoryInfo info = backends_[size_t(r)]->memory_info();
+        const MemoryNeed need = memory_need(*backends_[size_t(r)], m, caches, std::min(max_batch, n_ctx), std::min(logit_rows, n_ctx));
         auto [it, fresh] = by_memory.try_emplace(info.where, need, info);
         if (!fresh) {
             MemoryNeed& sum = it->second.first;
@@ -44,28 +65,8 @@ std::unique_ptr<TpGroup> TpGroup::create(const TpGroupParams& p) {
         }
     }
     for (const auto& [where, need_info] : by_memory) {
-        check_fits(need_info.first, need_info.second, fmt::format("{} --tp {}", p.device, n));
+        vxq::check_fits(need_info.first, need_info.second, fmt::format("{} --tp {}", device, ranks()));
     }
-    return g;
-}
-
-TpGroup::~TpGroup() {
-    try {  // each rank's cache, then its backend, on its own thread (a device backend's GPU)
-        if (!broken_) {
-            run([&](int r) {
-                caches_[size_t(r)].reset();
-                backends_[size_t(r)].reset();
-            });
-        }
-    } catch (...) {  // a destructor reports nothing
-    }
-    {
-        std::lock_guard lock(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) t.join();
-    caches_.clear();
 }
 
 void TpGroup::worker(int rank) {
@@ -116,16 +117,33 @@ void TpGroup::run(const std::function<void(int)>& fn) {
     }
 }
 
-void TpGroup::forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) {
-    models_[0]->check_batch(tokens, size(), n_ctx());  // a refused batch leaves the group usable
-    run([&](int r) { models_[size_t(r)]->forward(*backends_[size_t(r)], *caches_[size_t(r)], tokens, n_out, r == 0 ? logits : nullptr); });
+TpRunner::~TpRunner() {
+    try {
+        g_.run([&](int r) { caches_[size_t(r)].reset(); });
+    } catch (...) {  // a broken group: freed here instead
+    }
 }
 
-void TpGroup::truncate(int64_t n) {
-    run([&](int r) { caches_[size_t(r)]->truncate(n); });
+void TpRunner::forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) {
+    g_.model().check_batch(tokens, size(), n_ctx());  // a refused batch leaves the group usable
+    g_.run([&](int r) {
+        g_.rank_model(r).forward(g_.backend(r), *caches_[size_t(r)], tokens, n_out, r == 0 ? logits : nullptr);
+    });
 }
 
-size_t TpGroup::kv_bytes() const {
+void TpRunner::truncate(int64_t n) {
+    g_.run([&](int r) { caches_[size_t(r)]->truncate(n); });
+}
+
+float* TpRunner::output_buffer(size_t n) {
+    float* out = nullptr;  // made on rank 0's thread, where its backend's device is selected
+    g_.run([&](int r) {
+        if (r == 0) out = g_.backend(0).output_buffer(n);
+    });
+    return out;
+}
+
+size_t TpRunner::kv_bytes() const {
     size_t bytes = 0;
     for (const auto& c : caches_) bytes += c->resident_bytes();
     return bytes;

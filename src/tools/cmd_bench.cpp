@@ -33,6 +33,7 @@ struct BenchOptions {
     bool json = false;
     bool verbose = false;
     bool no_aa = false;
+    int tp = 1;
 };
 
 // Paired per-repetition ratios against the baseline (first configuration) of the same test.
@@ -83,15 +84,24 @@ void run_bench_cmd(BenchOptions o) {
     for (const auto& kv : o.kv) specs.push_back(KvSpec::from_flags(kv, o.ctk, o.ctv));
     check_device(o.p.device, specs, false);
     std::vector<std::unique_ptr<Model>> models;
+    std::unique_ptr<TpGroup> group;  // --tp N > 1: every configuration on its ranks
+    if (o.tp > 1 && o.models.size() != 1) fail("bench: --tp {} runs one model (-m given {} times)", o.tp, o.models.size());
     std::vector<BenchConfig> configs;
     for (const auto& path : o.models) {
-        models.push_back(Model::load(path, o.p.device));
         for (const KvSpec& kv : specs) check_calibration_model(kv, path);
+        if (o.tp > 1) {
+            group = TpGroup::create(path, o.p.device, o.p.threads, o.tp);
+            o.p.group = group.get();
+        } else {
+            models.push_back(Model::load(path, o.p.device));
+        }
+        const Model* model = group ? &group->model() : models.back().get();
         const std::string stem = std::filesystem::path(path).stem().string();
         for (const KvSpec& kv : specs) {
             const std::string spec = kv.str();
-            configs.push_back({fmt::format("{} kv={}{}", stem, spec, o.flash_attn ? " fa" : ""), models.back().get(), spec,
-                               o.flash_attn});
+            configs.push_back({fmt::format("{} kv={}{}{}", stem, spec, o.flash_attn ? " fa" : "",
+                                           o.tp > 1 ? fmt::format(" tp{}", o.tp) : ""),
+                               model, spec, o.flash_attn});
         }
     }
     o.p.add_aa = !o.no_aa;
@@ -113,6 +123,10 @@ void run_bench_cmd(BenchOptions o) {
         j["machine"] = rep.machine;
         j["backend"] = rep.backend;
         j["backend_memory"] = memory_json(rep.memory);
+        if (!rep.rank_memory.empty()) {
+            for (const BackendMemory& m : rep.rank_memory) j["tp"]["rank_memory"].push_back(memory_json(m));
+            j["tp"]["size"] = rep.rank_memory.size();
+        }
         j["loadavg_1m_at_start"] = rep.loadavg_1m;
         j["threads"] = o.p.threads;
         j["repetitions"] = o.p.reps;
@@ -141,7 +155,9 @@ void run_bench_cmd(BenchOptions o) {
     }
     fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts\n",
                rep.machine, o.p.threads, rep.loadavg_1m, o.p.reps, o.p.pool);
-    fmt::print("backend: {} | {} (KV bytes per row)\n\n", rep.backend, memory_summary(rep.memory));
+    fmt::print("backend: {} | {} (KV bytes per row)\n", rep.backend, memory_summary(rep.memory));
+    for (size_t r = 0; r < rep.rank_memory.size(); ++r) fmt::print("  rank {}: {}\n", r, memory_summary(rep.rank_memory[r]));
+    fmt::print("\n");
     fmt::print("| config | test | code path | KV bytes | KV bits/el | t/s median | min | max | mean ± sd | ratio (min–max) |\n");
     fmt::print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (const auto& r : rep.rows) {
@@ -169,6 +185,7 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_option("-d,--depth", o->depths, "tokens in the cache before each test, comma-separated: one test per depth (0,1024,2048)")
         ->type_name("N[,N...]");
     add_device_option(sub, o->p.device);
+    add_tp_option(sub, o->tp);
     sub->add_option("-t,--threads", o->p.threads, "CPU threads")->check(CLI::Range(1, 1024));
     sub->add_option("-r,--repetitions", o->p.reps, "timed repetitions per configuration")->check(CLI::Range(1, 10000));
     sub->add_option("--kv", o->kv, "KV cache methods, comma-separated (options stay with their method: f16,kivi:bits=2,group=32,q4_0)");

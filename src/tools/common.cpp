@@ -144,19 +144,12 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
                  "cache numbers its own heads from 0; use another policy (streaming, knorm, h2o, snapkv)", o.tp);
         }
         check_calibration_model(spec, o.model);
-        TpGroupParams p;
-        p.model_path = o.model;
-        p.device = o.device;
-        p.n_threads = resolve_threads(o.threads);
-        p.size = o.tp;
-        p.spec = spec;
-        p.cache = cache_opts;
-        p.context = [&](const ModelConfig& c) { return o.context(c.n_ctx_train); };
-        p.max_batch = max_batch;
-        p.logit_rows = logit_rows;
-        e.group = TpGroup::create(p);
-        e.runner = e.group.get();
-        e.n_ctx = e.group->n_ctx();
+        e.group = TpGroup::create(o.model, o.device, resolve_threads(o.threads), o.tp);
+        e.n_ctx = o.context(e.group->model().config().n_ctx_train);
+        e.tp = e.group->make_runner(spec, cache_opts, e.n_ctx);
+        const TpRunner* runners[] = {e.tp.get()};
+        e.group->check_fits(runners, max_batch, logit_rows, o.device);
+        e.runner = e.tp.get();
         return e;
     }
     e.model = Model::load(o.model, o.device);
@@ -180,7 +173,7 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
 std::vector<std::pair<Backend*, const KvCache*>> Engine::ranks() const {
     if (!group) return {{backend.get(), cache.get()}};
     std::vector<std::pair<Backend*, const KvCache*>> r;
-    for (int i = 0; i < group->ranks(); ++i) r.emplace_back(&group->backend(i), &group->cache(i));
+    for (int i = 0; i < group->ranks(); ++i) r.emplace_back(&group->backend(i), &tp->cache(i));
     return r;
 }
 

@@ -65,9 +65,10 @@ struct Engine {
     std::unique_ptr<Model> model;      // --tp 1
     std::unique_ptr<Backend> backend;  // --tp 1
     std::unique_ptr<KvCache> cache;    // --tp 1
-    std::unique_ptr<TpGroup> group;    // --tp N > 1 (model, backend and cache stay null)
     std::unique_ptr<SingleRunner> single;  // --tp 1: over the three above
-    Runner* runner = nullptr;          // what runs: single or group
+    std::unique_ptr<TpGroup> group;    // --tp N > 1 (model, backend and cache stay null) ...
+    std::unique_ptr<TpRunner> tp;      // ... and its caches (destroyed before the group)
+    Runner* runner = nullptr;          // what runs: single or tp
     int64_t n_ctx = 0;
 
     // Each backend with its cache: the one pair, or the group's ranks in rank order.

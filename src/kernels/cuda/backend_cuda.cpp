@@ -231,9 +231,10 @@ public:
     void bind_thread() override { VXQ_CUDA_CHECK(cudaSetDevice(tp_.device)); }
     int tp_rank() const override { return tp_.rank; }
     int tp_size() const override { return tp_.size; }
+    // With a communicator, also in a group of one (the tests' NCCL path on a single GPU).
     void all_reduce_sum(float* x, int64_t n) override {
-        if (tp_.size == 1) return;
 #if VXQ_HAVE_NCCL
+        if (!tp_.comm) return;
         VXQ_ASSERT(is_device(x));
         struct A {
             float* x;
@@ -252,8 +253,8 @@ public:
     // the whole width with 2-D copies, and copies that to `out` as its pass's output; the other
     // ranks send theirs and run their pass (nothing of theirs reaches the host).
     void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) override {
-        if (tp_.size == 1) return Backend::gather_columns(x, n_rows, widths, out);
 #if VXQ_HAVE_NCCL
+        if (!tp_.comm) return Backend::gather_columns(x, n_rows, widths, out);
         VXQ_ASSERT(is_device(x) && int(widths.size()) == tp_.size && tp_.size <= kMaxTp);
         struct A {
             const float* x;
@@ -306,6 +307,8 @@ public:
         }
         VXQ_ASSERT(out);
         finish(out, gather_.data + n_rows * total, size_t(n_rows * total));
+#else
+        Backend::gather_columns(x, n_rows, widths, out);
 #endif
     }
     void tp_abort() override {
@@ -1655,6 +1658,7 @@ private:
 std::unique_ptr<Backend> make_backend(int /*n_threads*/) { return std::make_unique<CudaBackend>(); }
 
 std::vector<std::unique_ptr<Backend>> make_backend_group(int /*n_threads*/, int size) {
+    VXQ_ASSERT(size >= 1);
 #if VXQ_HAVE_NCCL
     const int count = cuda_device_count();
     if (size > count) fail("--tp {} needs {} GPUs; this machine has {}", size, size, count);
@@ -1663,6 +1667,8 @@ std::vector<std::unique_ptr<Backend>> make_backend_group(int /*n_threads*/, int 
     std::vector<ncclComm_t> comms(static_cast<size_t>(size), nullptr);
     std::vector<int> devices(static_cast<size_t>(size));
     for (int r = 0; r < size; ++r) devices[size_t(r)] = r;
+    int caller_device = 0;  // each backend's constructor selects its GPU; the caller keeps its own
+    VXQ_CUDA_CHECK(cudaGetDevice(&caller_device));
     nccl_check(nc.comm_init_all(comms.data(), size, devices.data()), "communicator init (ncclCommInitAll)");
     std::vector<std::unique_ptr<Backend>> ranks;
     for (int r = 0; r < size; ++r) {
@@ -1678,6 +1684,7 @@ std::vector<std::unique_ptr<Backend>> make_backend_group(int /*n_threads*/, int 
             throw;
         }
     }
+    VXQ_CUDA_CHECK(cudaSetDevice(caller_device));
     return ranks;
 #else
     fail("--tp {} on the CUDA backend: this build has no NCCL (nccl.h was not found when it was configured)", size);

@@ -19,7 +19,9 @@ namespace vxq::cuda {
 // vxq::Error "no CUDA device ..." where the machine has no usable GPU; n_threads is unused.
 std::unique_ptr<Backend> make_backend(int n_threads);
 // make_backend_group("cuda", ...): GPUs 0 .. size-1, rank r on GPU r, joined by NCCL
-// communicators (ncclCommInitAll: one process drives every GPU, a host thread each).
+// communicators (ncclCommInitAll: one process drives every GPU, a host thread each). A group of
+// 1 (not what make_backend_group("cuda", n, 1) makes) still has a communicator: the tests run the
+// NCCL path on one GPU with it.
 std::vector<std::unique_ptr<Backend>> make_backend_group(int n_threads, int size);
 
 }  // namespace vxq::cuda
