@@ -42,6 +42,11 @@
 #                    1024,4096,16384,32768: each depth is filled three times per format, ~1 min
 #                    per 128K fill with the flash prefill, more for KIVI's: docs/gpu.md)
 #   VXQ_GPU_KV_METHODS  the sweep's --kv list (default f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2)
+#   VXQ_GPU_TP       tensor parallelism on a machine with 2+ GPUs (default: every power of two up to
+#                    the GPU count, from 2): vxq-llama-h64 perplexity and greedy text with --tp N
+#                    against --tp 1, and decode at VXQ_GPU_TP_DEPTH (32768) on a synthetic
+#                    Llama-3-70B Q4_0 (f16 cache vs kivi-2, beside llama.cpp --split-mode row when
+#                    LLAMA_CPP_BIN is set); "" skips it. One GPU: the section says it did not run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -290,12 +295,52 @@ for r in json.load(open(sys.argv[1]))['rows']:
   fi
 fi
 
+status_tp="not run"
+NGPU="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')"
+TP_LIST="${VXQ_GPU_TP-$(n=2; while [ "$n" -le "$NGPU" ]; do printf '%s ' "$n"; n=$((n * 2)); done)}"
+if [ "$status_build" = ok ] && [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ]; then
+  step "tensor parallelism (GPUs: $NGPU; --tp ${TP_LIST:-none})"
+  if [ -z "${TP_LIST// /}" ]; then
+    echo "NOT RUN: $NGPU GPU(s); --tp N > 1 needs N GPUs (Cuda.TensorParallelNcclPathOnOneGpu ran NCCL on one)"
+  else
+    status_tp=ok
+    m="$SHARED/assets/models/vxq-llama-h64-f16.gguf"
+    TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
+    for tp in 1 $TP_LIST; do
+      [ "$tp" -gt 1 ] && [ $((2 % tp)) -ne 0 ] && { echo "h64 has 2 KV heads: --tp $tp skipped"; continue; }
+      for kv in f16 q4_0 kivi:bits=2; do
+        for mode in prefill stream; do
+          r="$("$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks 8 --mode "$mode" --kv "$kv" --flash-attn \
+                --device cuda --tp "$tp" 2>"$LOGS/tp.err" | grep -oE 'PPL = [0-9.]+' | cut -d' ' -f3)"
+          [ -n "$r" ] || { echo "tp $tp $kv $mode failed:"; tail -2 "$LOGS/tp.err"; status_tp=FAIL; }
+          echo "| $tp | $kv | $mode | $r |" | tee -a "$LOGS/tp_ppl.md"
+        done
+      done
+      "$BUILD/src/vxq" generate -m "$m" -p "Once upon a time" -n 64 --temp 0 --json --device cuda --tp "$tp" 2>/dev/null |
+        python3 -c 'import json,sys; j=json.load(sys.stdin); print(" ".join(map(str, j["ids"])))' >"$LOGS/tp_greedy_$tp.txt" ||
+        status_tp=FAIL
+      cmp -s "$LOGS/tp_greedy_1.txt" "$LOGS/tp_greedy_$tp.txt" || { echo "greedy text of --tp $tp differs from --tp 1"; status_tp=FAIL; }
+    done
+    SYN="${VXQ_SYNTH_DIR:-$BUILD/synth}/llama3-70b-q4_0.gguf"
+    mkdir -p "$(dirname "$SYN")"
+    [ -f "$SYN" ] || "$BUILD/src/vxq" synth --shape llama3-70b --type q4_0 -o "$SYN" >"$LOGS/synth70b.log" 2>&1 ||
+      { echo "synth llama3-70b failed:"; tail -3 "$LOGS/synth70b.log"; }
+    for tp in 1 $TP_LIST; do  # --tp 1 too: the scaling is against one GPU
+      [ -f "$SYN" ] || break
+      VXQ="$BUILD/src/vxq" VXQ_TP="$tp" VXQ_KV_DEPTHS="${VXQ_GPU_TP_DEPTH:-32768}" VXQ_KV_METHODS="f16,kivi:bits=2" \
+        LLAMA_CPP_KV="f16" bench/gpu_kv_vs_llamacpp.sh "$SYN" "$LOGS/tp$tp" | tee "$LOGS/tp${tp}_70b.md"
+    done
+  fi
+fi
+
 step "summary"
 echo "build: $status_build"
 echo "CUDA tests: $status_tests  ${summary_tests:-}"
 echo "compute-sanitizer: $status_sanitizer"
 echo "matmul bench: $status_bench"
 echo "perplexity cuda vs cpu: $status_ppl"
+echo "tensor parallelism: $status_tp"
+[ -f "$LOGS/tp_ppl.md" ] && { echo "| tp | kv | mode | PPL |"; cat "$LOGS/tp_ppl.md"; }
 [ -f "$LOGS/ppl.md" ] && cat "$LOGS/ppl.md"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"
