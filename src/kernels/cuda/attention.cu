@@ -1947,7 +1947,8 @@ namespace {
 
 template <int REP, KvCode KC, KvCode VC>
 void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
-    static const bool sized = [] {  // room for the largest layout attention_split_tiling_fits admits
+    static PerDevice sized;
+    once_per_device(sized, [] {  // room for the largest layout attention_split_tiling_fits admits
         cudaFuncAttributes fa{};
         VXQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, attention_split_kernel<REP, KC, VC>));
         int dev = 0, optin = 0;
@@ -1963,9 +1964,7 @@ void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
         // may keep a carveout that holds one or two).
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel<REP, KC, VC>,
                                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-        return true;
-    }();
-    (void)sized;
+    });
     const int64_t groups = (p.n_q + kMmaRows / REP - 1) / (kMmaRows / REP);
     const dim3 grid(unsigned(p.n_head_kv), unsigned(groups), unsigned(p.splits));
     launch_pdl(attention_split_kernel<REP, KC, VC>, grid, dim3(kSplitThreads), attention_split_smem(p), st, p);
@@ -1973,14 +1972,13 @@ void launch_split(const SplitAttentionParams& p, cudaStream_t st) {
 
 template <int REP, KvCode KC, KvCode VC, int HD>
 void launch_stream_tma(const SplitAttentionParams& p, cudaStream_t st) {
-    static const bool sized = [] {  // room for the deepest ring
+    static PerDevice sized;
+    once_per_device(sized, [] {  // room for the deepest ring
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_stream_tma_kernel<REP, KC, VC, HD>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, tma_smem(REP, HD, KC, VC, kTmaMaxStages)));
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(attention_stream_tma_kernel<REP, KC, VC, HD>,
                                             cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
-        return true;
-    }();
-    (void)sized;
+    });
     const dim3 grid(unsigned(p.n_head_kv), 1u, unsigned(p.splits));
     launch_pdl(attention_stream_tma_kernel<REP, KC, VC, HD>, grid, dim3(kSplitThreads),
                size_t(tma_smem(REP, HD, KC, VC, p.tma_stages)), st, p);

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kFlashWarps * 32) attention_prefill_kernel(con
 template <int D, KvCode KC, KvCode VC>
 void launch_prefill(const SplitAttentionParams& p, cudaStream_t st) {
     constexpr size_t smem = size_t(prefill_smem(D, KC, VC).total);
-    static size_t configured = 0;
+    static PerDevice configured;
     allow_smem(attention_prefill_kernel<D, KC, VC>, smem, configured);
     const int64_t qb = kFlashRows / (p.n_head / p.n_head_kv);
     launch_pdl(attention_prefill_kernel<D, KC, VC>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)),

@@ -43,14 +43,23 @@ void pdl_trace_bind(const PdlTrace& t) {
     for (auto* bind : pdl_trace_binders()) bind(t);
 }
 
-int sm_count() {
-    static const int count = [] {
-        int dev = 0, n = 0;
-        VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+int current_device() {
+    int dev = 0;
+    VXQ_CUDA_CHECK(cudaGetDevice(&dev));
+    VXQ_ASSERT(dev >= 0 && dev < kMaxDevices);
+    return dev;
+}
+
+int sm_count() {  // of the calling thread's device, asked once per device
+    static PerDevice count;
+    const int dev = current_device();
+    std::lock_guard lock(count.mu);
+    if (!count.value[dev]) {
+        int n = 0;
         VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        return n;
-    }();
-    return count;
+        count.value[dev] = size_t(n);
+    }
+    return int(count.value[dev]);
 }
 
 }  // namespace vxq::cuda

@@ -1,41 +1,26 @@
 #include "kernels/cuda/cublas_api.h"
 
-#include <dlfcn.h>
-
 #include <string>
 
-#include "core/error.h"
+#include "kernels/cuda/dl_library.h"
 
 namespace vxq::cuda {
 
 namespace {
 
-template <class F>
-void load(void* lib, const char* name, F& fn) {
-    fn = reinterpret_cast<F>(dlsym(lib, name));
-    if (!fn) fail("cuBLAS library has no {} ({})", name, dlerror());
-}
+constexpr const char* kCublas = "cuBLAS";
 
 CublasApi open_cublas() {
-    const std::string tried[] = {"libcublas.so." + std::to_string(CUBLAS_VER_MAJOR),
-                                 std::string(VXQ_CUDA_LIBRARY_DIR) + "/libcublas.so." + std::to_string(CUBLAS_VER_MAJOR)};
-    void* lib = nullptr;
-    std::string why;
-    for (const std::string& path : tried) {
-        lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (lib) break;
-        why += (why.empty() ? "" : "; ") + std::string(dlerror());
-    }
-    if (!lib) fail("cannot load cuBLAS for the CUDA backend's GEMMs: {}", why);
+    void* lib = open_toolkit_library("libcublas.so." + std::to_string(CUBLAS_VER_MAJOR), "cuBLAS for the CUDA backend's GEMMs");
     CublasApi api{};
-    load(lib, "cublasCreate_v2", api.create);
-    load(lib, "cublasDestroy_v2", api.destroy);
-    load(lib, "cublasSetStream_v2", api.set_stream);
-    load(lib, "cublasSetWorkspace_v2", api.set_workspace);
-    load(lib, "cublasSetMathMode", api.set_math_mode);
-    load(lib, "cublasGemmEx", api.gemm_ex);
-    load(lib, "cublasGemmBatchedEx", api.gemm_batched_ex);
-    load(lib, "cublasGetStatusString", api.status_string);
+    load_symbol(lib, "cublasCreate_v2", api.create, kCublas);
+    load_symbol(lib, "cublasDestroy_v2", api.destroy, kCublas);
+    load_symbol(lib, "cublasSetStream_v2", api.set_stream, kCublas);
+    load_symbol(lib, "cublasSetWorkspace_v2", api.set_workspace, kCublas);
+    load_symbol(lib, "cublasSetMathMode", api.set_math_mode, kCublas);
+    load_symbol(lib, "cublasGemmEx", api.gemm_ex, kCublas);
+    load_symbol(lib, "cublasGemmBatchedEx", api.gemm_batched_ex, kCublas);
+    load_symbol(lib, "cublasGetStatusString", api.status_string, kCublas);
     return api;  // the library stays loaded for the process's life
 }
 

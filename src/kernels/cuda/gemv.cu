@@ -1057,12 +1057,11 @@ bool g1_plan(const DeviceWeight* const* ws, float* const* ys, int count, bool sw
 
 template <class F, int S, int XM = kG1XStaged>
 void g1_launch_stages(const G1Params& p, int grid, cudaStream_t st) {
-    static const bool attr_set = [] {  // the most any call asks for (once per kernel, before any launch)
+    static PerDevice attr_set;
+    once_per_device(attr_set, [] {  // the most any call asks for (once per kernel and device, before any launch)
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(gemv1_kernel<F, S, XM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(g1_smem_bytes<F>(kG1MaxXBytes, S))));
-        return true;
-    }();
-    (void)attr_set;
+    });
     launch_pdl(gemv1_kernel<F, S, XM>, dim3(unsigned(grid)), dim3(kG1Threads), g1_smem_bytes<F>(size_t(p.x_bytes), S), st,
                p);
 }

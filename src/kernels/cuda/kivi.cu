@@ -1549,7 +1549,7 @@ template <int D>
 void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
     const int qb = kFlashRows / int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_pf_smem(D) + 2 * size_t(kivi_stage_bytes(D, p.kf.bits, p.vf.block_bytes));
-    static size_t configured = 0;
+    static PerDevice configured;
     allow_smem(kivi_prefill_kernel<D>, smem, configured);
     launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kFlashWarps * 32), smem, st, p);
 }
@@ -1558,7 +1558,7 @@ template <int D, int B, int NT, int VGS = 0>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     const int gqa = int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
-    static size_t configured = 0;  // the largest size set so far for this kernel
+    static PerDevice configured;  // the largest size set so far for this kernel, per device
     allow_smem(kivi_attention_kernel<D, B, NT, VGS>, smem, configured);
     launch_pdl(kivi_attention_kernel<D, B, NT, VGS>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
                dim3(kKiviWarps * 32), smem, st, p);
@@ -1600,7 +1600,7 @@ void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     const unsigned hk = unsigned(p.n_head_kv);
     const size_t smem = kivi_store_smem(p);
     if (p.n <= kSmallWrite) {
-        static size_t small_smem = 0;
+        static PerDevice small_smem;
         allow_smem(kivi_store_small_kernel, smem, small_smem);
         launch_pdl(kivi_store_small_kernel, dim3(hk), dim3(kStoreThreads), smem, st, p);
         return;
@@ -1612,7 +1612,7 @@ void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     if (kivi_flush_fits(p)) {
         p.head_dim == 64 ? launch_flush<64>(p, chunks, st) : launch_flush<128>(p, chunks, st);
     } else {
-        static size_t encode_smem = 0;
+        static PerDevice encode_smem;
         allow_smem(kivi_encode_kernel, smem, encode_smem);
         launch_pdl(kivi_encode_kernel, dim3(chunks, hk), dim3(kStoreThreads), smem, st, p);
     }

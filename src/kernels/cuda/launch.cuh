@@ -14,6 +14,8 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
+
 #include "kernels/cuda/check.cuh"
 
 namespace vxq::cuda {
@@ -102,13 +104,38 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
     VXQ_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
+// A setting made per GPU, as a kernel's attributes are (cudaFuncSetAttribute acts on the calling
+// thread's device): each GPU of a tensor-parallel group makes its own. A static per kernel or
+// call site; thread-safe (the group's ranks launch from threads of their own).
+constexpr int kMaxDevices = 64;
+struct PerDevice {
+    std::mutex mu;
+    size_t value[kMaxDevices] = {};  // 0: not set on that device
+};
+
+// The calling thread's device (cudaGetDevice).
+int current_device();
+
+// Runs set() once per device for this call site.
+template <class F>
+void once_per_device(PerDevice& done, F&& set) {
+    const int dev = current_device();
+    std::lock_guard lock(done.mu);
+    if (done.value[dev]) return;
+    set();
+    done.value[dev] = 1;
+}
+
 // Sets a kernel's dynamic shared memory limit where it needs more than the default 48 KB
-// (`configured`: the caller's record of what it set, a static per kernel).
+// (`configured`: what was set on each device so far).
 template <class Kernel>
-void allow_smem(Kernel kernel, size_t smem, size_t& configured) {
-    if (smem > 48 * 1024 && smem > configured) {
+void allow_smem(Kernel kernel, size_t smem, PerDevice& configured) {
+    if (smem <= 48 * 1024) return;
+    const int dev = current_device();
+    std::lock_guard lock(configured.mu);
+    if (smem > configured.value[dev]) {
         VXQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        configured = smem;
+        configured.value[dev] = smem;
     }
 }
 

@@ -1,44 +1,30 @@
 #include "kernels/cuda/nccl_api.h"
 
 #if VXQ_HAVE_NCCL
-#include <dlfcn.h>
-
 #include <string>
 
 #include "core/error.h"
+#include "kernels/cuda/dl_library.h"
 
 namespace vxq::cuda {
 
 namespace {
 
-template <class F>
-void load(void* lib, const char* name, F& fn) {
-    fn = reinterpret_cast<F>(dlsym(lib, name));
-    if (!fn) fail("NCCL library has no {} ({})", name, dlerror());
-}
+constexpr const char* kNccl = "NCCL";
 
 NcclApi open_nccl() {
-    const std::string so = "libnccl.so." + std::to_string(NCCL_MAJOR);
-    const std::string tried[] = {so, std::string(VXQ_CUDA_LIBRARY_DIR) + "/" + so};
-    void* lib = nullptr;
-    std::string why;
-    for (const std::string& path : tried) {
-        lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-        if (lib) break;
-        why += (why.empty() ? "" : "; ") + std::string(dlerror());
-    }
-    if (!lib) fail("cannot load NCCL for tensor parallelism: {}", why);
+    void* lib = open_toolkit_library("libnccl.so." + std::to_string(NCCL_MAJOR), "NCCL for tensor parallelism");
     NcclApi api{};
-    load(lib, "ncclGetVersion", api.get_version);
-    load(lib, "ncclCommInitAll", api.comm_init_all);
-    load(lib, "ncclCommDestroy", api.comm_destroy);
-    load(lib, "ncclCommAbort", api.comm_abort);
-    load(lib, "ncclAllReduce", api.all_reduce);
-    load(lib, "ncclSend", api.send);
-    load(lib, "ncclRecv", api.recv);
-    load(lib, "ncclGroupStart", api.group_start);
-    load(lib, "ncclGroupEnd", api.group_end);
-    load(lib, "ncclGetErrorString", api.error_string);
+    load_symbol(lib, "ncclGetVersion", api.get_version, kNccl);
+    load_symbol(lib, "ncclCommInitAll", api.comm_init_all, kNccl);
+    load_symbol(lib, "ncclCommDestroy", api.comm_destroy, kNccl);
+    load_symbol(lib, "ncclCommAbort", api.comm_abort, kNccl);
+    load_symbol(lib, "ncclAllReduce", api.all_reduce, kNccl);
+    load_symbol(lib, "ncclSend", api.send, kNccl);
+    load_symbol(lib, "ncclRecv", api.recv, kNccl);
+    load_symbol(lib, "ncclGroupStart", api.group_start, kNccl);
+    load_symbol(lib, "ncclGroupEnd", api.group_end, kNccl);
+    load_symbol(lib, "ncclGetErrorString", api.error_string, kNccl);
     return api;  // the library stays loaded for the process's life
 }
 
