@@ -46,7 +46,8 @@
 #                    the GPU count, from 2): vxq-llama-h64 perplexity and greedy text with --tp N
 #                    against --tp 1, and decode at VXQ_GPU_TP_DEPTH (32768) on a synthetic
 #                    Llama-3-70B Q4_0 (f16 cache vs kivi-2, beside llama.cpp --split-mode row when
-#                    LLAMA_CPP_BIN is set); "" skips it. One GPU: the section says it did not run.
+#                    LLAMA_CPP_BIN is set), and the longest context of each (VXQ_GPU_TP_LONGEST=1:
+#                    also decoded at 95 % of it); "" skips it. One GPU: the section says it did not run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${1:-build-gpu}"
@@ -325,6 +326,22 @@ if [ "$status_build" = ok ] && [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ]; then
     mkdir -p "$(dirname "$SYN")"
     [ -f "$SYN" ] || "$BUILD/src/vxq" synth --shape llama3-70b --type q4_0 -o "$SYN" >"$LOGS/synth70b.log" 2>&1 ||
       { echo "synth llama3-70b failed:"; tail -3 "$LOGS/synth70b.log"; }
+    # The longest context per configuration: the fit check's figure from a one-token run (each
+    # rank's device memory in the same JSON), then, with VXQ_GPU_TP_LONGEST=1, a decode at 95 %
+    # of it to show that it holds (a fill of that many tokens: minutes per configuration).
+    for tp in 1 $TP_LIST; do
+      [ -f "$SYN" ] || break
+      for kv in f16 kivi:bits=2; do
+        L="$("$BUILD/src/vxq" generate -m "$SYN" -p x -n 1 -c 1024 --kv "$kv" --flash-attn --json --device cuda --tp "$tp" 2>"$LOGS/tp.err" |
+              python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["kv_cache"]["longest_context"]); print(json.dumps(j.get("tp", j["backend_memory"])), file=sys.stderr)' 2>>"$LOGS/tp_memory.log")"
+        held="not measured"
+        if [ -n "$L" ] && [ "${VXQ_GPU_TP_LONGEST:-}" = 1 ]; then
+          "$BUILD/src/vxq" bench -m "$SYN" --device cuda --tp "$tp" --flash-attn -p 0 -n 4 -r 1 --no-aa -d $((L * 95 / 100)) --kv "$kv" \
+            >"$LOGS/tp_longest.log" 2>&1 && held="held $((L * 95 / 100))" || held="FAILED at $((L * 95 / 100))"
+        fi
+        echo "| 70B Q4_0 | --tp $tp | $kv | longest context ${L:-?} | $held |" | tee -a "$LOGS/tp_longest.md"
+      done
+    done
     for tp in 1 $TP_LIST; do  # --tp 1 too: the scaling is against one GPU
       [ -f "$SYN" ] || break
       VXQ="$BUILD/src/vxq" VXQ_TP="$tp" VXQ_KV_DEPTHS="${VXQ_GPU_TP_DEPTH:-32768}" VXQ_KV_METHODS="f16,kivi:bits=2" \
@@ -341,6 +358,7 @@ echo "matmul bench: $status_bench"
 echo "perplexity cuda vs cpu: $status_ppl"
 echo "tensor parallelism: $status_tp"
 [ -f "$LOGS/tp_ppl.md" ] && { echo "| tp | kv | mode | PPL |"; cat "$LOGS/tp_ppl.md"; }
+[ -f "$LOGS/tp_longest.md" ] && cat "$LOGS/tp_longest.md"
 [ -f "$LOGS/ppl.md" ] && cat "$LOGS/ppl.md"
 echo "end to end: $status_e2e"
 [ -f "$LOGS/gemv.log" ] && grep '^|' "$LOGS/gemv.log"

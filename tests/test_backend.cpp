@@ -236,6 +236,24 @@ TEST(MemoryCheck, NeedCountsDeviceWeightsFullCachesAndTheLargestBatch) {
     EXPECT_EQ(dev.activations, cpu.activations);
 }
 
+// The longest context is the largest n whose caches' bytes fit beside weights and activations.
+TEST(MemoryCheck, LongestContextIsTheLargestThatFits) {
+    const auto k = make_kv_cache({2, 4, 2, 64, 256}, KvSpec::parse("q4_0"));
+    const auto v = make_kv_cache({2, 4, 2, 64, 256}, KvSpec::parse("kivi:bits=2"));
+    const KvCache* caches[] = {k.get(), v.get()};
+    MemoryNeed need;
+    need.weights = 1000;
+    need.activations = 24;
+    const auto bytes = [&](int64_t n) { return need.weights + need.activations + k->bytes_for_tokens(n) + v->bytes_for_tokens(n); };
+    const size_t free = bytes(5000) + 1;
+    const int64_t n = longest_context(need, caches, free);
+    EXPECT_LE(bytes(n), free);
+    EXPECT_GT(bytes(n + 1), free);
+    EXPECT_GE(n, 5000);
+    EXPECT_EQ(longest_context(need, caches, bytes(0) - 1), 0) << "not even an empty cache";
+    EXPECT_EQ(longest_context(need, caches, size_t(1) << 60, 1 << 20), 1 << 20) << "capped";
+}
+
 TEST(MemoryCheck, FitsOrIsOneLineNamingEachPart) {
     constexpr size_t GiB = size_t(1) << 30;
     MemoryNeed need;

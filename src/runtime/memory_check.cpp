@@ -30,6 +30,22 @@ MemoryNeed memory_need(const Backend& be, std::span<const Model* const> models, 
     return need;
 }
 
+int64_t longest_context(const MemoryNeed& need, std::span<const KvCache* const> caches, size_t free, int64_t cap) {
+    const auto fits = [&](int64_t n) {
+        size_t bytes = need.weights + need.activations;
+        for (const KvCache* c : caches) bytes += c->bytes_for_tokens(n);
+        return bytes <= free;
+    };
+    if (!fits(0)) return 0;
+    if (fits(cap)) return cap;
+    int64_t lo = 0, hi = cap;  // fits(lo), !fits(hi)
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+    }
+    return lo;
+}
+
 BackendMemory BackendMemory::of(const Backend& be) {
     return {be.memory_info().where, be.weight_bytes(), be.activation_bytes()};
 }

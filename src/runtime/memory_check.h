@@ -37,6 +37,14 @@ struct MemoryNeed {
 MemoryNeed memory_need(const Backend& be, std::span<const Model* const> models, std::span<const KvCache* const> caches,
                        int64_t max_batch, int64_t logit_rows);
 
+// The most tokens `caches` (all filled alike) could hold in `free` bytes beside the rest of
+// `need` (weights, activations): the largest n <= cap with need.weights + need.activations +
+// the caches' bytes_for_tokens(n) <= free; 0 when not even an empty cache fits. What the fit
+// check would admit as a context, for the reports (issue 20: the longest context a
+// configuration holds).
+int64_t longest_context(const MemoryNeed& need, std::span<const KvCache* const> caches, size_t free,
+                        int64_t cap = int64_t(1) << 24);
+
 // What a backend holds in its own memory once a run is done, for the reports (the KV cache's
 // resident bytes are the cache's).
 struct BackendMemory {

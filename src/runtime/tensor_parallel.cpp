@@ -43,9 +43,14 @@ std::unique_ptr<TpRunner> TpGroup::make_runner(const KvSpec& spec, KvCacheOption
     return runner;
 }
 
-void TpGroup::check_fits(std::span<const TpRunner* const> runners, int64_t max_batch, int64_t logit_rows,
-                         const std::string& device) {
-    std::map<std::string, std::pair<MemoryNeed, MemoryInfo>> by_memory;
+int64_t TpGroup::check_fits(std::span<const TpRunner* const> runners, int64_t max_batch, int64_t logit_rows,
+                            const std::string& device) {
+    struct Memory {
+        MemoryNeed need;
+        MemoryInfo info;
+        std::vector<const KvCache*> caches;  // of every rank in this memory
+    };
+    std::map<std::string, Memory> by_memory;
     for (int r = 0; r < ranks(); ++r) {
         const Model* m[] = {models_[size_t(r)].get()};
         std::vector<const KvCache*> caches;
@@ -56,17 +61,21 @@ void TpGroup::check_fits(std::span<const TpRunner* const> runners, int64_t max_b
         }
         const MemoryInfo info = backends_[size_t(r)]->memory_info();
         const MemoryNeed need = memory_need(*backends_[size_t(r)], m, caches, std::min(max_batch, n_ctx), std::min(logit_rows, n_ctx));
-        auto [it, fresh] = by_memory.try_emplace(info.where, need, info);
+        auto [it, fresh] = by_memory.try_emplace(info.where, Memory{need, info, {}});
+        Memory& mem = it->second;
         if (!fresh) {
-            MemoryNeed& sum = it->second.first;
-            sum.weights += need.weights;
-            sum.kv += need.kv;
-            sum.activations += need.activations;
+            mem.need.weights += need.weights;
+            mem.need.kv += need.kv;
+            mem.need.activations += need.activations;
         }
+        mem.caches.insert(mem.caches.end(), caches.begin(), caches.end());
     }
-    for (const auto& [where, need_info] : by_memory) {
-        vxq::check_fits(need_info.first, need_info.second, fmt::format("{} --tp {}", device, ranks()));
+    int64_t longest = INT64_MAX;
+    for (const auto& [where, mem] : by_memory) {
+        vxq::check_fits(mem.need, mem.info, fmt::format("{} --tp {}", device, ranks()));
+        longest = std::min(longest, longest_context(mem.need, mem.caches, mem.info.free));
     }
+    return longest;
 }
 
 void TpGroup::worker(int rank) {

@@ -49,9 +49,10 @@ public:
     std::unique_ptr<TpRunner> make_runner(const KvSpec& spec, KvCacheOptions opts, int64_t n_ctx);
     // vxq::Error unless every rank's part of running these runners (alive at once) fits its
     // backend's memory; ranks that share one memory (the CPU group's host RAM) are added up.
-    // `device` names the flag in the message.
-    void check_fits(std::span<const TpRunner* const> runners, int64_t max_batch, int64_t logit_rows,
-                    const std::string& device);
+    // `device` names the flag in the message. Returns the longest context the runners' caches
+    // could hold on every rank (memory_check.h, longest_context; the smallest over the memories).
+    int64_t check_fits(std::span<const TpRunner* const> runners, int64_t max_batch, int64_t logit_rows,
+                       const std::string& device);
 
     // fn(rank) on every rank's thread; returns when all are done. A rank that throws makes every
     // backend abort its collectives (Backend::tp_abort), so the others fail instead of waiting;

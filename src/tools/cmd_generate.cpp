@@ -61,7 +61,7 @@ void run_generate(const GenerateOptions& o) {
         const int64_t f16_bytes = 4 * m.n_layer * m.n_head_kv * m.head_dim * tokens;
         j["kv_cache"] = {{"format", e.ranks()[0].second->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx},
                          {"tokens", tokens}, {"bits_per_element", tokens > 0 ? 16.0 * double(kv_bytes) / double(f16_bytes) : 0.0},
-                         {"f16_bytes", f16_bytes}};
+                         {"f16_bytes", f16_bytes}, {"longest_context", e.longest_context}};
         j["backend"] = e.describe();
         j["backend_memory"] = memory_json(BackendMemory::of(*e.ranks()[0].first));
         if (e.group) j["tp"] = tp_json(e);
@@ -70,9 +70,9 @@ void run_generate(const GenerateOptions& o) {
         echo_prompt();
         fmt::print("\n");
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
-                   "stop: {}\n{} | backend: {} | {}\n",
+                   "stop: {}\n{} | longest context in the free memory {} tokens | backend: {} | {}\n",
                    r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
-                   kv_summary(e, e.runner->size()), e.describe(), memory_summary(e));
+                   kv_summary(e, e.runner->size()), e.longest_context, e.describe(), memory_summary(e));
     }
 }
 }  // namespace

@@ -148,7 +148,7 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
         e.n_ctx = o.context(e.group->model().config().n_ctx_train);
         e.tp = e.group->make_runner(spec, cache_opts, e.n_ctx);
         const TpRunner* runners[] = {e.tp.get()};
-        e.group->check_fits(runners, max_batch, logit_rows, o.device);
+        e.longest_context = e.group->check_fits(runners, max_batch, logit_rows, o.device);
         e.runner = e.tp.get();
         return e;
     }
@@ -163,8 +163,10 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     e.cache = make_kv_cache(shape, spec, cache_opts);  // allocates nothing until tokens arrive
     const Model* models[] = {e.model.get()};
     const KvCache* caches[] = {e.cache.get()};
-    check_fits(memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx)),
-               e.backend->memory_info(), o.device);
+    const MemoryNeed need = memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx));
+    const MemoryInfo info = e.backend->memory_info();
+    check_fits(need, info, o.device);
+    e.longest_context = longest_context(need, caches, info.free);
     e.single = std::make_unique<SingleRunner>(*e.model, *e.backend, *e.cache);
     e.runner = e.single.get();
     return e;

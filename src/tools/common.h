@@ -70,6 +70,7 @@ struct Engine {
     std::unique_ptr<TpRunner> tp;      // ... and its caches (destroyed before the group)
     Runner* runner = nullptr;          // what runs: single or tp
     int64_t n_ctx = 0;
+    int64_t longest_context = 0;       // the most tokens the cache could hold in the free memory (memory_check.h)
 
     // Each backend with its cache: the one pair, or the group's ranks in rank order.
     std::vector<std::pair<Backend*, const KvCache*>> ranks() const;
