@@ -260,7 +260,10 @@ TEST(TensorParallel, OneLayerRanksHoldTheOneRankCachesHeads) {
             ASSERT_EQ(h.n_tokens, w.n_tokens) << "rank " << r;
             EXPECT_EQ(stream_bytes(h.k), stream_bytes(w.k)) << "keys of KV head " << r;
             EXPECT_EQ(stream_bytes(h.v), stream_bytes(w.v)) << "values of KV head " << r;
-            if (w.pos) EXPECT_TRUE(std::equal(h.pos, h.pos + h.n_tokens, w.pos)) << "positions of KV head " << r;
+            ASSERT_EQ(h.pos == nullptr, w.pos == nullptr) << "positions of KV head " << r;
+            if (w.pos) {
+                EXPECT_TRUE(std::equal(h.pos, h.pos + h.n_tokens, w.pos)) << "positions of KV head " << r;
+            }
         }
         // Every rank keeps its own copy of the per-layer codec state (rotations, codebooks).
         EXPECT_EQ(g->kv_bytes(), one.cache->resident_bytes() + state_bytes);

@@ -107,8 +107,8 @@ public:
     // [n_rows, sum of widths]) gets rank r's block at column widths[0] + ... + widths[r - 1].
     // The other ranks pass out = nullptr.
     virtual void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out);
-    // This rank failed between collectives: the other ranks' collectives, in progress or to
-    // come, fail instead of waiting for it forever.
+    // A rank of this backend's group failed: this backend's collectives, in progress or to come,
+    // fail instead of waiting for it forever (called on every rank, from the failing rank's thread).
     virtual void tp_abort() {}
 };
 

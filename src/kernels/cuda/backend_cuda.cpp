@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -102,14 +103,6 @@ constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",
                                     "attention prefill"};
 static_assert(std::size(kOpNames) == size_t(Op::AttentionPrefill) + 1);
 
-// The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
-// of its arguments) until something on the host needs a result (an output in host memory, a host
-// copy, a buffer that must grow). Then the recorded pass runs: the first time as plain launches;
-// when the same sequence of arguments comes again (the next decode step), it is captured once as
-// a CUDA graph and from then on launched as one graph. What changes from step to step (token ids,
-// positions, KV token counts and addresses, host inputs) is not an argument: each op writes it
-// into a pinned "step block" whose copy to the device is the pass's first node, and its kernel
-// reads it there. VXQ_CUDA_GRAPHS=0 turns capture off (every pass runs as plain launches).
 // Tensor parallelism: a backend is rank `rank` of a group of `size` on GPU `device` (rank 0 of 1
 // on GPU 0 alone); a group's ranks meet in NCCL collectives on their streams, recorded like any
 // op, so a decode step stays one graph per GPU with its collectives in it.
@@ -133,6 +126,14 @@ int cuda_device_count() {
     return count;
 }
 
+// The CUDA backend. Ops are not launched when called: each is recorded (its launch and the bytes
+// of its arguments) until something on the host needs a result (an output in host memory, a host
+// copy, a buffer that must grow). Then the recorded pass runs: the first time as plain launches;
+// when the same sequence of arguments comes again (the next decode step), it is captured once as
+// a CUDA graph and from then on launched as one graph. What changes from step to step (token ids,
+// positions, KV token counts and addresses, host inputs) is not an argument: each op writes it
+// into a pinned "step block" whose copy to the device is the pass's first node, and its kernel
+// reads it there. VXQ_CUDA_GRAPHS=0 turns capture off (every pass runs as plain launches).
 class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(TpPlace tp = {}) : tp_(tp) {
@@ -213,7 +214,7 @@ public:
         gather_.release();
         cudaStreamDestroy(stream_);
 #if VXQ_HAVE_NCCL
-        if (tp_.comm) nccl_api().comm_destroy(tp_.comm);
+        if (tp_.comm && !aborted_) nccl_api().comm_destroy(tp_.comm);  // an aborted one is freed
 #endif
     }
 
@@ -235,6 +236,7 @@ public:
     void all_reduce_sum(float* x, int64_t n) override {
 #if VXQ_HAVE_NCCL
         if (!tp_.comm) return;
+        if (aborted_) fail("tensor parallelism: another rank failed");
         VXQ_ASSERT(is_device(x));
         struct A {
             float* x;
@@ -255,6 +257,7 @@ public:
     void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) override {
 #if VXQ_HAVE_NCCL
         if (!tp_.comm) return Backend::gather_columns(x, n_rows, widths, out);
+        if (aborted_) fail("tensor parallelism: another rank failed");
         VXQ_ASSERT(is_device(x) && int(widths.size()) == tp_.size && tp_.size <= kMaxTp);
         struct A {
             const float* x;
@@ -311,10 +314,11 @@ public:
         Backend::gather_columns(x, n_rows, widths, out);
 #endif
     }
+    // May come from another rank's thread while this one is inside a collective: NCCL's abort
+    // makes that collective return an error.
     void tp_abort() override {
 #if VXQ_HAVE_NCCL
-        if (tp_.comm) nccl_api().comm_abort(tp_.comm);
-        tp_.comm = nullptr;
+        if (tp_.comm && !aborted_.exchange(true)) nccl_api().comm_abort(tp_.comm);
 #endif
     }
     size_t weight_bytes() const override { return weight_bytes_; }
@@ -1513,6 +1517,7 @@ private:
 
     static constexpr size_t kMaxGraphs = 128;
     TpPlace tp_;
+    std::atomic<bool> aborted_{false};  // tp_abort: the communicator is gone
     DeviceArray<float> gather_;  // rank 0's receive buffer and gathered rows (gather_columns)
 
     std::string device_name_;
@@ -1674,15 +1679,17 @@ std::vector<std::unique_ptr<Backend>> make_backend_group(int /*n_threads*/, int 
     for (int r = 0; r < size; ++r) {
         TpPlace place{r, r, size, comms[size_t(r)]};
         comms[size_t(r)] = nullptr;  // the backend owns it from here
+        std::unique_ptr<Backend> be;
         try {
-            ranks.push_back(std::make_unique<CudaBackend>(place));
-        } catch (...) {
+            be = std::make_unique<CudaBackend>(place);
+        } catch (...) {  // this rank's communicator and the ranks' not yet given out
+            nc.comm_destroy(place.comm);
             for (ncclComm_t c : comms) {
                 if (c) nc.comm_destroy(c);
             }
-            nc.comm_destroy(place.comm);
             throw;
         }
+        ranks.push_back(std::move(be));
     }
     VXQ_CUDA_CHECK(cudaSetDevice(caller_device));
     return ranks;
