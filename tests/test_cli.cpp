@@ -437,6 +437,29 @@ TEST(Cli, GenerateTp2MatchesTp1AndReportsEachRank) {
     EXPECT_EQ(b["kv_cache"]["bits_per_element"], a["kv_cache"]["bits_per_element"]);
 }
 
+// --device cuda --tp 2: where the machine has no two GPUs (or the build no CUDA or no NCCL), the
+// one-line refusal naming why, before anything is printed; with two, the same ids as --tp 1.
+TEST(Cli, CudaTp2RunsOrIsOneLineError) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    const std::vector<std::string> args{"generate", "-m", M(), "-p", "The kernel", "-n", "8", "--temp", "0", "--json", "--device", "cuda"};
+    auto two = args;
+    two.insert(two.end(), {"--tp", "2"});
+    const auto r = test::run_cli(two);
+    ASSERT_EQ(r.signal, 0) << r.err;
+    if (r.exit_code != 0) {
+        EXPECT_EQ(r.out, "");
+        EXPECT_EQ(r.err.rfind("vxq: error: ", 0), 0u) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        const bool why = r.err.find("no CUDA") != std::string::npos || r.err.find("needs 2 GPUs") != std::string::npos ||
+                         r.err.find("no NCCL") != std::string::npos;
+        EXPECT_TRUE(why) << r.err;
+        return;
+    }
+    const auto one = test::run_cli(args);
+    ASSERT_EQ(one.exit_code, 0) << one.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse(one.out)["ids"]);
+}
+
 // vxq bench --tp 2: every configuration on the group, each rank's memory in the JSON.
 TEST(Cli, BenchTp2ReportsEachRank) {
     VXQ_REQUIRE_ASSET(kModelRel);
