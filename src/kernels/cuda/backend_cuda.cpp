@@ -305,7 +305,13 @@ public:
             }
         });
         if (tp_.rank != 0) {
-            flush();  // this rank's pass runs now (rank 0's waits for its send)
+            // This rank's pass runs now (rank 0's waits for its send). The step ends here without
+            // a host wait: start the next one as wait_stream() starts rank 0's, at the first step
+            // block with the first pass's size, so every step records the same passes and replays
+            // the same graphs (step_put waits for a block still in flight).
+            flush();
+            step_at_ = 0;
+            chunk_limit_ = chunk_ops_;
             return;
         }
         VXQ_ASSERT(out);
