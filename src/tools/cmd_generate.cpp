@@ -72,7 +72,9 @@ void run_generate(const GenerateOptions& o) {
         fmt::print(stderr, "\nprompt: {} tokens in {:.1f} ms ({:.1f} t/s) | generated: {} tokens in {:.1f} ms ({:.1f} t/s) | "
                    "stop: {}\n{} | longest context in the free memory {} tokens | backend: {} | {}\n",
                    r.prompt_ids.size(), r.prompt_ms, pp_tps, r.ids.size(), r.decode_ms, tg_tps, r.stop_reason,
-                   kv_summary(e, e.runner->size()), e.longest_context, e.describe(), memory_summary(e));
+                   kv_summary(e, e.runner->size()),
+                   e.longest_context >= RuntimeOptions::kMaxCtx ? fmt::format("at least {} (-c's limit)", RuntimeOptions::kMaxCtx) : std::to_string(e.longest_context),
+                   e.describe(), memory_summary(e));
     }
 }
 }  // namespace

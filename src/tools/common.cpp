@@ -42,7 +42,7 @@ void RuntimeOptions::add_to(CLI::App* sub, bool with_ctx) {
         sub->add_option("-c,--ctx-size", n_ctx,
                         fmt::format("context size in tokens (default {}, or the model's if smaller; 0: the model's)",
                                     kDefaultCtx))
-            ->check(CLI::Range(int64_t(0), int64_t(1) << 24));
+            ->check(CLI::Range(int64_t(0), kMaxCtx));
     }
 }
 
@@ -166,7 +166,7 @@ Engine make_engine(const RuntimeOptions& o, int64_t max_batch, int64_t logit_row
     const MemoryNeed need = memory_need(*e.backend, models, caches, std::min(max_batch, e.n_ctx), std::min(logit_rows, e.n_ctx));
     const MemoryInfo info = e.backend->memory_info();
     check_fits(need, info, o.device);
-    e.longest_context = longest_context(need, caches, info.free);
+    e.longest_context = longest_context(need, caches, info.free, RuntimeOptions::kMaxCtx);
     e.single = std::make_unique<SingleRunner>(*e.model, *e.backend, *e.cache);
     e.runner = e.single.get();
     return e;

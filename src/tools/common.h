@@ -33,6 +33,7 @@ struct RuntimeOptions {
     CLI::Option* kv_opt = nullptr;
 
     static constexpr int64_t kDefaultCtx = 4096;  // as llama.cpp; capped at the model's
+    static constexpr int64_t kMaxCtx = int64_t(1) << 24;  // -c's largest value
 
     void add_to(CLI::App* sub, bool with_ctx = true);
     // The K/V pair from --kv, -ctk, -ctv (vxq::Error on a bad or empty method).
