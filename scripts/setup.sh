@@ -28,5 +28,6 @@ if ((${#missing[@]})); then
 fi
 
 SHARED="${VXQ_SHARED_DIR:-$(pwd)/../shared}"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DVXQ_SHARED_DIR="$SHARED" >/dev/null
+# What this build has (CUDA backend, NCCL for --tp) is printed; the rest of CMake's report is not.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DVXQ_SHARED_DIR="$SHARED" | { grep -E '^-- veloxquant:' || true; }
 ninja -C build
