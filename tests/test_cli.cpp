@@ -138,6 +138,9 @@ const BadInput kBadInputs[] = {
     {"TpQFilters", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", T(), "--mode", "stream", "--tp", "2",
                                                         "--evict", "qfilters:budget=64,calib=/nonexistent.gguf"}; },
      "--evict qfilters with --tp 2"},
+    {"SynthTpDoesNotSplit", [] { return std::vector<std::string>{"synth", "--shape", "tiny", "--type", "q4_0", "--tp", "4", "-o",
+                                                                 (std::filesystem::temp_directory_path() / "vxq_cli_never.gguf").string()}; },
+     "--shape tiny: --tp 4 does not divide the 2 KV heads"},
     {"BenchTpTwoModels", [] { return std::vector<std::string>{"bench", "-m", M(), "-m", M(), "-p", "0", "-n", "2", "--tp", "2"}; },
      "--tp 2 runs one model"},
     {"PerplexityMissingText", [] { return std::vector<std::string>{"perplexity", "-m", M(), "-f", "/nonexistent.txt"}; }, "/nonexistent.txt"},
@@ -458,6 +461,19 @@ TEST(Cli, CudaTp2RunsOrIsOneLineError) {
     const auto one = test::run_cli(args);
     ASSERT_EQ(one.exit_code, 0) << one.err;
     EXPECT_EQ(nlohmann::json::parse(r.out)["ids"], nlohmann::json::parse(one.out)["ids"]);
+}
+
+// synth --tp N checks the split before writing: a refused one leaves no file.
+TEST(Cli, SynthTpChecksBeforeWriting) {
+    const auto out = std::filesystem::temp_directory_path() / "vxq_cli_synth_tp.gguf";
+    std::filesystem::remove(out);
+    const auto bad = test::run_cli({"synth", "--shape", "tiny", "--tp", "4", "-o", out.string()});
+    EXPECT_EQ(bad.exit_code, 1) << bad.err;
+    EXPECT_FALSE(std::filesystem::exists(out));
+    const auto good = test::run_cli({"synth", "--shape", "tiny", "--tp", "2", "-o", out.string()});
+    EXPECT_EQ(good.exit_code, 0) << good.err;
+    EXPECT_TRUE(std::filesystem::exists(out));
+    std::filesystem::remove(out);
 }
 
 // vxq bench --tp 2: every configuration on the group, each rank's memory in the JSON.

@@ -44,6 +44,15 @@ void check_tp_split(const ModelConfig& c, const ModelWeights& w, int size, const
     if (c.n_vocab < size) fail("{}: --tp {} is more ranks than the {} vocabulary rows", path, size, c.n_vocab);
 }
 
+void check_tp_split(const ModelConfig& c, GgmlType type, int size, const std::string& what) {
+    ModelWeights w;
+    LayerWeights L{};
+    L.wo = WeightView{type, nullptr, c.n_embd, c.q_dim(), ggml_row_bytes(type, c.q_dim())};
+    L.w_down = WeightView{type, nullptr, c.n_embd, c.n_ff, ggml_row_bytes(type, c.n_ff)};
+    w.layers.push_back(L);
+    check_tp_split(c, w, size, what);
+}
+
 ModelConfig shard_config(const ModelConfig& full, TpRank tp) {
     ModelConfig c = full;
     c.n_head = full.n_head / tp.size;

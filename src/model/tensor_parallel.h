@@ -41,6 +41,10 @@ inline int64_t tp_begin(int64_t n, int rank, int size) { return n * rank / size;
 // (attention output, FFN down) whole blocks of its weight type and of its activations' dot type.
 void check_tp_split(const ModelConfig& full, const ModelWeights& w, int size, const std::string& path);
 
+// The same check for a shape whose matrices all have one type (what vxq synth writes), before
+// the file exists; `what` names it in the message.
+void check_tp_split(const ModelConfig& full, GgmlType type, int size, const std::string& what);
+
 // The config rank `tp` runs: its heads, KV heads and FFN width (everything else as `full`).
 ModelConfig shard_config(const ModelConfig& full, TpRank tp);
 

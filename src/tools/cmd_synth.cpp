@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/synth.h"
+#include "model/tensor_parallel.h"
 #include "tools/commands.h"
 #include "tools/common.h"
 
@@ -21,6 +22,7 @@ struct SynthCliOptions {
     int64_t layers = 0;
     int64_t vocab = 0;
     int threads = 0;
+    int tp = 1;
 };
 
 std::string shape_list() {
@@ -37,6 +39,17 @@ void run_synth(const SynthCliOptions& o) {
     const auto type = synth_weight_type(o.type);
     if (!type) fail("unknown --type '{}' (synth writes f16, q8_0 or q4_0)", o.type);
     const SynthModel m(SynthOptions{o.shape, *type, o.seed, o.layers, o.vocab, o.threads});
+    if (o.tp > 1) {  // before writing tens of GB that --tp N would then refuse
+        const ModelShape& s = m.shape();
+        ModelConfig c;
+        c.n_embd = s.n_embd;
+        c.n_head = s.n_head;
+        c.n_head_kv = s.n_head_kv;
+        c.head_dim = s.n_embd / s.n_head;
+        c.n_ff = s.n_ff;
+        c.n_vocab = s.n_vocab;
+        check_tp_split(c, *type, o.tp, fmt::format("--shape {}", s.name));
+    }
     const bool tty = stderr_is_tty();
     const double total_mib = double(m.file().file_bytes()) / (1 << 20);
     m.write(o.out, [&](uint64_t done, uint64_t total) {
@@ -66,6 +79,8 @@ void add_synth(CLI::App& app, int& rc) {
     sub->add_option("--layers", o->layers, "number of layers instead of the shape's (quick runs, tests)");
     sub->add_option("--vocab", o->vocab, "vocabulary size instead of the shape's (>= 320; small test files)");
     sub->add_option("-t,--threads", o->threads, "threads generating weights (default: all)");
+    sub->add_option("--tp", o->tp, "check first that the model splits over N tensor-parallel ranks (vxq ... --tp N)")
+        ->check(CLI::Range(1, 64));
     sub->callback([o, &rc] {
         run_synth(*o);
         rc = 0;
