@@ -147,7 +147,7 @@ TEST(Cuda, TensorParallelNcclPathOnOneGpu) {
     for (int pass = 0; pass < 3; ++pass) {
         float* x = g.activation_buffer(0, size_t(rows * cols));
         g.embed(t, ids, rows, x);
-        g.all_reduce_sum(x, rows * cols);
+        g.all_reduce_sum(x, x, rows * cols);
         std::vector<float> out(size_t(rows * cols), -1.0f);
         const int64_t widths[] = {cols};
         g.gather_columns(x, rows, widths, out.data());

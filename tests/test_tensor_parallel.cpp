@@ -117,7 +117,7 @@ TEST(TensorParallel, HostGroupSumsInRankOrderAndGathersColumns) {
     std::vector<std::thread> t;
     for (int r = 0; r < kRanks; ++r) {
         t.emplace_back([&, r] {
-            g.all_reduce_sum(r, x[size_t(r)].data(), 4);
+            g.all_reduce_sum(r, x[size_t(r)].data(), x[size_t(r)].data(), 4);
             g.gather_columns(r, blocks[size_t(r)].data(), 2, widths, r == 0 ? gathered.data() : nullptr);
         });
     }
@@ -130,6 +130,16 @@ TEST(TensorParallel, HostGroupSumsInRankOrderAndGathersColumns) {
         EXPECT_EQ(x[size_t(r)], (std::vector<float>{first, second, third, 3.0f})) << "rank " << r;
     }
     EXPECT_EQ(gathered, (std::vector<float>{1, 2, 5, 6, 7, 11, 3, 4, 8, 9, 10, 12}));
+
+    // Out of place on some ranks (the forward pass: rank 0 sends its x, the others a product).
+    std::vector<std::vector<float>> part{{}, {2.0f, 3.0f}, {4.0f, 5.0f}}, into(kRanks, std::vector<float>{-9.0f, -9.0f});
+    into[0] = {1.0f, 1.0f};
+    t.clear();
+    for (int r = 0; r < kRanks; ++r) {
+        t.emplace_back([&, r] { g.all_reduce_sum(r, r == 0 ? into[0].data() : part[size_t(r)].data(), into[size_t(r)].data(), 2); });
+    }
+    for (auto& th : t) th.join();
+    for (int r = 0; r < kRanks; ++r) EXPECT_EQ(into[size_t(r)], (std::vector<float>{7.0f, 9.0f})) << "rank " << r;
 }
 
 TEST(TensorParallel, HostGroupAbortWakesAWaitingRank) {
@@ -137,14 +147,14 @@ TEST(TensorParallel, HostGroupAbortWakesAWaitingRank) {
     std::string error;
     std::thread waiting([&] {
         float x[1] = {1};
-        error = error_of([&] { g.all_reduce_sum(0, x, 1); });
+        error = error_of([&] { g.all_reduce_sum(0, x, x, 1); });
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     g.abort();
     waiting.join();
     EXPECT_NE(error.find("another rank failed"), std::string::npos) << error;
     float y[1] = {1};
-    EXPECT_NE(error_of([&] { g.all_reduce_sum(1, y, 1); }), "");  // and every later collective
+    EXPECT_NE(error_of([&] { g.all_reduce_sum(1, y, y, 1); }), "");  // and every later collective
 }
 
 // Rank r's matrices are the whole model's rows (Q, K, V, gate, up, output) or whole blocks of its
@@ -329,7 +339,7 @@ TEST(TensorParallel, H64OverTwoRanksComputesWhatOneRankComputes) {
 // a 512-token vocabulary keeps the file at ~125 MB; Q4_0 weights, so the row-parallel slices
 // are whole Q4_0 blocks) over 2 and 8 ranks against one, with an f16, a q4_0 and a kivi-2 cache:
 // with one layer the caches hold the same bytes, so the logits differ by the order of the two
-// row-parallel sums and the output head's split only, and greedy tokens are the same.
+// row-parallel sums and the output head's split only (KL < 1e-6).
 TEST(TensorParallel, Llama3_8bShapeOverTwoAndEightRanks) {
     const SynthModel m(SynthOptions{"llama3-8b", GgmlType::Q4_0, 1, 1, 512});
     const std::string path =
@@ -351,10 +361,15 @@ TEST(TensorParallel, Llama3_8bShapeOverTwoAndEightRanks) {
             Split split(path, tp, kv, 64);
             const auto b = run_logits(*split.run, tokens, 32);
             EXPECT_LT(mean_kl(a, b, 512), 1e-6);
+            // The same argmax, or a near-tie. Q4_0 weights quantize their activations to q8_0, so an
+            // ulp of the sums' order can move a residual element by a q8_0 step before the next
+            // matmul: logits move by up to 0.018 here (peak 4; KL 7e-7 at --tp 8), and random
+            // weights give rows whose two largest logits are closer than that.
             for (size_t r = 0; r < tokens.size(); ++r) {
                 const auto row = [&](const std::vector<float>& l) { return l.begin() + std::ptrdiff_t(r * 512); };
-                EXPECT_EQ(std::max_element(row(a), row(a) + 512) - row(a), std::max_element(row(b), row(b) + 512) - row(b))
-                    << "row " << r;
+                const auto ia = std::max_element(row(a), row(a) + 512) - row(a);
+                const auto ib = std::max_element(row(b), row(b) + 512) - row(b);
+                if (ia != ib) EXPECT_LT(row(a)[ia] - row(a)[ib], 0.03f) << "row " << r;
             }
         }
     }

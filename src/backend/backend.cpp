@@ -12,8 +12,9 @@ void Backend::kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float*
     cache.write(layer, pos0, to_host(k, count, 0), to_host(v, count, 1), n);
 }
 
-void Backend::all_reduce_sum(float* /*x*/, int64_t /*n*/) {
+void Backend::all_reduce_sum(const float* send, float* recv, int64_t n) {
     VXQ_ASSERT(tp_size() == 1);  // a group's backends override it
+    if (send != recv) std::memcpy(recv, send, size_t(n) * sizeof(float));
 }
 
 void Backend::gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) {

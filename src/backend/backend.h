@@ -101,8 +101,9 @@ public:
     // Makes the calling thread ready to run this backend's ops (a GPU backend selects its device);
     // a group's thread calls it once before its first op.
     virtual void bind_thread() {}
-    // x (n floats, this backend's memory) becomes the elementwise sum of every rank's x.
-    virtual void all_reduce_sum(float* x, int64_t n);
+    // recv (n floats, this backend's memory) becomes the elementwise sum of every rank's send
+    // (n floats, this backend's memory; send == recv: in place). Ranks may differ in which.
+    virtual void all_reduce_sum(const float* send, float* recv, int64_t n);
     // Each rank passes its block x [n_rows, widths[rank]] (its memory); rank 0's out (host memory,
     // [n_rows, sum of widths]) gets rank r's block at column widths[0] + ... + widths[r - 1].
     // The other ranks pass out = nullptr.

@@ -103,8 +103,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
                                     be.to_host(attn, size_t(n * c.q_dim()), 1));
         }
         be.matmul(L.wo, attn, n, cur);
-        if (tp_.size > 1) be.all_reduce_sum(cur, n * c.n_embd);  // row-parallel: the ranks' partial products
-        be.add(x, cur, n * c.n_embd);
+        add_partial_sums(be, x, cur, n * c.n_embd);
 
         // After the last attention only the rows whose logits are wanted matter; llama.cpp
         // drops the others there too, so its last FFN runs (and orders its sums) on n_out rows.
@@ -115,8 +114,7 @@ void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.matmul(L.w_up, cur, m, up);
         be.swiglu(gate, up, m, c.n_ff);
         be.matmul(L.w_down, gate, m, cur);
-        if (tp_.size > 1) be.all_reduce_sum(cur, m * c.n_embd);
-        be.add(xs, cur, m * c.n_embd);
+        add_partial_sums(be, xs, cur, m * c.n_embd);
     }
     cache.commit(pos0 + n);
 
@@ -138,6 +136,15 @@ void Model::check_batch(std::span<const TokenId> tokens, int64_t cached, int64_t
     for (const TokenId t : tokens) {
         if (t < 0 || t >= cfg_.n_vocab) fail("token id {} is outside the vocabulary [0, {})", t, cfg_.n_vocab);
     }
+}
+
+void Model::add_partial_sums(Backend& be, float* x, float* part, int64_t n) const {
+    // One rank: x += its product (a device backend fuses the add into the matmul's store).
+    // Row-parallel: x += the sum of every rank's partial product. Rank 0 adds its own to x alike,
+    // so x is its share; the others send their products; every rank's x receives the sum, and no
+    // rank runs an add kernel of its own.
+    if (tp_.rank == 0) be.add(x, part, n);
+    if (tp_.size > 1) be.all_reduce_sum(tp_.rank == 0 ? x : part, x, n);
 }
 
 size_t Model::weight_bytes() const {

@@ -68,6 +68,8 @@ public:
 
 private:
     Model(GgufFile f) : file_(std::move(f)) {}
+    // x += part (this rank's product), then in a tensor-parallel group x += every other rank's.
+    void add_partial_sums(Backend& be, float* x, float* part, int64_t n) const;
 
     GgufFile file_;
     ModelConfig cfg_, local_;

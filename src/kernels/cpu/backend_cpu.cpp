@@ -118,8 +118,9 @@ public:
 
     int tp_rank() const override { return rank_; }
     int tp_size() const override { return group_ ? group_->size() : 1; }
-    void all_reduce_sum(float* x, int64_t n) override {
-        if (group_) group_->all_reduce_sum(rank_, x, n);
+    void all_reduce_sum(const float* send, float* recv, int64_t n) override {
+        if (!group_) return Backend::all_reduce_sum(send, recv, n);
+        group_->all_reduce_sum(rank_, send, recv, n);
     }
     void gather_columns(const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) override {
         if (!group_) return Backend::gather_columns(x, n_rows, widths, out);

@@ -28,8 +28,8 @@ void HostGroup::abort() {
     cv_.notify_all();
 }
 
-void HostGroup::all_reduce_sum(int rank, float* x, int64_t n) {
-    in_[size_t(rank)] = x;
+void HostGroup::all_reduce_sum(int rank, const float* send, float* recv, int64_t n) {
+    in_[size_t(rank)] = send;
     wait_all();  // every rank's x is in
     std::vector<float>& s = sums_[size_t(rank)];
     s.assign(in_[0], in_[0] + n);
@@ -37,8 +37,8 @@ void HostGroup::all_reduce_sum(int rank, float* x, int64_t n) {
         const float* y = in_[size_t(r)];
         for (int64_t i = 0; i < n; ++i) s[size_t(i)] += y[i];
     }
-    wait_all();  // nobody reads another rank's x any more
-    std::memcpy(x, s.data(), size_t(n) * sizeof(float));
+    wait_all();  // nobody reads another rank's send any more
+    std::memcpy(recv, s.data(), size_t(n) * sizeof(float));
 }
 
 void HostGroup::gather_columns(int rank, const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out) {

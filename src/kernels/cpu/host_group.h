@@ -17,9 +17,9 @@ public:
     explicit HostGroup(int size);
     int size() const { return size_; }
 
-    // Each rank's x (n floats) becomes x_0 + x_1 + ... + x_{size-1}, summed in that order, so
-    // every rank holds the same bits.
-    void all_reduce_sum(int rank, float* x, int64_t n);
+    // Each rank's recv (n floats) becomes send_0 + send_1 + ... + send_{size-1}, summed in that
+    // order, so every rank holds the same bits (send == recv: in place).
+    void all_reduce_sum(int rank, const float* send, float* recv, int64_t n);
     // Backend::gather_columns: rank 0's out gets every rank's block x [n_rows, widths[r]].
     void gather_columns(int rank, const float* x, int64_t n_rows, std::span<const int64_t> widths, float* out);
     // A rank failed: every wait in progress or to come throws instead of waiting for it.

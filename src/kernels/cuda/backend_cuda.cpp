@@ -233,22 +233,26 @@ public:
     int tp_rank() const override { return tp_.rank; }
     int tp_size() const override { return tp_.size; }
     // With a communicator, also in a group of one (the tests' NCCL path on a single GPU).
-    void all_reduce_sum(float* x, int64_t n) override {
+    void all_reduce_sum(const float* send, float* recv, int64_t n) override {
 #if VXQ_HAVE_NCCL
-        if (!tp_.comm) return;
+        if (!tp_.comm) return Backend::all_reduce_sum(send, recv, n);
         if (aborted_) fail("tensor parallelism: another rank failed");
-        VXQ_ASSERT(is_device(x));
+        VXQ_ASSERT(is_device(send) && is_device(recv));
         struct A {
-            float* x;
+            const float* send;
+            float* recv;
             uint64_t n;
             ncclComm_t comm;
         } a = zeroed<A>();
-        a.x = x;
+        a.send = send;
+        a.recv = recv;
         a.n = uint64_t(n);
         a.comm = tp_.comm;
         record(Op::AllReduce, a, [](const A& a, cudaStream_t st) {
-            nccl_check(nccl_api().all_reduce(a.x, a.x, a.n, ncclFloat, ncclSum, a.comm, st), "all-reduce");
+            nccl_check(nccl_api().all_reduce(a.send, a.recv, a.n, ncclFloat, ncclSum, a.comm, st), "all-reduce");
         });
+#else
+        Backend::all_reduce_sum(send, recv, n);
 #endif
     }
     // Rank 0 receives the other ranks' blocks into gather_ (rank-major), lays them out as rows of
