@@ -53,6 +53,7 @@ void run_perplexity(PerplexityOptions o) {
     struct rusage ru {};
     getrusage(RUSAGE_SELF, &ru);
     fmt::print("peak RSS: {} KiB\n", ru.ru_maxrss);
+    fmt::print("{}\n", memory_summary(e));  // each rank's with --tp
     fmt::print("Final estimate: PPL = {:.4f} +/- {:.5f}\n", r.ppl, r.ppl_err);
 }
 }  // namespace
