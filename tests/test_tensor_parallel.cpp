@@ -369,7 +369,9 @@ TEST(TensorParallel, Llama3_8bShapeOverTwoAndEightRanks) {
                 const auto row = [&](const std::vector<float>& l) { return l.begin() + std::ptrdiff_t(r * 512); };
                 const auto ia = std::max_element(row(a), row(a) + 512) - row(a);
                 const auto ib = std::max_element(row(b), row(b) + 512) - row(b);
-                if (ia != ib) EXPECT_LT(row(a)[ia] - row(a)[ib], 0.03f) << "row " << r;
+                if (ia != ib) {
+                    EXPECT_LT(row(a)[ia] - row(a)[ib], 0.03f) << "row " << r;
+                }
             }
         }
     }

@@ -214,12 +214,8 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
     };
     std::vector<std::vector<KvFigure>> kv_of(configs.size(), std::vector<KvFigure>(tests.size()));
     // Every rank's bytes, per element of the whole model's K/V.
-    const auto figure = [&](Arm& a) {
-        const ModelConfig& m = configs[0].model->config();
-        const int64_t tokens = a.run().size();
-        const size_t bytes = a.run().kv_bytes();
-        const double elements = 2.0 * double(m.n_layer * m.n_head_kv * m.head_dim) * double(tokens);
-        return KvFigure{bytes, tokens > 0 ? 8.0 * double(bytes) / elements : 0.0, true};
+    const auto figure = [](Arm& a) {
+        return KvFigure{a.run().kv_bytes(), a.run().kv_bits_per_element(a.run().size()), true};
     };
     const auto held = [](const Test& t) { return t.depth + t.n; };
 

@@ -30,6 +30,10 @@ public:
     virtual size_t kv_bytes() const = 0;  // resident KV bytes of every backend's cache
     // Backend::output_buffer of the backend whose logits reach the host (nullptr: pass your own).
     virtual float* output_buffer(size_t n) = 0;
+
+    // kv_bytes() in bits per element of the whole model's K and V for `tokens` tokens (0 for none):
+    // every rank's bytes over every KV head (resident_bits_per_element of one cache alone).
+    double kv_bits_per_element(int64_t tokens) const;
 };
 
 // One model on one backend over one cache (borrowed: they must outlive the runner).

@@ -60,7 +60,7 @@ void run_generate(const GenerateOptions& o) {
         const ModelConfig& m = e.runner->model().config();  // the whole model's KV heads (every rank's)
         const int64_t f16_bytes = 4 * m.n_layer * m.n_head_kv * m.head_dim * tokens;
         j["kv_cache"] = {{"format", e.ranks()[0].second->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx},
-                         {"tokens", tokens}, {"bits_per_element", tokens > 0 ? 16.0 * double(kv_bytes) / double(f16_bytes) : 0.0},
+                         {"tokens", tokens}, {"bits_per_element", e.runner->kv_bits_per_element(tokens)},
                          {"f16_bytes", f16_bytes}, {"longest_context", e.longest_context}};
         j["backend"] = e.describe();
         j["backend_memory"] = memory_json(BackendMemory::of(*e.ranks()[0].first));
