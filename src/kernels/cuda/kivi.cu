@@ -263,30 +263,56 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
 }
 
 // The flush of a large write in the default layout (keys and values in groups of 32, 2 or 4
-// bits, head_dim D 64 or 128), without staging through shared memory: block (chunk of 32
-// write-local tokens, KV head g, role), a group of 32 values a thread in registers. Keys: a thread
-// per channel loads the chunk's 32 values of it (a warp's loads of a token one 128-byte line, all
-// 32 in flight); values: a thread per (token, row of 32 channels) loads its row (16-byte loads).
-// Each takes the first minimum and maximum in order (kivi::quantize_group's loop) and writes its
-// packed row in one or two 8-byte stores. The staging form (encode_chunk) spent ~80 instructions
-// a value in serial per-row loops with runtime group sizes (ncu, 2048 tokens: 10.9M warp
-// instructions, 27 us, 16 % of copy); a warp per value row (quantize_row_warp) still 26.5 us.
-constexpr int kFlushGroup = 32;
-template <int BITS>
-__device__ __forceinline__ void kivi_quantize_regs(const float (&v)[kFlushGroup], uint8_t* zero, uint8_t* scale, uint8_t* codes) {
-    constexpr float qmax = float((1 << BITS) - 1);
-    const KiviRange g = kivi_range([&](int t) { return v[t]; }, kFlushGroup);
-    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
-    unsigned words[BITS] = {};
+// bits, head_dim D 64 or 128), without staging through shared memory: blocks (chunk of 32
+// write-local tokens, quarter q of the chunk's groups, KV head g, role), a group of 32 values
+// quantized by four adjacent lanes, 8 values each in registers: a group's first minimum and
+// maximum in order are each lane's (the sequential loop over its 8), then combined with its
+// neighbours' in the order of their values (lanes 2i + 1 after 2i, then pairs; equal values keep
+// the earlier one, so the group's first as in kivi::quantize_group's loop: a +0 and a -0 give the
+// same bits as on the CPU), each lane computing the group's zero and scale and its 8 codes, which
+// are one 16- or 32-bit run of the group's packed row. Keys: lanes (channel, part) load tokens
+// 8 part .. 8 part + 7 of their channel (a warp's load of a token: 8 adjacent channels); values:
+// lanes (token, row of 32 channels, part) load channels 8 part .. + 7 of the row (two 16-byte
+// loads of x or two 8-byte loads of the ring). A thread per group (32 values in turn, 128 threads a block)
+// measured 20.9 us for 2048 tokens of 8 heads on the H200, 21 % of the copy (docs/gpu.md): a
+// serial chain of ~700 instructions per thread at 4 warps a block.
+constexpr int kFlushGroup = 32, kFlushParts = 4, kFlushPer = kFlushGroup / kFlushParts;
+// The range of an earlier (a) and a later (b) stretch of one group, as the sequential loop
+// leaves it: b's minimum only where strictly below a's (likewise the maximum).
+__device__ __forceinline__ KiviRange kivi_range_then(const KiviRange& a, const KiviRange& b) {
+    return KiviRange{b.mn < a.mn ? b.mn : a.mn, b.mx > a.mx ? b.mx : a.mx, a.nan || b.nan};
+}
+// The group's range from each of its 4 lanes' (lane % 4 = the stretch's place in the group).
+__device__ __forceinline__ KiviRange kivi_range_of_parts(KiviRange r, int part) {
 #pragma unroll
-    for (int t = 0; t < kFlushGroup; ++t) {
-        const unsigned code = zs.code(v[t]);
-        words[t * BITS / 32] |= code << ((t * BITS) % 32);
+    for (int o = 1; o < kFlushParts; o <<= 1) {
+        const KiviRange other{__shfl_xor_sync(0xffffffffu, r.mn, o), __shfl_xor_sync(0xffffffffu, r.mx, o),
+                              __shfl_xor_sync(0xffffffffu, int(r.nan), o) != 0};
+        r = (part & o) ? kivi_range_then(other, r) : kivi_range_then(r, other);
     }
-    *reinterpret_cast<uint16_t*>(zero) = zs.z16;
-    *reinterpret_cast<uint16_t*>(scale) = zs.s16;
+    return r;
+}
+// A lane's 8 values of a group: the group's zero and scale (written by part 0) and this lane's
+// codes, bits 8 part BITS .. of the group's packed row.
+template <int BITS>
+__device__ __forceinline__ void kivi_quantize_part(const float (&v)[kFlushPer], int part, bool store, uint8_t* zero,
+                                                   uint8_t* scale, uint8_t* codes) {
+    constexpr float qmax = float((1 << BITS) - 1);
+    const KiviRange g = kivi_range_of_parts(kivi_range([&](int t) { return v[t]; }, kFlushPer), part);
+    if (!store) return;
+    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
+    unsigned word = 0;
 #pragma unroll
-    for (int w = 0; w < BITS; w += 2) *reinterpret_cast<uint2*>(codes + 4 * w) = make_uint2(words[w], words[w + 1]);
+    for (int t = 0; t < kFlushPer; ++t) word |= zs.code(v[t]) << (t * BITS);
+    if (part == 0) {
+        *reinterpret_cast<uint16_t*>(zero) = zs.z16;
+        *reinterpret_cast<uint16_t*>(scale) = zs.s16;
+    }
+    if constexpr (BITS == 2) {
+        reinterpret_cast<uint16_t*>(codes)[part] = uint16_t(word);
+    } else {
+        reinterpret_cast<unsigned*>(codes)[part] = word;
+    }
 }
 // Write-local token i's slot in stream w's window (i < w.pending) or null (a row of x).
 __device__ __forceinline__ int kivi_flush_slot(const KvWindowWrite& w, int i) {
@@ -294,56 +320,63 @@ __device__ __forceinline__ int kivi_flush_slot(const KvWindowWrite& w, int i) {
     const int slot = int(w.head) + i;
     return slot >= int(w.slots) ? slot - int(w.slots) : slot;
 }
+// Blocks per chunk and role: 4 lanes per group of 32, D groups of keys or 32 tokens x D / 32 rows of values.
+template <int D>
+constexpr int kFlushQuarters = kFlushParts * D / kStoreThreads;
 template <int D, int KB, int VB>
-__global__ void __launch_bounds__(kStoreThreads, 4) kivi_flush_kernel(KiviStoreParams p) {
+__global__ void __launch_bounds__(kStoreThreads) kivi_flush_kernel(KiviStoreParams p) {
     pdl_wait();
-    constexpr int G = kFlushGroup;
-    const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x) * G;
+    constexpr int G = kFlushGroup, Q = kFlushQuarters<D>;
+    const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x / Q) * G;
+    const int e = int(blockIdx.x % Q) * kStoreThreads + threadIdx.x, part = e % kFlushParts;
     const KvWindowWrite w = p.plan[role];
     const int cnt = min(G, int(w.encoded) - i0);
-    if (cnt <= 0) return;
+    if (cnt <= 0) return;  // the whole block
     const KiviHeadDev h = p.heads[g];
     const int64_t stride = p.n_head_kv * D;
     const float* x = (role ? p.v : p.k) + int64_t(g) * D;
     const auto* ring = reinterpret_cast<const __half*>(role ? h.vw : h.kw);
-    float v[G];
+    float v[kFlushPer];
     if (role == 0) {  // cnt == G: keys are encoded in whole blocks
+        const int c = e / kFlushParts;
         uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + i0 / G) * int64_t(D * (4 + G * KB / 8));
-        for (int c = threadIdx.x; c < D; c += kStoreThreads) {
 #pragma unroll
-            for (int t = 0; t < G; ++t) {
-                const int slot = kivi_flush_slot(w, i0 + t);
-                v[t] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
-                                 : __half2float(__float2half_rn(x[int64_t(i0 + t - int(w.pending)) * stride + c]));
-            }
-            kivi_quantize_regs<KB>(v, blk + 2 * c, blk + 2 * D + 2 * c, blk + 4 * D + c * (G * KB / 8));
+        for (int j = 0; j < kFlushPer; ++j) {
+            const int t = i0 + part * kFlushPer + j, slot = kivi_flush_slot(w, t);
+            v[j] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
+                             : __half2float(__float2half_rn(x[int64_t(t - int(w.pending)) * stride + c]));
         }
+        kivi_quantize_part<KB>(v, part, true, blk + 2 * c, blk + 2 * D + 2 * c, blk + 4 * D + c * (G * KB / 8));
         return;
     }
     constexpr int R = D / G, RB = G * VB / 8, TB = R * (4 + RB);  // value rows, bytes a row's codes, a token's block
-    for (int e = threadIdx.x; e < cnt * R; e += kStoreThreads) {
-        const int t = e / R, r = e - t * R, slot = kivi_flush_slot(w, i0 + t);
-        if (slot >= 0) {
-            const auto* src = reinterpret_cast<const uint2*>(ring + int64_t(slot) * D + r * G);
+    const int t = e / (kFlushParts * R), r = e / kFlushParts - t * R;
+    const bool mine = t < cnt;  // the 4 lanes of a row alike
+    const int slot = mine ? kivi_flush_slot(w, i0 + t) : -1;
+    const int c0 = r * G + part * kFlushPer;
+    if (!mine) {
 #pragma unroll
-            for (int j = 0; j < G / 4; ++j) {
-                const uint2 u = src[j];
-                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-                v[4 * j] = a.x, v[4 * j + 1] = a.y, v[4 * j + 2] = b.x, v[4 * j + 3] = b.y;
-            }
-        } else {
-            const auto* src = reinterpret_cast<const float4*>(x + int64_t(i0 + t - int(w.pending)) * stride + r * G);
+        for (int j = 0; j < kFlushPer; ++j) v[j] = 0.0f;
+    } else if (slot >= 0) {
+        const auto* src = reinterpret_cast<const uint2*>(ring + int64_t(slot) * D + c0);  // 8-byte aligned rows
+        const uint2 a = src[0], b = src[1];
+        const unsigned wd[4] = {a.x, a.y, b.x, b.y};
 #pragma unroll
-            for (int j = 0; j < G / 4; ++j) {
-                const float4 f = src[j];
-                v[4 * j] = __half2float(__float2half_rn(f.x)), v[4 * j + 1] = __half2float(__float2half_rn(f.y));
-                v[4 * j + 2] = __half2float(__float2half_rn(f.z)), v[4 * j + 3] = __half2float(__float2half_rn(f.w));
-            }
+        for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wd[j]));
+            v[2 * j] = f.x, v[2 * j + 1] = f.y;
         }
-        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + t) * int64_t(TB);
-        kivi_quantize_regs<VB>(v, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB);
+    } else {
+        const auto* src = reinterpret_cast<const float4*>(x + int64_t(i0 + t - int(w.pending)) * stride + c0);
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const float4 f = src[j];
+            v[4 * j] = __half2float(__float2half_rn(f.x)), v[4 * j + 1] = __half2float(__float2half_rn(f.y));
+            v[4 * j + 2] = __half2float(__float2half_rn(f.z)), v[4 * j + 3] = __half2float(__float2half_rn(f.w));
+        }
     }
+    uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + (mine ? t : 0)) * int64_t(TB);
+    kivi_quantize_part<VB>(v, part, mine, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB);
 }
 // Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
 // tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes.
@@ -358,7 +391,7 @@ bool kivi_flush_fits(const KiviStoreParams& p) {
 }
 template <int D>
 void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
-    const dim3 grid(chunks, unsigned(p.n_head_kv), 2);
+    const dim3 grid(chunks * unsigned(kFlushQuarters<D>), unsigned(p.n_head_kv), 2);
     if (p.kf.bits == 2) {
         p.vf.bits == 2 ? launch_pdl(kivi_flush_kernel<D, 2, 2>, grid, dim3(kStoreThreads), 0, st, p)
                        : launch_pdl(kivi_flush_kernel<D, 2, 4>, grid, dim3(kStoreThreads), 0, st, p);
