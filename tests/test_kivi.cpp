@@ -337,6 +337,43 @@ TEST(KiviParity, Rule1RoundHalfEven) {
     }
 }
 
+// The KIVI flush (kernels/cuda/kivi.cu, kivi_flush_kernel) finds a group's range in 4 lanes of 8
+// values, each lane's own loop and then two butterfly steps (kivi_range_step, lane part's partner
+// part ^ 1, then ^ 2). Emulated here lane by lane, every lane must end with the sequential loop's
+// range: the same bits of the minimum and maximum (a -0 and a +0 are equal, the first stays) and
+// the same NaN flag, on groups drawn from {+0, -0, 1, -1, 0.25, 3, NaN}.
+TEST(KiviParity, RangeOfPartsEqualsTheLoop) {
+    using vxq::cuda::KiviRange;
+    std::mt19937 rng(20261204);
+    const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.25f, 3.0f, std::numeric_limits<float>::quiet_NaN()};
+    const auto bits_of = [](float f) { return std::bit_cast<uint32_t>(f); };
+    int64_t signed_zero_groups = 0;
+    for (int g = 0; g < 200000; ++g) {
+        float v[32];
+        const int nan_odds = g % 2 ? 7 : 1000;  // half the groups rarely hold a NaN
+        for (float& x : v) {
+            const uint32_t r = rng();
+            x = r % nan_odds == 0 ? pool[6] : pool[(r / 7) % 6];
+        }
+        const KiviRange want = vxq::cuda::kivi_range([&](int t) { return v[t]; }, 32);
+        KiviRange lane[4];
+        for (int p = 0; p < 4; ++p) lane[p] = vxq::cuda::kivi_range([&](int t) { return v[8 * p + t]; }, 8);
+        for (int o = 1; o < 4; o <<= 1) {
+            KiviRange next[4];
+            for (int p = 0; p < 4; ++p) next[p] = vxq::cuda::kivi_range_step(lane[p], lane[p ^ o], p, o);
+            std::copy(next, next + 4, lane);
+        }
+        for (int p = 0; p < 4; ++p) {
+            ASSERT_EQ(lane[p].nan, want.nan) << "group " << g << " lane " << p;
+            if (want.nan) continue;  // zero and scale NaN: the codes do not read the range
+            ASSERT_EQ(bits_of(lane[p].mn), bits_of(want.mn)) << "group " << g << " lane " << p;
+            ASSERT_EQ(bits_of(lane[p].mx), bits_of(want.mx)) << "group " << g << " lane " << p;
+        }
+        signed_zero_groups += !want.nan && (want.mn == 0.0f || want.mx == 0.0f);
+    }
+    EXPECT_GT(signed_zero_groups, 100) << "too few groups whose range ends in a zero to test its sign";
+}
+
 // The device encoders' reciprocal form (kernels/cuda/kivi_code.h: codes from (x - z) * (1 / s),
 // the division only near a half-integer) against the codec's division, on fp16 values at, next
 // to and between the half-integers of random groups (zeros in [-4, 4], scales 2^-12 .. 2^6, the

@@ -50,24 +50,6 @@ struct KiviZeroScale {
     __device__ __forceinline__ unsigned code(float x) const { return s > 0.0f ? kivi_code_rcp(x, z, s, inv_s, qmax) : 0u; }
 };
 
-// A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's
-// loop), of the n values get(0..n-1).
-struct KiviRange {
-    float mn, mx;
-    bool nan;
-};
-template <class Get>
-__device__ __forceinline__ KiviRange kivi_range(Get get, int n) {
-    const float x0 = get(0);
-    KiviRange r{x0, x0, false};
-    for (int i = 0; i < n; ++i) {
-        const float x = get(i);
-        if (x < r.mn) r.mn = x;
-        if (x > r.mx) r.mx = x;
-        r.nan |= x != x;
-    }
-    return r;
-}
 
 // kivi::quantize_group + pack_row for the n values get(0..n-1): zero and scale (fp16) and the
 // packed codes of one row.
@@ -277,18 +259,15 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
 // measured 20.9 us for 2048 tokens of 8 heads on the H200, 21 % of the copy (docs/gpu.md): a
 // serial chain of ~700 instructions per thread at 4 warps a block.
 constexpr int kFlushGroup = 32, kFlushParts = 4, kFlushPer = kFlushGroup / kFlushParts;
-// The range of an earlier (a) and a later (b) stretch of one group, as the sequential loop
-// leaves it: b's minimum only where strictly below a's (likewise the maximum).
-__device__ __forceinline__ KiviRange kivi_range_then(const KiviRange& a, const KiviRange& b) {
-    return KiviRange{b.mn < a.mn ? b.mn : a.mn, b.mx > a.mx ? b.mx : a.mx, a.nan || b.nan};
-}
-// The group's range from each of its 4 lanes' (lane % 4 = the stretch's place in the group).
+// The group's range from each of its 4 lanes' (lane % 4 = the stretch's place in the group): a
+// butterfly of kivi_range_step (kivi_code.h, where KiviParity.RangeOfPartsEqualsTheLoop checks the
+// same steps against the sequential loop on the host).
 __device__ __forceinline__ KiviRange kivi_range_of_parts(KiviRange r, int part) {
 #pragma unroll
     for (int o = 1; o < kFlushParts; o <<= 1) {
         const KiviRange other{__shfl_xor_sync(0xffffffffu, r.mn, o), __shfl_xor_sync(0xffffffffu, r.mx, o),
                               __shfl_xor_sync(0xffffffffu, int(r.nan), o) != 0};
-        r = (part & o) ? kivi_range_then(other, r) : kivi_range_then(r, other);
+        r = kivi_range_step(r, other, part, o);
     }
     return r;
 }

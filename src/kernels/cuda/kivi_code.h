@@ -63,4 +63,35 @@ VXQ_KIVI_CODE_FN unsigned kivi_code_rcp(float x, float z, float s, float inv_s, 
     return unsigned(rintf(q >= 0.0f ? fminf(q, qmax) : 0.0f));
 }
 
+// A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's
+// loop), of the n values get(0..n-1). (A -0 and a +0 compare equal: the first of them stays, and
+// its sign reaches the zero's fp16 bits.)
+struct KiviRange {
+    float mn, mx;
+    bool nan;
+};
+template <class Get>
+VXQ_KIVI_CODE_FN KiviRange kivi_range(Get get, int n) {
+    const float x0 = get(0);
+    KiviRange r{x0, x0, false};
+    for (int i = 0; i < n; ++i) {
+        const float x = get(i);
+        if (x < r.mn) r.mn = x;
+        if (x > r.mx) r.mx = x;
+        r.nan |= x != x;
+    }
+    return r;
+}
+// The range of an earlier (a) and a later (b) stretch of one group, as the sequential loop leaves
+// it: b's minimum only where strictly below a's, likewise the maximum. (With a NaN in either the
+// codes do not depend on them: the group's zero and scale are NaN.)
+VXQ_KIVI_CODE_FN KiviRange kivi_range_then(const KiviRange& a, const KiviRange& b) {
+    return KiviRange{b.mn < a.mn ? b.mn : a.mn, b.mx > a.mx ? b.mx : a.mx, a.nan || b.nan};
+}
+// One step of a butterfly over a group's stretches (stretch `part` held by lane part, partner
+// part ^ o): the lanes of the later half take the partner's range first.
+VXQ_KIVI_CODE_FN KiviRange kivi_range_step(const KiviRange& mine, const KiviRange& other, int part, int o) {
+    return (part & o) ? kivi_range_then(other, mine) : kivi_range_then(mine, other);
+}
+
 }  // namespace vxq::cuda
