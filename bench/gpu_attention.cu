@@ -25,8 +25,9 @@
 // windows.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
-// bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are
-// (0 contexts: only this table).
+// bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are,
+// each call enqueued by itself and the same calls replayed from a CUDA graph (0 contexts: only
+// this table).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -342,6 +343,13 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     return rows;
 }
 
+// An encoder's timings (ms per call, one by one and replayed in a CUDA graph) and bytes per call.
+constexpr int kEncodeCalls = 40;
+struct EncodeTiming {
+    std::pair<vxq::bench::Timing, vxq::bench::Timing> ms;
+    size_t bytes;
+};
+
 // An encoder's inputs: `copies` copies of `bytes` of N(0, 1) floats (device memory), rotated by
 // the timing loop so more than kMinWorkingSet is read between two reads of the same rows.
 float* rotated_inputs(size_t bytes, int64_t copies, uint32_t seed) {
@@ -360,7 +368,7 @@ float* rotated_inputs(size_t bytes, int64_t copies, uint32_t seed) {
 // The encoder alone: store_kv of n tokens x kHeadsKv heads in format f, keys and values, from
 // f32 rows (inputs rotated so > kMinWorkingSet is read between two reads of the same rows) into
 // pages of n tokens per head. Returns ms per call and bytes (read + written) per call.
-std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cudaStream_t st) {
+EncodeTiming run_encode(const Format& f, int64_t n, cudaStream_t st) {
     using namespace vxq;
     const size_t in_bytes = size_t(n * kHeadsKv * kHeadDim) * sizeof(float);  // k, and again v
     const size_t page_bytes = size_t(n * cuda::kv_token_bytes(f.code, kHeadDim));
@@ -384,20 +392,20 @@ std::pair<vxq::bench::Timing, size_t> run_encode(const Format& f, int64_t n, cud
     p.n_head_kv = kHeadsKv;
     p.head_dim = kHeadDim;
     p.k_code = p.v_code = f.code;
-    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, 1, [&](int, int i) {
+    const auto ms = bench::time_plain_and_graph(st, kEncodeCalls, [&](int i) {
         cuda::KvStoreParams pl = p;
         pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
         pl.v = pl.k + in_bytes / sizeof(float);
         cuda::store_kv(pl, st);
     });
     for (void* ptr : {static_cast<void*>(in), static_cast<void*>(pages), static_cast<void*>(heads)}) VXQ_CUDA_CHECK(cudaFree(ptr));
-    return {ms[0], 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
+    return {ms, 2 * in_bytes + 2 * page_bytes * size_t(kHeadsKv)};
 }
 
 // The KIVI store alone (kivi:bits=bits, G 32, R 128) flushing n tokens' keys and values of the
 // kHeadsKv heads at once (kivi_store with a plan that encodes all n, nothing left for the
 // window): bytes = the f32 rows read + the blocks written.
-std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
+EncodeTiming run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
     using namespace vxq;
     constexpr int kGroup = 32, kResidual = 128;
     const size_t in_bytes = size_t(n * kHeadsKv * kHeadDim) * sizeof(float);
@@ -429,7 +437,7 @@ std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaS
     p.head_dim = kHeadDim;
     p.kf = {bits, kGroup, int32_t(kHeadDim), int32_t(kHeadDim * (4 + kGroup * bits / 8)), kResidual};
     p.vf = {bits, kGroup, int32_t(kHeadDim / kGroup), int32_t(kHeadDim / kGroup * (4 + kGroup * bits / 8)), kResidual + 1};
-    const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, 1, [&](int, int i) {
+    const auto ms = bench::time_plain_and_graph(st, kEncodeCalls, [&](int i) {
         cuda::KiviStoreParams pl = p;
         pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
         pl.v = pl.k + in_bytes / sizeof(float);
@@ -438,7 +446,7 @@ std::pair<vxq::bench::Timing, size_t> run_kivi_encode(int bits, int64_t n, cudaS
     for (void* ptr : {static_cast<void*>(in), static_cast<void*>(pages), static_cast<void*>(heads), static_cast<void*>(plan)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
     }
-    return {ms[0], 2 * in_bytes + (k_bytes + v_bytes) * size_t(kHeadsKv)};
+    return {ms, 2 * in_bytes + (k_bytes + v_bytes) * size_t(kHeadsKv)};
 }
 
 }  // namespace
@@ -552,8 +560,12 @@ int main(int argc, char** argv) {
                     prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_gbs);
         std::vector<std::string> encode_json;
         if (!encode.empty()) {
-            std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call (min-max) | GB/s | of copy |\n");
-            std::printf("| --- | ---: | ---: | ---: | ---: | ---: |\n");
+            std::printf("\n%d repetitions of %d calls (median, min-max), enqueued one by one and replayed from a CUDA graph (the "
+                        "engine's way: no host launch cost), alternating\n",
+                        bench::kGpuRepeats, kEncodeCalls);
+            std::printf("\n| encode (store_kv) | tokens x 8 heads | MB/call (read + written) | us/call (min-max) | of copy | "
+                        "in a graph: us/call (min-max) | of copy |\n");
+            std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
             for (const std::string& fname : formats) {
                 const Format* fp = nullptr;
                 for (const Format& f : kFormats) {
@@ -561,17 +573,20 @@ int main(int argc, char** argv) {
                 }
                 const Format f = fp ? *fp : Format{fname == "kivi4" ? "kivi:bits=4" : "kivi:bits=2", cuda::KvCode::F16};
                 for (int64_t n : encode) {
-                    const auto [t, bytes] = fp ? run_encode(f, n, st) : run_kivi_encode(fname == "kivi4" ? 4 : 2, n, st);
-                    const double us = t.median * 1e3;
-                    const double gbs = double(bytes) / (us * 1e-6) / 1e9;
-                    std::printf("| %s | %lld | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n", f.kv, (long long)n,
-                                double(bytes) / 1e6, us, t.min * 1e3, t.max * 1e3, gbs, 100.0 * gbs / copy_gbs);
+                    const EncodeTiming e = fp ? run_encode(f, n, st) : run_kivi_encode(fname == "kivi4" ? 4 : 2, n, st);
+                    const bench::Timing &t = e.ms.first, &tg = e.ms.second;
+                    const auto of_copy = [&](double ms) { return 100.0 * double(e.bytes) / (ms * 1e-3) / 1e9 / copy_gbs; };
+                    std::printf("| %s | %lld | %.1f | %.1f (%.1f-%.1f) | %.0f%% | %.1f (%.1f-%.1f) | %.0f%% |\n", f.kv, (long long)n,
+                                double(e.bytes) / 1e6, t.median * 1e3, t.min * 1e3, t.max * 1e3, of_copy(t.median), tg.median * 1e3,
+                                tg.min * 1e3, tg.max * 1e3, of_copy(tg.median));
                     std::fflush(stdout);
-                    char line[256];
+                    char line[320];
                     std::snprintf(line, sizeof line,
                                   "{\"bench\": \"kv_encode\", \"kv\": \"%s\", \"tokens\": %lld, \"us\": %.2f, \"us_min\": %.2f, "
-                                  "\"us_max\": %.2f, \"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}",
-                                  f.kv, (long long)n, us, t.min * 1e3, t.max * 1e3, bench::kGpuRepeats, bytes, copy_gbs);
+                                  "\"us_max\": %.2f, \"us_graph\": %.2f, \"us_graph_min\": %.2f, \"us_graph_max\": %.2f, "
+                                  "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}",
+                                  f.kv, (long long)n, t.median * 1e3, t.min * 1e3, t.max * 1e3, tg.median * 1e3, tg.min * 1e3,
+                                  tg.max * 1e3, bench::kGpuRepeats, e.bytes, copy_gbs);
                     encode_json.push_back(line);
                 }
             }

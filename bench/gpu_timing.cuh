@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -52,6 +53,31 @@ std::vector<Timing> time_interleaved(cudaStream_t st, int calls, int arms, F&& f
     std::vector<Timing> out;
     for (const auto& m : ms) out.push_back({median(m), *std::min_element(m.begin(), m.end()), *std::max_element(m.begin(), m.end())});
     return out;
+}
+
+// The same calls two ways, alternating per repetition: enqueued one by one (the host's launch
+// cost and the GPU's gap between kernels included), and captured once into a CUDA graph that is
+// replayed (as the engine runs a step's kernels: no host launch cost, PDL edges kept). f(i)
+// enqueues call i on `st`. Returns milliseconds per call: {one by one, graph}.
+template <class F>
+std::pair<Timing, Timing> time_plain_and_graph(cudaStream_t st, int calls, F&& f) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    VXQ_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < calls; ++i) f(i);
+    VXQ_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    VXQ_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const std::vector<Timing> t = time_interleaved(st, 1, 2, [&](int arm, int) {
+        if (arm == 1) {
+            VXQ_CUDA_CHECK(cudaGraphLaunch(exec, st));
+        } else {
+            for (int i = 0; i < calls; ++i) f(i);
+        }
+    });
+    VXQ_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    VXQ_CUDA_CHECK(cudaGraphDestroy(graph));
+    const auto per_call = [&](const Timing& x) { return Timing{x.median / calls, x.min / calls, x.max / calls}; };
+    return {per_call(t[0]), per_call(t[1])};
 }
 
 // Milliseconds per call of f (enqueued on `st`): the median of one arm.

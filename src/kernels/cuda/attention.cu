@@ -83,14 +83,15 @@ __global__ void store_kv_kernel(KvStoreParams p) {
                  threadIdx.x, blockDim.x, h.v_scale);
 }
 
-// The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per row (token t,
-// head g, keys or values), lane l taking values 4l .. 4l + 3 of each 128-value stretch with one
-// 16-byte load. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes per
-// 32-block (the block's amax, or its first value of largest magnitude, by 3 shuffles), the same
-// arithmetic as kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time. The
-// kernel above takes a block per row and a thread per value: on the H200 it wrote 2048 tokens at
-// 14-35 % of the copy bandwidth (docs/gpu.md).
-constexpr int kStoreWarps = 8;
+// The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per kStoreRows
+// rows (row w: token w / 2 / n_head_kv, head (w / 2) % n_head_kv, keys for even w, values for odd),
+// each row's 16-byte loads issued before any is encoded; lane l takes values 4l .. 4l + 3 of each
+// 128-value stretch. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes
+// per 32-block (the block's amax, or its first value of largest magnitude, by 3 shuffles), the
+// same arithmetic as kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time.
+// A block per row and a thread per value wrote 2048 tokens at 14-35 % of the copy bandwidth on
+// the H200, a warp per row with one load in flight at 24-63 % (docs/gpu.md).
+constexpr int kStoreWarps = 8, kStoreRows = 4;
 // Element i of a 4-vector (float4, uint4).
 template <class V4>
 __device__ __forceinline__ auto at4(const V4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
@@ -98,75 +99,92 @@ __device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-by
     reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
     reinterpret_cast<uint16_t*>(p)[1] = uint16_t(w >> 16);
 }
-__global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStoreParams p) {
+// Row w's input and its slot's bytes.
+__device__ __forceinline__ const float* store_row_src(const KvStoreParams& p, int64_t w) {
+    return ((w & 1) ? p.v : p.k) + (w >> 1) * p.head_dim;
+}
+// Values c .. c + 3 (v; in: c < head_dim) of row w into its slot; every lane of the warp calls.
+__device__ __forceinline__ void store_row_stretch(const KvStoreParams& p, int64_t w, int c, bool in, const float4& v) {
     const int lane = threadIdx.x & 31, li = lane & 7;
-    const int64_t rows = p.n * p.n_head_kv;
-    const int64_t w = int64_t(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5);
-    if (w >= 2 * rows) return;  // whole warps: the shuffles below see every lane
     const bool is_v = w & 1;
     const int64_t r = w >> 1, t = r / p.n_head_kv, g = r % p.n_head_kv;
     const KvHeadDev h = p.heads[g];
     const int hd = int(p.head_dim);
     const KvCode code = is_v ? p.v_code : p.k_code;
-    const float* x = (is_v ? p.v : p.k) + r * hd;
     uint8_t* dst = reinterpret_cast<uint8_t*>(is_v ? h.v : h.k) + (h.n_tokens + t) * kv_token_bytes(code, hd);
-    for (int c0 = 0; c0 < hd; c0 += 128) {
+    if (code == KvCode::F16) {
+        if (in) {
+            const uint2 hw{kv_half_bits(v.x) | (unsigned(kv_half_bits(v.y)) << 16),
+                           kv_half_bits(v.z) | (unsigned(kv_half_bits(v.w)) << 16)};
+            *reinterpret_cast<uint2*>(dst + 2 * c) = hw;
+        }
+        return;
+    }
+    if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
+        const float sc = is_v ? h.v_scale : h.k_scale;
+        if (in) {
+            const unsigned lo = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8);
+            const unsigned hi = unsigned(kv_fp8_code(v.z, sc)) | (unsigned(kv_fp8_code(v.w, sc)) << 8);
+            *reinterpret_cast<unsigned*>(dst + c) = lo | (hi << 16);
+        }
+        return;
+    }
+    uint8_t* blk = dst + (c / kQBlock) * (code == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
+    if (code == KvCode::Q8_0) {
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float id = kv_q8_inv_scale(amax);
+        unsigned q = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(at4(v, i), id)) << (8 * i);
+        if (in) {
+            store_u32_at2(blk + 2 + 4 * li, q);
+            if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
+        }
+    } else {
+        // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
+        float best = -1.0f;
+        int at = 4 * li;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float a = kv_q4_magnitude(at4(v, i));
+            if (a > best) {
+                best = a;
+                at = 4 * li + i;
+            }
+        }
+        first_max_lanes<4>(best, at);  // the block's 8 lanes
+        const float vm = __shfl_sync(0xffffffffu, at4(v, at & 3), (lane & ~7) | (at >> 2));
+        const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
+        unsigned q = 0;  // this lane's four codes, a byte each
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
+        const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
+        if (in && li < 4) {
+            store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
+            if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
+        }
+    }
+}
+__global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStoreParams p) {
+    pdl_wait();
+    pdl_launch_dependents();  // the next kernel's blocks may take the SMs this grid leaves
+    const int lane = threadIdx.x & 31;
+    const int64_t rows = 2 * p.n * p.n_head_kv;
+    const int64_t w0 = (int64_t(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5)) * kStoreRows;
+    if (w0 >= rows) return;  // whole warps: the shuffles see every lane
+    for (int c0 = 0; c0 < int(p.head_dim); c0 += 128) {
         const int c = c0 + 4 * lane;
-        const bool in = c < hd;  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
-        const float4 v = in ? *reinterpret_cast<const float4*>(x + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (code == KvCode::F16) {
-            if (in) {
-                const uint2 hw{kv_half_bits(v.x) | (unsigned(kv_half_bits(v.y)) << 16),
-                               kv_half_bits(v.z) | (unsigned(kv_half_bits(v.w)) << 16)};
-                *reinterpret_cast<uint2*>(dst + 2 * c) = hw;
-            }
-            continue;
+        const bool in = c < int(p.head_dim);  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
+        float4 v[kStoreRows];
+#pragma unroll
+        for (int u = 0; u < kStoreRows; ++u) {
+            v[u] = in && w0 + u < rows ? *reinterpret_cast<const float4*>(store_row_src(p, w0 + u) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
-            const float sc = is_v ? h.v_scale : h.k_scale;
-            if (in) {
-                const unsigned lo = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8);
-                const unsigned hi = unsigned(kv_fp8_code(v.z, sc)) | (unsigned(kv_fp8_code(v.w, sc)) << 8);
-                *reinterpret_cast<unsigned*>(dst + c) = lo | (hi << 16);
-            }
-            continue;
-        }
-        uint8_t* blk = dst + (c / kQBlock) * (code == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
-        if (code == KvCode::Q8_0) {
-            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
-            for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            const float id = kv_q8_inv_scale(amax);
-            unsigned q = 0;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(at4(v, i), id)) << (8 * i);
-            if (in) {
-                store_u32_at2(blk + 2 + 4 * li, q);
-                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
-            }
-        } else {
-            // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
-            float best = -1.0f;
-            int at = 4 * li;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float a = kv_q4_magnitude(at4(v, i));
-                if (a > best) {
-                    best = a;
-                    at = 4 * li + i;
-                }
-            }
-            first_max_lanes<4>(best, at);  // the block's 8 lanes
-            const float vm = __shfl_sync(0xffffffffu, at4(v, at & 3), (lane & ~7) | (at >> 2));
-            const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
-            unsigned q = 0;  // this lane's four codes, a byte each
-#pragma unroll
-            for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
-            const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
-            if (in && li < 4) {
-                store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
-                if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
-            }
+        for (int u = 0; u < kStoreRows; ++u) {
+            if (w0 + u < rows) store_row_stretch(p, w0 + u, c, in, v[u]);
         }
     }
 }
@@ -1848,7 +1866,8 @@ void store_kv(const KvStoreParams& p, cudaStream_t st) {
     if (rows == 0) return;
     const auto aligned16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
     if (p.head_dim % 4 == 0 && aligned16(p.k) && aligned16(p.v)) {  // the pages: whole 16-byte granules (attention.cuh)
-        store_kv_rows_kernel<<<unsigned((2 * rows + kStoreWarps - 1) / kStoreWarps), kStoreWarps * 32, 0, st>>>(p);
+        constexpr int64_t per_block = int64_t(kStoreWarps) * kStoreRows;
+        launch_pdl(store_kv_rows_kernel, dim3(unsigned((2 * rows + per_block - 1) / per_block)), dim3(kStoreWarps * 32), 0, st, p);
     } else {
         store_kv_kernel<<<unsigned(rows), row_threads(p.head_dim), 0, st>>>(p);
     }

@@ -237,10 +237,31 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_encode_kernel(KiviStorePar
     pdl_wait();
     encode_chunk(p, blockIdx.y, blockIdx.x, reinterpret_cast<__half*>(store_smem4), threadIdx.x, kStoreThreads);
 }
+// A window block's tokens: every row's loads first, then the stores (token by token, each load
+// waited for after the store before it, which may alias it to the compiler, made a block a chain
+// of 8 memory latencies: about half of a 2048-token flush's time on the H200, docs/gpu.md).
 __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     pdl_wait();
-    for (int u = 0; u < kWindowTokens; ++u) {
-        window_token(p, blockIdx.z, blockIdx.y, first + int64_t(blockIdx.x) * kWindowTokens + u, threadIdx.x, blockDim.x);
+    const int role = int(blockIdx.z);
+    const int64_t g = blockIdx.y, d = p.head_dim, j0 = first + int64_t(blockIdx.x) * kWindowTokens;
+    const KvWindowWrite w = p.plan[role];
+    const KiviHeadDev h = p.heads[g];
+    const float* x = (role ? p.v : p.k) + (j0 * p.n_head_kv + g) * d;
+    auto* dst = reinterpret_cast<uint16_t*>(role ? h.vw : h.kw);
+    const int64_t slot0 = (w.head + w.pending + j0) % w.slots;
+    // Token j0 + u is written unless past the write or encoded (those are the first ones).
+    const int n = int(min64(kWindowTokens, p.n - j0)), skip = int(max64(0, min64(n, w.encoded - w.pending - j0)));
+    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
+        float v[kWindowTokens];
+#pragma unroll
+        for (int u = 0; u < kWindowTokens; ++u) v[u] = u >= skip && u < n ? x[u * p.n_head_kv * d + c] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < kWindowTokens; ++u) {
+            if (u < skip || u >= n) continue;
+            int64_t slot = slot0 + u;
+            if (slot >= w.slots) slot -= w.slots;
+            dst[slot * d + c] = kv_half_bits(v[u]);
+        }
     }
 }
 
