@@ -99,15 +99,10 @@ __device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-by
     reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
     reinterpret_cast<uint16_t*>(p)[1] = uint16_t(w >> 16);
 }
-// Row w's input and its slot's bytes.
-__device__ __forceinline__ const float* store_row_src(const KvStoreParams& p, int64_t w) {
-    return ((w & 1) ? p.v : p.k) + (w >> 1) * p.head_dim;
-}
-// Values c .. c + 3 (v; in: c < head_dim) of row w into its slot; every lane of the warp calls.
-__device__ __forceinline__ void store_row_stretch(const KvStoreParams& p, int64_t w, int c, bool in, const float4& v) {
+// Values c .. c + 3 (v; in: c < head_dim) of token t's keys (is_v false) or values at KV head g
+// into its slot; every lane of the warp calls.
+__device__ __forceinline__ void store_row_stretch(const KvStoreParams& p, bool is_v, int t, int g, int c, bool in, const float4& v) {
     const int lane = threadIdx.x & 31, li = lane & 7;
-    const bool is_v = w & 1;
-    const int64_t r = w >> 1, t = r / p.n_head_kv, g = r % p.n_head_kv;
     const KvHeadDev h = p.heads[g];
     const int hd = int(p.head_dim);
     const KvCode code = is_v ? p.v_code : p.k_code;
@@ -121,10 +116,10 @@ __device__ __forceinline__ void store_row_stretch(const KvStoreParams& p, int64_
         return;
     }
     if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
-        const float sc = is_v ? h.v_scale : h.k_scale;
+        const float sc = is_v ? h.v_scale : h.k_scale, inv = kv_pow2_inverse(sc);
         if (in) {
-            const unsigned lo = unsigned(kv_fp8_code(v.x, sc)) | (unsigned(kv_fp8_code(v.y, sc)) << 8);
-            const unsigned hi = unsigned(kv_fp8_code(v.z, sc)) | (unsigned(kv_fp8_code(v.w, sc)) << 8);
+            const unsigned lo = unsigned(kv_fp8_code(v.x, sc, inv)) | (unsigned(kv_fp8_code(v.y, sc, inv)) << 8);
+            const unsigned hi = unsigned(kv_fp8_code(v.z, sc, inv)) | (unsigned(kv_fp8_code(v.w, sc, inv)) << 8);
             *reinterpret_cast<unsigned*>(dst + c) = lo | (hi << 16);
         }
         return;
@@ -171,20 +166,32 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
     pdl_wait();
     pdl_launch_dependents();  // the next kernel's blocks may take the SMs this grid leaves
     const int lane = threadIdx.x & 31;
-    const int64_t rows = 2 * p.n * p.n_head_kv;
-    const int64_t w0 = (int64_t(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5)) * kStoreRows;
+    // 32-bit indices (store_kv: n * n_head_kv < 2^29) and one division a warp: its rows are
+    // (token t0, head g0) keys and values, then the next head's (on a 2048-token write the 64-bit
+    // division per row was a third of the f16 store's instructions).
+    const int rows = int(2 * p.n * p.n_head_kv), nh = int(p.n_head_kv), hd = int(p.head_dim);
+    const int w0 = (int(blockIdx.x) * kStoreWarps + int(threadIdx.x >> 5)) * kStoreRows;
     if (w0 >= rows) return;  // whole warps: the shuffles see every lane
-    for (int c0 = 0; c0 < int(p.head_dim); c0 += 128) {
+    const int r0 = w0 >> 1, t0 = int(unsigned(r0) / unsigned(nh)), g0 = r0 - t0 * nh;
+    int tk[kStoreRows / 2], gk[kStoreRows / 2];
+#pragma unroll
+    for (int k = 0; k < kStoreRows / 2; ++k) {
+        tk[k] = k ? tk[k - 1] : t0;
+        gk[k] = k ? gk[k - 1] + 1 : g0;
+        if (gk[k] == nh) gk[k] = 0, ++tk[k];
+    }
+    for (int c0 = 0; c0 < hd; c0 += 128) {
         const int c = c0 + 4 * lane;
-        const bool in = c < int(p.head_dim);  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
+        const bool in = c < hd;  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
         float4 v[kStoreRows];
 #pragma unroll
         for (int u = 0; u < kStoreRows; ++u) {
-            v[u] = in && w0 + u < rows ? *reinterpret_cast<const float4*>(store_row_src(p, w0 + u) + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float* src = ((u & 1) ? p.v : p.k) + (int64_t(r0) + (u >> 1)) * hd;
+            v[u] = in && w0 + u < rows ? *reinterpret_cast<const float4*>(src + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
         for (int u = 0; u < kStoreRows; ++u) {
-            if (w0 + u < rows) store_row_stretch(p, w0 + u, c, in, v[u]);
+            if (w0 + u < rows) store_row_stretch(p, u & 1, tk[u >> 1], gk[u >> 1], c, in, v[u]);
         }
     }
 }
@@ -1865,7 +1872,8 @@ void store_kv(const KvStoreParams& p, cudaStream_t st) {
     const int64_t rows = p.n * p.n_head_kv;
     if (rows == 0) return;
     const auto aligned16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
-    if (p.head_dim % 4 == 0 && aligned16(p.k) && aligned16(p.v)) {  // the pages: whole 16-byte granules (attention.cuh)
+    // The pages: whole 16-byte granules (attention.cuh); the rows kernel's indices are 32-bit.
+    if (p.head_dim % 4 == 0 && aligned16(p.k) && aligned16(p.v) && rows < (int64_t(1) << 29)) {
         constexpr int64_t per_block = int64_t(kStoreWarps) * kStoreRows;
         launch_pdl(store_kv_rows_kernel, dim3(unsigned((2 * rows + per_block - 1) / per_block)), dim3(kStoreWarps * 32), 0, st, p);
     } else {

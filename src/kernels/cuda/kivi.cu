@@ -340,11 +340,18 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_flush_kernel(KiviStorePara
     if (role == 0) {  // cnt == G: keys are encoded in whole blocks
         const int c = e / kFlushParts;
         uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + i0 / G) * int64_t(D * (4 + G * KB / 8));
+        const int t0 = i0 + part * kFlushPer;
+        if (t0 >= int(w.pending)) {  // all 8 from x (a prefill's write: no pending window tokens)
+            const float* src = x + int64_t(t0 - int(w.pending)) * stride + c;
 #pragma unroll
-        for (int j = 0; j < kFlushPer; ++j) {
-            const int t = i0 + part * kFlushPer + j, slot = kivi_flush_slot(w, t);
-            v[j] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
-                             : __half2float(__float2half_rn(x[int64_t(t - int(w.pending)) * stride + c]));
+            for (int j = 0; j < kFlushPer; ++j) v[j] = __half2float(__float2half_rn(src[j * stride]));
+        } else {
+#pragma unroll
+            for (int j = 0; j < kFlushPer; ++j) {
+                const int t = t0 + j, slot = kivi_flush_slot(w, t);
+                v[j] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
+                                 : __half2float(__float2half_rn(x[int64_t(t - int(w.pending)) * stride + c]));
+            }
         }
         kivi_quantize_part<KB>(v, part, true, blk + 2 * c, blk + 2 * D + 2 * c, blk + 4 * D + c * (G * KB / 8));
         return;

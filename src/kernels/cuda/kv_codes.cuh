@@ -105,7 +105,7 @@ struct KvQ4Scale {
     float d, id;
 };
 __device__ __forceinline__ KvQ4Scale kv_q4_scale(float m) {
-    const float d = __fdiv_rn(m, -8.0f);
+    const float d = __fmul_rn(m, -0.125f);  // m / -8 bit for bit: the same real number, rounded once
     return KvQ4Scale{d, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f};
 }
 __device__ __forceinline__ int kv_q4_code(float v, float id) { return min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f))); }
@@ -113,8 +113,10 @@ __device__ __forceinline__ int kv_q4_code(float v, float id) { return min(15, kv
 // fp8: the e4m3fn code of x / scale, kvfmt::e4m3_encode's steps on the IEEE quotient. The sign
 // is x's (scale > 0): the host's division keeps a NaN's sign (x86 returns the NaN operand), the
 // device's returns the canonical NaN.
-__device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale) {
-    const float y = __fdiv_rn(x, scale);
+// inv_pow2: kv_pow2_inverse(scale), so that a power-of-two scale (the default) takes a
+// multiplication instead of the division, with the same bits.
+__device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale, float inv_pow2) {
+    const float y = inv_pow2 != 0.0f ? __fmul_rn(x, inv_pow2) : __fdiv_rn(x, scale);
     const unsigned sign = (__float_as_uint(x) >> 24) & 0x80u;
     const float a = fabsf(y);
     if (isnan(a)) return uint8_t(sign | 0x7fu);
@@ -126,6 +128,13 @@ __device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale) {
     if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) ++r;
     return uint8_t(sign | (r - ((127u - 7u) << 3)));
 }
+// The reciprocal of a scale that is a power of two with a normal reciprocal (2^-126 .. 2^125),
+// else 0. x times it is x / scale bit for bit (both round the same real number x 2^-e once).
+__device__ __forceinline__ float kv_pow2_inverse(float scale) {
+    const unsigned u = __float_as_uint(scale), e = u >> 23;  // sign and exponent
+    return (u & 0x7fffffu) == 0 && e >= 1 && e <= 252 ? __uint_as_float((254u - e) << 23) : 0.0f;
+}
+__device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale) { return kv_fp8_code(x, scale, kv_pow2_inverse(scale)); }
 // Two e4m3fn codes (the low byte first) as two fp16 numbers, exactly (sm_89+: one instruction).
 __device__ __forceinline__ unsigned kv_fp8x2_to_half2(unsigned codes) {
     unsigned h;
