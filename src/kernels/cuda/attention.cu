@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStore
     const int lane = threadIdx.x & 31;
     // 32-bit indices (store_kv: n * n_head_kv < 2^29) and one division a warp: its rows are
     // (token t0, head g0) keys and values, then the next head's (on a 2048-token write the 64-bit
-    // division per row was a third of the f16 store's instructions).
+    // division per row was about a third of the f16 store's instructions).
     const int rows = int(2 * p.n * p.n_head_kv), nh = int(p.n_head_kv), hd = int(p.head_dim);
     const int w0 = (int(blockIdx.x) * kStoreWarps + int(threadIdx.x >> 5)) * kStoreRows;
     if (w0 >= rows) return;  // whole warps: the shuffles see every lane

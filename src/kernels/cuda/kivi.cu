@@ -239,7 +239,8 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_encode_kernel(KiviStorePar
 }
 // A window block's tokens: every row's loads first, then the stores (token by token, each load
 // waited for after the store before it, which may alias it to the compiler, made a block a chain
-// of 8 memory latencies: about half of a 2048-token flush's time on the H200, docs/gpu.md).
+// of 8 memory latencies; on the H200 the 2048-token flush measured no faster for it, the encoder
+// before it takes most of the time: docs/gpu.md, 2026-12-05).
 __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     pdl_wait();
     const int role = int(blockIdx.z);
