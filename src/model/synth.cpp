@@ -154,8 +154,15 @@ SynthModel::SynthModel(const SynthOptions& o) : opts_(o) {
         }
     }
     const ModelShape& s = shape_;
-    const int64_t head_dim = s.n_embd / s.n_head;
-    const int64_t q_dim = s.n_head * head_dim, kv_dim = s.n_head_kv * head_dim;
+    dims_.arch = std::string(s.arch);
+    dims_.n_vocab = s.n_vocab;
+    dims_.n_embd = s.n_embd;
+    dims_.n_layer = s.n_layer;
+    dims_.n_head = s.n_head;
+    dims_.n_head_kv = s.n_head_kv;
+    dims_.head_dim = s.n_embd / s.n_head;
+    dims_.n_ff = s.n_ff;
+    const int64_t head_dim = dims_.head_dim, q_dim = dims_.q_dim(), kv_dim = dims_.kv_dim();
 
     GgufStreamWriter& w = file_;
     const std::string a(s.arch);

@@ -19,6 +19,7 @@
 
 #include "formats/ggml_types.h"
 #include "formats/gguf_writer.h"
+#include "model/config.h"
 
 namespace vxq {
 
@@ -67,6 +68,9 @@ public:
     explicit SynthModel(const SynthOptions& o);
 
     const ModelShape& shape() const { return shape_; }  // with the --layers / --vocab overrides
+    // The dimensions ModelConfig::from_gguf reads back from the file (vocabulary, widths, layers,
+    // heads, head_dim, FFN): what the matrices' shapes follow from (not the RoPE style or norms).
+    const ModelConfig& dims() const { return dims_; }
     const GgufStreamWriter& file() const { return file_; }
 
     // Generates the weights and writes the file atomically (formats/gguf_writer.h).
@@ -77,6 +81,7 @@ private:
         float stddev;  // N(0, stddev^2); 0 means every value is 1 (norm weights)
     };
     ModelShape shape_;
+    ModelConfig dims_;
     SynthOptions opts_;
     GgufStreamWriter file_;
     std::vector<Init> init_;  // per tensor, in file order

@@ -14,10 +14,13 @@ int64_t SingleRunner::n_ctx() const { return cache_.shape().n_ctx; }
 size_t SingleRunner::kv_bytes() const { return cache_.resident_bytes(); }
 float* SingleRunner::output_buffer(size_t n) { return be_.output_buffer(n); }
 
-double Runner::kv_bits_per_element(int64_t tokens) const {
+int64_t Runner::kv_elements(int64_t tokens) const {
     const ModelConfig& m = model().config();
-    const double elements = 2.0 * double(m.n_layer * m.n_head_kv * m.head_dim) * double(tokens);
-    return tokens > 0 ? 8.0 * double(kv_bytes()) / elements : 0.0;
+    return 2 * m.n_layer * m.kv_dim() * tokens;
+}
+
+double Runner::kv_bits_per_element(int64_t tokens) const {
+    return tokens > 0 ? 8.0 * double(kv_bytes()) / double(kv_elements(tokens)) : 0.0;
 }
 
 }  // namespace vxq

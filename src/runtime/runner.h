@@ -31,8 +31,11 @@ public:
     // Backend::output_buffer of the backend whose logits reach the host (nullptr: pass your own).
     virtual float* output_buffer(size_t n) = 0;
 
-    // kv_bytes() in bits per element of the whole model's K and V for `tokens` tokens (0 for none):
-    // every rank's bytes over every KV head (resident_bits_per_element of one cache alone).
+    // The whole model's K and V elements for `tokens` tokens (every rank's KV heads); f16 holds
+    // them in twice as many bytes.
+    int64_t kv_elements(int64_t tokens) const;
+    // kv_bytes() in bits per element of kv_elements(tokens) (0 for none): every rank's bytes over
+    // every KV head (resident_bits_per_element of one cache alone).
     double kv_bits_per_element(int64_t tokens) const;
 };
 

@@ -57,8 +57,7 @@ void run_generate(const GenerateOptions& o) {
         j["timings"] = {{"prompt_n", r.prompt_ids.size()}, {"prompt_ms", r.prompt_ms}, {"prompt_per_second", pp_tps},
                         {"predicted_n", r.ids.size()},     {"predicted_ms", r.decode_ms}, {"predicted_per_second", tg_tps}};
         const int64_t tokens = e.runner->size();
-        const ModelConfig& m = e.runner->model().config();  // the whole model's KV heads (every rank's)
-        const int64_t f16_bytes = 4 * m.n_layer * m.n_head_kv * m.head_dim * tokens;
+        const int64_t f16_bytes = 2 * e.runner->kv_elements(tokens);  // every rank's KV heads
         j["kv_cache"] = {{"format", e.ranks()[0].second->format()}, {"resident_bytes", kv_bytes}, {"n_ctx", e.n_ctx},
                          {"tokens", tokens}, {"bits_per_element", e.runner->kv_bits_per_element(tokens)},
                          {"f16_bytes", f16_bytes}, {"longest_context", e.longest_context}};

@@ -39,17 +39,8 @@ void run_synth(const SynthCliOptions& o) {
     const auto type = synth_weight_type(o.type);
     if (!type) fail("unknown --type '{}' (synth writes f16, q8_0 or q4_0)", o.type);
     const SynthModel m(SynthOptions{o.shape, *type, o.seed, o.layers, o.vocab, o.threads});
-    if (o.tp > 1) {  // before writing tens of GB that --tp N would then refuse
-        const ModelShape& s = m.shape();
-        ModelConfig c;
-        c.n_embd = s.n_embd;
-        c.n_head = s.n_head;
-        c.n_head_kv = s.n_head_kv;
-        c.head_dim = s.n_embd / s.n_head;
-        c.n_ff = s.n_ff;
-        c.n_vocab = s.n_vocab;
-        check_tp_split(c, *type, o.tp, fmt::format("--shape {}", s.name));
-    }
+    // Before writing tens of GB that --tp N would then refuse.
+    if (o.tp > 1) check_tp_split(m.dims(), *type, o.tp, fmt::format("--shape {}", m.shape().name));
     const bool tty = stderr_is_tty();
     const double total_mib = double(m.file().file_bytes()) / (1 << 20);
     m.write(o.out, [&](uint64_t done, uint64_t total) {

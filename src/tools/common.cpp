@@ -280,13 +280,11 @@ std::string dump_json(nlohmann::json j, int indent) {
 std::string kv_summary(const Engine& e, int64_t tokens) {
     const KvCache& c = *e.ranks()[0].second;
     const KvShape& s = c.shape();
-    const ModelConfig& m = e.runner->model().config();  // the whole model's KV heads
-    const double f16_bytes = 4.0 * double(m.n_layer * m.n_head_kv * m.head_dim) * double(tokens);
     const std::string split = e.group ? fmt::format(" over {} ranks", e.group->ranks()) : "";
-    return fmt::format("kv cache: {}, ctx {} | resident {} bytes{} for {} tokens ({:.3f} bits/element) | f16 would be {:.0f} "
+    return fmt::format("kv cache: {}, ctx {} | resident {} bytes{} for {} tokens ({:.3f} bits/element) | f16 would be {} "
                        "bytes (16 bits/element)",
                        c.format(), s.n_ctx, e.runner->kv_bytes(), split, tokens, e.runner->kv_bits_per_element(tokens),
-                       f16_bytes);
+                       2 * e.runner->kv_elements(tokens));
 }
 
 bool stderr_is_tty() { return isatty(STDERR_FILENO) == 1; }
