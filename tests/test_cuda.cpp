@@ -1755,6 +1755,117 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
     }
 }
 
+// TurboQuant on the device (turbo.cuh): the store writes the CPU codec's bytes (the same
+// operations in the same order: the norm's double sum channel after channel, the rotation's
+// levels or rows, the thresholds' upper bound), for every rotation (Hadamard, Haar, calibrated),
+// bit count and the rvq stages, keys and values of different formats, GQA 1/4/8, head_dim 64 /
+// 96 / 128 / 256; through prompts, single tokens (the decode step's store), batches and a
+// rollback. The attention equals the CPU's fused readers within 2e-5 on outputs of size ~1 (f32
+// sums in other orders; the query rotated and the output un-rotated in f32 on the device, in
+// double on the CPU: ~1e-7 relative), for one query and for batches (causal).
+TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
+    VXQ_REQUIRE_CUDA(be);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    auto cpu = make_backend("cpu", 2);
+    struct Case {
+        const char *k, *v;
+        int64_t head_dim, n_head, n_head_kv;
+    };
+    const Case cases[] = {{"turbo:bits=3", "turbo:bits=3", 128, 32, 8},
+                          {"turbo:bits=1", "turbo:bits=2", 64, 12, 4},
+                          {"turbo:bits=4", "turbo-rvq:bits=2", 128, 8, 1},
+                          {"turbo-rvq:bits=3", "turbo-rvq:bits=1", 64, 6, 6},
+                          {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96, 8, 2},
+                          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64, 16, 2},
+                          {"turbo:bits=3", "turbo:bits=4,seed=9", 256, 8, 2},
+                          {"turbo-rvq:bits=4,rot=haar", "turbo:bits=1", 32, 3, 3}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " head_dim " << c.head_dim << " heads " << c.n_head
+                                        << "/" << c.n_head_kv << " seed " << seed);
+        const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, 2048};
+        KvCacheOptions opts;
+        opts.flash_attn = true;
+        auto host = make_kv_cache(shape, c.k, c.v, opts);
+        opts.memory = be->kv_memory();
+        auto dev = make_kv_cache(shape, c.k, c.v, opts);
+        const int64_t kv = c.n_head_kv * c.head_dim;
+        int64_t pos = 0;
+        const auto write = [&](int64_t n) {
+            auto k = random_floats(size_t(n * kv), rng), v = random_floats(size_t(n * kv), rng);
+            if (pos == 0) std::fill(k.begin(), k.begin() + c.head_dim, 0.0f);  // a zero key: y = 0, norm 0
+            host->write(0, pos, k.data(), v.data(), n);
+            be->kv_write(*dev, 0, pos, k.data(), v.data(), n);
+            pos += n;
+            host->commit(pos);
+            dev->commit(pos);
+        };
+        const auto check = [&](const std::string& after, int64_t n_q) {
+            for (int64_t g = 0; g < c.n_head_kv; ++g) {
+                ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << after << ": blocks of head " << g;
+            }
+            const auto q = random_floats(size_t(n_q * c.n_head * c.head_dim), rng);
+            std::vector<float> ref(q.size()), got(q.size(), NAN);
+            cpu->attention(host->view(0), q.data(), n_q, pos - n_q, ref.data());
+            be->attention(dev->view(0), q.data(), n_q, pos - n_q, got.data());
+            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << after << ", output " << i;
+        };
+        write(517);
+        check("a prompt of 517", 1);
+        check("a prompt of 517, 200 queries", 200);
+        for (int i = 1; i <= 70; ++i) {
+            write(1);
+            if (i % 23 == 0) check("single token " + std::to_string(i), 1);
+        }
+        write(300);
+        check("a batch of 300", 300);
+        host->truncate(pos - 45);
+        dev->truncate(pos - 45);
+        pos -= 45;
+        for (int i = 0; i < 20; ++i) write(1);
+        check("a rollback of 45 and 20 tokens", 1);
+        write(33);
+        check("a batch of 33", 33);
+        EXPECT_NE(be->attention_path(dev->view(0)).find("TurboQuant"), std::string::npos);
+    }
+}
+
+// What the TurboQuant kernels do not read is refused by name: turbo-prod keys (the QJL term),
+// TurboQuant keys with another format's values, a GQA group past 8, head_dim not a multiple of 32,
+// the attention mass.
+TEST(Cuda, TurboRefusesWhatItCannotRead) {
+    VXQ_REQUIRE_CUDA(be);
+    std::mt19937 rng(fresh_seed());
+    const auto k = random_floats(4 * 8 * 64, rng);
+    KvCacheOptions opts;
+    opts.memory = be->kv_memory();
+    const auto refused = [&](const char* ks, const char* vs, const KvShape& shape, const std::string& what) {
+        auto cache = make_kv_cache(shape, ks, vs, opts);
+        try {
+            be->kv_write(*cache, 0, 0, k.data(), k.data(), 4);
+            FAIL() << ks << " / " << vs << " was written on CUDA";
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+        }
+    };
+    refused("turbo-prod:bits=3", "turbo-prod:bits=3", KvShape{1, 2, 2, 64, 64}, "turbo_prod (keys) has no CUDA reader yet");
+    refused("turbo:bits=3", "f16", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
+    refused("q8_0", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
+    refused("turbo:bits=3", "turbo:bits=3", KvShape{1, 16, 1, 64, 64}, "GQA group of at most 8");
+    refused("turbo:bits=3,rot=haar", "turbo:bits=3,rot=haar", KvShape{1, 2, 2, 48, 64}, "head_dim a multiple of 32");
+    auto cache = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "turbo:bits=3", "turbo:bits=3", opts);
+    be->kv_write(*cache, 0, 0, k.data(), k.data(), 4);
+    cache->commit(4);
+    std::vector<float> q(2 * 64), out(q.size()), mass0(4), mass1(4);
+    float* mass[] = {mass0.data(), mass1.data()};
+    try {
+        be->attention(cache->view(0), q.data(), 1, 3, out.data(), mass);
+        FAIL() << "the attention mass over a TurboQuant cache ran on CUDA";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("over a TurboQuant cache has no CUDA kernel"), std::string::npos) << e.what();
+    }
+}
+
 // Device pages are committed in chunks as tokens arrive and given back when they go.
 TEST(Cuda, DeviceKvCacheHoldsMemoryOnlyForItsTokens) {
     VXQ_REQUIRE_CUDA(be);
@@ -1813,6 +1924,37 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
         model->forward(*plain, *caches[1], batch, false, b.data());
         ASSERT_EQ(a, b) << "step " << step;
         batch = {TokenId(std::max_element(a.begin(), a.end()) - a.begin())};
+    }
+}
+
+// A TurboQuant cache's decode steps replayed from captured graphs give the logits of plain
+// launches bit for bit (the rotation and codebooks are copied to the device once, outside any
+// capture; the heads table travels in the step block).
+TEST(Cuda, TurboGraphReplayEqualsPlainLaunches) {
+    VXQ_REQUIRE_CUDA(graphs);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
+    auto plain = plain_cuda_backend();
+    const ModelConfig& c = model->config();
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256};
+    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar"}) {
+        SCOPED_TRACE(spec);
+        std::vector<std::unique_ptr<KvCache>> caches;
+        for (Backend* be : {graphs.get(), plain.get()}) {
+            KvCacheOptions opts;
+            opts.memory = be->kv_memory();
+            opts.flash_attn = true;
+            caches.push_back(make_kv_cache(shape, KvSpec::parse(spec), opts));
+        }
+        const auto ids = model->tokenizer().encode("Once upon a time", true);
+        std::vector<TokenId> batch(ids.begin(), ids.end());
+        std::vector<float> a(size_t(c.n_vocab)), b(a.size());
+        for (int step = 0; step < 30; ++step) {
+            model->forward(*graphs, *caches[0], batch, false, a.data());
+            model->forward(*plain, *caches[1], batch, false, b.data());
+            ASSERT_EQ(a, b) << "step " << step;
+            batch = {TokenId(std::max_element(a.begin(), a.end()) - a.begin())};
+        }
     }
 }
 
@@ -2237,14 +2379,17 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         "the limits the hardware reports, and writes the new settings back.",
         true);
     for (const char* spec_text :
-         {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4"}) {
+         {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4", "turbo:bits=4",
+          "turbo-rvq:bits=2"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
-        // q4_0, fp8 (a step is 1/8 of the value) and KIVI's 2-bit codes turn the last-bit
-        // differences of k and v (the GEMVs' summation orders) into whole code steps now and then:
-        // each such step moves a logit by up to ~5 % of the peak (the stores themselves are
-        // bit-exact: Cuda.KiviStoreBitExactAndAttentionMatchesCpu, Cuda.AttentionMatchesCpu).
+        // q4_0, fp8 (a step is 1/8 of the value), KIVI's 2-bit codes and TurboQuant's indices
+        // turn the last-bit differences of k and v (the GEMVs' summation orders) into whole code
+        // steps now and then: each such step moves a logit by up to ~5 % of the peak (the stores
+        // themselves are bit-exact: Cuda.KiviStoreBitExactAndAttentionMatchesCpu,
+        // Cuda.AttentionMatchesCpu, Cuda.TurboStoreBitExactAndAttentionMatchesCpu).
         const std::string st = spec_text;
-        const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8"
+        const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8" ||
+                                   st.find("turbo") != std::string::npos
                                ? 1e-1
                                : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {

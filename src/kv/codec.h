@@ -30,8 +30,17 @@ enum class KvRole { Key, Value };
 // calibration). Created once per (layer, role) by the cache; its bytes count as resident.
 class KvLayerState {
 public:
+    KvLayerState();  // takes the next id
+    KvLayerState(const KvLayerState&) = delete;
+    KvLayerState& operator=(const KvLayerState&) = delete;
     virtual ~KvLayerState() = default;
     virtual size_t bytes() const = 0;
+    // Unique in the process (never reused, unlike an address): what a backend keys its own copy
+    // of the state by (the CUDA backend's device copy of a TurboQuant rotation and codebooks).
+    uint64_t id() const { return id_; }
+
+private:
+    uint64_t id_;
 };
 
 class Codec {

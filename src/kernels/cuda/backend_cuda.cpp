@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -28,7 +29,9 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/nccl_api.h"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/turbo.cuh"
 #include "kv/kv_cache.h"
+#include "kv/formats/turbo.h"
 #include "kv/kv_view.h"
 
 namespace vxq::cuda {
@@ -94,14 +97,14 @@ T zeroed() {
 
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
-    AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill
+    AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill, TurboStore, TurboAttention
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
                                     "attention gemm", "attention split-K", "rope + kv store", "attention mass",
                                     "kivi store", "kivi attention", "all-reduce (NCCL)", "gather (NCCL)",
-                                    "attention prefill"};
-static_assert(std::size(kOpNames) == size_t(Op::AttentionPrefill) + 1);
+                                    "attention prefill", "turbo store", "turbo attention"};
+static_assert(std::size(kOpNames) == size_t(Op::TurboAttention) + 1);
 
 // Tensor parallelism: a backend is rank `rank` of a group of `size` on GPU `device` (rank 0 of 1
 // on GPU 0 alone); a group's ranks meet in NCCL collectives on their streams, recorded like any
@@ -198,6 +201,8 @@ public:
         split_partial_.release();
         split_arrivals_.release();
         kivi_partial_.release();
+        turbo_partial_.release();
+        for (auto& [id, t] : turbo_states_) t.buf.release();
         mass_.release();
         mass_stats_.release();
         mass_q8_.release();
@@ -526,6 +531,10 @@ public:
             kivi_write(view, plan, k, v, n, pos0);
             return;
         }
+        if (turbo_layer(view)) {
+            turbo_write(view, k, v, n);
+            return;
+        }
         const KvCodes codes = kv_codes(view);
         heads_.resize(size_t(s.n_head_kv));
         for (int64_t g = 0; g < s.n_head_kv; ++g) heads_[size_t(g)] = head_dev(view.heads[g], view.heads[g].n_tokens - n);
@@ -592,6 +601,11 @@ public:
                                "block on tensor cores, each tile dequantized once into hi/lo fp16)",
                                kivi_prefill_min_);
         }
+        if (turbo_layer(view)) {
+            return "cuda TurboQuant pages on the device: split-K kernel reading the packed indices in place (the query "
+                   "rotated once per block, scores a token per lane against the codebooks' centroids, values summed in "
+                   "the rotated domain a channel per lane), f32 softmax; the merge un-rotates once per (query, head)";
+        }
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
                 if (!kv_code_of(s->fmt.kind)) {
@@ -632,6 +646,10 @@ private:
         require_device(view);
         if (kivi_layer(view)) {
             kivi_attend(view, q, n_q, pos0, o);
+            return;
+        }
+        if (turbo_layer(view)) {
+            turbo_attend(view, q, n_q, pos0, o);
             return;
         }
         const KvCodes codes = kv_codes(view);
@@ -768,6 +786,10 @@ private:
             fail("the attention mass (eviction scores, attention observers) over a KIVI cache has no CUDA kernel; use "
                  "--device cpu");
         }
+        if (turbo_layer(view)) {
+            fail("the attention mass (eviction scores, attention observers) over a TurboQuant cache has no CUDA kernel; "
+                 "use --device cpu");
+        }
         const KvCodes codes = kv_codes(view);
         if (codes.k == KvCode::FP8) {
             fail("the attention mass (eviction scores, attention observers) over fp8 keys has no CUDA kernel; use --device "
@@ -883,8 +905,8 @@ private:
     static KvCode require_code(const KvStreamView& s, int64_t head_dim, const char* what) {
         const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
         if (!c) {
-            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8 and KIVI caches; "
-                 "use --device cpu",
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI, turbo and "
+                 "turbo-rvq caches; use --device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
         if (!kv_code_fits(*c, head_dim)) {
@@ -992,6 +1014,150 @@ private:
         p.q = in(q, n_out);
         p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
+        finish(o, p.out, n_out);
+    }
+
+    // Whether a layer is a TurboQuant cache (turbo / turbo-rvq keys and values: the TurboQuant
+    // kernels read no other format), refusing what they cannot read.
+    static bool turbo_layer(const KvLayerView& view) {
+        const auto turbo = [](KvFormatKind k) {
+            return k == KvFormatKind::TurboMse || k == KvFormatKind::TurboRvq || k == KvFormatKind::TurboProd;
+        };
+        const KvFormatKind k = view.heads[0].k.fmt.kind, v = view.heads[0].v.fmt.kind;
+        if (!turbo(k) && !turbo(v)) return false;
+        if (k == KvFormatKind::TurboProd) {
+            fail("KV format {} (keys) has no CUDA reader yet (its QJL sign term); use --device cpu", kv_format_kind_name(k));
+        }
+        if (!turbo(k) || !turbo(v)) {
+            fail("KV format {} / {}: the CUDA backend reads TurboQuant keys with TurboQuant values only; use --device cpu",
+                 kv_format_kind_name(k), kv_format_kind_name(v));
+        }
+        if (!turbo_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
+            fail("TurboQuant on CUDA needs a GQA group of at most 8 and head_dim a multiple of 32 up to {}, not {} / {} "
+                 "heads of {}; use --device cpu",
+                 kTurboMaxHeadDim, view.n_head, view.n_head_kv, view.head_dim);
+        }
+        return true;
+    }
+    // The heads table of a TurboQuant layer with `n` tokens before the write or the attention's
+    // queries (no eviction on the device: every head holds positions 0 .. n_tokens - 1).
+    void turbo_heads(const KvLayerView& view, int64_t n_new) {
+        heads_.resize(size_t(view.n_head_kv));
+        for (int64_t g = 0; g < view.n_head_kv; ++g) {
+            if (view.heads[g].pos != nullptr) fail("TurboQuant on CUDA: a cache with evicted tokens; use --device cpu");
+            heads_[size_t(g)] = head_dev(view.heads[g], view.heads[g].n_tokens - n_new);
+        }
+    }
+    // A layer's TurboQuant formats (keys, values) on the device: each layer state (rotation,
+    // codebooks) copied to the device once (turbo.cuh's TurboFormatDev). Caches come and go (eval
+    // makes one per chunk, each with its own states): past kTurboStateBudget bytes of copies, the
+    // recorded and queued work is run and every copy freed before new ones are made.
+    static constexpr size_t kTurboStateBudget = size_t(64) << 20;
+    std::pair<TurboFormatDev, TurboFormatDev> turbo_formats(const KvLayerView& view) {
+        if (turbo_state_bytes_ > kTurboStateBudget) {
+            drain();
+            drop_graphs();
+            for (auto& [id, t] : turbo_states_) t.buf.release();
+            turbo_states_.clear();
+            turbo_state_bytes_ = 0;
+        }
+        return {turbo_format(view.heads[0].k), turbo_format(view.heads[0].v)};
+    }
+    TurboFormatDev turbo_format(const KvStreamView& s) {
+        const auto* st = static_cast<const codecs::turbo::State*>(s.fmt.layer_state);
+        VXQ_ASSERT(st != nullptr);
+        if (const auto it = turbo_states_.find(st->id()); it != turbo_states_.end()) return it->second.f;
+        const codecs::turbo::Layout& l = st->layout;
+        std::vector<uint8_t> bytes;
+        const auto put = [&bytes](const void* src, size_t n) {
+            const size_t at = (bytes.size() + 15) / 16 * 16;
+            bytes.resize(at + std::max<size_t>(n, 4));
+            if (n > 0) std::memcpy(bytes.data() + at, src, n);
+            return at;
+        };
+        const auto put_floats = [&put](const std::vector<float>& v) { return put(v.data(), v.size() * sizeof(float)); };
+        TurboFormatDev f = zeroed<TurboFormatDev>();
+        f.d = int32_t(l.d);
+        f.block_bytes = int32_t(l.block_bytes());
+        f.hadamard = !st->rot.haar();
+        f.calibrated = st->params.calibrated();
+        f.bits1 = l.bits1;
+        f.bits2 = l.bits2;
+        f.idx1_offset = int32_t(l.idx1_offset());
+        f.idx2_offset = int32_t(l.idx2_offset());
+        f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));
+        const size_t rot = put_floats(f.hadamard ? st->rot.signs() : st->rot.rows());
+        const size_t thr1 = put_floats(st->cb1.thresholds), cent1 = put_floats(st->cb1.centroids);
+        const size_t thr2 = put_floats(st->cb2.thresholds), cent2 = put_floats(st->cb2.centroids);
+        std::vector<int32_t> coord_at;
+        std::vector<float> cbk_thr, cbk_cent;
+        for (size_t c = 0; c < st->coord_bits.size(); ++c) coord_at.push_back(st->coord_offset[c] << 8 | st->coord_bits[c]);
+        for (const codecs::turbo::Codebook& cb : st->cbk) {
+            cbk_thr.insert(cbk_thr.end(), cb.thresholds.begin(), cb.thresholds.end());
+            cbk_cent.insert(cbk_cent.end(), cb.centroids.begin(), cb.centroids.end());
+        }
+        VXQ_ASSERT(cbk_cent.size() <= size_t(kTurboPoolFloats) && (1u << l.bits1) + (l.bits2 > 0 ? 1u << l.bits2 : 0u) <=
+                                                                        unsigned(kTurboPoolFloats));
+        f.cbk_floats = int32_t(cbk_cent.size());
+        const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
+        const size_t scale = put_floats(st->coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
+        TurboState& t = turbo_states_[st->id()];
+        t.buf.reserve(bytes.size());
+        turbo_state_bytes_ += bytes.size();
+        VXQ_CUDA_CHECK(cudaMemcpy(t.buf.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+        const auto dev = [&t](size_t off) { return reinterpret_cast<const float*>(t.buf.data + off); };
+        (f.hadamard ? f.signs : f.rows) = dev(rot);
+        f.thr1 = dev(thr1);
+        f.cent1 = dev(cent1);
+        f.thr2 = dev(thr2);
+        f.cent2 = dev(cent2);
+        f.coord_at = reinterpret_cast<const int32_t*>(t.buf.data + at);
+        f.coord_scale = dev(scale);
+        f.cbk_thr = dev(kthr);
+        f.cbk_cent = dev(kcent);
+        t.f = f;
+        return f;
+    }
+    // A TurboQuant layer's write: a warp per (token, KV head, role) encodes into the new slots.
+    void turbo_write(const KvLayerView& view, const float* k, const float* v, int64_t n) {
+        const size_t count = size_t(n * view.n_head_kv * view.head_dim);
+        turbo_heads(view, n);
+        TurboStoreParams a = zeroed<TurboStoreParams>();
+        std::tie(a.kf, a.vf) = turbo_formats(view);
+        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev)});
+        a.k = in(k, count);
+        a.v = in(v, count);
+        a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        a.n = n;
+        a.n_head_kv = view.n_head_kv;
+        a.head_dim = view.head_dim;
+        record(Op::TurboStore, a, [](const TurboStoreParams& a, cudaStream_t st) { turbo_store(a, st); });
+    }
+    // A TurboQuant layer's attention: the queries are the last n_q stored tokens of every head.
+    void turbo_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
+        turbo_heads(view, 0);
+        for (const KvHeadDev& h : heads_) {
+            if (h.n_tokens - n_q != pos0) {
+                fail("TurboQuant on CUDA attends with the {} queries at positions {}.. as the last stored tokens; use "
+                     "--device cpu",
+                     n_q, pos0);
+            }
+        }
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        TurboAttentionParams p = zeroed<TurboAttentionParams>();
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.splits = turbo_attention_splits(n_q, view.n_head_kv);
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        std::tie(p.kf, p.vf) = turbo_formats(view);
+        p.partial = grow(turbo_partial_, turbo_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.out = out(o, n_out);
+        step_reserve({host_bytes(q, n_out), heads_.size() * sizeof(KvHeadDev)});
+        p.q = in(q, n_out);
+        p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        record(Op::TurboAttention, p, [](const TurboAttentionParams& p, cudaStream_t st) { turbo_attention(p, st); });
         finish(o, p.out, n_out);
     }
 
@@ -1568,6 +1734,13 @@ private:
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
+    DeviceArray<float> turbo_partial_;      // the TurboQuant attention's partials
+    struct TurboState {
+        DeviceArray<uint8_t> buf;  // the rotation and codebooks of one turbo::State
+        TurboFormatDev f;          // pointing into buf
+    };
+    std::unordered_map<uint64_t, TurboState> turbo_states_;  // by KvLayerState::id()
+    size_t turbo_state_bytes_ = 0;
     DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
     DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum
     DeviceArray<int8_t> mass_q8_;           // and q as q8_0 (q8_0 / q4_0 keys)

@@ -1,6 +1,7 @@
 // The one table of KV methods. A new codec is a row here plus its format file in kv/codecs/ and
 // a reader per backend (kernels/cpu/kv_read_*.cpp); nothing else lists codecs.
 #include <algorithm>
+#include <atomic>
 
 #include "core/error.h"
 #include "kv/codecs/codecs.h"
@@ -41,7 +42,7 @@ std::vector<Entry> builtin_entries() {
           "calibrated eigenbasis, b x d bits given out per coordinate by its variance",
           "b + 16/d (+ per layer and role: rotation d or d^2 fp32, codebook 2^(b+1)-1 fp32; rot=calib: codebooks up to "
           "8 bits and 25 bytes per coordinate)",
-          {"cpu"},
+          {"cpu", "cuda"},
           {"turbo:bits=3", "turbo:bits=1", "turbo:bits=2", "turbo:bits=4", "turbo:bits=3,rot=haar,seed=5",
            "turbo:bits=3,rot=calib,calib=random"}},
          codecs::make_turbo, codecs::make_turbo_state},
@@ -53,7 +54,7 @@ std::vector<Entry> builtin_entries() {
          codecs::make_turbo_prod, codecs::make_turbo_prod_state},
         {{"turbo-rvq", "bits=1..4 per stage (3), rot, seed as turbo",
           "TurboQuant_rvq: two Lloyd-Max stages of b bits, the second fitted to the first one's residual",
-          "2b + 16/d (+ per layer: rotation, two codebooks)", {"cpu"}, {"turbo-rvq:bits=3", "turbo-rvq:bits=1"}},
+          "2b + 16/d (+ per layer: rotation, two codebooks)", {"cpu", "cuda"}, {"turbo-rvq:bits=3", "turbo-rvq:bits=1"}},
          codecs::make_turbo_rvq, codecs::make_turbo_rvq_state},
         {{"vecinfer", "n=1..64 (4), m=1..8 (8), calib=FILE (vxq calibrate) | random (tests only)",
           "VecInfer: keys smoothed by calibrated lambda, Walsh-Hadamard, product quantizer of n-element sub-vectors "
@@ -96,6 +97,11 @@ const Entry& find(const CodecSpec& spec) {
 
 std::unique_ptr<Codec> make_codec(const CodecSpec& spec, KvRole role, int64_t head_dim, const KvLayerState* state) {
     return find(spec).make(spec, role, head_dim, state);
+}
+
+KvLayerState::KvLayerState() {
+    static std::atomic<uint64_t> next{1};
+    id_ = next.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::unique_ptr<KvLayerState> make_layer_state(const CodecSpec& spec, KvRole role, int64_t head_dim, int64_t layer) {

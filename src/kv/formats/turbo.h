@@ -86,6 +86,7 @@ public:
     Rotation(int64_t d, bool haar, uint64_t seed);
     Rotation(int64_t d, std::vector<float> rows);  // a given orthonormal Pi: [d, d] row-major
     const std::vector<float>& rows() const { return dense_; }  // a dense Pi's rows (else empty)
+    const std::vector<float>& signs() const { return signs_; }  // a Hadamard Pi's signs (else empty)
     void apply(float* x) const;     // x <- Pi x      x: [d]
     void apply_t(float* x) const;   // x <- Pi^T x    x: [d]
     size_t bytes() const { return (signs_.size() + dense_.size()) * sizeof(float); }

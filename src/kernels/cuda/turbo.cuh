@@ -1,0 +1,93 @@
+// TurboQuant caches in device memory (METHODS.md "TurboQuant"; layout and scalar reference
+// kv/formats/turbo.h): turbo (mse, any rotation, rot=calib included) and turbo-rvq keys and
+// values. turbo-prod keys (their QJL sign term) have no CUDA reader: refused by name.
+//
+// The store encodes a token as turbo::encode does, the same operations in the same order, so
+// the bytes are the CPU codec's: a warp per (token, KV head, role); the norm's sum of squares in
+// double in channel order (one lane: the CPU's sequential sum), the rotation as the CPU's
+// (Hadamard: x * signs, the FWHT's levels in order, * 1/sqrt(d); dense Haar or calibrated rows:
+// each output a sequential double sum over the channels, a lane per output), the index the
+// upper bound of y in the thresholds (a NaN takes the last, as std::upper_bound), packed LSB
+// first into a staging block in shared memory.
+//
+// The attention never rotates a cached token: block (split, KV head, query) rotates its GQA
+// group's query rows once (q' = scale * Pi q), then each of its 4 warps takes every 4th 32-token
+// tile of its stretch (the tile's key and value bytes copied into shared memory), scores a token
+// per lane (n_t * sum_c q'_c y_t,c, y the code's centroid, read in place from the packed bits),
+// keeps an online softmax and adds p_t * n_t * y_t into a rotated accumulator, a lane per
+// channel; the warps and then the splits are merged (log-sum-exp), and the merge un-rotates the
+// result once per (query, head): o = Pi^T sum_t p_t n_t y_t.
+// f32 throughout: dequantize-then-attend within ~1e-6 relative (other summation orders).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention.cuh"
+
+namespace vxq::cuda {
+
+// head_dim a multiple of 32 up to this (the store's and the attention's shared buffers).
+constexpr int64_t kTurboMaxHeadDim = 256;
+
+// One role's format on the device: a layer's turbo::State (its rotation and codebooks copied
+// into one device allocation, turbo_format_dev in backend_cuda.cpp) and its block layout.
+struct TurboFormatDev {
+    int32_t d, block_bytes;
+    int32_t hadamard;             // 1: Pi = H diag(signs) / sqrt(d); 0: dense rows
+    int32_t calibrated;           // rot=calib: per-coordinate bits and scales
+    int32_t bits1, bits2;         // index bits of the first and (rvq) second stage; calibrated: bits1 = b
+    int32_t idx1_offset, idx2_offset;  // bytes into the block
+    float inv_sqrt_d;             // 1.0f / sqrtf(d), as Rotation::apply computes it
+    int32_t cbk_floats;           // calibrated: the centroids at cbk_cent (2^(top + 1) - 1)
+    const float* signs;           // [d] (hadamard)
+    const float* rows;            // [d, d] Pi's rows (dense)
+    const float* thr1;            // [2^bits1 - 1] thresholds and [2^bits1] centroids, unit-sphere units
+    const float* cent1;
+    const float* thr2;            // rvq's second stage
+    const float* cent2;
+    // calibrated: coordinate c has coord_bits(c) bits at bit coord_at[c] >> 8 of the index area
+    // (coord_at[c] & 0xff: its bits) and value coord_scale[c] * cbk_cent[2^b - 1 + index]; bit count
+    // b's thresholds at cbk_thr + 2^b - 1 - b (the N(0, 1) codebooks of b = 0 .. 8, concatenated).
+    const int32_t* coord_at;
+    const float* coord_scale;
+    const float* cbk_thr;
+    const float* cbk_cent;
+};
+
+// The pool of centroids a coordinate's index selects from, in shared memory: uniform formats
+// their 2^bits1 (+ 2^bits2) centroids, calibrated ones the codebooks of 0..8 bits.
+constexpr int kTurboPoolFloats = 511 + 16;
+
+struct TurboStoreParams {
+    const float* k;             // [n, n_head_kv, head_dim] after RoPE (device)
+    const float* v;
+    const KvHeadDev* heads;     // [n_head_kv]: the pages, n_tokens = the slot of the first new token
+    int64_t n, n_head_kv, head_dim;
+    TurboFormatDev kf, vf;
+};
+// Encodes as turbo::encode: the CPU codec's bytes.
+void turbo_store(const TurboStoreParams& p, cudaStream_t stream);
+
+struct TurboAttentionParams {
+    const float* q;             // [n_q, n_head, head_dim] after RoPE (device)
+    const KvHeadDev* heads;     // [n_head_kv]; query i sees the first n_tokens - n_q + i + 1 tokens
+    float* partial;             // [n_q, n_head, splits, head_dim + 2] scratch: rotated o, max, sum
+    float* out;                 // [n_q, n_head, head_dim] (device)
+    int64_t n_q, n_head, n_head_kv, head_dim, splits;
+    float scale;
+    int32_t pad = 0;            // (every field 8 bytes wide in pairs: the bytes key a captured graph)
+    TurboFormatDev kf, vf;
+};
+// GQA group <= 8, head_dim a multiple of 32 up to kTurboMaxHeadDim.
+bool turbo_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
+// Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
+int64_t turbo_attention_splits(int64_t n_q, int64_t n_head_kv);
+inline size_t turbo_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
+    return size_t(n_q * n_head * splits * (head_dim + 2));
+}
+void turbo_attention(const TurboAttentionParams& p, cudaStream_t stream);
+
+}  // namespace vxq::cuda
