@@ -202,7 +202,7 @@ public:
         split_arrivals_.release();
         kivi_partial_.release();
         turbo_partial_.release();
-        for (auto& [id, t] : turbo_states_) t.buf.release();
+        for (auto& [id, t] : turbo_states_) turbo_state_free(t);
         mass_.release();
         mass_stats_.release();
         mass_q8_.release();
@@ -1057,7 +1057,7 @@ private:
         if (turbo_state_bytes_ > kTurboStateBudget) {
             drain();
             drop_graphs();
-            for (auto& [id, t] : turbo_states_) t.buf.release();
+            for (auto& [id, t] : turbo_states_) turbo_state_free(t);
             turbo_states_.clear();
             turbo_state_bytes_ = 0;
         }
@@ -1067,56 +1067,9 @@ private:
         const auto* st = static_cast<const codecs::turbo::State*>(s.fmt.layer_state);
         VXQ_ASSERT(st != nullptr);
         if (const auto it = turbo_states_.find(st->id()); it != turbo_states_.end()) return it->second.f;
-        const codecs::turbo::Layout& l = st->layout;
-        std::vector<uint8_t> bytes;
-        const auto put = [&bytes](const void* src, size_t n) {
-            const size_t at = (bytes.size() + 15) / 16 * 16;
-            bytes.resize(at + std::max<size_t>(n, 4));
-            if (n > 0) std::memcpy(bytes.data() + at, src, n);
-            return at;
-        };
-        const auto put_floats = [&put](const std::vector<float>& v) { return put(v.data(), v.size() * sizeof(float)); };
-        TurboFormatDev f = zeroed<TurboFormatDev>();
-        f.d = int32_t(l.d);
-        f.block_bytes = int32_t(l.block_bytes());
-        f.hadamard = !st->rot.haar();
-        f.calibrated = st->params.calibrated();
-        f.bits1 = l.bits1;
-        f.bits2 = l.bits2;
-        f.idx1_offset = int32_t(l.idx1_offset());
-        f.idx2_offset = int32_t(l.idx2_offset());
-        f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));
-        const size_t rot = put_floats(f.hadamard ? st->rot.signs() : st->rot.rows());
-        const size_t thr1 = put_floats(st->cb1.thresholds), cent1 = put_floats(st->cb1.centroids);
-        const size_t thr2 = put_floats(st->cb2.thresholds), cent2 = put_floats(st->cb2.centroids);
-        std::vector<int32_t> coord_at;
-        std::vector<float> cbk_thr, cbk_cent;
-        for (size_t c = 0; c < st->coord_bits.size(); ++c) coord_at.push_back(st->coord_offset[c] << 8 | st->coord_bits[c]);
-        for (const codecs::turbo::Codebook& cb : st->cbk) {
-            cbk_thr.insert(cbk_thr.end(), cb.thresholds.begin(), cb.thresholds.end());
-            cbk_cent.insert(cbk_cent.end(), cb.centroids.begin(), cb.centroids.end());
-        }
-        VXQ_ASSERT(cbk_cent.size() <= size_t(kTurboPoolFloats) && (1u << l.bits1) + (l.bits2 > 0 ? 1u << l.bits2 : 0u) <=
-                                                                        unsigned(kTurboPoolFloats));
-        f.cbk_floats = int32_t(cbk_cent.size());
-        const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
-        const size_t scale = put_floats(st->coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
-        TurboState& t = turbo_states_[st->id()];
-        t.buf.reserve(bytes.size());
-        turbo_state_bytes_ += bytes.size();
-        VXQ_CUDA_CHECK(cudaMemcpy(t.buf.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-        const auto dev = [&t](size_t off) { return reinterpret_cast<const float*>(t.buf.data + off); };
-        (f.hadamard ? f.signs : f.rows) = dev(rot);
-        f.thr1 = dev(thr1);
-        f.cent1 = dev(cent1);
-        f.thr2 = dev(thr2);
-        f.cent2 = dev(cent2);
-        f.coord_at = reinterpret_cast<const int32_t*>(t.buf.data + at);
-        f.coord_scale = dev(scale);
-        f.cbk_thr = dev(kthr);
-        f.cbk_cent = dev(kcent);
-        t.f = f;
-        return f;
+        const TurboStateCopy& c = turbo_states_[st->id()] = turbo_state_copy(*st);
+        turbo_state_bytes_ += c.bytes;
+        return c.f;
     }
     // A TurboQuant layer's write: a warp per (token, KV head, role) encodes into the new slots.
     void turbo_write(const KvLayerView& view, const float* k, const float* v, int64_t n) {
@@ -1735,11 +1688,7 @@ private:
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
     DeviceArray<float> turbo_partial_;      // the TurboQuant attention's partials
-    struct TurboState {
-        DeviceArray<uint8_t> buf;  // the rotation and codebooks of one turbo::State
-        TurboFormatDev f;          // pointing into buf
-    };
-    std::unordered_map<uint64_t, TurboState> turbo_states_;  // by KvLayerState::id()
+    std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;  // by KvLayerState::id()
     size_t turbo_state_bytes_ = 0;
     DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
     DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum

@@ -27,6 +27,10 @@
 
 #include "kernels/cuda/attention.cuh"
 
+namespace vxq::codecs::turbo {
+struct State;
+}
+
 namespace vxq::cuda {
 
 // head_dim a multiple of 32 up to this (the store's and the attention's shared buffers).
@@ -56,6 +60,16 @@ struct TurboFormatDev {
     const float* cbk_thr;
     const float* cbk_cent;
 };
+
+// A turbo::State (a layer's rotation and codebooks for one role) copied to the device: one
+// allocation of `bytes` (freed by turbo_state_free) that `f` points into (turbo_state.cpp).
+struct TurboStateCopy {
+    TurboFormatDev f{};
+    void* buf = nullptr;
+    size_t bytes = 0;
+};
+TurboStateCopy turbo_state_copy(const codecs::turbo::State& s);
+void turbo_state_free(TurboStateCopy& c);
 
 // The pool of centroids a coordinate's index selects from, in shared memory: uniform formats
 // their 2^bits1 (+ 2^bits2) centroids, calibrated ones the codebooks of 0..8 bits.

@@ -1,0 +1,74 @@
+// A turbo::State copied to the device (turbo.cuh: TurboStateCopy): its rotation (Hadamard signs
+// or dense rows), codebooks and, for rot=calib, the per-coordinate bits and scales, each part at
+// a 16-byte boundary of one allocation.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/turbo.cuh"
+#include "kv/formats/turbo.h"
+
+namespace vxq::cuda {
+
+TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
+    const codecs::turbo::Layout& l = s.layout;
+    VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim && !l.qjl);
+    std::vector<uint8_t> bytes;
+    const auto put = [&bytes](const void* src, size_t n) {
+        const size_t at = (bytes.size() + 15) / 16 * 16;
+        bytes.resize(at + std::max<size_t>(n, 4));
+        if (n > 0) std::memcpy(bytes.data() + at, src, n);
+        return at;
+    };
+    const auto put_floats = [&put](const std::vector<float>& v) { return put(v.data(), v.size() * sizeof(float)); };
+    TurboStateCopy c;
+    TurboFormatDev& f = c.f;
+    f.d = int32_t(l.d);
+    f.block_bytes = int32_t(l.block_bytes());
+    f.hadamard = !s.rot.haar();
+    f.calibrated = s.params.calibrated();
+    f.bits1 = l.bits1;
+    f.bits2 = l.bits2;
+    f.idx1_offset = int32_t(l.idx1_offset());
+    f.idx2_offset = int32_t(l.idx2_offset());
+    f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));  // as Rotation::apply computes it
+    const size_t rot = put_floats(f.hadamard ? s.rot.signs() : s.rot.rows());
+    const size_t thr1 = put_floats(s.cb1.thresholds), cent1 = put_floats(s.cb1.centroids);
+    const size_t thr2 = put_floats(s.cb2.thresholds), cent2 = put_floats(s.cb2.centroids);
+    std::vector<int32_t> coord_at;
+    std::vector<float> cbk_thr, cbk_cent;
+    for (size_t i = 0; i < s.coord_bits.size(); ++i) coord_at.push_back(s.coord_offset[i] << 8 | s.coord_bits[i]);
+    for (const codecs::turbo::Codebook& cb : s.cbk) {  // bit count b's centroids at 2^b - 1, thresholds at 2^b - 1 - b
+        cbk_thr.insert(cbk_thr.end(), cb.thresholds.begin(), cb.thresholds.end());
+        cbk_cent.insert(cbk_cent.end(), cb.centroids.begin(), cb.centroids.end());
+    }
+    VXQ_ASSERT(cbk_cent.size() <= size_t(kTurboPoolFloats) &&
+               (1u << l.bits1) + (l.bits2 > 0 ? 1u << l.bits2 : 0u) <= unsigned(kTurboPoolFloats));
+    f.cbk_floats = int32_t(cbk_cent.size());
+    const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
+    const size_t scale = put_floats(s.coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
+    VXQ_CUDA_CHECK(cudaMalloc(&c.buf, bytes.size()));
+    c.bytes = bytes.size();
+    VXQ_CUDA_CHECK(cudaMemcpy(c.buf, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
+    const auto* base = static_cast<const uint8_t*>(c.buf);
+    const auto dev = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
+    (f.hadamard ? f.signs : f.rows) = dev(rot);
+    f.thr1 = dev(thr1);
+    f.cent1 = dev(cent1);
+    f.thr2 = dev(thr2);
+    f.cent2 = dev(cent2);
+    f.coord_at = reinterpret_cast<const int32_t*>(base + at);
+    f.coord_scale = dev(scale);
+    f.cbk_thr = dev(kthr);
+    f.cbk_cent = dev(kcent);
+    return c;
+}
+
+void turbo_state_free(TurboStateCopy& c) {
+    cudaFree(c.buf);  // (the destructor path: nothing useful to do with an error here)
+    c = TurboStateCopy{};
+}
+
+}  // namespace vxq::cuda
