@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -69,6 +70,9 @@ struct TurboStateCopy {
     size_t bytes = 0;
 };
 TurboStateCopy turbo_state_copy(const codecs::turbo::State& s);
+// The same parts laid out in `bytes` (host memory), the format pointing into them: what
+// turbo_state_copy copies, and what the kernels' CPU test (tests/test_turbo_simt.cpp) reads.
+TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint8_t>& bytes);
 void turbo_state_free(TurboStateCopy& c);
 
 // The pool of centroids a coordinate's index selects from, in shared memory: uniform formats

@@ -3,6 +3,7 @@
 // a 16-byte boundary of one allocation.
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -12,10 +13,10 @@
 
 namespace vxq::cuda {
 
-TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
+TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint8_t>& bytes) {
     const codecs::turbo::Layout& l = s.layout;
     VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim && !l.qjl);
-    std::vector<uint8_t> bytes;
+    bytes.clear();
     const auto put = [&bytes](const void* src, size_t n) {
         const size_t at = (bytes.size() + 15) / 16 * 16;
         bytes.resize(at + std::max<size_t>(n, 4));
@@ -23,8 +24,7 @@ TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
         return at;
     };
     const auto put_floats = [&put](const std::vector<float>& v) { return put(v.data(), v.size() * sizeof(float)); };
-    TurboStateCopy c;
-    TurboFormatDev& f = c.f;
+    TurboFormatDev f{};
     f.d = int32_t(l.d);
     f.block_bytes = int32_t(l.block_bytes());
     f.hadamard = !s.rot.haar();
@@ -49,20 +49,36 @@ TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
     f.cbk_floats = int32_t(cbk_cent.size());
     const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
     const size_t scale = put_floats(s.coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
+    const uint8_t* base = bytes.data();
+    const auto ptr = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
+    (f.hadamard ? f.signs : f.rows) = ptr(rot);
+    f.thr1 = ptr(thr1);
+    f.cent1 = ptr(cent1);
+    f.thr2 = ptr(thr2);
+    f.cent2 = ptr(cent2);
+    f.coord_at = reinterpret_cast<const int32_t*>(base + at);
+    f.coord_scale = ptr(scale);
+    f.cbk_thr = ptr(kthr);
+    f.cbk_cent = ptr(kcent);
+    return f;
+}
+
+TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
+    std::vector<uint8_t> bytes;
+    TurboStateCopy c;
+    c.f = turbo_format_host(s, bytes);
     VXQ_CUDA_CHECK(cudaMalloc(&c.buf, bytes.size()));
     c.bytes = bytes.size();
     VXQ_CUDA_CHECK(cudaMemcpy(c.buf, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    const auto* base = static_cast<const uint8_t*>(c.buf);
-    const auto dev = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
-    (f.hadamard ? f.signs : f.rows) = dev(rot);
-    f.thr1 = dev(thr1);
-    f.cent1 = dev(cent1);
-    f.thr2 = dev(thr2);
-    f.cent2 = dev(cent2);
-    f.coord_at = reinterpret_cast<const int32_t*>(base + at);
-    f.coord_scale = dev(scale);
-    f.cbk_thr = dev(kthr);
-    f.cbk_cent = dev(kcent);
+    // Every pointer of the format, from the host bytes to the same offset of the device copy.
+    const auto move = [&](auto*& p) {
+        using T = std::remove_reference_t<decltype(*p)>;
+        p = reinterpret_cast<T*>(static_cast<uint8_t*>(c.buf) + (reinterpret_cast<const uint8_t*>(p) - bytes.data()));
+    };
+    TurboFormatDev& f = c.f;
+    move(f.hadamard ? f.signs : f.rows);
+    for (const float** p : {&f.thr1, &f.cent1, &f.thr2, &f.cent2, &f.coord_scale, &f.cbk_thr, &f.cbk_cent}) move(*p);
+    move(f.coord_at);
     return c;
 }
 

@@ -1,0 +1,435 @@
+// The TurboQuant kernels (turbo.cuh says what each computes), apart from their launchers
+// (turbo.cu) so that a test can run them on the CPU (tests/support/simt.h: a SIMT emulator that
+// compiles this header as C++ and runs each block's threads as fibers). Included by turbo.cu and
+// tests/test_turbo_simt.cpp only: everything is in an unnamed namespace.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/turbo.cuh"
+
+// A kernel's dynamic shared memory (the emulator defines its own).
+#ifndef VXQ_DYNAMIC_SMEM
+#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
+
+namespace vxq::cuda {
+namespace {
+
+
+constexpr int kStoreWarps = 4;
+// A block's bytes at head_dim 256: at most 2 + two areas of 4 bits per coordinate (rvq), in words,
+// and one more for the straddling write of the last index.
+constexpr int kStageWords = (2 + 2 * int(kTurboMaxHeadDim) / 2) / 4 + 2;
+constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kTile = 32;
+constexpr int kMaxSplits = 128;
+
+// std::upper_bound over thr[0, count): the first threshold y is below, so a NaN takes `count`,
+// as the CPU codec's Codebook::index (the same comparisons in the same order).
+__device__ __forceinline__ int upper_bound_of(const float* thr, int count, float y) {
+    int lo = 0;
+    while (count > 0) {
+        const int half = count >> 1;
+        if (y < thr[lo + half]) {
+            count = half;
+        } else {
+            lo += half + 1;
+            count -= half + 1;
+        }
+    }
+    return lo;
+}
+
+// ORs the `bits`-bit value v (bits <= 8) in at bit `bit` of the staging words (LSB first, the
+// bytes of a little-endian word in order: turbo::put_bits's layout).
+__device__ __forceinline__ void put_bits_shared(uint32_t* stage, int bit, int bits, unsigned v) {
+    const int w = bit >> 5, s = bit & 31;
+    atomicOr(&stage[w], v << s);
+    if (s + bits > 32) atomicOr(&stage[w + 1], v >> (32 - s));
+}
+
+// core/fp16.h's fp32_to_fp16 for the norm (>= 0 or NaN): round to nearest even, and a NaN keeps
+// its top payload bits with the quiet bit set as the host conversion does.
+__device__ __forceinline__ unsigned norm_fp16_bits(float n) {
+    const unsigned x = __float_as_uint(n), ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return ((x >> 16) & 0x8000u) | 0x7c00u | 0x200u | ((ax >> 13) & 0x3ffu);
+    return __half_as_ushort(__float2half_rn(n));
+}
+
+// The unnormalized fast Walsh-Hadamard transform of x[0, d) in shared memory by one warp: turbo::fwht's
+// levels in its order (a level's pairs are independent, so any lane may take any pair: the same bits).
+__device__ __forceinline__ void warp_fwht(float* x, int d, int lane) {
+    for (int len = 1; len < d; len <<= 1) {
+        __syncwarp();
+        for (int pr = lane; pr < d / 2; pr += 32) {
+            const int j = (pr & ~(len - 1)) * 2 + (pr & (len - 1));
+            const float a = x[j], b = x[j + len];
+            x[j] = __fadd_rn(a, b);
+            x[j + len] = __fsub_rn(a, b);
+        }
+    }
+    __syncwarp();
+}
+
+// ---- the store ------------------------------------------------------------------------------
+
+// A warp per (token, KV head, role), the role fastest.
+__global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const TurboStoreParams p) {
+    __shared__ float xs[kStoreWarps][kTurboMaxHeadDim];
+    __shared__ float ys[kStoreWarps][kTurboMaxHeadDim];
+    __shared__ uint32_t stage[kStoreWarps][kStageWords];
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
+    pdl_wait();
+    if (item >= 2 * p.n * p.n_head_kv) return;
+    const int role = int(item & 1);
+    const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
+    const TurboFormatDev& f = role ? p.vf : p.kf;
+    const int d = f.d;
+    const float* x = (role ? p.v : p.k) + th * d;
+    const KvHeadDev& h = p.heads[g];
+    auto* dst = reinterpret_cast<uint8_t*>(role ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes;
+    float* xw = xs[warp];
+    float* yw = ys[warp];
+    uint32_t* st = stage[warp];
+    for (int c = lane; c < d; c += 32) xw[c] = x[c];
+    for (int w = lane; w < kStageWords; w += 32) st[w] = 0u;
+    __syncwarp();
+    // n = ||x||: the CPU's sum of squares in double, channel after channel (the products are exact).
+    float n = 0.0f;
+    if (lane == 0) {
+        double nn = 0.0;
+        for (int c = 0; c < d; ++c) nn = fma(double(xw[c]), double(xw[c]), nn);
+        n = float(sqrt(nn));
+        atomicOr(&st[0], norm_fp16_bits(n));
+    }
+    n = __shfl_sync(0xffffffffu, n, 0);
+    const float inv = n > 0.0f ? __fdiv_rn(1.0f, n) : 0.0f;  // a zero vector codes as y = 0
+    for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(xw[c], inv);
+    // y = Pi y (Rotation::apply).
+    if (f.hadamard) {
+        for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(yw[c], f.signs[c]);
+        warp_fwht(yw, d, lane);
+        for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(yw[c], f.inv_sqrt_d);
+    } else {
+        __syncwarp();
+        float out[kTurboMaxHeadDim / 32];
+#pragma unroll
+        for (int k = 0; k < kTurboMaxHeadDim / 32; ++k) {
+            const int i = lane + 32 * k;
+            if (i >= d) break;
+            const float* r = f.rows + int64_t(i) * d;
+            double s = 0.0;
+            for (int c = 0; c < d; ++c) s = fma(double(r[c]), double(yw[c]), s);
+            out[k] = float(s);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < kTurboMaxHeadDim / 32; ++k) {
+            if (lane + 32 * k >= d) break;
+            yw[lane + 32 * k] = out[k];
+        }
+    }
+    __syncwarp();
+    // The indices (turbo::encode's order of operations).
+    for (int c = lane; c < d; c += 32) {
+        const float y = yw[c];
+        if (f.calibrated) {
+            const int at = f.coord_at[c], b = at & 0xff;
+            if (b == 0) continue;
+            const float sc = f.coord_scale[c];
+            const int i = upper_bound_of(f.cbk_thr + (1 << b) - 1 - b, (1 << b) - 1, sc > 0.0f ? __fdiv_rn(y, sc) : 0.0f);
+            put_bits_shared(st, f.idx1_offset * 8 + (at >> 8), b, unsigned(i));
+            continue;
+        }
+        const int i1 = upper_bound_of(f.thr1, (1 << f.bits1) - 1, y);
+        put_bits_shared(st, f.idx1_offset * 8 + c * f.bits1, f.bits1, unsigned(i1));
+        if (f.bits2 > 0) {
+            const float r = __fsub_rn(y, f.cent1[i1]);
+            const int i2 = upper_bound_of(f.thr2, (1 << f.bits2) - 1, r);
+            put_bits_shared(st, f.idx2_offset * 8 + c * f.bits2, f.bits2, unsigned(i2));
+        }
+    }
+    __syncwarp();
+    // block_bytes is even and every block 2-byte aligned (head_dim % 32 == 0: whole words of indices).
+    const auto* s16 = reinterpret_cast<const uint16_t*>(st);
+    auto* d16 = reinterpret_cast<uint16_t*>(dst);
+    for (int j = lane; j < f.block_bytes / 2; j += 32) d16[j] = s16[j];
+}
+
+// ---- the attention --------------------------------------------------------------------------
+
+// Coordinate c of a format as the attention decodes it: x / y the bit positions of its first and
+// (rvq) second index in a block, z = bits1 | bits2 << 4 | base1 << 8 | base2 << 20 (bases into the
+// role's centroid pool), w the scale's bits (1 for the uniform formats).
+__device__ __forceinline__ int4 coordinate_of(const TurboFormatDev& f, int c) {
+    if (f.calibrated) {
+        const int at = f.coord_at[c], b = at & 0xff;
+        return make_int4(f.idx1_offset * 8 + (at >> 8), 0, b | (((1 << b) - 1) << 8), __float_as_int(f.coord_scale[c]));
+    }
+    return make_int4(f.idx1_offset * 8 + c * f.bits1, f.idx2_offset * 8 + c * f.bits2,
+                     f.bits1 | (f.bits2 << 4) | ((1 << f.bits1) << 20), __float_as_int(1.0f));
+}
+__device__ __forceinline__ int pool_floats(const TurboFormatDev& f) {
+    return f.calibrated ? f.cbk_floats : (1 << f.bits1) + (f.bits2 > 0 ? 1 << f.bits2 : 0);
+}
+__device__ __forceinline__ float pool_entry(const TurboFormatDev& f, int i) {
+    if (f.calibrated) return f.cbk_cent[i];
+    return i < (1 << f.bits1) ? f.cent1[i] : f.cent2[i - (1 << f.bits1)];
+}
+
+// The `nb`-bit code at bit `bit` of the words (nb <= 8; the word after it is readable).
+__device__ __forceinline__ unsigned code_at(const uint32_t* words, int bit, int nb) {
+    const int w = bit >> 5;
+    return __funnelshift_r(words[w], words[w + 1], unsigned(bit) & 31u) & ((1u << nb) - 1u);
+}
+// The rotated-domain value of one coordinate of the block at bit `blk` of the words.
+__device__ __forceinline__ float coord_value(const uint32_t* words, int blk, int4 t, const float* pool) {
+    const int nb1 = t.z & 15, nb2 = (t.z >> 4) & 15;
+    float y = __int_as_float(t.w) * pool[((t.z >> 8) & 0xfff) + int(code_at(words, blk + t.x, nb1))];
+    if (nb2 != 0) y += pool[(t.z >> 20) + int(code_at(words, blk + t.y, nb2))];
+    return y;
+}
+
+// A tile's bytes (a multiple of 16: 32 blocks of an even size) into shared memory.
+__device__ __forceinline__ void copy_tile(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
+    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+        for (int o = lane * 16; o < bytes; o += 32 * 16) {
+            *reinterpret_cast<uint4*>(dst + o) = __ldg(reinterpret_cast<const uint4*>(src + o));
+        }
+    } else {
+        for (int o = lane * 2; o < bytes; o += 32 * 2) {
+            *reinterpret_cast<uint16_t*>(dst + o) = __ldg(reinterpret_cast<const uint16_t*>(src + o));
+        }
+    }
+}
+
+__host__ __device__ constexpr int align16(int bytes) { return (bytes + 15) / 16 * 16; }
+// A warp's tile of a role: 32 blocks and a spare word (code_at reads the word after a code).
+__host__ __device__ constexpr int tile_bytes(int block_bytes) { return align16(kTile * block_bytes + 4); }
+
+// The shared memory of the attention kernel and where each part starts (bytes).
+struct AttnSmem {
+    int qr, tab_k, tab_v, pool_k, pool_v, work, warp_bytes, total;
+    __host__ __device__ AttnSmem(int d, int gm, int kbb, int vbb) {
+        qr = 0;
+        tab_k = qr + align16(gm * d * 4);
+        tab_v = tab_k + d * 16;
+        pool_k = tab_v + d * 16;
+        pool_v = pool_k + align16(kTurboPoolFloats * 4);
+        work = pool_v + align16(kTurboPoolFloats * 4);
+        warp_bytes = tile_bytes(kbb) + tile_bytes(vbb) + gm * kTile * 4;
+        int w = kAttnWarps * warp_bytes;
+        w = w > kAttnWarps * gm * (d + 2) * 4 ? w : kAttnWarps * gm * (d + 2) * 4;  // the warps' merge
+        w = w > gm * d * 4 ? w : gm * d * 4;                                        // the raw queries
+        total = work + align16(w);
+    }
+};
+
+// Block (query, KV head, split): NC = head_dim / 32 channels a lane, GM query heads (the GQA group
+// rounded up; the rows past it are zero and their results unused).
+template <int NC, int GM>
+__global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const TurboAttentionParams p) {
+    VXQ_DYNAMIC_SMEM(smem);
+    constexpr int D = NC * 32;
+    const int qi = int(blockIdx.x), g = int(blockIdx.y), split = int(blockIdx.z);
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int G = int(p.n_head / p.n_head_kv);
+    const TurboFormatDev &kf = p.kf, &vf = p.vf;
+    const AttnSmem L(D, GM, kf.block_bytes, vf.block_bytes);
+    auto* qr = reinterpret_cast<float*>(smem + L.qr);
+    auto* tab_k = reinterpret_cast<int4*>(smem + L.tab_k);
+    auto* tab_v = reinterpret_cast<int4*>(smem + L.tab_v);
+    auto* pool_k = reinterpret_cast<float*>(smem + L.pool_k);
+    auto* pool_v = reinterpret_cast<float*>(smem + L.pool_v);
+    uint8_t* work = smem + L.work;
+
+    // What no kernel writes: the formats' tables.
+    for (int c = tid; c < D; c += kAttnThreads) {
+        tab_k[c] = coordinate_of(kf, c);
+        tab_v[c] = coordinate_of(vf, c);
+    }
+    for (int i = tid; i < pool_floats(kf); i += kAttnThreads) pool_k[i] = pool_entry(kf, i);
+    for (int i = tid; i < pool_floats(vf); i += kAttnThreads) pool_v[i] = pool_entry(vf, i);
+    pdl_wait();
+
+    const KvHeadDev head = p.heads[g];
+    const int64_t limit = head.n_tokens - p.n_q + qi + 1;  // tokens this query sees
+    const int64_t tiles = limit > 0 ? (limit + kTile - 1) / kTile : 0;
+    const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
+
+    // q' = scale * Pi q for the group's rows, once per block (never per cached token).
+    auto* qraw = reinterpret_cast<float*>(work);
+    const float* q = p.q + (int64_t(qi) * p.n_head + int64_t(g) * G) * D;
+    for (int i = tid; i < GM * D; i += kAttnThreads) qraw[i] = i < G * D ? q[i] : 0.0f;
+    __syncthreads();
+    if (kf.hadamard) {
+        for (int h = warp; h < GM; h += kAttnWarps) {
+            float* x = qr + h * D;
+            for (int c = lane; c < D; c += 32) x[c] = __fmul_rn(qraw[h * D + c], kf.signs[c]);
+            warp_fwht(x, D, lane);
+            for (int c = lane; c < D; c += 32) x[c] = x[c] * kf.inv_sqrt_d * p.scale;
+        }
+    } else {
+        for (int i = tid; i < GM * D; i += kAttnThreads) {
+            const int h = i / D, r = i % D;
+            const float* row = kf.rows + int64_t(r) * D;
+            float s = 0.0f;
+            for (int c = 0; c < D; ++c) s = fmaf(row[c], qraw[h * D + c], s);
+            qr[i] = s * p.scale;
+        }
+    }
+    __syncthreads();
+
+    // Each warp: every 4th tile of [tb, te), an online softmax per query head.
+    uint8_t* ktile = work + warp * L.warp_bytes;
+    uint8_t* vtile = ktile + tile_bytes(kf.block_bytes);
+    auto* wsm = reinterpret_cast<float*>(vtile + tile_bytes(vf.block_bytes));
+    const auto* kw = reinterpret_cast<const uint32_t*>(ktile);
+    const auto* vw = reinterpret_cast<const uint32_t*>(vtile);
+    int4 tv[NC];
+#pragma unroll
+    for (int j = 0; j < NC; ++j) tv[j] = tab_v[lane + 32 * j];
+    float m[GM], l[GM], acc[GM][NC];
+#pragma unroll
+    for (int h = 0; h < GM; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) acc[h][j] = 0.0f;
+    }
+    const auto* kbase = reinterpret_cast<const uint8_t*>(head.k);
+    const auto* vbase = reinterpret_cast<const uint8_t*>(head.v);
+    for (int64_t tile = tb + warp; tile < te; tile += kAttnWarps) {
+        const int64_t t0 = tile * kTile;
+        copy_tile(ktile, kbase + t0 * kf.block_bytes, kTile * kf.block_bytes, lane);
+        copy_tile(vtile, vbase + t0 * vf.block_bytes, kTile * vf.block_bytes, lane);
+        __syncwarp();
+        // Scores: a token per lane.
+        const bool valid = t0 + lane < limit;
+        const int kb = lane * kf.block_bytes * 8;
+        float s[GM];
+#pragma unroll
+        for (int h = 0; h < GM; ++h) s[h] = 0.0f;
+#pragma unroll 4
+        for (int c = 0; c < D; ++c) {
+            const float y = coord_value(kw, kb, tab_k[c], pool_k);
+#pragma unroll
+            for (int h = 0; h < GM; ++h) s[h] = fmaf(qr[h * D + c], y, s[h]);
+        }
+        const float nk = __half2float(reinterpret_cast<const __half*>(ktile)[lane * kf.block_bytes / 2]);
+        const float nv = __half2float(reinterpret_cast<const __half*>(vtile)[lane * vf.block_bytes / 2]);
+#pragma unroll
+        for (int h = 0; h < GM; ++h) {
+            const float sc = valid ? nk * s[h] : -INFINITY;
+            const float mn = fmaxf(m[h], warp_max(sc));  // finite: a tile has a valid token
+            const float corr = expf(m[h] - mn);
+            const float pr = valid ? expf(sc - mn) : 0.0f;
+            l[h] = l[h] * corr + warp_sum(pr);
+            m[h] = mn;
+#pragma unroll
+            for (int j = 0; j < NC; ++j) acc[h][j] *= corr;
+            wsm[h * kTile + lane] = pr * nv;
+        }
+        __syncwarp();
+        // Values: a channel per lane and NC of them, token after token.
+        const int cnt = int(limit - t0 < kTile ? limit - t0 : kTile);
+        for (int i = 0; i < cnt; ++i) {
+            const int vb = i * vf.block_bytes * 8;
+            float wv[GM];
+#pragma unroll
+            for (int h = 0; h < GM; ++h) wv[h] = wsm[h * kTile + i];
+#pragma unroll
+            for (int j = 0; j < NC; ++j) {
+                const float y = coord_value(vw, vb, tv[j], pool_v);
+#pragma unroll
+                for (int h = 0; h < GM; ++h) acc[h][j] = fmaf(wv[h], y, acc[h][j]);
+            }
+        }
+        __syncwarp();  // the next tile overwrites the buffers
+    }
+
+    // The warps' states, merged into this split's partial (rotated o, max, sum).
+    __syncthreads();
+    auto* comb = reinterpret_cast<float*>(work);
+#pragma unroll
+    for (int h = 0; h < GM; ++h) {
+        float* row = comb + (warp * GM + h) * (D + 2);
+#pragma unroll
+        for (int j = 0; j < NC; ++j) row[lane + 32 * j] = acc[h][j];
+        if (lane == 0) {
+            row[D] = m[h];
+            row[D + 1] = l[h];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * (D + 2); i += kAttnThreads) {
+        const int h = i / (D + 2), c = i % (D + 2);
+        float mx = -INFINITY;
+        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, comb[(w * GM + h) * (D + 2) + D]);
+        float v = 0.0f;
+        if (c == D) {
+            v = mx;
+        } else if (mx != -INFINITY) {
+            for (int w = 0; w < kAttnWarps; ++w) {
+                const float* row = comb + (w * GM + h) * (D + 2);
+                if (row[D] != -INFINITY) v += expf(row[D] - mx) * row[c == D + 1 ? D + 1 : c];
+            }
+        }
+        p.partial[((int64_t(qi) * p.n_head + int64_t(g) * G + h) * p.splits + split) * (D + 2) + c] = v;
+    }
+}
+
+// Block (query, head): the splits' partials merged, then o = Pi^T o once (Rotation::apply_t).
+__global__ void __launch_bounds__(kAttnThreads) turbo_merge_kernel(const TurboAttentionParams p) {
+    __shared__ float e[kMaxSplits];
+    __shared__ float o[kTurboMaxHeadDim];
+    const int d = int(p.head_dim), tid = int(threadIdx.x);
+    const int64_t row = blockIdx.x;
+    const TurboFormatDev& vf = p.vf;
+    pdl_wait();
+    const float* part = p.partial + row * p.splits * (d + 2);
+    float mx = -INFINITY;
+    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, part[s * (d + 2) + d]);
+    for (int s = tid; s < p.splits; s += kAttnThreads) {
+        const float ms = part[s * (d + 2) + d];
+        e[s] = ms == -INFINITY ? 0.0f : expf(ms - mx);
+    }
+    __syncthreads();
+    float sum = 0.0f;
+    for (int s = 0; s < p.splits; ++s) sum += e[s] * part[s * (d + 2) + d + 1];
+    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int c = tid; c < d; c += kAttnThreads) {
+        float v = 0.0f;
+        for (int s = 0; s < p.splits; ++s) v += e[s] * part[s * (d + 2) + c];
+        o[c] = v * inv;
+    }
+    __syncthreads();
+    float* out = p.out + row * d;
+    if (vf.hadamard) {
+        for (int len = 1; len < d; len <<= 1) {
+            for (int pr = tid; pr < d / 2; pr += kAttnThreads) {
+                const int j = (pr & ~(len - 1)) * 2 + (pr & (len - 1));
+                const float a = o[j], b = o[j + len];
+                o[j] = a + b;
+                o[j + len] = a - b;
+            }
+            __syncthreads();
+        }
+        for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * (vf.signs[c] * vf.inv_sqrt_d);
+    } else {
+        for (int c = tid; c < d; c += kAttnThreads) {
+            float v = 0.0f;
+            for (int i = 0; i < d; ++i) v = fmaf(vf.rows[int64_t(i) * d + c], o[i], v);
+            out[c] = v;
+        }
+    }
+}
+
+}  // namespace
+}  // namespace vxq::cuda

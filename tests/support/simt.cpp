@@ -1,0 +1,157 @@
+// The SIMT emulator's fibers and barriers (simt.h).
+#if VXQ_HAVE_CUDA
+#include "support/simt.h"
+
+#include <ucontext.h>
+
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace vxq::simt {
+namespace {
+
+constexpr size_t kStackBytes = size_t(256) << 10;
+
+enum class Wait { None, Warp, Block };
+
+struct Fiber {
+    ucontext_t ctx{};
+    std::vector<char> stack;
+    Dims dims{};
+    bool done = false;
+    Wait wait = Wait::None;
+};
+
+struct Block {
+    std::vector<Fiber> fibers;
+    ucontext_t scheduler{};
+    int current = -1;
+    std::vector<int> warp_arrived;
+    int block_arrived = 0;
+    std::vector<std::array<uint64_t, 32>> slots;
+    std::vector<uint8_t> smem;
+    const std::function<void()>* body = nullptr;
+    uint64_t switches = 0;
+};
+
+Block g;  // one launch at a time (the tests are single-threaded)
+
+Fiber& current() { return g.fibers[size_t(g.current)]; }
+
+// Releases the warp barrier of warp w and the block barrier when every live thread has arrived.
+void try_release(int w) {
+    int live_w = 0, live = 0;
+    for (size_t i = 0; i < g.fibers.size(); ++i) {
+        if (g.fibers[i].done) continue;
+        ++live;
+        if (int(i) / 32 == w) ++live_w;
+    }
+    if (g.warp_arrived[size_t(w)] > 0 && g.warp_arrived[size_t(w)] == live_w) {
+        g.warp_arrived[size_t(w)] = 0;
+        for (size_t i = size_t(w) * 32; i < size_t(w + 1) * 32 && i < g.fibers.size(); ++i) {
+            if (g.fibers[i].wait == Wait::Warp) g.fibers[i].wait = Wait::None;
+        }
+    }
+    if (g.block_arrived > 0 && g.block_arrived == live) {
+        g.block_arrived = 0;
+        for (Fiber& f : g.fibers) {
+            if (f.wait == Wait::Block) f.wait = Wait::None;
+        }
+    }
+}
+
+void yield() {
+    ++g.switches;
+    swapcontext(&current().ctx, &g.scheduler);
+}
+
+void arrive(Wait kind) {
+    Fiber& f = current();
+    const int w = g.current / 32;
+    f.wait = kind;
+    if (kind == Wait::Warp) {
+        ++g.warp_arrived[size_t(w)];
+    } else {
+        ++g.block_arrived;
+    }
+    try_release(w);
+    while (current().wait != Wait::None) yield();
+}
+
+void entry() {
+    (*g.body)();
+    current().done = true;
+    for (size_t w = 0; w < g.warp_arrived.size(); ++w) try_release(int(w));
+    yield();  // never resumed
+}
+
+}  // namespace
+
+const Dims& dims() { return current().dims; }
+void sync_warp() { arrive(Wait::Warp); }
+void sync_threads() { arrive(Wait::Block); }
+uint8_t* dynamic_smem() { return g.smem.data(); }
+uint64_t switches() { return g.switches; }
+
+uint64_t exchange(uint64_t bits, int src) {
+    const int w = g.current / 32, lane = g.current % 32;
+    g.slots[size_t(w)][size_t(lane)] = bits;
+    sync_warp();
+    const uint64_t r = g.slots[size_t(w)][size_t(src)];
+    sync_warp();  // nobody writes its slot again before every lane has read
+    return r;
+}
+
+void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+    const unsigned n = block.x * block.y * block.z;
+    if (n == 0 || n % 32 != 0 || block.y != 1 || block.z != 1) throw std::runtime_error("simt: 1-D blocks of a multiple of 32 threads");
+    g.fibers.resize(n);
+    g.warp_arrived.assign(n / 32, 0);
+    g.slots.assign(n / 32, {});
+    g.body = &body;
+    for (unsigned bz = 0; bz < grid.z; ++bz) {
+        for (unsigned by = 0; by < grid.y; ++by) {
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                g.smem.assign(smem, 0);
+                g.block_arrived = 0;
+                std::fill(g.warp_arrived.begin(), g.warp_arrived.end(), 0);
+                for (unsigned t = 0; t < n; ++t) {
+                    Fiber& f = g.fibers[t];
+                    f.stack.resize(kStackBytes);
+                    f.done = false;
+                    f.wait = Wait::None;
+                    f.dims = Dims{uint3{t, 0, 0}, uint3{bx, by, bz}, block, grid};
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack.data();
+                    f.ctx.uc_stack.ss_size = f.stack.size();
+                    f.ctx.uc_link = nullptr;
+                    makecontext(&f.ctx, entry, 0);
+                }
+                for (;;) {
+                    bool ran = false, all_done = true;
+                    for (unsigned t = 0; t < n; ++t) {
+                        Fiber& f = g.fibers[t];
+                        if (f.done) continue;
+                        all_done = false;
+                        if (f.wait != Wait::None) continue;
+                        g.current = int(t);
+                        ++g.switches;
+                        swapcontext(&g.scheduler, &f.ctx);
+                        ran = true;
+                    }
+                    if (all_done) break;
+                    if (!ran) {
+                        throw std::runtime_error("simt: block (" + std::to_string(bx) + ", " + std::to_string(by) + ", " +
+                                                 std::to_string(bz) + ") deadlocked: a barrier that a live thread never reaches");
+                    }
+                }
+            }
+        }
+    }
+    g.current = -1;
+}
+
+}  // namespace vxq::simt
+#endif

@@ -1,0 +1,97 @@
+// A SIMT emulator: runs CUDA kernel source on the CPU, so that a kernel's tests also run where
+// there is no GPU (CI) and a kernel written without one is checked before it ever reaches one.
+// Include this first, then the kernel header (it compiles as C++: CUDA's host headers give the
+// vector types and fp16 conversions, this header the device built-ins). A launch runs the blocks
+// one after another; a block's threads are fibers (ucontext) on one OS thread, switched at
+// __syncthreads, __syncwarp and the shuffles, so shared memory (`__shared__` is `static`: one copy,
+// blocks never overlap), barriers and warp exchanges behave as on the device for code without
+// data races. A barrier that some live thread of the block (or warp) never reaches is reported
+// (std::runtime_error naming the block) instead of hanging. What it does not model: timing,
+// memory ordering between blocks, warp-synchronous code without __syncwarp, partial-warp masks
+// (shuffles exchange among all 32 lanes), and f32 rounding differences of the device's
+// intrinsics (`__fadd_rn` is `+` here; build the test with -ffp-contract=off). The arithmetic
+// the kernels rely on (IEEE f32 / f64 ops, fmaf, fp16 conversion) is the host's, which is IEEE.
+#pragma once
+
+#define __shared__ static
+#define __launch_bounds__(...)
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+
+namespace vxq::simt {
+
+struct Dims {
+    uint3 thread, block;
+    dim3 block_dim, grid_dim;
+};
+const Dims& dims();  // the running thread's
+void sync_warp();
+void sync_threads();
+// Every lane of the running thread's warp calls: returns lane `src`'s `bits`.
+uint64_t exchange(uint64_t bits, int src);
+uint8_t* dynamic_smem();
+// Runs body() as every thread of every block of the grid (1-D blocks of a multiple of 32
+// threads), with `smem` bytes of dynamic shared memory (zeroed at each block).
+void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
+// Fiber switches so far (how much the barriers and shuffles cost a test).
+uint64_t switches();
+
+}  // namespace vxq::simt
+
+// (blockDim and gridDim are not macros: CUDA's own launch structs have members of those names;
+// a kernel reads them as ::vxq::simt::dims().block_dim / grid_dim under the emulator.)
+#define threadIdx (::vxq::simt::dims().thread)
+#define blockIdx (::vxq::simt::dims().block)
+#define VXQ_DYNAMIC_SMEM(name) uint8_t* name = ::vxq::simt::dynamic_smem()
+
+inline void __syncwarp(unsigned = 0xffffffffu) { ::vxq::simt::sync_warp(); }
+inline void __syncthreads() { ::vxq::simt::sync_threads(); }
+
+template <class T>
+T __shfl_sync(unsigned, T v, int src) {
+    static_assert(sizeof(T) <= 8);
+    uint64_t b = 0;
+    std::memcpy(&b, &v, sizeof(T));
+    b = ::vxq::simt::exchange(b, src & 31);
+    T r;
+    std::memcpy(&r, &b, sizeof(T));
+    return r;
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int o) {
+    return __shfl_sync(mask, v, int(threadIdx.x & 31u) ^ o);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned d) {
+    const unsigned lane = threadIdx.x & 31u;
+    return __shfl_sync(mask, v, int(lane + d < 32u ? lane + d : lane));
+}
+
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+    return unsigned(((uint64_t(hi) << 32) | lo) >> (shift & 31u));
+}
+// Fibers switch only at barriers and shuffles, so a read-modify-write is atomic.
+inline unsigned atomicOr(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old | v;
+    return old;
+}
+template <class T>
+T __ldg(const T* p) {
+    return *p;
+}

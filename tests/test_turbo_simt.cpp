@@ -1,0 +1,260 @@
+// The TurboQuant CUDA kernels (kernels/cuda/turbo_kernels.cuh) run on the CPU by the SIMT
+// emulator (support/simt.h), in every build that has the CUDA headers, GPU or not: the store
+// against the CPU codec's bytes, the attention and its merge against dequantize-then-attend.
+// On a GPU, Cuda.TurboStoreBitExactAndAttentionMatchesCpu checks the same kernels as compiled
+// for the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kv/codec.h"
+#include "kv/formats/turbo.h"
+#include "kv/spec.h"
+#include "support/random_weights.h"
+
+#if VXQ_HAVE_CUDA
+#include "support/simt.h"
+// (after simt.h: it defines the device built-ins the kernels use)
+#include "kernels/cuda/turbo_kernels.cuh"
+#endif
+
+namespace vxq {
+namespace {
+
+#if VXQ_HAVE_CUDA
+using cuda::KvHeadDev;
+using test::random_floats;
+using cuda::TurboFormatDev;
+
+uint32_t fresh_seed() { return std::random_device{}(); }
+
+// A role's state, codec and kernel format (host memory) for `spec` at head_dim d, layer 0.
+struct Role {
+    std::unique_ptr<KvLayerState> state;
+    std::unique_ptr<Codec> codec;
+    std::vector<uint8_t> bytes;
+    TurboFormatDev f{};
+    Role(const std::string& spec, KvRole role, int64_t d) {
+        const CodecSpec cs = KvSpec::parse(spec).k;
+        state = make_layer_state(cs, role, d, 0);
+        codec = make_codec(cs, role, d, state.get());
+        f = cuda::turbo_format_host(*static_cast<const codecs::turbo::State*>(state.get()), bytes);
+    }
+};
+
+uint64_t addr(const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); }
+
+// The store writes the CPU codec's bytes: every rotation (Hadamard, Haar, calibrated), bit
+// count, the rvq stages, head_dim 32 .. 256, after tokens already in the pages; rows of random
+// scale, a zero row, a row of one spike, a row below fp16's smallest normal.
+TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct Case {
+        const char *k, *v;
+        int64_t d;
+    };
+    const Case cases[] = {{"turbo:bits=3", "turbo:bits=3", 128},
+                          {"turbo:bits=1", "turbo:bits=2", 64},
+                          {"turbo:bits=4", "turbo-rvq:bits=2", 32},
+                          {"turbo-rvq:bits=3", "turbo-rvq:bits=4", 64},
+                          {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96},
+                          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64},
+                          {"turbo:bits=4", "turbo:bits=1,seed=3", 256}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " seed " << seed);
+        const Role kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
+        const int64_t n = 7, n_head_kv = 3, before = 2, d = c.d;
+        std::vector<float> k = random_floats(size_t(n * n_head_kv * d), rng), v = random_floats(k.size(), rng);
+        std::uniform_real_distribution<float> scale(-6.0f, 6.0f);
+        for (int64_t r = 0; r < n * n_head_kv; ++r) {
+            const float s = std::exp2(scale(rng));
+            for (int64_t i = 0; i < d; ++i) k[size_t(r * d + i)] *= s;
+        }
+        std::fill(k.begin(), k.begin() + d, 0.0f);                            // a zero key
+        std::fill(v.begin() + d, v.begin() + 2 * d, 0.0f);                    // a spike
+        v[size_t(d + 5)] = -3.0f;
+        for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] *= 1e-6f;        // a norm below fp16's normals
+        const size_t kbb = size_t(kr.f.block_bytes), vbb = size_t(vr.f.block_bytes);
+        std::vector<std::vector<uint8_t>> kp(size_t(n_head_kv), std::vector<uint8_t>(size_t(before + n) * kbb, 0xab)),
+            vp(size_t(n_head_kv), std::vector<uint8_t>(size_t(before + n) * vbb, 0xab));
+        std::vector<KvHeadDev> heads;
+        for (int64_t g = 0; g < n_head_kv; ++g) heads.push_back(KvHeadDev{addr(kp[size_t(g)].data()), addr(vp[size_t(g)].data()), before, 0});
+        cuda::TurboStoreParams p{};
+        p.k = k.data();
+        p.v = v.data();
+        p.heads = heads.data();
+        p.n = n;
+        p.n_head_kv = n_head_kv;
+        p.head_dim = d;
+        p.kf = kr.f;
+        p.vf = vr.f;
+        const unsigned warps = unsigned(2 * n * n_head_kv);
+        simt::launch(dim3((warps + cuda::kStoreWarps - 1) / cuda::kStoreWarps), dim3(cuda::kStoreWarps * 32), 0,
+                     [&] { cuda::turbo_store_kernel(p); });
+        std::vector<uint8_t> want(std::max(kbb, vbb));
+        for (int64_t t = 0; t < n; ++t) {
+            for (int64_t g = 0; g < n_head_kv; ++g) {
+                const size_t row = size_t((t * n_head_kv + g) * d);
+                kr.codec->encode(&k[row], d, want.data());
+                EXPECT_TRUE(std::equal(want.begin(), want.begin() + long(kbb), kp[size_t(g)].begin() + long(size_t(before + t) * kbb)))
+                    << "key of token " << t << ", head " << g;
+                vr.codec->encode(&v[row], d, want.data());
+                EXPECT_TRUE(std::equal(want.begin(), want.begin() + long(vbb), vp[size_t(g)].begin() + long(size_t(before + t) * vbb)))
+                    << "value of token " << t << ", head " << g;
+            }
+        }
+        for (int64_t g = 0; g < n_head_kv; ++g) {  // the tokens before the write are untouched
+            EXPECT_TRUE(std::all_of(kp[size_t(g)].begin(), kp[size_t(g)].begin() + long(before * kbb), [](uint8_t b) { return b == 0xab; }));
+        }
+    }
+}
+
+template <int NC, int GM>
+void run_attention(const cuda::TurboAttentionParams& p) {
+    const cuda::AttnSmem L(NC * 32, GM, p.kf.block_bytes, p.vf.block_bytes);
+    simt::launch(dim3(unsigned(p.n_q), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
+                 [&] { cuda::turbo_attention_kernel<NC, GM>(p); });
+    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::turbo_merge_kernel(p); });
+}
+template <int NC>
+void run_attention_nc(const cuda::TurboAttentionParams& p) {
+    const int64_t g = p.n_head / p.n_head_kv;
+    if (g <= 1) run_attention<NC, 1>(p);
+    else if (g <= 2) run_attention<NC, 2>(p);
+    else run_attention<NC, 4>(p);
+}
+
+// The attention (split-K, then the merge that un-rotates) equals dequantize-then-attend (the
+// codec's decode, scores and softmax in double) within 2e-5 on outputs of size ~1: f32 sums in
+// another order, the query rotated in f32 (the CPU decode un-rotates in double). Partial tiles,
+// splits with no tile, GQA groups padded (3 of 4 rows), causal batches.
+TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct Case {
+        const char *k, *v;
+        int64_t d, n_head, n_head_kv, n_tokens, n_q, splits;
+    };
+    const Case cases[] = {{"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 75, 1, 2},
+                          {"turbo:bits=2", "turbo-rvq:bits=2", 64, 6, 2, 70, 3, 3},
+                          {"turbo-rvq:bits=3", "turbo:bits=1", 32, 2, 2, 40, 2, 1},
+                          {"turbo:bits=3,rot=haar,seed=5", "turbo:bits=4,rot=haar,seed=5", 96, 2, 1, 33, 1, 4},
+                          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=2,rot=calib,calib=random", 64, 4, 1, 100, 2, 2},
+                          {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv
+                                        << " tokens " << c.n_tokens << " n_q " << c.n_q << " splits " << c.splits << " seed " << seed);
+        const Role kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
+        const int64_t d = c.d, G = c.n_head / c.n_head_kv;
+        const size_t kbb = size_t(kr.f.block_bytes), vbb = size_t(vr.f.block_bytes);
+        // Pages: a whole 32-token tile past the last token (the kernel copies whole tiles).
+        const int64_t cap = (c.n_tokens + 31) / 32 * 32;
+        std::vector<std::vector<uint8_t>> kp(size_t(c.n_head_kv), std::vector<uint8_t>(size_t(cap) * kbb + 16, 0x5a)),
+            vp(size_t(c.n_head_kv), std::vector<uint8_t>(size_t(cap) * vbb + 16, 0x5a));
+        std::vector<std::vector<float>> kd(size_t(c.n_head_kv)), vd(size_t(c.n_head_kv));  // decoded
+        std::vector<float> x(static_cast<size_t>(d));
+        for (int64_t g = 0; g < c.n_head_kv; ++g) {
+            kd[size_t(g)].resize(size_t(c.n_tokens * d));
+            vd[size_t(g)].resize(size_t(c.n_tokens * d));
+            for (int64_t t = 0; t < c.n_tokens; ++t) {
+                x = random_floats(size_t(d), rng);
+                kr.codec->encode(x.data(), d, &kp[size_t(g)][size_t(t) * kbb]);
+                kr.codec->decode(&kp[size_t(g)][size_t(t) * kbb], d, &kd[size_t(g)][size_t(t * d)]);
+                x = random_floats(size_t(d), rng);
+                vr.codec->encode(x.data(), d, &vp[size_t(g)][size_t(t) * vbb]);
+                vr.codec->decode(&vp[size_t(g)][size_t(t) * vbb], d, &vd[size_t(g)][size_t(t * d)]);
+            }
+        }
+        std::vector<KvHeadDev> heads;
+        for (int64_t g = 0; g < c.n_head_kv; ++g) {
+            heads.push_back(KvHeadDev{addr(kp[size_t(g)].data()), addr(vp[size_t(g)].data()), c.n_tokens, 0});
+        }
+        const std::vector<float> q = random_floats(size_t(c.n_q * c.n_head * d), rng);
+        std::vector<float> partial(cuda::turbo_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
+        cuda::TurboAttentionParams p{};
+        p.q = q.data();
+        p.heads = heads.data();
+        p.partial = partial.data();
+        p.out = out.data();
+        p.n_q = c.n_q;
+        p.n_head = c.n_head;
+        p.n_head_kv = c.n_head_kv;
+        p.head_dim = d;
+        p.splits = c.splits;
+        p.scale = 1.0f / std::sqrt(float(d));
+        p.kf = kr.f;
+        p.vf = vr.f;
+        switch (d / 32) {
+            case 1: run_attention_nc<1>(p); break;
+            case 2: run_attention_nc<2>(p); break;
+            case 3: run_attention_nc<3>(p); break;
+            case 4: run_attention_nc<4>(p); break;
+            default: run_attention_nc<8>(p); break;
+        }
+        for (int64_t i = 0; i < c.n_q; ++i) {
+            const int64_t limit = c.n_tokens - c.n_q + i + 1;
+            for (int64_t h = 0; h < c.n_head; ++h) {
+                const int64_t g = h / G;
+                const float* qh = &q[size_t((i * c.n_head + h) * d)];
+                std::vector<double> s(static_cast<size_t>(limit));
+                double mx = -INFINITY;
+                for (int64_t t = 0; t < limit; ++t) {
+                    double dot = 0.0;
+                    for (int64_t e = 0; e < d; ++e) dot += double(qh[e]) * kd[size_t(g)][size_t(t * d + e)];
+                    s[size_t(t)] = dot * double(p.scale);
+                    mx = std::max(mx, s[size_t(t)]);
+                }
+                double sum = 0.0;
+                for (double& e : s) sum += e = std::exp(e - mx);
+                for (int64_t e = 0; e < d; ++e) {
+                    double o = 0.0;
+                    for (int64_t t = 0; t < limit; ++t) o += s[size_t(t)] * vd[size_t(g)][size_t(t * d + e)];
+                    ASSERT_NEAR(out[size_t((i * c.n_head + h) * d + e)], o / sum, 2e-5) << "query " << i << ", head " << h << ", channel " << e;
+                }
+            }
+        }
+    }
+}
+
+// The emulator itself: a barrier that a live thread never reaches is an error, not a hang (half
+// a warp at __syncwarp, the rest of the block at __syncthreads); threads that returned hold no
+// barrier up (as on the device).
+TEST(TurboSimt, EmulatorReportsADivergentBarrier) {
+    EXPECT_THROW(simt::launch(dim3(1), dim3(64), 0,
+                              [] {
+                                  if (threadIdx.x < 16) {
+                                      __syncwarp();
+                                  } else {
+                                      __syncthreads();
+                                  }
+                              }),
+                 std::runtime_error);
+    int after = 0;
+    simt::launch(dim3(1), dim3(64), 0, [&] {
+        if (threadIdx.x >= 32) return;
+        __syncthreads();
+        ++after;
+    });
+    EXPECT_EQ(after, 32);
+    // Lanes that returned do not hold a warp barrier up (the store's whole-warp early exit).
+    int sum = 0;
+    simt::launch(dim3(2), dim3(64), 0, [&] {
+        if (threadIdx.x >= 32 && blockIdx.x == 1) return;
+        const int v = __shfl_xor_sync(0xffffffffu, int(threadIdx.x), 1);
+        __syncwarp();
+        sum += v;
+    });
+    EXPECT_EQ(sum, 2 * (31 * 32 / 2) + (32 + 63) * 32 / 2);
+}
+#else
+TEST(TurboSimt, NeedsTheCudaHeaders) { GTEST_SKIP() << "this build has no CUDA headers: the SIMT emulator's tests are not built"; }
+#endif
+
+}  // namespace
+}  // namespace vxq
