@@ -1757,8 +1757,8 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
 
 // TurboQuant on the device (turbo.cuh): the store writes the CPU codec's bytes (the same
 // operations in the same order: the norm's double sum channel after channel, the rotation's
-// levels or rows, the thresholds' upper bound), for every rotation (Hadamard, Haar, calibrated),
-// bit count and the rvq stages, keys and values of different formats, GQA 1/4/8, head_dim 64 /
+// levels or rows, the thresholds' upper bound, turbo-prod's residual norm and sketch signs), for
+// every rotation (Hadamard, Haar, calibrated), bit count, the rvq stages and turbo-prod keys, keys and values of different formats, GQA 1/4/8, head_dim 64 /
 // 96 / 128 / 256; through prompts, single tokens (the decode step's store), batches and a
 // rollback. The attention equals the CPU's fused readers within 2e-5 on outputs of size ~1 (f32
 // sums in other orders; the query rotated and the output un-rotated in f32 on the device, in
@@ -1779,7 +1779,9 @@ TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
                           {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96, 8, 2},
                           {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64, 16, 2},
                           {"turbo:bits=3", "turbo:bits=4,seed=9", 256, 8, 2},
-                          {"turbo-rvq:bits=4,rot=haar", "turbo:bits=1", 32, 3, 3}};
+                          {"turbo-rvq:bits=4,rot=haar", "turbo:bits=1", 32, 3, 3},
+                          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 32, 8},
+                          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 8, 2}};
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " head_dim " << c.head_dim << " heads " << c.n_head
                                         << "/" << c.n_head_kv << " seed " << seed);
@@ -1830,9 +1832,8 @@ TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
     }
 }
 
-// What the TurboQuant kernels do not read is refused by name: turbo-prod keys (the QJL term),
-// TurboQuant keys with another format's values, a GQA group past 8, head_dim not a multiple of 32,
-// the attention mass.
+// What the TurboQuant kernels do not read is refused by name: TurboQuant keys with another
+// format's values, a GQA group past 8, head_dim not a multiple of 32, the attention mass.
 TEST(Cuda, TurboRefusesWhatItCannotRead) {
     VXQ_REQUIRE_CUDA(be);
     std::mt19937 rng(fresh_seed());
@@ -1848,7 +1849,6 @@ TEST(Cuda, TurboRefusesWhatItCannotRead) {
             EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
         }
     };
-    refused("turbo-prod:bits=3", "turbo-prod:bits=3", KvShape{1, 2, 2, 64, 64}, "turbo_prod (keys) has no CUDA reader yet");
     refused("turbo:bits=3", "f16", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
     refused("q8_0", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
     refused("turbo:bits=3", "turbo:bits=3", KvShape{1, 16, 1, 64, 64}, "GQA group of at most 8");
@@ -1937,7 +1937,7 @@ TEST(Cuda, TurboGraphReplayEqualsPlainLaunches) {
     auto plain = plain_cuda_backend();
     const ModelConfig& c = model->config();
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256};
-    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar"}) {
+    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar", "turbo-prod:bits=3"}) {
         SCOPED_TRACE(spec);
         std::vector<std::unique_ptr<KvCache>> caches;
         for (Backend* be : {graphs.get(), plain.get()}) {

@@ -50,7 +50,7 @@ struct Role {
 uint64_t addr(const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); }
 
 // The store writes the CPU codec's bytes: every rotation (Hadamard, Haar, calibrated), bit
-// count, the rvq stages, head_dim 32 .. 256, after tokens already in the pages; rows of random
+// count, the rvq stages, turbo-prod keys (residual norm and sketch signs), head_dim 32 .. 256, after tokens already in the pages; rows of random
 // scale, a zero row, a row of one spike, a row below fp16's smallest normal.
 TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
     const uint32_t seed = fresh_seed();
@@ -65,7 +65,10 @@ TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
                           {"turbo-rvq:bits=3", "turbo-rvq:bits=4", 64},
                           {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96},
                           {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64},
-                          {"turbo:bits=4", "turbo:bits=1,seed=3", 256}};
+                          {"turbo:bits=4", "turbo:bits=1,seed=3", 256},
+                          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128},
+                          {"turbo-prod:bits=1,rot=haar", "turbo-prod:bits=2,rot=haar", 96},
+                          {"turbo-prod:bits=4,seed=2", "turbo:bits=1", 32}};
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " seed " << seed);
         const Role kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
@@ -146,7 +149,9 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
                           {"turbo-rvq:bits=3", "turbo:bits=1", 32, 2, 2, 40, 2, 1},
                           {"turbo:bits=3,rot=haar,seed=5", "turbo:bits=4,rot=haar,seed=5", 96, 2, 1, 33, 1, 4},
                           {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=2,rot=calib,calib=random", 64, 4, 1, 100, 2, 2},
-                          {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1}};
+                          {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1},
+                          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 4, 1, 65, 2, 2},
+                          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3}};
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv
                                         << " tokens " << c.n_tokens << " n_q " << c.n_q << " splits " << c.splits << " seed " << seed);

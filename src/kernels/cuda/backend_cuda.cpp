@@ -603,8 +603,9 @@ public:
         }
         if (turbo_layer(view)) {
             return "cuda TurboQuant pages on the device: split-K kernel reading the packed indices in place (the query "
-                   "rotated once per block, scores a token per lane against the codebooks' centroids, values summed in "
-                   "the rotated domain a channel per lane), f32 softmax; the merge un-rotates once per (query, head)";
+                   "rotated (and for turbo-prod keys sketched) once per block, scores a token per lane against the "
+                   "codebooks' centroids, values summed in the rotated domain a channel per lane), f32 softmax; the "
+                   "merge un-rotates once per (query, head)";
         }
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
@@ -905,8 +906,8 @@ private:
     static KvCode require_code(const KvStreamView& s, int64_t head_dim, const char* what) {
         const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
         if (!c) {
-            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI, turbo and "
-                 "turbo-rvq caches; use --device cpu",
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI and "
+                 "TurboQuant caches; use --device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
         if (!kv_code_fits(*c, head_dim)) {
@@ -1017,17 +1018,14 @@ private:
         finish(o, p.out, n_out);
     }
 
-    // Whether a layer is a TurboQuant cache (turbo / turbo-rvq keys and values: the TurboQuant
-    // kernels read no other format), refusing what they cannot read.
+    // Whether a layer is a TurboQuant cache (turbo / turbo-rvq / turbo-prod keys and values: the
+    // TurboQuant kernels read no other format), refusing what they cannot read.
     static bool turbo_layer(const KvLayerView& view) {
         const auto turbo = [](KvFormatKind k) {
             return k == KvFormatKind::TurboMse || k == KvFormatKind::TurboRvq || k == KvFormatKind::TurboProd;
         };
         const KvFormatKind k = view.heads[0].k.fmt.kind, v = view.heads[0].v.fmt.kind;
         if (!turbo(k) && !turbo(v)) return false;
-        if (k == KvFormatKind::TurboProd) {
-            fail("KV format {} (keys) has no CUDA reader yet (its QJL sign term); use --device cpu", kv_format_kind_name(k));
-        }
         if (!turbo(k) || !turbo(v)) {
             fail("KV format {} / {}: the CUDA backend reads TurboQuant keys with TurboQuant values only; use --device cpu",
                  kv_format_kind_name(k), kv_format_kind_name(v));

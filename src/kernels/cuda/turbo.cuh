@@ -1,6 +1,6 @@
 // TurboQuant caches in device memory (METHODS.md "TurboQuant"; layout and scalar reference
-// kv/formats/turbo.h): turbo (mse, any rotation, rot=calib included) and turbo-rvq keys and
-// values. turbo-prod keys (their QJL sign term) have no CUDA reader: refused by name.
+// kv/formats/turbo.h): turbo (mse, any rotation, rot=calib included), turbo-rvq and turbo-prod
+// (keys: mse at b - 1 bits + the residual's norm and QJL signs; values: mse) keys and values.
 //
 // The store encodes a token as turbo::encode does, the same operations in the same order, so
 // the bytes are the CPU codec's: a warp per (token, KV head, role); the norm's sum of squares in
@@ -8,12 +8,14 @@
 // (Hadamard: x * signs, the FWHT's levels in order, * 1/sqrt(d); dense Haar or calibrated rows:
 // each output a sequential double sum over the channels, a lane per output), the index the
 // upper bound of y in the thresholds (a NaN takes the last, as std::upper_bound), packed LSB
-// first into a staging block in shared memory.
+// first into a staging block in shared memory; turbo-prod keys: the residual r = y - c[idx], its
+// norm (double, channel order) and sign(S r) (a lane per sketch row, f32 in channel order).
 //
 // The attention never rotates a cached token: block (split, KV head, query) rotates its GQA
 // group's query rows once (q' = scale * Pi q), then each of its 4 warps takes every 4th 32-token
 // tile of its stretch (the tile's key and value bytes copied into shared memory), scores a token
-// per lane (n_t * sum_c q'_c y_t,c, y the code's centroid, read in place from the packed bits),
+// per lane (n_t * sum_c q'_c y_t,c, y the code's centroid, read in place from the packed bits;
+// turbo-prod keys add n_t * qjl_scale * gamma_t * sum_i (S q')_i sign_t,i, S q' once per block),
 // keeps an online softmax and adds p_t * n_t * y_t into a rotated accumulator, a lane per
 // channel; the warps and then the splits are merged (log-sum-exp), and the merge un-rotates the
 // result once per (query, head): o = Pi^T sum_t p_t n_t y_t.
@@ -38,7 +40,7 @@ namespace vxq::cuda {
 constexpr int64_t kTurboMaxHeadDim = 256;
 
 // One role's format on the device: a layer's turbo::State (its rotation and codebooks copied
-// into one device allocation, turbo_format_dev in backend_cuda.cpp) and its block layout.
+// into one device allocation: TurboStateCopy below) and its block layout.
 struct TurboFormatDev {
     int32_t d, block_bytes;
     int32_t hadamard;             // 1: Pi = H diag(signs) / sqrt(d); 0: dense rows
@@ -47,6 +49,9 @@ struct TurboFormatDev {
     int32_t idx1_offset, idx2_offset;  // bytes into the block
     float inv_sqrt_d;             // 1.0f / sqrtf(d), as Rotation::apply computes it
     int32_t cbk_floats;           // calibrated: the centroids at cbk_cent (2^(top + 1) - 1)
+    int32_t qjl;                  // turbo-prod keys: the residual's fp16 norm and d sign bits
+    int32_t gamma_offset, sign_offset;  // bytes into the block (qjl)
+    float qjl_scale;              // sqrt(pi/2) / d (qjl)
     const float* signs;           // [d] (hadamard)
     const float* rows;            // [d, d] Pi's rows (dense)
     const float* thr1;            // [2^bits1 - 1] thresholds and [2^bits1] centroids, unit-sphere units
@@ -60,6 +65,7 @@ struct TurboFormatDev {
     const float* coord_scale;
     const float* cbk_thr;
     const float* cbk_cent;
+    const float* sketch;          // [d, d] S's rows (qjl)
 };
 
 // A turbo::State (a layer's rotation and codebooks for one role) copied to the device: one

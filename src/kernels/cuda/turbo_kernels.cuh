@@ -45,7 +45,7 @@ __device__ __forceinline__ int upper_bound_of(const float* thr, int count, float
     return lo;
 }
 
-// ORs the `bits`-bit value v (bits <= 8) in at bit `bit` of the staging words (LSB first, the
+// ORs the `bits`-bit value v (bits <= 16) in at bit `bit` of the staging words (LSB first, the
 // bytes of a little-endian word in order: turbo::put_bits's layout).
 __device__ __forceinline__ void put_bits_shared(uint32_t* stage, int bit, int bits, unsigned v) {
     const int w = bit >> 5, s = bit & 31;
@@ -149,13 +149,28 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
         }
         const int i1 = upper_bound_of(f.thr1, (1 << f.bits1) - 1, y);
         put_bits_shared(st, f.idx1_offset * 8 + c * f.bits1, f.bits1, unsigned(i1));
+        const float r = __fsub_rn(y, f.cent1[i1]);
         if (f.bits2 > 0) {
-            const float r = __fsub_rn(y, f.cent1[i1]);
             const int i2 = upper_bound_of(f.thr2, (1 << f.bits2) - 1, r);
             put_bits_shared(st, f.idx2_offset * 8 + c * f.bits2, f.bits2, unsigned(i2));
         }
+        xw[c] = r;  // (turbo-prod keys' residual; x is read no more)
     }
     __syncwarp();
+    if (f.qjl) {  // gamma = ||r|| (double, channel order), then sign(S r) a sketch row per lane
+        if (lane == 0) {
+            double rr = 0.0;
+            for (int c = 0; c < d; ++c) rr = fma(double(xw[c]), double(xw[c]), rr);
+            put_bits_shared(st, f.gamma_offset * 8, 16, norm_fp16_bits(float(sqrt(rr))));
+        }
+        for (int i = lane; i < d; i += 32) {
+            const float* srow = f.sketch + int64_t(i) * d;
+            float dot = 0.0f;
+            for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(srow[c], xw[c]));
+            if (dot >= 0.0f) put_bits_shared(st, f.sign_offset * 8 + i, 1, 1u);
+        }
+        __syncwarp();
+    }
     // block_bytes is even and every block 2-byte aligned (head_dim % 32 == 0: whole words of indices).
     const auto* s16 = reinterpret_cast<const uint16_t*>(st);
     auto* d16 = reinterpret_cast<uint16_t*>(dst);
@@ -183,10 +198,14 @@ __device__ __forceinline__ float pool_entry(const TurboFormatDev& f, int i) {
     return i < (1 << f.bits1) ? f.cent1[i] : f.cent2[i - (1 << f.bits1)];
 }
 
-// The `nb`-bit code at bit `bit` of the words (nb <= 8; the word after it is readable).
-__device__ __forceinline__ unsigned code_at(const uint32_t* words, int bit, int nb) {
+// The 32 bits from bit `bit` of the words on (the word after it is readable), and the `nb`-bit
+// code there (nb <= 8).
+__device__ __forceinline__ unsigned word_at(const uint32_t* words, int bit) {
     const int w = bit >> 5;
-    return __funnelshift_r(words[w], words[w + 1], unsigned(bit) & 31u) & ((1u << nb) - 1u);
+    return __funnelshift_r(words[w], words[w + 1], unsigned(bit) & 31u);
+}
+__device__ __forceinline__ unsigned code_at(const uint32_t* words, int bit, int nb) {
+    return word_at(words, bit) & ((1u << nb) - 1u);
 }
 // The rotated-domain value of one coordinate of the block at bit `blk` of the words.
 __device__ __forceinline__ float coord_value(const uint32_t* words, int blk, int4 t, const float* pool) {
@@ -215,10 +234,11 @@ __host__ __device__ constexpr int tile_bytes(int block_bytes) { return align16(k
 
 // The shared memory of the attention kernel and where each part starts (bytes).
 struct AttnSmem {
-    int qr, tab_k, tab_v, pool_k, pool_v, work, warp_bytes, total;
+    int qr, sq, tab_k, tab_v, pool_k, pool_v, work, warp_bytes, total;
     __host__ __device__ AttnSmem(int d, int gm, int kbb, int vbb) {
         qr = 0;
-        tab_k = qr + align16(gm * d * 4);
+        sq = qr + align16(gm * d * 4);  // turbo-prod keys: S q'
+        tab_k = sq + align16(gm * d * 4);
         tab_v = tab_k + d * 16;
         pool_k = tab_v + d * 16;
         pool_v = pool_k + align16(kTurboPoolFloats * 4);
@@ -243,6 +263,7 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
     const TurboFormatDev &kf = p.kf, &vf = p.vf;
     const AttnSmem L(D, GM, kf.block_bytes, vf.block_bytes);
     auto* qr = reinterpret_cast<float*>(smem + L.qr);
+    auto* sq = reinterpret_cast<float*>(smem + L.sq);
     auto* tab_k = reinterpret_cast<int4*>(smem + L.tab_k);
     auto* tab_v = reinterpret_cast<int4*>(smem + L.tab_v);
     auto* pool_k = reinterpret_cast<float*>(smem + L.pool_k);
@@ -285,6 +306,16 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
         }
     }
     __syncthreads();
+    if (kf.qjl) {  // turbo-prod keys: the query's sketch S q', once per block
+        for (int i = tid; i < GM * D; i += kAttnThreads) {
+            const int h = i / D, r = i % D;
+            const float* row = kf.sketch + int64_t(r) * D;
+            float s = 0.0f;
+            for (int c = 0; c < D; ++c) s = fmaf(row[c], qr[h * D + c], s);
+            sq[i] = s;
+        }
+        __syncthreads();
+    }
 
     // Each warp: every 4th tile of [tb, te), an online softmax per query head.
     uint8_t* ktile = work + warp * L.warp_bytes;
@@ -321,6 +352,25 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
             const float y = coord_value(kw, kb, tab_k[c], pool_k);
 #pragma unroll
             for (int h = 0; h < GM; ++h) s[h] = fmaf(qr[h * D + c], y, s[h]);
+        }
+        if (kf.qjl) {  // + qjl_scale * gamma * <S q', sign>
+            const float gk =
+                kf.qjl_scale * __half2float(reinterpret_cast<const __half*>(ktile)[(lane * kf.block_bytes + kf.gamma_offset) / 2]);
+            const int sb = (lane * kf.block_bytes + kf.sign_offset) * 8;
+            float t[GM];
+#pragma unroll
+            for (int h = 0; h < GM; ++h) t[h] = 0.0f;
+            for (int w = 0; w < NC; ++w) {
+                const unsigned bits = word_at(kw, sb + 32 * w);
+#pragma unroll 4
+                for (int i = 0; i < 32; ++i) {
+                    const float sg = (bits >> i) & 1u ? 1.0f : -1.0f;
+#pragma unroll
+                    for (int h = 0; h < GM; ++h) t[h] = fmaf(sq[h * D + 32 * w + i], sg, t[h]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GM; ++h) s[h] += gk * t[h];
         }
         const float nk = __half2float(reinterpret_cast<const __half*>(ktile)[lane * kf.block_bytes / 2]);
         const float nv = __half2float(reinterpret_cast<const __half*>(vtile)[lane * vf.block_bytes / 2]);

@@ -15,7 +15,7 @@ namespace vxq::cuda {
 
 TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint8_t>& bytes) {
     const codecs::turbo::Layout& l = s.layout;
-    VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim && !l.qjl);
+    VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim);
     bytes.clear();
     const auto put = [&bytes](const void* src, size_t n) {
         const size_t at = (bytes.size() + 15) / 16 * 16;
@@ -34,6 +34,10 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.idx1_offset = int32_t(l.idx1_offset());
     f.idx2_offset = int32_t(l.idx2_offset());
     f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));  // as Rotation::apply computes it
+    f.qjl = l.qjl;
+    f.gamma_offset = int32_t(l.gamma_offset());
+    f.sign_offset = int32_t(l.sign_offset());
+    f.qjl_scale = s.qjl_scale;
     const size_t rot = put_floats(f.hadamard ? s.rot.signs() : s.rot.rows());
     const size_t thr1 = put_floats(s.cb1.thresholds), cent1 = put_floats(s.cb1.centroids);
     const size_t thr2 = put_floats(s.cb2.thresholds), cent2 = put_floats(s.cb2.centroids);
@@ -49,6 +53,8 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.cbk_floats = int32_t(cbk_cent.size());
     const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
     const size_t scale = put_floats(s.coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
+    VXQ_ASSERT(!l.qjl || (s.sketch.rows() == l.d && s.sketch.dim() == l.d));
+    const size_t sketch = put(l.qjl ? s.sketch.row(0) : nullptr, l.qjl ? size_t(l.d * l.d) * sizeof(float) : 0);
     const uint8_t* base = bytes.data();
     const auto ptr = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
     (f.hadamard ? f.signs : f.rows) = ptr(rot);
@@ -60,6 +66,7 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.coord_scale = ptr(scale);
     f.cbk_thr = ptr(kthr);
     f.cbk_cent = ptr(kcent);
+    f.sketch = ptr(sketch);
     return f;
 }
 
@@ -77,7 +84,9 @@ TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
     };
     TurboFormatDev& f = c.f;
     move(f.hadamard ? f.signs : f.rows);
-    for (const float** p : {&f.thr1, &f.cent1, &f.thr2, &f.cent2, &f.coord_scale, &f.cbk_thr, &f.cbk_cent}) move(*p);
+    for (const float** p : {&f.thr1, &f.cent1, &f.thr2, &f.cent2, &f.coord_scale, &f.cbk_thr, &f.cbk_cent, &f.sketch}) {
+        move(*p);
+    }
     move(f.coord_at);
     return c;
 }

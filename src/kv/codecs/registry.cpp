@@ -49,7 +49,7 @@ std::vector<Entry> builtin_entries() {
         {{"turbo-prod", "bits=1..4 (3), rot, seed as turbo",
           "TurboQuant_prod keys: turbo at b-1 bits + fp16 residual norm + 1-bit QJL sketch (unbiased scores); "
           "values: turbo at b bits",
-          "keys b + 32/d, values b + 16/d (+ per layer: rotation, codebooks, keys' d^2 fp32 sketch)", {"cpu"},
+          "keys b + 32/d, values b + 16/d (+ per layer: rotation, codebooks, keys' d^2 fp32 sketch)", {"cpu", "cuda"},
           {"turbo-prod:bits=3", "turbo-prod:bits=1", "turbo-prod:bits=4,rot=haar"}},
          codecs::make_turbo_prod, codecs::make_turbo_prod_state},
         {{"turbo-rvq", "bits=1..4 per stage (3), rot, seed as turbo",
