@@ -25,7 +25,7 @@
 // their outputs on stderr); bytes = packed keys and values with their zeros and scales + the fp16
 // windows.
 // turbo4 / turbo3 / turbo2 (not in the default list): a TurboQuant cache (turbo:bits=4 / 3 / 2,
-// Hadamard rotation: turbo.cuh) filled through the backend's store, timed with the TurboQuant
+// Hadamard rotation: rotated_kv.cuh) filled through the backend's store, timed with the TurboQuant
 // attention and its merge (the un-rotation) at its default split count and each of
 // --turbo-splits; bytes = the packed blocks (fp16 norms and indices) of keys and values.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
@@ -49,7 +49,7 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/kivi.cuh"
-#include "kernels/cuda/turbo.cuh"
+#include "kernels/cuda/rotated_kv.cuh"
 #include "kv/codec.h"
 #include "kv/formats/turbo.h"
 #include "kv/kv_cache.h"
@@ -473,14 +473,14 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
     const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 13 + uint32_t(bits));
     const KvLayerView view0 = cache->view(0);
     const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
-    const int64_t dflt = cuda::turbo_attention_splits(1, kHeadsKv);
+    const int64_t dflt = cuda::rotated_attention_splits(1, kHeadsKv);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;
     cuda::KvHeadDev* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
-    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::turbo_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::rotated_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
     std::vector<cuda::KvHeadDev> table(size_t(layers * kHeadsKv));
@@ -527,7 +527,7 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
         rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, -4, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, a == 1, arms[a] == dflt});
     }
-    for (cuda::TurboStateCopy& c : states) cuda::turbo_state_free(c);
+    for (cuda::TurboStateCopy& c : states) cuda::state_free(c);
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
     }

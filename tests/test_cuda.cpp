@@ -1755,7 +1755,7 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
     }
 }
 
-// TurboQuant on the device (turbo.cuh): the store writes the CPU codec's bytes (the same
+// TurboQuant on the device (rotated_kv.cuh): the store writes the CPU codec's bytes (the same
 // operations in the same order: the norm's double sum channel after channel, the rotation's
 // levels or rows, the thresholds' upper bound, turbo-prod's residual norm and sketch signs), for
 // every rotation (Hadamard, Haar, calibrated), bit count, the rvq stages and turbo-prod keys, keys and values of different formats, GQA 1/4/8, head_dim 64 /

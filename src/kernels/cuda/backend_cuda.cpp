@@ -14,6 +14,7 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -29,9 +30,10 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/nccl_api.h"
 #include "kernels/cuda/ops.cuh"
-#include "kernels/cuda/turbo.cuh"
+#include "kernels/cuda/rotated_kv.cuh"
 #include "kv/kv_cache.h"
 #include "kv/formats/turbo.h"
+#include "kv/formats/vecinfer.h"
 #include "kv/kv_view.h"
 
 namespace vxq::cuda {
@@ -97,14 +99,16 @@ T zeroed() {
 
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
-    AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill, TurboStore, TurboAttention
+    AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill, TurboStore, TurboAttention,
+    VecinferStore, VecinferAttention
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
                                     "attention gemm", "attention split-K", "rope + kv store", "attention mass",
                                     "kivi store", "kivi attention", "all-reduce (NCCL)", "gather (NCCL)",
-                                    "attention prefill", "turbo store", "turbo attention"};
-static_assert(std::size(kOpNames) == size_t(Op::TurboAttention) + 1);
+                                    "attention prefill", "turbo store", "turbo attention",
+                                    "vecinfer store", "vecinfer attention"};
+static_assert(std::size(kOpNames) == size_t(Op::VecinferAttention) + 1);
 
 // Tensor parallelism: a backend is rank `rank` of a group of `size` on GPU `device` (rank 0 of 1
 // on GPU 0 alone); a group's ranks meet in NCCL collectives on their streams, recorded like any
@@ -201,8 +205,9 @@ public:
         split_partial_.release();
         split_arrivals_.release();
         kivi_partial_.release();
-        turbo_partial_.release();
-        for (auto& [id, t] : turbo_states_) turbo_state_free(t);
+        rotated_partial_.release();
+        for (auto& [id, c] : turbo_states_) state_free(c);
+        for (auto& [id, c] : vecinfer_states_) state_free(c);
         mass_.release();
         mass_stats_.release();
         mass_q8_.release();
@@ -531,8 +536,8 @@ public:
             kivi_write(view, plan, k, v, n, pos0);
             return;
         }
-        if (turbo_layer(view)) {
-            turbo_write(view, k, v, n);
+        if (const Rotated r = rotated_layer(view); r != Rotated::None) {
+            rotated_write(view, r, k, v, n);
             return;
         }
         const KvCodes codes = kv_codes(view);
@@ -601,11 +606,13 @@ public:
                                "block on tensor cores, each tile dequantized once into hi/lo fp16)",
                                kivi_prefill_min_);
         }
-        if (turbo_layer(view)) {
-            return "cuda TurboQuant pages on the device: split-K kernel reading the packed indices in place (the query "
-                   "rotated (and for turbo-prod keys sketched) once per block, scores a token per lane against the "
-                   "codebooks' centroids, values summed in the rotated domain a channel per lane), f32 softmax; the "
-                   "merge un-rotates once per (query, head)";
+        if (const Rotated r = rotated_layer(view); r != Rotated::None) {
+            return fmt::format("cuda {} pages on the device: split-K kernel reading the packed indices in place (the query "
+                               "{} once per block, scores a token per lane against the codebooks' centroids, values summed "
+                               "in the rotated domain a channel per lane), f32 softmax; the merge {} once per (query, head)",
+                               r == Rotated::Turbo ? "TurboQuant" : "VecInfer",
+                               r == Rotated::Turbo ? "rotated (and for turbo-prod keys sketched)" : "smoothed and transformed",
+                               r == Rotated::Turbo ? "un-rotates" : "transforms back");
         }
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
             for (const KvStreamView* s : {&view.heads[g].k, &view.heads[g].v}) {
@@ -649,8 +656,8 @@ private:
             kivi_attend(view, q, n_q, pos0, o);
             return;
         }
-        if (turbo_layer(view)) {
-            turbo_attend(view, q, n_q, pos0, o);
+        if (const Rotated r = rotated_layer(view); r != Rotated::None) {
+            rotated_attend(view, r, q, n_q, pos0, o);
             return;
         }
         const KvCodes codes = kv_codes(view);
@@ -787,9 +794,9 @@ private:
             fail("the attention mass (eviction scores, attention observers) over a KIVI cache has no CUDA kernel; use "
                  "--device cpu");
         }
-        if (turbo_layer(view)) {
-            fail("the attention mass (eviction scores, attention observers) over a TurboQuant cache has no CUDA kernel; "
-                 "use --device cpu");
+        if (rotated_layer(view) != Rotated::None) {
+            fail("the attention mass (eviction scores, attention observers) over a TurboQuant or VecInfer cache has no CUDA "
+                 "kernel; use --device cpu");
         }
         const KvCodes codes = kv_codes(view);
         if (codes.k == KvCode::FP8) {
@@ -906,8 +913,8 @@ private:
     static KvCode require_code(const KvStreamView& s, int64_t head_dim, const char* what) {
         const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
         if (!c) {
-            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI and "
-                 "TurboQuant caches; use --device cpu",
+            fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI, "
+                 "TurboQuant and VecInfer caches; use --device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
         if (!kv_code_fits(*c, head_dim)) {
@@ -1018,63 +1025,90 @@ private:
         finish(o, p.out, n_out);
     }
 
-    // Whether a layer is a TurboQuant cache (turbo / turbo-rvq / turbo-prod keys and values: the
-    // TurboQuant kernels read no other format), refusing what they cannot read.
-    static bool turbo_layer(const KvLayerView& view) {
-        const auto turbo = [](KvFormatKind k) {
-            return k == KvFormatKind::TurboMse || k == KvFormatKind::TurboRvq || k == KvFormatKind::TurboProd;
+    // Whether a layer is a cache of a rotated-domain codec (rotated_kv.cuh: TurboQuant keys and
+    // values, or VecInfer keys and values: these kernels read no other format) and which, refusing
+    // what they cannot read.
+    enum class Rotated { None, Turbo, Vecinfer };
+    static Rotated rotated_layer(const KvLayerView& view) {
+        const auto family = [](KvFormatKind k) {
+            return k == KvFormatKind::TurboMse || k == KvFormatKind::TurboRvq || k == KvFormatKind::TurboProd ? Rotated::Turbo
+                   : k == KvFormatKind::VecInfer                                                           ? Rotated::Vecinfer
+                                                                                                           : Rotated::None;
         };
-        const KvFormatKind k = view.heads[0].k.fmt.kind, v = view.heads[0].v.fmt.kind;
-        if (!turbo(k) && !turbo(v)) return false;
-        if (!turbo(k) || !turbo(v)) {
-            fail("KV format {} / {}: the CUDA backend reads TurboQuant keys with TurboQuant values only; use --device cpu",
-                 kv_format_kind_name(k), kv_format_kind_name(v));
+        const KvFormatKind kk = view.heads[0].k.fmt.kind, vk = view.heads[0].v.fmt.kind;
+        const Rotated k = family(kk), v = family(vk);
+        if (k == Rotated::None && v == Rotated::None) return Rotated::None;
+        if (k != v) {
+            fail("KV format {} / {}: the CUDA backend reads TurboQuant keys with TurboQuant values and VecInfer keys with "
+                 "VecInfer values only; use --device cpu",
+                 kv_format_kind_name(kk), kv_format_kind_name(vk));
         }
-        if (!turbo_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
-            fail("TurboQuant on CUDA needs a GQA group of at most 8 and head_dim a multiple of 32 up to {}, not {} / {} "
-                 "heads of {}; use --device cpu",
-                 kTurboMaxHeadDim, view.n_head, view.n_head_kv, view.head_dim);
+        if (!rotated_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
+            fail("{} on CUDA needs a GQA group of at most 8 and head_dim a multiple of 32 up to {}, not {} / {} heads of {}; "
+                 "use --device cpu",
+                 k == Rotated::Turbo ? "TurboQuant" : "VecInfer", kTurboMaxHeadDim, view.n_head, view.n_head_kv, view.head_dim);
         }
-        return true;
+        return k;
     }
-    // The heads table of a TurboQuant layer with `n` tokens before the write or the attention's
-    // queries (no eviction on the device: every head holds positions 0 .. n_tokens - 1).
-    void turbo_heads(const KvLayerView& view, int64_t n_new) {
+    // The heads table of such a layer with `n_new` tokens before the write (0: the attention's;
+    // no eviction on the device: every head holds positions 0 .. n_tokens - 1).
+    void rotated_heads(const KvLayerView& view, int64_t n_new) {
         heads_.resize(size_t(view.n_head_kv));
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
-            if (view.heads[g].pos != nullptr) fail("TurboQuant on CUDA: a cache with evicted tokens; use --device cpu");
+            if (view.heads[g].pos != nullptr) fail("TurboQuant and VecInfer on CUDA: a cache with evicted tokens; use --device cpu");
             heads_[size_t(g)] = head_dev(view.heads[g], view.heads[g].n_tokens - n_new);
         }
     }
-    // A layer's TurboQuant formats (keys, values) on the device: each layer state (rotation,
-    // codebooks) copied to the device once (turbo.cuh's TurboFormatDev). Caches come and go (eval
-    // makes one per chunk, each with its own states): past kTurboStateBudget bytes of copies, the
-    // recorded and queued work is run and every copy freed before new ones are made.
-    static constexpr size_t kTurboStateBudget = size_t(64) << 20;
-    std::pair<TurboFormatDev, TurboFormatDev> turbo_formats(const KvLayerView& view) {
-        if (turbo_state_bytes_ > kTurboStateBudget) {
-            drain();
-            drop_graphs();
-            for (auto& [id, t] : turbo_states_) turbo_state_free(t);
-            turbo_states_.clear();
-            turbo_state_bytes_ = 0;
-        }
-        return {turbo_format(view.heads[0].k), turbo_format(view.heads[0].v)};
+    // Each layer state (rotation, codebooks) is copied to the device once (rotated_kv.cuh:
+    // DeviceStateCopy). Caches come and go (eval makes one per chunk, each with its own states):
+    // past kStateCopyBudget bytes of copies, the recorded and queued work is run and every copy
+    // freed before new ones are made (before any of a call's lookups).
+    static constexpr size_t kStateCopyBudget = size_t(64) << 20;
+    void state_copies_within_budget() {
+        if (state_copy_bytes_ <= kStateCopyBudget) return;
+        drain();
+        drop_graphs();
+        for (auto& [id, c] : turbo_states_) state_free(c);
+        for (auto& [id, c] : vecinfer_states_) state_free(c);
+        turbo_states_.clear();
+        vecinfer_states_.clear();
+        state_copy_bytes_ = 0;
     }
-    TurboFormatDev turbo_format(const KvStreamView& s) {
-        const auto* st = static_cast<const codecs::turbo::State*>(s.fmt.layer_state);
+    template <class State, class Copy>
+    auto device_format(const KvStreamView& s, std::unordered_map<uint64_t, Copy>& copies, Copy (*copy)(const State&)) {
+        const auto* st = static_cast<const State*>(s.fmt.layer_state);
         VXQ_ASSERT(st != nullptr);
-        if (const auto it = turbo_states_.find(st->id()); it != turbo_states_.end()) return it->second.f;
-        const TurboStateCopy& c = turbo_states_[st->id()] = turbo_state_copy(*st);
-        turbo_state_bytes_ += c.bytes;
+        if (const auto it = copies.find(st->id()); it != copies.end()) return it->second.f;
+        const Copy& c = copies[st->id()] = copy(*st);
+        state_copy_bytes_ += c.bytes;
         return c.f;
     }
-    // A TurboQuant layer's write: a warp per (token, KV head, role) encodes into the new slots.
-    void turbo_write(const KvLayerView& view, const float* k, const float* v, int64_t n) {
+    template <class F>
+    std::pair<F, F> rotated_formats(const KvLayerView& view) {
+        state_copies_within_budget();
+        if constexpr (std::is_same_v<F, TurboFormatDev>) {
+            return {device_format(view.heads[0].k, turbo_states_, turbo_state_copy),
+                    device_format(view.heads[0].v, turbo_states_, turbo_state_copy)};
+        } else {
+            return {device_format(view.heads[0].k, vecinfer_states_, vecinfer_state_copy),
+                    device_format(view.heads[0].v, vecinfer_states_, vecinfer_state_copy)};
+        }
+    }
+    // Such a layer's write: a warp per (token, KV head, role) encodes into the new slots.
+    void rotated_write(const KvLayerView& view, Rotated r, const float* k, const float* v, int64_t n) {
+        if (r == Rotated::Turbo) {
+            rotated_store<TurboFormatDev>(Op::TurboStore, view, k, v, n, turbo_store);
+        } else {
+            rotated_store<VecinferFormatDev>(Op::VecinferStore, view, k, v, n, vecinfer_store);
+        }
+    }
+    template <class F>
+    void rotated_store(Op op, const KvLayerView& view, const float* k, const float* v, int64_t n,
+                       void (*store)(const RotatedStoreParams<F>&, cudaStream_t)) {
         const size_t count = size_t(n * view.n_head_kv * view.head_dim);
-        turbo_heads(view, n);
-        TurboStoreParams a = zeroed<TurboStoreParams>();
-        std::tie(a.kf, a.vf) = turbo_formats(view);
+        rotated_heads(view, n);
+        RotatedStoreParams<F> a = zeroed<RotatedStoreParams<F>>();
+        std::tie(a.kf, a.vf) = rotated_formats<F>(view);
         step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev)});
         a.k = in(k, count);
         a.v = in(v, count);
@@ -1082,33 +1116,42 @@ private:
         a.n = n;
         a.n_head_kv = view.n_head_kv;
         a.head_dim = view.head_dim;
-        record(Op::TurboStore, a, [](const TurboStoreParams& a, cudaStream_t st) { turbo_store(a, st); });
+        record(op, a, [store](const RotatedStoreParams<F>& a, cudaStream_t st) { store(a, st); });
     }
-    // A TurboQuant layer's attention: the queries are the last n_q stored tokens of every head.
-    void turbo_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
-        turbo_heads(view, 0);
+    // Such a layer's attention: the queries are the last n_q stored tokens of every head.
+    void rotated_attend(const KvLayerView& view, Rotated r, const float* q, int64_t n_q, int64_t pos0, float* o) {
+        if (r == Rotated::Turbo) {
+            rotated_attention<TurboFormatDev>(Op::TurboAttention, view, q, n_q, pos0, o, turbo_attention);
+        } else {
+            rotated_attention<VecinferFormatDev>(Op::VecinferAttention, view, q, n_q, pos0, o, vecinfer_attention);
+        }
+    }
+    template <class F>
+    void rotated_attention(Op op, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o,
+                           void (*attention)(const RotatedAttentionParams<F>&, cudaStream_t)) {
+        rotated_heads(view, 0);
         for (const KvHeadDev& h : heads_) {
             if (h.n_tokens - n_q != pos0) {
-                fail("TurboQuant on CUDA attends with the {} queries at positions {}.. as the last stored tokens; use "
-                     "--device cpu",
+                fail("TurboQuant and VecInfer on CUDA attend with the {} queries at positions {}.. as the last stored "
+                     "tokens; use --device cpu",
                      n_q, pos0);
             }
         }
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
-        TurboAttentionParams p = zeroed<TurboAttentionParams>();
+        RotatedAttentionParams<F> p = zeroed<RotatedAttentionParams<F>>();
         p.n_q = n_q;
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
         p.head_dim = view.head_dim;
-        p.splits = turbo_attention_splits(n_q, view.n_head_kv);
+        p.splits = rotated_attention_splits(n_q, view.n_head_kv);
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
-        std::tie(p.kf, p.vf) = turbo_formats(view);
-        p.partial = grow(turbo_partial_, turbo_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        std::tie(p.kf, p.vf) = rotated_formats<F>(view);
+        p.partial = grow(rotated_partial_, rotated_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);
         p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
-        record(Op::TurboAttention, p, [](const TurboAttentionParams& p, cudaStream_t st) { turbo_attention(p, st); });
+        record(op, p, [attention](const RotatedAttentionParams<F>& p, cudaStream_t st) { attention(p, st); });
         finish(o, p.out, n_out);
     }
 
@@ -1685,9 +1728,10 @@ private:
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
-    DeviceArray<float> turbo_partial_;      // the TurboQuant attention's partials
-    std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;  // by KvLayerState::id()
-    size_t turbo_state_bytes_ = 0;
+    DeviceArray<float> rotated_partial_;    // the TurboQuant / VecInfer attention's partials
+    std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;        // by KvLayerState::id()
+    std::unordered_map<uint64_t, VecinferStateCopy> vecinfer_states_;  // by KvLayerState::id()
+    size_t state_copy_bytes_ = 0;
     DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
     DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum
     DeviceArray<int8_t> mass_q8_;           // and q as q8_0 (q8_0 / q4_0 keys)

@@ -1,7 +1,7 @@
-// The TurboQuant kernels (turbo.cuh says what each computes), apart from their launchers
-// (turbo.cu) so that a test can run them on the CPU (tests/support/simt.h: a SIMT emulator that
-// compiles this header as C++ and runs each block's threads as fibers). Included by turbo.cu and
-// tests/test_turbo_simt.cpp only: everything is in an unnamed namespace.
+// The TurboQuant kernels (rotated_kv.cuh says what each computes), apart from their launchers
+// (rotated_kv.cu) so that a test can run them on the CPU (tests/support/simt.h: a SIMT emulator that
+// compiles this header as C++ and runs each block's threads as fibers). Included by rotated_kv.cu and
+// tests/test_rotated_kv_simt.cpp only: everything is in an unnamed namespace.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/turbo.cuh"
+#include "kernels/cuda/rotated_kv.cuh"
 
 // A kernel's dynamic shared memory (the emulator defines its own).
 #ifndef VXQ_DYNAMIC_SMEM
@@ -177,6 +177,53 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
     for (int j = lane; j < f.block_bytes / 2; j += 32) d16[j] = s16[j];
 }
 
+// A warp per (token, KV head, role), the role fastest: vecinfer::encode's operations in its order.
+__global__ void __launch_bounds__(kStoreWarps * 32) vecinfer_store_kernel(const VecinferStoreParams p) {
+    __shared__ float ys[kStoreWarps][kTurboMaxHeadDim];
+    __shared__ uint32_t stage[kStoreWarps][kStageWords];
+    const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
+    const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
+    pdl_wait();
+    if (item >= 2 * p.n * p.n_head_kv) return;
+    const int role = int(item & 1);
+    const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
+    const VecinferFormatDev& f = role ? p.vf : p.kf;
+    const int d = f.d, n = f.n;
+    const float* x = (role ? p.v : p.k) + th * d;
+    const KvHeadDev& h = p.heads[g];
+    auto* dst = reinterpret_cast<uint8_t*>(role ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes;
+    float* yw = ys[warp];
+    uint32_t* st = stage[warp];
+    for (int w = lane; w < kStageWords; w += 32) st[w] = 0u;
+    // y = H (x / lambda) / sqrt(d) (vecinfer::forward_transform).
+    for (int c = lane; c < d; c += 32) yw[c] = f.lambda ? __fdiv_rn(x[c], f.lambda[c]) : x[c];
+    warp_fwht(yw, d, lane);
+    for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(yw[c], f.inv_sqrt_d);
+    __syncwarp();
+    // vecinfer::nearest per sub-vector: the first centroid of least squared distance.
+    for (int j = lane; j < d / n; j += 32) {
+        const float* v = yw + j * n;
+        const float* cb = f.codebook + (int64_t(j) << f.m) * n;
+        int best = 0;
+        float best_d = INFINITY;
+        for (int i = 0; i < (1 << f.m); ++i) {
+            float dist = 0.0f;
+            for (int e = 0; e < n; ++e) {
+                const float df = __fsub_rn(v[e], cb[i * n + e]);
+                dist = __fadd_rn(dist, __fmul_rn(df, df));
+            }
+            if (dist < best_d) {
+                best_d = dist;
+                best = i;
+            }
+        }
+        put_bits_shared(st, j * f.m, f.m, unsigned(best));
+    }
+    __syncwarp();
+    const auto* s8 = reinterpret_cast<const uint8_t*>(st);  // (a block may have an odd size)
+    for (int j = lane; j < f.block_bytes; j += 32) dst[j] = s8[j];
+}
+
 // ---- the attention --------------------------------------------------------------------------
 
 // Coordinate c of a format as the attention decodes it: x / y the bit positions of its first and
@@ -232,119 +279,87 @@ __host__ __device__ constexpr int align16(int bytes) { return (bytes + 15) / 16 
 // A warp's tile of a role: 32 blocks and a spare word (code_at reads the word after a code).
 __host__ __device__ constexpr int tile_bytes(int block_bytes) { return align16(kTile * block_bytes + 4); }
 
-// The shared memory of the attention kernel and where each part starts (bytes).
-struct AttnSmem {
-    int qr, sq, tab_k, tab_v, pool_k, pool_v, work, warp_bytes, total;
-    __host__ __device__ AttnSmem(int d, int gm, int kbb, int vbb) {
-        qr = 0;
-        sq = qr + align16(gm * d * 4);  // turbo-prod keys: S q'
-        tab_k = sq + align16(gm * d * 4);
-        tab_v = tab_k + d * 16;
-        pool_k = tab_v + d * 16;
-        pool_v = pool_k + align16(kTurboPoolFloats * 4);
-        work = pool_v + align16(kTurboPoolFloats * 4);
-        warp_bytes = tile_bytes(kbb) + tile_bytes(vbb) + gm * kTile * 4;
-        int w = kAttnWarps * warp_bytes;
-        w = w > kAttnWarps * gm * (d + 2) * 4 ? w : kAttnWarps * gm * (d + 2) * 4;  // the warps' merge
-        w = w > gm * d * 4 ? w : gm * d * 4;                                        // the raw queries
-        total = work + align16(w);
-    }
-};
-
-// Block (query, KV head, split): NC = head_dim / 32 channels a lane, GM query heads (the GQA group
-// rounded up; the rows past it are zero and their results unused).
-template <int NC, int GM>
-__global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const TurboAttentionParams p) {
-    VXQ_DYNAMIC_SMEM(smem);
-    constexpr int D = NC * 32;
-    const int qi = int(blockIdx.x), g = int(blockIdx.y), split = int(blockIdx.z);
-    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    const int G = int(p.n_head / p.n_head_kv);
-    const TurboFormatDev &kf = p.kf, &vf = p.vf;
-    const AttnSmem L(D, GM, kf.block_bytes, vf.block_bytes);
-    auto* qr = reinterpret_cast<float*>(smem + L.qr);
-    auto* sq = reinterpret_cast<float*>(smem + L.sq);
-    auto* tab_k = reinterpret_cast<int4*>(smem + L.tab_k);
-    auto* tab_v = reinterpret_cast<int4*>(smem + L.tab_v);
-    auto* pool_k = reinterpret_cast<float*>(smem + L.pool_k);
-    auto* pool_v = reinterpret_cast<float*>(smem + L.pool_v);
-    uint8_t* work = smem + L.work;
-
-    // What no kernel writes: the formats' tables.
-    for (int c = tid; c < D; c += kAttnThreads) {
-        tab_k[c] = coordinate_of(kf, c);
-        tab_v[c] = coordinate_of(vf, c);
-    }
-    for (int i = tid; i < pool_floats(kf); i += kAttnThreads) pool_k[i] = pool_entry(kf, i);
-    for (int i = tid; i < pool_floats(vf); i += kAttnThreads) pool_v[i] = pool_entry(vf, i);
-    pdl_wait();
-
-    const KvHeadDev head = p.heads[g];
-    const int64_t limit = head.n_tokens - p.n_q + qi + 1;  // tokens this query sees
-    const int64_t tiles = limit > 0 ? (limit + kTile - 1) / kTile : 0;
-    const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
-
-    // q' = scale * Pi q for the group's rows, once per block (never per cached token).
-    auto* qraw = reinterpret_cast<float*>(work);
-    const float* q = p.q + (int64_t(qi) * p.n_head + int64_t(g) * G) * D;
-    for (int i = tid; i < GM * D; i += kAttnThreads) qraw[i] = i < G * D ? q[i] : 0.0f;
-    __syncthreads();
-    if (kf.hadamard) {
-        for (int h = warp; h < GM; h += kAttnWarps) {
-            float* x = qr + h * D;
-            for (int c = lane; c < D; c += 32) x[c] = __fmul_rn(qraw[h * D + c], kf.signs[c]);
-            warp_fwht(x, D, lane);
-            for (int c = lane; c < D; c += 32) x[c] = x[c] * kf.inv_sqrt_d * p.scale;
-        }
-    } else {
-        for (int i = tid; i < GM * D; i += kAttnThreads) {
-            const int h = i / D, r = i % D;
-            const float* row = kf.rows + int64_t(r) * D;
-            float s = 0.0f;
-            for (int c = 0; c < D; ++c) s = fmaf(row[c], qraw[h * D + c], s);
-            qr[i] = s * p.scale;
-        }
-    }
-    __syncthreads();
-    if (kf.qjl) {  // turbo-prod keys: the query's sketch S q', once per block
-        for (int i = tid; i < GM * D; i += kAttnThreads) {
-            const int h = i / D, r = i % D;
-            const float* row = kf.sketch + int64_t(r) * D;
-            float s = 0.0f;
-            for (int c = 0; c < D; ++c) s = fmaf(row[c], qr[h * D + c], s);
-            sq[i] = s;
+// The unnormalized FWHT of o[0, d) in shared memory by the whole block (kAttnThreads threads),
+// ending synchronized.
+__device__ __forceinline__ void block_fwht(float* o, int d, int tid) {
+    for (int len = 1; len < d; len <<= 1) {
+        for (int pr = tid; pr < d / 2; pr += kAttnThreads) {
+            const int j = (pr & ~(len - 1)) * 2 + (pr & (len - 1));
+            const float a = o[j], b = o[j + len];
+            o[j] = a + b;
+            o[j + len] = a - b;
         }
         __syncthreads();
     }
+}
 
-    // Each warp: every 4th tile of [tb, te), an online softmax per query head.
-    uint8_t* ktile = work + warp * L.warp_bytes;
-    uint8_t* vtile = ktile + tile_bytes(kf.block_bytes);
-    auto* wsm = reinterpret_cast<float*>(vtile + tile_bytes(vf.block_bytes));
-    const auto* kw = reinterpret_cast<const uint32_t*>(ktile);
-    const auto* vw = reinterpret_cast<const uint32_t*>(vtile);
-    int4 tv[NC];
-#pragma unroll
-    for (int j = 0; j < NC; ++j) tv[j] = tab_v[lane + 32 * j];
-    float m[GM], l[GM], acc[GM][NC];
-#pragma unroll
-    for (int h = 0; h < GM; ++h) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NC; ++j) acc[h][j] = 0.0f;
+// How the attention reads TurboQuant blocks (a reader policy of rotated_attention_kernel): per
+// coordinate a table entry (coordinate_of) and the role's centroid pool in shared memory; a
+// token's fp16 norm scales its score and its value; turbo-prod keys add the QJL term.
+template <int NC, int GM>
+struct TurboReader {
+    using Format = TurboFormatDev;
+    static constexpr int D = NC * 32;
+    // Shared memory past the queries: S q' (turbo-prod keys), the tables and the pools.
+    __host__ __device__ static int extra_bytes() {
+        return align16(GM * D * 4) + 2 * D * 16 + 2 * align16(kTurboPoolFloats * 4);
     }
-    const auto* kbase = reinterpret_cast<const uint8_t*>(head.k);
-    const auto* vbase = reinterpret_cast<const uint8_t*>(head.v);
-    for (int64_t tile = tb + warp; tile < te; tile += kAttnWarps) {
-        const int64_t t0 = tile * kTile;
-        copy_tile(ktile, kbase + t0 * kf.block_bytes, kTile * kf.block_bytes, lane);
-        copy_tile(vtile, vbase + t0 * vf.block_bytes, kTile * vf.block_bytes, lane);
-        __syncwarp();
-        // Scores: a token per lane.
-        const bool valid = t0 + lane < limit;
+    const Format &kf, &vf;
+    float* sq;
+    int4 *tab_k, *tab_v;
+    float *pool_k, *pool_v;
+    int4 tv[NC];  // the value tables of this lane's channels
+
+    // Fills the tables (what no kernel writes: before pdl_wait).
+    __device__ TurboReader(const Format& k, const Format& v, uint8_t* extra, int tid) : kf(k), vf(v) {
+        sq = reinterpret_cast<float*>(extra);
+        tab_k = reinterpret_cast<int4*>(extra + align16(GM * D * 4));
+        tab_v = tab_k + D;
+        pool_k = reinterpret_cast<float*>(tab_v + D);
+        pool_v = pool_k + align16(kTurboPoolFloats * 4) / 4;
+        for (int c = tid; c < D; c += kAttnThreads) {
+            tab_k[c] = coordinate_of(kf, c);
+            tab_v[c] = coordinate_of(vf, c);
+        }
+        for (int i = tid; i < pool_floats(kf); i += kAttnThreads) pool_k[i] = pool_entry(kf, i);
+        for (int i = tid; i < pool_floats(vf); i += kAttnThreads) pool_v[i] = pool_entry(vf, i);
+    }
+    // qr = scale * Pi q for the GM rows of qraw, and S q' for turbo-prod keys; every thread calls,
+    // the tables are synchronized before and everything after.
+    __device__ void rotate_query(const float* qraw, float* qr, float scale, int tid, int warp, int lane) {
+#pragma unroll
+        for (int j = 0; j < NC; ++j) tv[j] = tab_v[lane + 32 * j];
+        if (kf.hadamard) {
+            for (int h = warp; h < GM; h += kAttnWarps) {
+                float* x = qr + h * D;
+                for (int c = lane; c < D; c += 32) x[c] = __fmul_rn(qraw[h * D + c], kf.signs[c]);
+                warp_fwht(x, D, lane);
+                for (int c = lane; c < D; c += 32) x[c] = x[c] * kf.inv_sqrt_d * scale;
+            }
+        } else {
+            for (int i = tid; i < GM * D; i += kAttnThreads) {
+                const int h = i / D, r = i % D;
+                const float* row = kf.rows + int64_t(r) * D;
+                float s = 0.0f;
+                for (int c = 0; c < D; ++c) s = fmaf(row[c], qraw[h * D + c], s);
+                qr[i] = s * scale;
+            }
+        }
+        __syncthreads();
+        if (kf.qjl) {  // turbo-prod keys: the query's sketch S q', once per block
+            for (int i = tid; i < GM * D; i += kAttnThreads) {
+                const int h = i / D, r = i % D;
+                const float* row = kf.sketch + int64_t(r) * D;
+                float s = 0.0f;
+                for (int c = 0; c < D; ++c) s = fmaf(row[c], qr[h * D + c], s);
+                sq[i] = s;
+            }
+            __syncthreads();
+        }
+    }
+    // s[h] = <q'_h, x^_t> for the key of tile token `lane` (its norm included).
+    __device__ void score(const uint32_t* kw, const uint8_t* ktile, int lane, const float* qr, float (&s)[GM]) const {
         const int kb = lane * kf.block_bytes * 8;
-        float s[GM];
 #pragma unroll
         for (int h = 0; h < GM; ++h) s[h] = 0.0f;
 #pragma unroll 4
@@ -373,10 +388,154 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
             for (int h = 0; h < GM; ++h) s[h] += gk * t[h];
         }
         const float nk = __half2float(reinterpret_cast<const __half*>(ktile)[lane * kf.block_bytes / 2]);
-        const float nv = __half2float(reinterpret_cast<const __half*>(vtile)[lane * vf.block_bytes / 2]);
+#pragma unroll
+        for (int h = 0; h < GM; ++h) s[h] *= nk;
+    }
+    // The value's norm of tile token `lane`, and channel lane + 32 j of tile token i's coded value.
+    __device__ float value_scale(const uint8_t* vtile, int lane) const {
+        return __half2float(reinterpret_cast<const __half*>(vtile)[lane * vf.block_bytes / 2]);
+    }
+    __device__ float value(const uint32_t* vw, int i, int j) const { return coord_value(vw, i * vf.block_bytes * 8, tv[j], pool_v); }
+    // out = Pi^T o (Rotation::apply_t) of the merged output o (shared memory, clobbered).
+    __device__ static void unrotate(const Format& vf, float* o, float* out, int d, int tid) {
+        if (vf.hadamard) {
+            block_fwht(o, d, tid);
+            for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * (vf.signs[c] * vf.inv_sqrt_d);
+        } else {
+            for (int c = tid; c < d; c += kAttnThreads) {
+                float v = 0.0f;
+                for (int i = 0; i < d; ++i) v = fmaf(vf.rows[int64_t(i) * d + c], o[i], v);
+                out[c] = v;
+            }
+        }
+    }
+};
+
+// How the attention reads VecInfer blocks: a token's sub-vector j is centroid idx_j of codebook
+// C_j (global memory: d x 2^m floats a role, cached), no norm; the query is smoothed and
+// transformed once per block (q~ = scale * H (lambda q) / sqrt(d)), the output transformed back
+// once in the merge (H / sqrt(d): its own inverse).
+template <int NC, int GM>
+struct VecinferReader {
+    using Format = VecinferFormatDev;
+    static constexpr int D = NC * 32;
+    __host__ __device__ static int extra_bytes() { return 0; }
+    const Format &kf, &vf;
+    __device__ VecinferReader(const Format& k, const Format& v, uint8_t*, int) : kf(k), vf(v) {}
+    __device__ void rotate_query(const float* qraw, float* qr, float scale, int, int warp, int lane) {
+        for (int h = warp; h < GM; h += kAttnWarps) {
+            float* x = qr + h * D;
+            for (int c = lane; c < D; c += 32) x[c] = kf.lambda ? qraw[h * D + c] * kf.lambda[c] : qraw[h * D + c];
+            warp_fwht(x, D, lane);
+            for (int c = lane; c < D; c += 32) x[c] = x[c] * kf.inv_sqrt_d * scale;
+        }
+        __syncthreads();
+    }
+    __device__ void score(const uint32_t* kw, const uint8_t*, int lane, const float* qr, float (&s)[GM]) const {
+        const int kb = lane * kf.block_bytes * 8, n = kf.n;
+#pragma unroll
+        for (int h = 0; h < GM; ++h) s[h] = 0.0f;
+        for (int j = 0; j < D / n; ++j) {
+            const float* cj = kf.codebook + ((int64_t(j) << kf.m) + code_at(kw, kb + j * kf.m, kf.m)) * n;
+            for (int e = 0; e < n; ++e) {
+                const float y = __ldg(cj + e);
+#pragma unroll
+                for (int h = 0; h < GM; ++h) s[h] = fmaf(qr[h * D + j * n + e], y, s[h]);
+            }
+        }
+    }
+    __device__ float value_scale(const uint8_t*, int) const { return 1.0f; }
+    __device__ float value(const uint32_t* vw, int i, int j) const {
+        const int c = int(threadIdx.x & 31u) + 32 * j, sub = c / vf.n;
+        const unsigned idx = code_at(vw, i * vf.block_bytes * 8 + sub * vf.m, vf.m);
+        return __ldg(vf.codebook + ((int64_t(sub) << vf.m) + idx) * vf.n + (c - sub * vf.n));
+    }
+    __device__ static void unrotate(const Format& vf, float* o, float* out, int d, int tid) {
+        block_fwht(o, d, tid);
+        for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * vf.inv_sqrt_d;
+    }
+};
+
+// The shared memory of the attention kernel and where each part starts (bytes): the rotated
+// queries, the reader's own part, then the warps' tiles (aliased by the raw queries before and
+// the warps' merge after).
+struct AttnSmem {
+    int qr, extra, work, warp_bytes, total;
+    __host__ __device__ AttnSmem(int d, int gm, int kbb, int vbb, int extra_bytes) {
+        qr = 0;
+        extra = qr + align16(gm * d * 4);
+        work = extra + align16(extra_bytes);
+        warp_bytes = tile_bytes(kbb) + tile_bytes(vbb) + gm * kTile * 4;
+        int w = kAttnWarps * warp_bytes;
+        w = w > kAttnWarps * gm * (d + 2) * 4 ? w : kAttnWarps * gm * (d + 2) * 4;  // the warps' merge
+        w = w > gm * d * 4 ? w : gm * d * 4;                                        // the raw queries
+        total = work + align16(w);
+    }
+};
+template <class R>
+__host__ __device__ AttnSmem attn_smem_of(const typename R::Format& kf, const typename R::Format& vf, int gm) {
+    return AttnSmem(R::D, gm, kf.block_bytes, vf.block_bytes, R::extra_bytes());
+}
+
+// Block (query, KV head, split): NC = head_dim / 32 channels a lane, GM query heads (the GQA group
+// rounded up; the rows past it are zero and their results unused); Reader<NC, GM> reads the
+// blocks (TurboReader, VecinferReader).
+template <template <int, int> class Reader, int NC, int GM>
+__global__ void __launch_bounds__(kAttnThreads)
+    rotated_attention_kernel(const RotatedAttentionParams<typename Reader<NC, GM>::Format> p) {
+    using R = Reader<NC, GM>;
+    VXQ_DYNAMIC_SMEM(smem);
+    constexpr int D = NC * 32;
+    const int qi = int(blockIdx.x), g = int(blockIdx.y), split = int(blockIdx.z);
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int G = int(p.n_head / p.n_head_kv);
+    const AttnSmem L = attn_smem_of<R>(p.kf, p.vf, GM);
+    auto* qr = reinterpret_cast<float*>(smem + L.qr);
+    uint8_t* work = smem + L.work;
+    R reader(p.kf, p.vf, smem + L.extra, tid);
+    pdl_wait();
+
+    const KvHeadDev head = p.heads[g];
+    const int64_t limit = head.n_tokens - p.n_q + qi + 1;  // tokens this query sees
+    const int64_t tiles = limit > 0 ? (limit + kTile - 1) / kTile : 0;
+    const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
+
+    // The group's query rows, rotated once per block (never per cached token).
+    auto* qraw = reinterpret_cast<float*>(work);
+    const float* q = p.q + (int64_t(qi) * p.n_head + int64_t(g) * G) * D;
+    for (int i = tid; i < GM * D; i += kAttnThreads) qraw[i] = i < G * D ? q[i] : 0.0f;
+    __syncthreads();
+    reader.rotate_query(qraw, qr, p.scale, tid, warp, lane);
+
+    // Each warp: every 4th tile of [tb, te), an online softmax per query head.
+    uint8_t* ktile = work + warp * L.warp_bytes;
+    uint8_t* vtile = ktile + tile_bytes(p.kf.block_bytes);
+    auto* wsm = reinterpret_cast<float*>(vtile + tile_bytes(p.vf.block_bytes));
+    const auto* kw = reinterpret_cast<const uint32_t*>(ktile);
+    const auto* vw = reinterpret_cast<const uint32_t*>(vtile);
+    float m[GM], l[GM], acc[GM][NC];
+#pragma unroll
+    for (int h = 0; h < GM; ++h) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NC; ++j) acc[h][j] = 0.0f;
+    }
+    const auto* kbase = reinterpret_cast<const uint8_t*>(head.k);
+    const auto* vbase = reinterpret_cast<const uint8_t*>(head.v);
+    for (int64_t tile = tb + warp; tile < te; tile += kAttnWarps) {
+        const int64_t t0 = tile * kTile;
+        copy_tile(ktile, kbase + t0 * p.kf.block_bytes, kTile * p.kf.block_bytes, lane);
+        copy_tile(vtile, vbase + t0 * p.vf.block_bytes, kTile * p.vf.block_bytes, lane);
+        __syncwarp();
+        // Scores: a token per lane.
+        const bool valid = t0 + lane < limit;
+        float s[GM];
+        reader.score(kw, ktile, lane, qr, s);
+        const float nv = reader.value_scale(vtile, lane);
 #pragma unroll
         for (int h = 0; h < GM; ++h) {
-            const float sc = valid ? nk * s[h] : -INFINITY;
+            const float sc = valid ? s[h] : -INFINITY;
             const float mn = fmaxf(m[h], warp_max(sc));  // finite: a tile has a valid token
             const float corr = expf(m[h] - mn);
             const float pr = valid ? expf(sc - mn) : 0.0f;
@@ -390,13 +549,12 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
         // Values: a channel per lane and NC of them, token after token.
         const int cnt = int(limit - t0 < kTile ? limit - t0 : kTile);
         for (int i = 0; i < cnt; ++i) {
-            const int vb = i * vf.block_bytes * 8;
             float wv[GM];
 #pragma unroll
             for (int h = 0; h < GM; ++h) wv[h] = wsm[h * kTile + i];
 #pragma unroll
             for (int j = 0; j < NC; ++j) {
-                const float y = coord_value(vw, vb, tv[j], pool_v);
+                const float y = reader.value(vw, i, j);
 #pragma unroll
                 for (int h = 0; h < GM; ++h) acc[h][j] = fmaf(wv[h], y, acc[h][j]);
             }
@@ -428,20 +586,21 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_attention_kernel(const Tur
         } else if (mx != -INFINITY) {
             for (int w = 0; w < kAttnWarps; ++w) {
                 const float* row = comb + (w * GM + h) * (D + 2);
-                if (row[D] != -INFINITY) v += expf(row[D] - mx) * row[c == D + 1 ? D + 1 : c];
+                if (row[D] != -INFINITY) v += expf(row[D] - mx) * row[c];
             }
         }
         p.partial[((int64_t(qi) * p.n_head + int64_t(g) * G + h) * p.splits + split) * (D + 2) + c] = v;
     }
 }
 
-// Block (query, head): the splits' partials merged, then o = Pi^T o once (Rotation::apply_t).
-__global__ void __launch_bounds__(kAttnThreads) turbo_merge_kernel(const TurboAttentionParams p) {
+// Block (query, head): the splits' partials merged, then mapped back once (R::unrotate).
+template <template <int, int> class Reader>
+__global__ void __launch_bounds__(kAttnThreads)
+    rotated_merge_kernel(const RotatedAttentionParams<typename Reader<1, 1>::Format> p) {
     __shared__ float e[kMaxSplits];
     __shared__ float o[kTurboMaxHeadDim];
     const int d = int(p.head_dim), tid = int(threadIdx.x);
     const int64_t row = blockIdx.x;
-    const TurboFormatDev& vf = p.vf;
     pdl_wait();
     const float* part = p.partial + row * p.splits * (d + 2);
     float mx = -INFINITY;
@@ -460,25 +619,7 @@ __global__ void __launch_bounds__(kAttnThreads) turbo_merge_kernel(const TurboAt
         o[c] = v * inv;
     }
     __syncthreads();
-    float* out = p.out + row * d;
-    if (vf.hadamard) {
-        for (int len = 1; len < d; len <<= 1) {
-            for (int pr = tid; pr < d / 2; pr += kAttnThreads) {
-                const int j = (pr & ~(len - 1)) * 2 + (pr & (len - 1));
-                const float a = o[j], b = o[j + len];
-                o[j] = a + b;
-                o[j + len] = a - b;
-            }
-            __syncthreads();
-        }
-        for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * (vf.signs[c] * vf.inv_sqrt_d);
-    } else {
-        for (int c = tid; c < d; c += kAttnThreads) {
-            float v = 0.0f;
-            for (int i = 0; i < d; ++i) v = fmaf(vf.rows[int64_t(i) * d + c], o[i], v);
-            out[c] = v;
-        }
-    }
+    Reader<1, 1>::unrotate(p.vf, o, p.out + row * d, d, tid);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// The TurboQuant CUDA kernels (kernels/cuda/turbo_kernels.cuh) run on the CPU by the SIMT
+// The TurboQuant CUDA kernels (kernels/cuda/rotated_kv_kernels.cuh) run on the CPU by the SIMT
 // emulator (support/simt.h), in every build that has the CUDA headers, GPU or not: the store
 // against the CPU codec's bytes, the attention and its merge against dequantize-then-attend.
 // On a GPU, Cuda.TurboStoreBitExactAndAttentionMatchesCpu checks the same kernels as compiled
@@ -20,7 +20,7 @@
 #if VXQ_HAVE_CUDA
 #include "support/simt.h"
 // (after simt.h: it defines the device built-ins the kernels use)
-#include "kernels/cuda/turbo_kernels.cuh"
+#include "kernels/cuda/rotated_kv_kernels.cuh"
 #endif
 
 namespace vxq {
@@ -118,19 +118,29 @@ TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
     }
 }
 
-template <int NC, int GM>
-void run_attention(const cuda::TurboAttentionParams& p) {
-    const cuda::AttnSmem L(NC * 32, GM, p.kf.block_bytes, p.vf.block_bytes);
+// The attention kernel and its merge as rotated_kv.cu launches them, in the emulator.
+template <template <int, int> class Reader, int NC, int GM>
+void run_attention(const cuda::RotatedAttentionParams<typename Reader<NC, GM>::Format>& p) {
+    const cuda::AttnSmem L = cuda::attn_smem_of<Reader<NC, GM>>(p.kf, p.vf, GM);
     simt::launch(dim3(unsigned(p.n_q), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
-                 [&] { cuda::turbo_attention_kernel<NC, GM>(p); });
-    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::turbo_merge_kernel(p); });
+                 [&] { cuda::rotated_attention_kernel<Reader, NC, GM>(p); });
+    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::rotated_merge_kernel<Reader>(p); });
 }
-template <int NC>
-void run_attention_nc(const cuda::TurboAttentionParams& p) {
+template <template <int, int> class Reader, class F>
+void run_attention(const cuda::RotatedAttentionParams<F>& p) {
     const int64_t g = p.n_head / p.n_head_kv;
-    if (g <= 1) run_attention<NC, 1>(p);
-    else if (g <= 2) run_attention<NC, 2>(p);
-    else run_attention<NC, 4>(p);
+    const auto with_nc = [&]<int NC>() {
+        if (g <= 1) run_attention<Reader, NC, 1>(p);
+        else if (g <= 2) run_attention<Reader, NC, 2>(p);
+        else run_attention<Reader, NC, 4>(p);
+    };
+    switch (p.head_dim / 32) {
+        case 1: with_nc.template operator()<1>(); break;
+        case 2: with_nc.template operator()<2>(); break;
+        case 3: with_nc.template operator()<3>(); break;
+        case 4: with_nc.template operator()<4>(); break;
+        default: with_nc.template operator()<8>(); break;
+    }
 }
 
 // The attention (split-K, then the merge that un-rotates) equals dequantize-then-attend (the
@@ -181,7 +191,7 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
             heads.push_back(KvHeadDev{addr(kp[size_t(g)].data()), addr(vp[size_t(g)].data()), c.n_tokens, 0});
         }
         const std::vector<float> q = random_floats(size_t(c.n_q * c.n_head * d), rng);
-        std::vector<float> partial(cuda::turbo_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
+        std::vector<float> partial(cuda::rotated_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
         cuda::TurboAttentionParams p{};
         p.q = q.data();
         p.heads = heads.data();
@@ -195,13 +205,7 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
         p.scale = 1.0f / std::sqrt(float(d));
         p.kf = kr.f;
         p.vf = vr.f;
-        switch (d / 32) {
-            case 1: run_attention_nc<1>(p); break;
-            case 2: run_attention_nc<2>(p); break;
-            case 3: run_attention_nc<3>(p); break;
-            case 4: run_attention_nc<4>(p); break;
-            default: run_attention_nc<8>(p); break;
-        }
+        run_attention<cuda::TurboReader>(p);
         for (int64_t i = 0; i < c.n_q; ++i) {
             const int64_t limit = c.n_tokens - c.n_q + i + 1;
             for (int64_t h = 0; h < c.n_head; ++h) {

@@ -1,15 +1,17 @@
-// A turbo::State copied to the device (turbo.cuh: TurboStateCopy): its rotation (Hadamard signs
-// or dense rows), codebooks and, for rot=calib, the per-coordinate bits and scales, each part at
-// a 16-byte boundary of one allocation.
+// A layer's state copied to the device (rotated_kv.cuh: DeviceStateCopy), each part at a 16-byte
+// boundary of one allocation: a turbo::State's rotation (Hadamard signs or dense rows),
+// codebooks, rot=calib's per-coordinate bits and scales and turbo-prod's sketch; a
+// vecinfer::State's smoothing factors and codebooks.
 #include <cmath>
 #include <cstring>
-#include <type_traits>
+#include <initializer_list>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/cuda/check.cuh"
-#include "kernels/cuda/turbo.cuh"
+#include "kernels/cuda/rotated_kv.cuh"
 #include "kv/formats/turbo.h"
+#include "kv/formats/vecinfer.h"
 
 namespace vxq::cuda {
 
@@ -70,30 +72,65 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     return f;
 }
 
-TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
-    std::vector<uint8_t> bytes;
-    TurboStateCopy c;
-    c.f = turbo_format_host(s, bytes);
+namespace {
+
+// The host bytes uploaded, each of f's pointers `at` moved from the host bytes to the same offset
+// of the device copy, and f as it is then.
+template <class F>
+DeviceStateCopy<F> upload(F& f, const std::vector<uint8_t>& bytes, std::initializer_list<const void**> at) {
+    DeviceStateCopy<F> c;
     VXQ_CUDA_CHECK(cudaMalloc(&c.buf, bytes.size()));
     c.bytes = bytes.size();
     VXQ_CUDA_CHECK(cudaMemcpy(c.buf, bytes.data(), bytes.size(), cudaMemcpyHostToDevice));
-    // Every pointer of the format, from the host bytes to the same offset of the device copy.
-    const auto move = [&](auto*& p) {
-        using T = std::remove_reference_t<decltype(*p)>;
-        p = reinterpret_cast<T*>(static_cast<uint8_t*>(c.buf) + (reinterpret_cast<const uint8_t*>(p) - bytes.data()));
-    };
-    TurboFormatDev& f = c.f;
-    move(f.hadamard ? f.signs : f.rows);
-    for (const float** p : {&f.thr1, &f.cent1, &f.thr2, &f.cent2, &f.coord_scale, &f.cbk_thr, &f.cbk_cent, &f.sketch}) {
-        move(*p);
+    for (const void** p : at) {
+        const auto* host = static_cast<const uint8_t*>(*p);
+        *p = static_cast<const uint8_t*>(c.buf) + (host - bytes.data());
     }
-    move(f.coord_at);
+    c.f = f;
     return c;
 }
 
-void turbo_state_free(TurboStateCopy& c) {
-    cudaFree(c.buf);  // (the destructor path: nothing useful to do with an error here)
-    c = TurboStateCopy{};
+}  // namespace
+
+TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
+    std::vector<uint8_t> bytes;
+    TurboFormatDev f = turbo_format_host(s, bytes);
+    const auto v = [](auto*& p) { return reinterpret_cast<const void**>(&p); };
+    return upload(f, bytes, {v(f.hadamard ? f.signs : f.rows), v(f.thr1), v(f.cent1), v(f.thr2), v(f.cent2), v(f.coord_at),
+                             v(f.coord_scale), v(f.cbk_thr), v(f.cbk_cent), v(f.sketch)});
+}
+
+VecinferFormatDev vecinfer_format_host(const codecs::vecinfer::State& s, std::vector<uint8_t>& bytes) {
+    const codecs::vecinfer::Layout& l = s.layout;
+    VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim && l.m <= 8);
+    bytes.clear();
+    const auto put = [&bytes](const std::vector<float>& v) {
+        const size_t at = (bytes.size() + 15) / 16 * 16;
+        bytes.resize(at + std::max<size_t>(v.size() * sizeof(float), 4));
+        if (!v.empty()) std::memcpy(bytes.data() + at, v.data(), v.size() * sizeof(float));
+        return at;
+    };
+    VecinferFormatDev f{};
+    f.d = int32_t(l.d);
+    f.block_bytes = int32_t(l.block_bytes());
+    f.n = l.n;
+    f.m = l.m;
+    f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));  // as vecinfer::hadamard computes it
+    const size_t lambda = put(s.lambda), codebook = put(s.codebook);
+    f.lambda = s.lambda.empty() ? nullptr : reinterpret_cast<const float*>(bytes.data() + lambda);
+    f.codebook = reinterpret_cast<const float*>(bytes.data() + codebook);
+    return f;
+}
+
+VecinferStateCopy vecinfer_state_copy(const codecs::vecinfer::State& s) {
+    std::vector<uint8_t> bytes;
+    VecinferFormatDev f = vecinfer_format_host(s, bytes);
+    if (f.lambda == nullptr) return upload(f, bytes, {reinterpret_cast<const void**>(&f.codebook)});
+    return upload(f, bytes, {reinterpret_cast<const void**>(&f.lambda), reinterpret_cast<const void**>(&f.codebook)});
+}
+
+void device_state_free(void* buf) {
+    cudaFree(buf);  // (the destructor path: nothing useful to do with an error here)
 }
 
 }  // namespace vxq::cuda
