@@ -8,7 +8,7 @@
 // where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2,turbo4,turbo3,turbo2] [--splits N,..] [--tile N,..]
+//   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2,turbo4,turbo3,turbo2,vecinfer] [--splits N,..] [--tile N,..]
 //                     [--stages N,..] [--stream N,..] [--mma N,..] [--tma N,..] [--kivi-splits N,..]
 //                     [--turbo-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
@@ -24,9 +24,10 @@
 // --kivi-splits, and the SIMT form beside the tensor-core form (with the largest difference of
 // their outputs on stderr); bytes = packed keys and values with their zeros and scales + the fp16
 // windows.
-// turbo4 / turbo3 / turbo2 (not in the default list): a TurboQuant cache (turbo:bits=4 / 3 / 2,
-// Hadamard rotation: rotated_kv.cuh) filled through the backend's store, timed with the TurboQuant
-// attention and its merge (the un-rotation) at its default split count and each of
+// turbo4 / turbo3 / turbo2 / vecinfer (not in the default list): a TurboQuant cache (turbo:bits=4 /
+// 3 / 2, Hadamard rotation) or a VecInfer one (vecinfer:n=4,m=8 with seeded random codebooks: 2
+// bits/element; rotated_kv.cuh) filled through the backend's store, timed with the attention and
+// its merge (the way back from the rotated domain) at its default split count and each of
 // --turbo-splits; bytes = the packed blocks (fp16 norms and indices) of keys and values.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
@@ -41,6 +42,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -52,6 +54,7 @@
 #include "kernels/cuda/rotated_kv.cuh"
 #include "kv/codec.h"
 #include "kv/formats/turbo.h"
+#include "kv/formats/vecinfer.h"
 #include "kv/kv_cache.h"
 #include "kv/memory.h"
 #include "gpu_timing.cuh"
@@ -456,11 +459,12 @@ EncodeTiming run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
     return {ms, 2 * in_bytes + (k_bytes + v_bytes) * size_t(kHeadsKv)};
 }
 
-// A TurboQuant cache of ctx tokens (turbo:bits=bits) per layer, the TurboQuant attention of one
-// query (and its merge) timed at its default split count (twice: A/A) and at each of `splits`.
-std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
+// A TurboQuant or VecInfer cache of ctx tokens (`kv`, F its device format) per layer, the
+// attention of one query (and its merge) timed at its default split count (twice: A/A) and at
+// each of `splits`.
+template <class F>
+std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
     using namespace vxq;
-    const std::string kv = "turbo:bits=" + std::to_string(bits);
     auto be = make_backend("cuda", 1);
     KvCacheOptions opts;
     opts.memory = be->kv_memory();
@@ -470,7 +474,7 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
     const size_t approx = size_t(double(ctx) * kHeadsKv * kHeadDim * 2 * bpe / 8);
     const int64_t layers = std::max<int64_t>(1, std::min<int64_t>(int64_t((kMinWorkingSet + approx - 1) / approx), 64));
     auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, spec, opts);
-    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 13 + uint32_t(bits));
+    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 13 + uint32_t(kv.size()));
     const KvLayerView view0 = cache->view(0);
     const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
     const int64_t dflt = cuda::rotated_attention_splits(1, kHeadsKv);
@@ -484,7 +488,7 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
     std::vector<cuda::KvHeadDev> table(size_t(layers * kHeadsKv));
-    std::vector<cuda::TurboStateCopy> states;  // per layer: keys, values
+    std::vector<cuda::DeviceStateCopy<F>> states;  // per layer: keys, values
     const auto addr = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
     for (int64_t l = 0; l < layers; ++l) {
         const KvLayerView view = cache->view(l);
@@ -493,11 +497,15 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
             table[size_t(l * kHeadsKv + g)] = cuda::KvHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), h.n_tokens, 0};
         }
         for (const KvStreamView* sv : {&view.heads[0].k, &view.heads[0].v}) {
-            states.push_back(cuda::turbo_state_copy(*static_cast<const codecs::turbo::State*>(sv->fmt.layer_state)));
+            if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
+                states.push_back(cuda::turbo_state_copy(*static_cast<const codecs::turbo::State*>(sv->fmt.layer_state)));
+            } else {
+                states.push_back(cuda::vecinfer_state_copy(*static_cast<const codecs::vecinfer::State*>(sv->fmt.layer_state)));
+            }
         }
     }
     VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
-    cuda::TurboAttentionParams p{};
+    cuda::RotatedAttentionParams<F> p{};
     p.q = q;
     p.out = out;
     p.partial = partial;
@@ -511,7 +519,7 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
         if (s != dflt) arms.push_back(s);
     }
     const auto params = [&](size_t arm, int64_t layer) {
-        cuda::TurboAttentionParams pl = p;
+        cuda::RotatedAttentionParams<F> pl = p;
         pl.splits = arms[arm];
         pl.heads = tables + layer * kHeadsKv;
         pl.kf = states[size_t(2 * layer)].f;
@@ -519,7 +527,11 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
         return pl;
     };
     const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
-        cuda::turbo_attention(params(size_t(arm), i % layers), st);
+        if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
+            cuda::turbo_attention(params(size_t(arm), i % layers), st);
+        } else {
+            cuda::vecinfer_attention(params(size_t(arm), i % layers), st);
+        }
     });
     require_finite_output(out, kv, ctx);
     std::vector<Row> rows;
@@ -527,7 +539,7 @@ std::vector<Row> run_turbo_case(int bits, int64_t ctx, const std::vector<int64_t
         rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, -4, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, a == 1, arms[a] == dflt});
     }
-    for (cuda::TurboStateCopy& c : states) cuda::state_free(c);
+    for (cuda::DeviceStateCopy<F>& c : states) cuda::state_free(c);
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
     }
@@ -634,8 +646,9 @@ int main(int argc, char** argv) {
         if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "fp8", "kivi4", "kivi2"};
         for (const std::string& f : formats) {
             if (f != "f16" && f != "q8_0" && f != "q4_0" && f != "fp8" && f != "kivi4" && f != "kivi2" && f != "turbo4" &&
-                f != "turbo3" && f != "turbo2") {
-                std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, fp8, kivi4, kivi2, turbo4, turbo3, turbo2\n");
+                f != "turbo3" && f != "turbo2" && f != "vecinfer") {
+                std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, fp8, kivi4, kivi2, turbo4, turbo3, turbo2, "
+                                     "vecinfer\n");
                 return 1;
             }
         }
@@ -655,7 +668,7 @@ int main(int argc, char** argv) {
                         "in a graph: us/call (min-max) | of copy |\n");
             std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
             for (const std::string& fname : formats) {
-                if (fname.starts_with("turbo")) continue;  // the TurboQuant store has no timing here yet
+                if (fname.starts_with("turbo") || fname == "vecinfer") continue;  // (their stores have no timing here yet)
                 const Format* fp = nullptr;
                 for (const Format& f : kFormats) {
                     if (fname == f.kv) fp = &f;
@@ -698,9 +711,12 @@ int main(int argc, char** argv) {
                 if (fname == f.kv) fmt = &f;
             }
             for (int64_t ctx : contexts) {
-                const std::vector<Row> case_rows = fmt                 ? run_case(*fmt, ctx, configs, st)
-                                                   : turbo_bits(fname) ? run_turbo_case(turbo_bits(fname), ctx, turbo_splits, st)
-                                                                       : run_kivi_case(kivi_bits(fname), ctx, kivi_splits, st);
+                const std::vector<Row> case_rows =
+                    fmt                   ? run_case(*fmt, ctx, configs, st)
+                    : turbo_bits(fname)   ? run_rotated_case<cuda::TurboFormatDev>("turbo:bits=" + std::to_string(turbo_bits(fname)), ctx,
+                                                                                   turbo_splits, st)
+                    : fname == "vecinfer" ? run_rotated_case<cuda::VecinferFormatDev>("vecinfer:n=4,m=8,calib=random", ctx, turbo_splits, st)
+                                          : run_kivi_case(kivi_bits(fname), ctx, kivi_splits, st);
                 for (const Row& r : case_rows) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
                     char form[32];
@@ -708,7 +724,7 @@ int main(int argc, char** argv) {
                                   r.tma > 0         ? "bulk-copy ring x %d"
                                   : r.stream == -2 ? "kivi tensor cores"
                                   : r.stream == -3 ? "kivi SIMT"
-                                  : r.stream == -4 ? "turbo SIMT"
+                                  : r.stream == -4 ? "rotated SIMT"
                                   : r.mma          ? "stream mma"
                                   : r.stream > 0   ? "stream x %d"
                                                    : "tensor cores",

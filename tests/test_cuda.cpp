@@ -1755,15 +1755,16 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
     }
 }
 
-// TurboQuant on the device (rotated_kv.cuh): the store writes the CPU codec's bytes (the same
-// operations in the same order: the norm's double sum channel after channel, the rotation's
-// levels or rows, the thresholds' upper bound, turbo-prod's residual norm and sketch signs), for
-// every rotation (Hadamard, Haar, calibrated), bit count, the rvq stages and turbo-prod keys, keys and values of different formats, GQA 1/4/8, head_dim 64 /
+// TurboQuant and VecInfer on the device (rotated_kv.cuh): the store writes the CPU codec's bytes
+// (the same operations in the same order: the norm's double sum channel after channel, the
+// rotation's levels or rows, the thresholds' upper bound, turbo-prod's residual norm and sketch
+// signs; VecInfer's smoothing, transform and nearest centroid), for every rotation (Hadamard,
+// Haar, calibrated), bit count, the rvq stages, turbo-prod keys and VecInfer's n and m, keys and values of different formats, GQA 1/4/8, head_dim 64 /
 // 96 / 128 / 256; through prompts, single tokens (the decode step's store), batches and a
 // rollback. The attention equals the CPU's fused readers within 2e-5 on outputs of size ~1 (f32
 // sums in other orders; the query rotated and the output un-rotated in f32 on the device, in
 // double on the CPU: ~1e-7 relative), for one query and for batches (causal).
-TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
+TEST(Cuda, RotatedStoreBitExactAndAttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(be);
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
@@ -1781,7 +1782,10 @@ TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
                           {"turbo:bits=3", "turbo:bits=4,seed=9", 256, 8, 2},
                           {"turbo-rvq:bits=4,rot=haar", "turbo:bits=1", 32, 3, 3},
                           {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 32, 8},
-                          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 8, 2}};
+                          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 8, 2},
+                          {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 128, 32, 8},
+                          {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64, 12, 4},
+                          {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 3, 3}};
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " head_dim " << c.head_dim << " heads " << c.n_head
                                         << "/" << c.n_head_kv << " seed " << seed);
@@ -1828,13 +1832,15 @@ TEST(Cuda, TurboStoreBitExactAndAttentionMatchesCpu) {
         check("a rollback of 45 and 20 tokens", 1);
         write(33);
         check("a batch of 33", 33);
-        EXPECT_NE(be->attention_path(dev->view(0)).find("TurboQuant"), std::string::npos);
+        EXPECT_NE(be->attention_path(dev->view(0)).find(std::string(c.k).starts_with("vecinfer") ? "VecInfer" : "TurboQuant"),
+                  std::string::npos);
     }
 }
 
-// What the TurboQuant kernels do not read is refused by name: TurboQuant keys with another
-// format's values, a GQA group past 8, head_dim not a multiple of 32, the attention mass.
-TEST(Cuda, TurboRefusesWhatItCannotRead) {
+// What the TurboQuant and VecInfer kernels do not read is refused by name: keys of one family
+// with values of another format, a GQA group past 8, head_dim not a multiple of 32, the
+// attention mass.
+TEST(Cuda, RotatedRefusesWhatItCannotRead) {
     VXQ_REQUIRE_CUDA(be);
     std::mt19937 rng(fresh_seed());
     const auto k = random_floats(4 * 8 * 64, rng);
@@ -1849,8 +1855,9 @@ TEST(Cuda, TurboRefusesWhatItCannotRead) {
             EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
         }
     };
-    refused("turbo:bits=3", "f16", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
-    refused("q8_0", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values only");
+    refused("turbo:bits=3", "f16", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values");
+    refused("q8_0", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values");
+    refused("vecinfer:calib=random", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "VecInfer keys with VecInfer values only");
     refused("turbo:bits=3", "turbo:bits=3", KvShape{1, 16, 1, 64, 64}, "GQA group of at most 8");
     refused("turbo:bits=3,rot=haar", "turbo:bits=3,rot=haar", KvShape{1, 2, 2, 48, 64}, "head_dim a multiple of 32");
     auto cache = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "turbo:bits=3", "turbo:bits=3", opts);
@@ -1862,7 +1869,8 @@ TEST(Cuda, TurboRefusesWhatItCannotRead) {
         be->attention(cache->view(0), q.data(), 1, 3, out.data(), mass);
         FAIL() << "the attention mass over a TurboQuant cache ran on CUDA";
     } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find("over a TurboQuant cache has no CUDA kernel"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("over a TurboQuant or VecInfer cache has no CUDA kernel"), std::string::npos)
+            << e.what();
     }
 }
 
@@ -1927,17 +1935,17 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
     }
 }
 
-// A TurboQuant cache's decode steps replayed from captured graphs give the logits of plain
-// launches bit for bit (the rotation and codebooks are copied to the device once, outside any
-// capture; the heads table travels in the step block).
-TEST(Cuda, TurboGraphReplayEqualsPlainLaunches) {
+// A TurboQuant or VecInfer cache's decode steps replayed from captured graphs give the logits
+// of plain launches bit for bit (the rotation and codebooks are copied to the device once,
+// outside any capture; the heads table travels in the step block).
+TEST(Cuda, RotatedGraphReplayEqualsPlainLaunches) {
     VXQ_REQUIRE_CUDA(graphs);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
     auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cuda");
     auto plain = plain_cuda_backend();
     const ModelConfig& c = model->config();
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256};
-    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar", "turbo-prod:bits=3"}) {
+    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar", "turbo-prod:bits=3", "vecinfer:calib=random"}) {
         SCOPED_TRACE(spec);
         std::vector<std::unique_ptr<KvCache>> caches;
         for (Backend* be : {graphs.get(), plain.get()}) {
@@ -2380,16 +2388,16 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         true);
     for (const char* spec_text :
          {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4", "turbo:bits=4",
-          "turbo-rvq:bits=2"}) {
+          "turbo-rvq:bits=2", "turbo-prod:bits=4", "vecinfer:n=2,m=8,calib=random"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
-        // q4_0, fp8 (a step is 1/8 of the value), KIVI's 2-bit codes and TurboQuant's indices
+        // q4_0, fp8 (a step is 1/8 of the value), KIVI's 2-bit codes and TurboQuant's / VecInfer's indices
         // turn the last-bit differences of k and v (the GEMVs' summation orders) into whole code
         // steps now and then: each such step moves a logit by up to ~5 % of the peak (the stores
         // themselves are bit-exact: Cuda.KiviStoreBitExactAndAttentionMatchesCpu,
-        // Cuda.AttentionMatchesCpu, Cuda.TurboStoreBitExactAndAttentionMatchesCpu).
+        // Cuda.AttentionMatchesCpu, Cuda.RotatedStoreBitExactAndAttentionMatchesCpu).
         const std::string st = spec_text;
         const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8" ||
-                                   st.find("turbo") != std::string::npos
+                                   st.find("turbo") != std::string::npos || st.find("vecinfer") != std::string::npos
                                ? 1e-1
                                : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {

@@ -1,8 +1,8 @@
-// The TurboQuant CUDA kernels (kernels/cuda/rotated_kv_kernels.cuh) run on the CPU by the SIMT
-// emulator (support/simt.h), in every build that has the CUDA headers, GPU or not: the store
-// against the CPU codec's bytes, the attention and its merge against dequantize-then-attend.
-// On a GPU, Cuda.TurboStoreBitExactAndAttentionMatchesCpu checks the same kernels as compiled
-// for the device.
+// The rotated-domain CUDA kernels (kernels/cuda/rotated_kv_kernels.cuh: TurboQuant, VecInfer)
+// run on the CPU by the SIMT emulator (support/simt.h), in every build that has the CUDA headers,
+// GPU or not: the stores against the CPU codecs' bytes, the attention and its merge against
+// dequantize-then-attend. On a GPU, Cuda.RotatedStoreBitExactAndAttentionMatchesCpu checks the
+// same kernels as compiled for the device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kv/codec.h"
 #include "kv/formats/turbo.h"
+#include "kv/formats/vecinfer.h"
 #include "kv/spec.h"
 #include "support/random_weights.h"
 
@@ -30,48 +32,46 @@ namespace {
 using cuda::KvHeadDev;
 using test::random_floats;
 using cuda::TurboFormatDev;
+using cuda::VecinferFormatDev;
 
 uint32_t fresh_seed() { return std::random_device{}(); }
 
-// A role's state, codec and kernel format (host memory) for `spec` at head_dim d, layer 0.
+// A role's state, codec and kernel format F (host memory) for `spec` at head_dim d, layer 0.
+template <class F>
 struct Role {
     std::unique_ptr<KvLayerState> state;
     std::unique_ptr<Codec> codec;
     std::vector<uint8_t> bytes;
-    TurboFormatDev f{};
+    F f{};
     Role(const std::string& spec, KvRole role, int64_t d) {
         const CodecSpec cs = KvSpec::parse(spec).k;
         state = make_layer_state(cs, role, d, 0);
         codec = make_codec(cs, role, d, state.get());
-        f = cuda::turbo_format_host(*static_cast<const codecs::turbo::State*>(state.get()), bytes);
+        if constexpr (std::is_same_v<F, TurboFormatDev>) {
+            f = cuda::turbo_format_host(*static_cast<const codecs::turbo::State*>(state.get()), bytes);
+        } else {
+            f = cuda::vecinfer_format_host(*static_cast<const codecs::vecinfer::State*>(state.get()), bytes);
+        }
     }
 };
 
 uint64_t addr(const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); }
 
-// The store writes the CPU codec's bytes: every rotation (Hadamard, Haar, calibrated), bit
-// count, the rvq stages, turbo-prod keys (residual norm and sketch signs), head_dim 32 .. 256, after tokens already in the pages; rows of random
-// scale, a zero row, a row of one spike, a row below fp16's smallest normal.
-TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
+struct StoreCase {
+    const char *k, *v;
+    int64_t d;
+};
+
+// The store kernel `store` writes the CPU codec's bytes for each case: 7 tokens x 3 KV heads
+// after 2 tokens already in the pages (left untouched); rows of random scale, a zero key, a value
+// of one spike, a value whose norm is below fp16's smallest normal.
+template <class F, class Store>
+void expect_store_writes_cpu_bytes(const std::vector<StoreCase>& cases, Store store) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    struct Case {
-        const char *k, *v;
-        int64_t d;
-    };
-    const Case cases[] = {{"turbo:bits=3", "turbo:bits=3", 128},
-                          {"turbo:bits=1", "turbo:bits=2", 64},
-                          {"turbo:bits=4", "turbo-rvq:bits=2", 32},
-                          {"turbo-rvq:bits=3", "turbo-rvq:bits=4", 64},
-                          {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96},
-                          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64},
-                          {"turbo:bits=4", "turbo:bits=1,seed=3", 256},
-                          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128},
-                          {"turbo-prod:bits=1,rot=haar", "turbo-prod:bits=2,rot=haar", 96},
-                          {"turbo-prod:bits=4,seed=2", "turbo:bits=1", 32}};
-    for (const Case& c : cases) {
+    for (const StoreCase& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " seed " << seed);
-        const Role kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
+        const Role<F> kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
         const int64_t n = 7, n_head_kv = 3, before = 2, d = c.d;
         std::vector<float> k = random_floats(size_t(n * n_head_kv * d), rng), v = random_floats(k.size(), rng);
         std::uniform_real_distribution<float> scale(-6.0f, 6.0f);
@@ -79,16 +79,16 @@ TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
             const float s = std::exp2(scale(rng));
             for (int64_t i = 0; i < d; ++i) k[size_t(r * d + i)] *= s;
         }
-        std::fill(k.begin(), k.begin() + d, 0.0f);                            // a zero key
-        std::fill(v.begin() + d, v.begin() + 2 * d, 0.0f);                    // a spike
+        std::fill(k.begin(), k.begin() + d, 0.0f);                      // a zero key
+        std::fill(v.begin() + d, v.begin() + 2 * d, 0.0f);              // a spike
         v[size_t(d + 5)] = -3.0f;
-        for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] *= 1e-6f;        // a norm below fp16's normals
+        for (int64_t i = 0; i < d; ++i) v[size_t(2 * d + i)] *= 1e-6f;  // a norm below fp16's normals
         const size_t kbb = size_t(kr.f.block_bytes), vbb = size_t(vr.f.block_bytes);
         std::vector<std::vector<uint8_t>> kp(size_t(n_head_kv), std::vector<uint8_t>(size_t(before + n) * kbb, 0xab)),
             vp(size_t(n_head_kv), std::vector<uint8_t>(size_t(before + n) * vbb, 0xab));
         std::vector<KvHeadDev> heads;
         for (int64_t g = 0; g < n_head_kv; ++g) heads.push_back(KvHeadDev{addr(kp[size_t(g)].data()), addr(vp[size_t(g)].data()), before, 0});
-        cuda::TurboStoreParams p{};
+        cuda::RotatedStoreParams<F> p{};
         p.k = k.data();
         p.v = v.data();
         p.heads = heads.data();
@@ -98,8 +98,7 @@ TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
         p.kf = kr.f;
         p.vf = vr.f;
         const unsigned warps = unsigned(2 * n * n_head_kv);
-        simt::launch(dim3((warps + cuda::kStoreWarps - 1) / cuda::kStoreWarps), dim3(cuda::kStoreWarps * 32), 0,
-                     [&] { cuda::turbo_store_kernel(p); });
+        simt::launch(dim3((warps + cuda::kStoreWarps - 1) / cuda::kStoreWarps), dim3(cuda::kStoreWarps * 32), 0, [&] { store(p); });
         std::vector<uint8_t> want(std::max(kbb, vbb));
         for (int64_t t = 0; t < n; ++t) {
             for (int64_t g = 0; g < n_head_kv; ++g) {
@@ -114,8 +113,36 @@ TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
         }
         for (int64_t g = 0; g < n_head_kv; ++g) {  // the tokens before the write are untouched
             EXPECT_TRUE(std::all_of(kp[size_t(g)].begin(), kp[size_t(g)].begin() + long(before * kbb), [](uint8_t b) { return b == 0xab; }));
+            EXPECT_TRUE(std::all_of(vp[size_t(g)].begin(), vp[size_t(g)].begin() + long(before * vbb), [](uint8_t b) { return b == 0xab; }));
         }
     }
+}
+
+// TurboQuant: every rotation (Hadamard, Haar, calibrated), bit count, the rvq stages, turbo-prod
+// keys (residual norm and sketch signs), head_dim 32 .. 256.
+TEST(TurboSimt, StoreWritesTheCpuCodecsBytes) {
+    expect_store_writes_cpu_bytes<TurboFormatDev>({{"turbo:bits=3", "turbo:bits=3", 128},
+                                                   {"turbo:bits=1", "turbo:bits=2", 64},
+                                                   {"turbo:bits=4", "turbo-rvq:bits=2", 32},
+                                                   {"turbo-rvq:bits=3", "turbo-rvq:bits=4", 64},
+                                                   {"turbo:bits=2,rot=haar,seed=5", "turbo:bits=3,rot=haar,seed=5", 96},
+                                                   {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=4,rot=calib,calib=random", 64},
+                                                   {"turbo:bits=4", "turbo:bits=1,seed=3", 256},
+                                                   {"turbo-prod:bits=3", "turbo-prod:bits=3", 128},
+                                                   {"turbo-prod:bits=1,rot=haar", "turbo-prod:bits=2,rot=haar", 96},
+                                                   {"turbo-prod:bits=4,seed=2", "turbo:bits=1", 32}},
+                                                  [](const cuda::TurboStoreParams& p) { cuda::turbo_store_kernel(p); });
+}
+
+// VecInfer: sub-vectors of 1 .. 8 elements, 2 .. 256 centroids (odd block sizes included),
+// keys smoothed, head_dim 32 .. 256.
+TEST(VecinferSimt, StoreWritesTheCpuCodecsBytes) {
+    expect_store_writes_cpu_bytes<VecinferFormatDev>(
+        {{"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 128},
+         {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64},
+         {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=1,calib=random", 32},
+         {"vecinfer:n=8,m=6,calib=random", "vecinfer:n=2,m=4,calib=random", 256}},
+        [](const cuda::VecinferStoreParams& p) { cuda::vecinfer_store_kernel(p); });
 }
 
 // The attention kernel and its merge as rotated_kv.cu launches them, in the emulator.
@@ -143,29 +170,22 @@ void run_attention(const cuda::RotatedAttentionParams<F>& p) {
     }
 }
 
-// The attention (split-K, then the merge that un-rotates) equals dequantize-then-attend (the
+struct AttentionCase {
+    const char *k, *v;
+    int64_t d, n_head, n_head_kv, n_tokens, n_q, splits;
+};
+
+// The attention (split-K, then the merge that maps back) equals dequantize-then-attend (the
 // codec's decode, scores and softmax in double) within 2e-5 on outputs of size ~1: f32 sums in
-// another order, the query rotated in f32 (the CPU decode un-rotates in double). Partial tiles,
-// splits with no tile, GQA groups padded (3 of 4 rows), causal batches.
-TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
+// another order, the query rotated in f32 (the CPU decode un-rotates in double).
+template <template <int, int> class Reader, class F>
+void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    struct Case {
-        const char *k, *v;
-        int64_t d, n_head, n_head_kv, n_tokens, n_q, splits;
-    };
-    const Case cases[] = {{"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 75, 1, 2},
-                          {"turbo:bits=2", "turbo-rvq:bits=2", 64, 6, 2, 70, 3, 3},
-                          {"turbo-rvq:bits=3", "turbo:bits=1", 32, 2, 2, 40, 2, 1},
-                          {"turbo:bits=3,rot=haar,seed=5", "turbo:bits=4,rot=haar,seed=5", 96, 2, 1, 33, 1, 4},
-                          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=2,rot=calib,calib=random", 64, 4, 1, 100, 2, 2},
-                          {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1},
-                          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 4, 1, 65, 2, 2},
-                          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3}};
-    for (const Case& c : cases) {
+    for (const AttentionCase& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv
                                         << " tokens " << c.n_tokens << " n_q " << c.n_q << " splits " << c.splits << " seed " << seed);
-        const Role kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
+        const Role<F> kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
         const int64_t d = c.d, G = c.n_head / c.n_head_kv;
         const size_t kbb = size_t(kr.f.block_bytes), vbb = size_t(vr.f.block_bytes);
         // Pages: a whole 32-token tile past the last token (the kernel copies whole tiles).
@@ -192,7 +212,7 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
         }
         const std::vector<float> q = random_floats(size_t(c.n_q * c.n_head * d), rng);
         std::vector<float> partial(cuda::rotated_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
-        cuda::TurboAttentionParams p{};
+        cuda::RotatedAttentionParams<F> p{};
         p.q = q.data();
         p.heads = heads.data();
         p.partial = partial.data();
@@ -205,7 +225,7 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
         p.scale = 1.0f / std::sqrt(float(d));
         p.kf = kr.f;
         p.vf = vr.f;
-        run_attention<cuda::TurboReader>(p);
+        run_attention<Reader>(p);
         for (int64_t i = 0; i < c.n_q; ++i) {
             const int64_t limit = c.n_tokens - c.n_q + i + 1;
             for (int64_t h = 0; h < c.n_head; ++h) {
@@ -229,6 +249,27 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
             }
         }
     }
+}
+
+// Partial tiles, splits with no tile, GQA groups padded (3 of 4 rows), causal batches.
+TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
+    expect_attention_equals_dequantized<cuda::TurboReader, TurboFormatDev>(
+        {{"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 75, 1, 2},
+         {"turbo:bits=2", "turbo-rvq:bits=2", 64, 6, 2, 70, 3, 3},
+         {"turbo-rvq:bits=3", "turbo:bits=1", 32, 2, 2, 40, 2, 1},
+         {"turbo:bits=3,rot=haar,seed=5", "turbo:bits=4,rot=haar,seed=5", 96, 2, 1, 33, 1, 4},
+         {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=2,rot=calib,calib=random", 64, 4, 1, 100, 2, 2},
+         {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1},
+         {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 4, 1, 65, 2, 2},
+         {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3}});
+}
+
+TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {
+    expect_attention_equals_dequantized<cuda::VecinferReader, VecinferFormatDev>(
+        {{"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 128, 4, 2, 75, 1, 2},
+         {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64, 6, 2, 70, 3, 3},
+         {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 2, 2, 40, 2, 1},
+         {"vecinfer:n=8,m=6,calib=random", "vecinfer:n=4,m=8,calib=random", 256, 2, 1, 33, 1, 4}});
 }
 
 // The emulator itself: a barrier that a live thread never reaches is an error, not a hang (half

@@ -59,7 +59,7 @@ std::vector<Entry> builtin_entries() {
         {{"vecinfer", "n=1..64 (4), m=1..8 (8), calib=FILE (vxq calibrate) | random (tests only)",
           "VecInfer: keys smoothed by calibrated lambda, Walsh-Hadamard, product quantizer of n-element sub-vectors "
           "with 2^m k-means centroids per sub-space; values the same without smoothing",
-          "m/n (+ per layer and role: codebooks d*2^m fp32, keys' lambda d fp32)", {"cpu"},
+          "m/n (+ per layer and role: codebooks d*2^m fp32, keys' lambda d fp32)", {"cpu", "cuda"},
           {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random"}},
          codecs::make_vecinfer, codecs::make_vecinfer_state},
         {{"qjl", "m=M (2d), mo=M_o (d) (multiples of 8; defaults rounded up), outliers=O (8), residual=R (32, multiple of 32), seed=S (0)",
