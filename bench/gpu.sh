@@ -32,6 +32,7 @@
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
 #   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0 fp8")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
+#   VXQ_GPU_ROTATED_CONTEXTS  contexts of its TurboQuant / VecInfer cases (default 32768 131072)
 #   VXQ_GPU_ATTN_ARGS  its layouts (default "--splits 32,64 --stream 0,2 --mma 0,1": the stream form's
 #                    ring, the stream form on tensor cores (f16, fp8) and the tensor-core form at 32 and 64 splits)
 #   VXQ_GPU_NCU_STEP=1  also each decode-step kernel alone under Nsight Compute (time, DRAM bytes)
@@ -170,6 +171,10 @@ if [ "$status_build" = ok ]; then
   # --stages 2,3 ..." sweeps the latter's tiling.
   "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,64 --stream 0,2 --mma 0,1} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
     tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
+  # The rotated-domain codecs (TurboQuant 3 / 2 bits, VecInfer n=4,m=8: rotated_kv.cuh) at their
+  # default splits and 32 / 128 splits, at VXQ_GPU_ROTATED_CONTEXTS (default 32K and 128K).
+  "$BUILD/bench/vxq_gpu_attention" --formats turbo3,turbo2,vecinfer --turbo-splits 32,128 \
+    ${VXQ_GPU_ROTATED_CONTEXTS:-32768 131072} | tee "$LOGS/attention_rotated.log" | grep -v '^{' || status_bench=FAIL
   # The same shape through PyTorch's scaled_dot_product_attention (issue 11 compares f16 with it),
   # where the machine's Python has torch with CUDA.
   if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
