@@ -254,23 +254,40 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
     return rows;
 }
 
+// A device cache of `kv` with layers enough for the working set (by the format's bits per
+// element; a KIVI layer holds little more: its windows), every layer filled with ctx tokens
+// (fill_cache), on a backend of its own; host: the chunk written (its first floats, the query).
+struct FilledCache {
+    std::unique_ptr<vxq::Backend> be;
+    std::unique_ptr<vxq::KvCache> cache;
+    int64_t layers = 0;
+    std::vector<float> host;
+};
+FilledCache filled_cache(const std::string& kv, int64_t ctx, uint32_t seed) {
+    using namespace vxq;
+    FilledCache fc;
+    fc.be = make_backend("cuda", 1);
+    KvCacheOptions opts;
+    opts.memory = fc.be->kv_memory();
+    opts.flash_attn = true;
+    const KvSpec spec = KvSpec::parse(kv);
+    const double bpe = make_codec(spec.k, KvRole::Key, kHeadDim)->bits_per_element(kHeadDim);
+    const size_t approx = size_t(double(ctx) * kHeadsKv * kHeadDim * 2 * bpe / 8);
+    fc.layers = std::max<int64_t>(1, std::min<int64_t>(int64_t((kMinWorkingSet + approx - 1) / approx), 64));
+    fc.cache = make_kv_cache(KvShape{fc.layers, kHeads, kHeadsKv, kHeadDim, ctx}, spec, opts);
+    fc.host = fill_cache(*fc.be, *fc.cache, fc.layers, ctx, seed);
+    return fc;
+}
+
 // A KIVI cache of ctx tokens (kivi:bits=bits) per layer, the KIVI attention of one query timed at
 // its default split count (twice: A/A) and at each of `splits`.
 std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
     using namespace vxq;
     const std::string kv = "kivi:bits=" + std::to_string(bits);
-    auto be = make_backend("cuda", 1);
-    KvCacheOptions opts;
-    opts.memory = be->kv_memory();
-    opts.flash_attn = true;
-    // Layers enough for the working set, by the format's bits per element (a layer holds little
-    // more: its windows); the bytes per call are counted on layer 0 once it is written.
-    const KvSpec spec = KvSpec::parse(kv);
-    const double bpe = make_codec(spec.k, KvRole::Key, kHeadDim)->bits_per_element(kHeadDim);
-    const size_t approx = size_t(double(ctx) * kHeadsKv * kHeadDim * 2 * bpe / 8);
-    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>(int64_t((kMinWorkingSet + approx - 1) / approx), 64));
-    auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, spec, opts);
-    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 11 + uint32_t(bits));
+    const FilledCache fc = filled_cache(kv, ctx, uint32_t(ctx) * 11 + uint32_t(bits));
+    const std::vector<float>& host = fc.host;
+    KvCache* cache = fc.cache.get();
+    const int64_t layers = fc.layers;
     size_t layer_bytes = 0;  // packed keys and values with their zeros and scales, and the windows
     const KvLayerView view0 = cache->view(0);
     for (int64_t g = 0; g < kHeadsKv; ++g) {
@@ -465,16 +482,10 @@ EncodeTiming run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
 template <class F>
 std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
     using namespace vxq;
-    auto be = make_backend("cuda", 1);
-    KvCacheOptions opts;
-    opts.memory = be->kv_memory();
-    opts.flash_attn = true;
-    const KvSpec spec = KvSpec::parse(kv);
-    const double bpe = make_codec(spec.k, KvRole::Key, kHeadDim)->bits_per_element(kHeadDim);
-    const size_t approx = size_t(double(ctx) * kHeadsKv * kHeadDim * 2 * bpe / 8);
-    const int64_t layers = std::max<int64_t>(1, std::min<int64_t>(int64_t((kMinWorkingSet + approx - 1) / approx), 64));
-    auto cache = make_kv_cache(KvShape{layers, kHeads, kHeadsKv, kHeadDim, ctx}, spec, opts);
-    const std::vector<float> host = fill_cache(*be, *cache, layers, ctx, uint32_t(ctx) * 13 + uint32_t(kv.size()));
+    const FilledCache fc = filled_cache(kv, ctx, uint32_t(ctx) * 13 + uint32_t(kv.size()));
+    const std::vector<float>& host = fc.host;
+    KvCache* cache = fc.cache.get();
+    const int64_t layers = fc.layers;
     const KvLayerView view0 = cache->view(0);
     const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
     const int64_t dflt = cuda::rotated_attention_splits(1, kHeadsKv);

@@ -1591,6 +1591,69 @@ TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
 #endif
 }
 
+// The device-cache tests' script: a host and a device cache of k_spec / v_spec (one layer of
+// head_dim x n_head / n_head_kv, 2048 tokens) written with the same random tokens: a prompt of
+// 517 (checked with one query and with `prompt_queries`), `singles` single tokens (the decode
+// step's store; checked every `every`), a batch of 300, a rollback of 45 tokens and 20 single
+// tokens, a batch of 33. Each check: the device's blocks are the CPU codec's bytes (and, with
+// `dequantized`, dequantize the same floats), the device's attention over the last n_q tokens the
+// CPU's within 2e-5 (f32 sums in other orders). `zero_key`: the prompt's first key is all zero.
+void expect_device_cache_equals_cpu(Backend& be, std::mt19937& rng, const char* k_spec, const char* v_spec, int64_t head_dim,
+                                    int64_t n_head, int64_t n_head_kv, int64_t prompt_queries, int singles, int every,
+                                    bool dequantized, bool zero_key) {
+    auto cpu = make_backend("cpu", 2);
+    const KvShape shape{1, n_head, n_head_kv, head_dim, 2048};
+    KvCacheOptions opts;
+    opts.flash_attn = true;
+    auto host = make_kv_cache(shape, k_spec, v_spec, opts);
+    opts.memory = be.kv_memory();
+    auto dev = make_kv_cache(shape, k_spec, v_spec, opts);
+    const int64_t kv = n_head_kv * head_dim;
+    int64_t pos = 0;
+    const auto write = [&](int64_t n) {
+        auto k = random_floats(size_t(n * kv), rng), v = random_floats(size_t(n * kv), rng);
+        if (zero_key && pos == 0) std::fill(k.begin(), k.begin() + head_dim, 0.0f);
+        host->write(0, pos, k.data(), v.data(), n);
+        be.kv_write(*dev, 0, pos, k.data(), v.data(), n);
+        pos += n;
+        host->commit(pos);
+        dev->commit(pos);
+    };
+    const auto check = [&](const std::string& after, int64_t n_q) {
+        for (int64_t g = 0; g < n_head_kv; ++g) {
+            ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << after << ": blocks of head " << g;
+            if (!dequantized) continue;
+            std::vector<float> hk, hv, dk, dv;
+            host->dequantize(0, g, pos, hk, hv);
+            dev->dequantize(0, g, pos, dk, dv);
+            ASSERT_EQ(dk, hk) << after << ": keys of head " << g;
+            ASSERT_EQ(dv, hv) << after << ": values of head " << g;
+        }
+        const auto q = random_floats(size_t(n_q * n_head * head_dim), rng);
+        std::vector<float> ref(q.size()), got(q.size(), NAN);
+        cpu->attention(host->view(0), q.data(), n_q, pos - n_q, ref.data());
+        be.attention(dev->view(0), q.data(), n_q, pos - n_q, got.data());
+        for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << after << ", output " << i;
+    };
+    write(517);
+    check("a prompt of 517", 1);
+    check("a prompt of 517, " + std::to_string(prompt_queries) + " queries", prompt_queries);
+    for (int i = 1; i <= singles; ++i) {
+        write(1);
+        if (i % every == 0) check("single token " + std::to_string(i), 1);
+    }
+    write(300);
+    check("a batch of 300", 300);
+    host->truncate(pos - 45);
+    dev->truncate(pos - 45);
+    pos -= 45;
+    for (int i = 0; i < 20; ++i) write(1);
+    check("a rollback of 45 and 20 tokens", 1);
+    write(33);
+    check("a batch of 33", 33);
+    EXPECT_FALSE(be.attention_path(dev->view(0)).starts_with("none"));
+}
+
 // KIVI in device memory, through a prompt, single tokens across key flushes, a batch that
 // flushes more than the window holds and a rollback into a key block: after each, the device
 // cache's blocks and windows equal the CPU cache's bit for bit (the store follows the CPU codec,
@@ -1603,7 +1666,6 @@ TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(be);
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    auto cpu = make_backend("cpu", 2);
     struct Case {
         const char* spec;
         int64_t head_dim, n_head, n_head_kv;
@@ -1618,53 +1680,7 @@ TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.spec << " head_dim " << c.head_dim << " heads " << c.n_head << "/"
                                         << c.n_head_kv << " seed " << seed);
-        const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, 2048};
-        KvCacheOptions opts;
-        opts.flash_attn = true;
-        auto host = make_kv_cache(shape, c.spec, c.spec, opts);
-        opts.memory = be->kv_memory();
-        auto dev = make_kv_cache(shape, c.spec, c.spec, opts);
-        const int64_t kv = c.n_head_kv * c.head_dim;
-        int64_t pos = 0;
-        const auto write = [&](int64_t n) {
-            const auto k = random_floats(size_t(n * kv), rng), v = random_floats(size_t(n * kv), rng);
-            host->write(0, pos, k.data(), v.data(), n);
-            be->kv_write(*dev, 0, pos, k.data(), v.data(), n);
-            pos += n;
-            host->commit(pos);
-            dev->commit(pos);
-        };
-        const auto check = [&](const std::string& after, int64_t n_q) {
-            for (int64_t g = 0; g < c.n_head_kv; ++g) {
-                ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << after << ": blocks of head " << g;
-                std::vector<float> hk, hv, dk, dv;
-                host->dequantize(0, g, pos, hk, hv);
-                dev->dequantize(0, g, pos, dk, dv);
-                ASSERT_EQ(dk, hk) << after << ": keys of head " << g;
-                ASSERT_EQ(dv, hv) << after << ": values of head " << g;
-            }
-            const auto q = random_floats(size_t(n_q * c.n_head * c.head_dim), rng);
-            std::vector<float> ref(q.size()), got(q.size(), NAN);
-            cpu->attention(host->view(0), q.data(), n_q, pos - n_q, ref.data());
-            be->attention(dev->view(0), q.data(), n_q, pos - n_q, got.data());
-            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << after << ", output " << i;
-        };
-        write(517);
-        check("a prompt of 517", 1);
-        check("a prompt of 517, every query", 517);
-        for (int i = 1; i <= 150; ++i) {
-            write(1);
-            if (i % 37 == 0) check("single token " + std::to_string(i), 1);
-        }
-        write(300);
-        check("a batch of 300", 300);
-        host->truncate(pos - 45);
-        dev->truncate(pos - 45);
-        pos -= 45;
-        for (int i = 0; i < 20; ++i) write(1);
-        check("a rollback of 45 and 20 tokens", 1);
-        write(33);
-        check("a batch of 33", 33);
+        expect_device_cache_equals_cpu(*be, rng, c.spec, c.spec, c.head_dim, c.n_head, c.n_head_kv, 517, 150, 37, true, false);
     }
 }
 
@@ -1768,7 +1784,6 @@ TEST(Cuda, RotatedStoreBitExactAndAttentionMatchesCpu) {
     VXQ_REQUIRE_CUDA(be);
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
-    auto cpu = make_backend("cpu", 2);
     struct Case {
         const char *k, *v;
         int64_t head_dim, n_head, n_head_kv;
@@ -1789,51 +1804,7 @@ TEST(Cuda, RotatedStoreBitExactAndAttentionMatchesCpu) {
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " head_dim " << c.head_dim << " heads " << c.n_head
                                         << "/" << c.n_head_kv << " seed " << seed);
-        const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, 2048};
-        KvCacheOptions opts;
-        opts.flash_attn = true;
-        auto host = make_kv_cache(shape, c.k, c.v, opts);
-        opts.memory = be->kv_memory();
-        auto dev = make_kv_cache(shape, c.k, c.v, opts);
-        const int64_t kv = c.n_head_kv * c.head_dim;
-        int64_t pos = 0;
-        const auto write = [&](int64_t n) {
-            auto k = random_floats(size_t(n * kv), rng), v = random_floats(size_t(n * kv), rng);
-            if (pos == 0) std::fill(k.begin(), k.begin() + c.head_dim, 0.0f);  // a zero key: y = 0, norm 0
-            host->write(0, pos, k.data(), v.data(), n);
-            be->kv_write(*dev, 0, pos, k.data(), v.data(), n);
-            pos += n;
-            host->commit(pos);
-            dev->commit(pos);
-        };
-        const auto check = [&](const std::string& after, int64_t n_q) {
-            for (int64_t g = 0; g < c.n_head_kv; ++g) {
-                ASSERT_EQ(packed_bytes(*dev, 0, g), packed_bytes(*host, 0, g)) << after << ": blocks of head " << g;
-            }
-            const auto q = random_floats(size_t(n_q * c.n_head * c.head_dim), rng);
-            std::vector<float> ref(q.size()), got(q.size(), NAN);
-            cpu->attention(host->view(0), q.data(), n_q, pos - n_q, ref.data());
-            be->attention(dev->view(0), q.data(), n_q, pos - n_q, got.data());
-            for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5f) << after << ", output " << i;
-        };
-        write(517);
-        check("a prompt of 517", 1);
-        check("a prompt of 517, 200 queries", 200);
-        for (int i = 1; i <= 70; ++i) {
-            write(1);
-            if (i % 23 == 0) check("single token " + std::to_string(i), 1);
-        }
-        write(300);
-        check("a batch of 300", 300);
-        host->truncate(pos - 45);
-        dev->truncate(pos - 45);
-        pos -= 45;
-        for (int i = 0; i < 20; ++i) write(1);
-        check("a rollback of 45 and 20 tokens", 1);
-        write(33);
-        check("a batch of 33", 33);
-        EXPECT_NE(be->attention_path(dev->view(0)).find(std::string(c.k).starts_with("vecinfer") ? "VecInfer" : "TurboQuant"),
-                  std::string::npos);
+        expect_device_cache_equals_cpu(*be, rng, c.k, c.v, c.head_dim, c.n_head, c.n_head_kv, 200, 70, 23, false, true);
     }
 }
 

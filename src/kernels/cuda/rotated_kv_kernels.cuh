@@ -78,22 +78,40 @@ __device__ __forceinline__ void warp_fwht(float* x, int d, int lane) {
 
 // ---- the store ------------------------------------------------------------------------------
 
-// A warp per (token, KV head, role), the role fastest.
+// What a store's warp encodes: item (token t, KV head g, role) of the write, the role fastest:
+// its format, input row and destination block (`valid` false past the last item).
+template <class F>
+struct StoreItem {
+    bool valid;
+    const F* f;
+    const float* x;
+    uint8_t* dst;
+};
+template <class F>
+__device__ __forceinline__ StoreItem<F> store_item(const RotatedStoreParams<F>& p, int warp) {
+    const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
+    if (item >= 2 * p.n * p.n_head_kv) return {false, nullptr, nullptr, nullptr};
+    const bool value = item & 1;
+    const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
+    const F& f = value ? p.vf : p.kf;
+    const KvHeadDev& h = p.heads[g];
+    return {true, &f, (value ? p.v : p.k) + th * f.d,
+            reinterpret_cast<uint8_t*>(value ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes};
+}
+
+// A warp per (token, KV head, role).
 __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const TurboStoreParams p) {
     __shared__ float xs[kStoreWarps][kTurboMaxHeadDim];
     __shared__ float ys[kStoreWarps][kTurboMaxHeadDim];
     __shared__ uint32_t stage[kStoreWarps][kStageWords];
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-    const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
     pdl_wait();
-    if (item >= 2 * p.n * p.n_head_kv) return;
-    const int role = int(item & 1);
-    const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
-    const TurboFormatDev& f = role ? p.vf : p.kf;
+    const StoreItem<TurboFormatDev> it = store_item(p, warp);
+    if (!it.valid) return;
+    const TurboFormatDev& f = *it.f;
     const int d = f.d;
-    const float* x = (role ? p.v : p.k) + th * d;
-    const KvHeadDev& h = p.heads[g];
-    auto* dst = reinterpret_cast<uint8_t*>(role ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes;
+    const float* x = it.x;
+    uint8_t* dst = it.dst;
     float* xw = xs[warp];
     float* yw = ys[warp];
     uint32_t* st = stage[warp];
@@ -177,21 +195,18 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
     for (int j = lane; j < f.block_bytes / 2; j += 32) d16[j] = s16[j];
 }
 
-// A warp per (token, KV head, role), the role fastest: vecinfer::encode's operations in its order.
+// A warp per (token, KV head, role): vecinfer::encode's operations in its order.
 __global__ void __launch_bounds__(kStoreWarps * 32) vecinfer_store_kernel(const VecinferStoreParams p) {
     __shared__ float ys[kStoreWarps][kTurboMaxHeadDim];
     __shared__ uint32_t stage[kStoreWarps][kStageWords];
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
-    const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
     pdl_wait();
-    if (item >= 2 * p.n * p.n_head_kv) return;
-    const int role = int(item & 1);
-    const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
-    const VecinferFormatDev& f = role ? p.vf : p.kf;
+    const StoreItem<VecinferFormatDev> it = store_item(p, warp);
+    if (!it.valid) return;
+    const VecinferFormatDev& f = *it.f;
     const int d = f.d, n = f.n;
-    const float* x = (role ? p.v : p.k) + th * d;
-    const KvHeadDev& h = p.heads[g];
-    auto* dst = reinterpret_cast<uint8_t*>(role ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes;
+    const float* x = it.x;
+    uint8_t* dst = it.dst;
     float* yw = ys[warp];
     uint32_t* st = stage[warp];
     for (int w = lane; w < kStageWords; w += 32) st[w] = 0u;
