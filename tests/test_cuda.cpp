@@ -210,8 +210,9 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
                                    {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1}, {type, 3, 8224, 1},
                                    {type, 2049, 512, 1}, {type, 3, 32768, 1}};
-    if (!quant && type != GgmlType::TQ2_0) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
-    if (type == GgmlType::TQ2_0) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
+    const bool ternary = type == GgmlType::TQ2_0 || type == GgmlType::TQ1_0;
+    if (!quant && !ternary) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
+    if (ternary) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
         std::erase_if(cases, [](const GemvCase& c) { return c.cols % kQK_K != 0; });
         cases.insert(cases.end(), {{type, 7, 256, 1}, {type, 129, 512, 3}, {type, 65, 768, 5}, {type, 33, 5120, 9},
                                    {type, 1031, 256, 1}, {type, 17, 17408, 2}, {type, 300, 5120, 16}, {type, 5, 512, 40}});
@@ -246,7 +247,7 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaGemv,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
-                                           GgmlType::TQ2_0),
+                                           GgmlType::TQ2_0, GgmlType::TQ1_0),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 // ---- prefill GEMM (cuBLAS) ---------------------------------------------------------------------
@@ -2257,16 +2258,19 @@ TEST(Cuda, TernaryModelLogitsCloseToCpu) {
     QuantizeOptions q;
     q.input = test::shared_path("assets/models/vxq-ternary-h64-f16.gguf");
     q.output = path;
-    q.type = GgmlType::TQ2_0;
-    quantize_model(q);
-    auto model = Model::load(path, "cuda");
-    std::filesystem::remove(path);
-    ASSERT_EQ(model->weights().layers[0].wq.type, GgmlType::TQ2_0);
-    const auto ids = model->tokenizer().encode("Once upon a time", true);
-    const std::vector<TokenId> prompt(ids.begin(), ids.end());
-    const double tol = logit_tolerance(GgmlType::TQ2_0);
-    EXPECT_LT(forward_difference(*model, prompt, 8, true), tol) << "-fa";
-    EXPECT_LT(forward_difference(*model, prompt, 8, false), tol);
+    for (GgmlType type : {GgmlType::TQ2_0, GgmlType::TQ1_0}) {  // TQ1_0: repacked as TQ2_0 on upload
+        SCOPED_TRACE(ggml_type_name(type));
+        q.type = type;
+        quantize_model(q);
+        auto model = Model::load(path, "cuda");
+        std::filesystem::remove(path);
+        ASSERT_EQ(model->weights().layers[0].wq.type, type);
+        const auto ids = model->tokenizer().encode("Once upon a time", true);
+        const std::vector<TokenId> prompt(ids.begin(), ids.end());
+        const double tol = logit_tolerance(GgmlType::TQ2_0);
+        EXPECT_LT(forward_difference(*model, prompt, 8, true), tol) << "-fa";
+        EXPECT_LT(forward_difference(*model, prompt, 8, false), tol);
+    }
 }
 
 TEST_P(CudaRealModel, LogitsCloseAndGreedyTextEqualsCpu) {

@@ -156,6 +156,36 @@ TEST(DotKQuant, CloseToTheDecodedDoubleSum) {
     }
 }
 
+// TQ1_0 rewritten as TQ2_0 (what the CUDA backend uploads for TQ1_0 weights): every value bit for
+// bit and the same dot with q8_K activations, on random rows and on hand-made blocks (a negative
+// scale, t = -1 everywhere at the largest fp16 scale, a block of zeros in its first 240 values).
+TEST(DotKQuant, Tq1RepackedAsTq2KeepsEveryValue) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (int64_t cols : {256, 1536}) {
+        DotCase dc = dot_case(GgmlType::TQ1_0, 3, cols, 1.0f, rng);
+        auto* first = reinterpret_cast<BlockTQ1_0*>(dc.w.bytes.data());
+        first[0].d = fp32_to_fp16(-0.375f);
+        if (cols > 256) {
+            std::memset(first[1].qs, 0, sizeof first[1].qs);  // digit 0: t = -1 everywhere
+            first[1].d = fp32_to_fp16(65504.0f);
+            for (uint8_t& q : first[2].qs) q = 128;  // every digit ((128 * 3^n mod 256) * 3) >> 8 = 1: zeros
+        }
+        for (int64_t r = 0; r < 3; ++r) {
+            SCOPED_TRACE(testing::Message() << "cols " << cols << " row " << r << " seed " << seed);
+            std::vector<uint8_t> tq2(ggml_row_bytes(GgmlType::TQ2_0, cols));
+            tq1_0_row_as_tq2_0(dc.row(r), cols, tq2.data());
+            std::vector<float> a(static_cast<size_t>(cols)), b(a.size());
+            dequantize_row_kquant(GgmlType::TQ1_0, dc.row(r), cols, a.data());
+            dequantize_row_kquant(GgmlType::TQ2_0, tq2.data(), cols, b.data());
+            EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+            const float x = dot_kquant_q8_K(GgmlType::TQ1_0, dc.row(r), dc.xq.data(), cols / kQK_K);
+            const float y = dot_kquant_q8_K(GgmlType::TQ2_0, tq2.data(), dc.xq.data(), cols / kQK_K);
+            EXPECT_EQ(x, y);
+        }
+    }
+}
+
 TEST(DotKQuant, Avx2EqualsScalar) {
     VXQ_REQUIRE_AVX2(std::string(matmul_isa()) == "avx2");
     const uint32_t seed = fresh_seed();

@@ -148,6 +148,21 @@ void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out
     }
 }
 
+void tq1_0_row_as_tq2_0(const uint8_t* row, int64_t n, uint8_t* out) {
+    const auto* in = reinterpret_cast<const BlockTQ1_0*>(row);
+    auto* o = reinterpret_cast<BlockTQ2_0*>(out);
+    int8_t t[kQK_K];
+    for (int64_t b = 0; b < n / kQK_K; ++b) {
+        tq1_digits(in[b], t);
+        std::memset(o[b].qs, 0, sizeof o[b].qs);
+        for (int v = 0; v < kQK_K; ++v) {  // value 128 h + 32 l + m: bits 2 l of qs[32 h + m]
+            const int h = v / 128, l = (v % 128) / 32, m = v % 32;
+            o[b].qs[32 * h + m] = uint8_t(o[b].qs[32 * h + m] | (t[v] << (2 * l)));
+        }
+        o[b].d = in[b].d;
+    }
+}
+
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb) {
     VXQ_ASSERT(is_kquant_weight(t));
     float acc[8] = {};

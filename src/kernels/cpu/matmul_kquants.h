@@ -37,6 +37,12 @@ void quantize_row_q8_K(const float* x, BlockQ8_K* y, int64_t n);
 //   row: [ggml_row_bytes(t, n)]; out: [n]
 void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out);
 
+// A TQ1_0 row of n values rewritten as TQ2_0 blocks with the same digits t (0, 1, 2) and the same
+// scale d: every value (t - 1) * d bit for bit. What the CUDA backend uploads for TQ1_0 weights,
+// read by its TQ2_0 GEMV.
+//   row: [ggml_row_bytes(TQ1_0, n)]; out: [ggml_row_bytes(TQ2_0, n)]
+void tq1_0_row_as_tq2_0(const uint8_t* row, int64_t n, uint8_t* out);
+
 // sum_e W[e] x[e] over nb super-blocks of a row of type t and q8_K activations, in the order
 // described above. Scalar; the reference of every faster kernel.
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);

@@ -1671,7 +1671,7 @@ private:
             it = weights_.emplace(w.data, upload_weight(w)).first;
             weight_bytes_ += it->second.bytes;
         }
-        VXQ_ASSERT(it->second.type == w.type && it->second.rows == w.rows && it->second.cols == w.cols);
+        VXQ_ASSERT(it->second.file_type == w.type && it->second.rows == w.rows && it->second.cols == w.cols);
         return it->second;
     }
     const float* param(const float* p, size_t n) {

@@ -75,7 +75,8 @@ constexpr size_t kCublasWorkspaceBytes = size_t(32) << 20;  // cuBLAS's recommen
 constexpr size_t kDequantChunkBytes = size_t(256) << 20;    // fp16 weight rows dequantized per GEMM
 
 struct DeviceWeight {
-    GgmlType type = GgmlType::F32;
+    GgmlType type = GgmlType::F32;       // the device layout's type (what the kernels read)
+    GgmlType file_type = GgmlType::F32;  // the file's (TQ1_0 is uploaded as TQ2_0: weights.cpp)
     int64_t rows = 0, cols = 0;
     void* data = nullptr;        // F32/F16/BF16: [rows, cols] as stored; Q8_0: int8 [rows, cols];
                                  // Q4_0: [rows, cols / 2] bytes, block b of a row at byte 16 b;

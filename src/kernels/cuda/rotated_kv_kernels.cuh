@@ -1,7 +1,8 @@
-// The TurboQuant kernels (rotated_kv.cuh says what each computes), apart from their launchers
-// (rotated_kv.cu) so that a test can run them on the CPU (tests/support/simt.h: a SIMT emulator that
-// compiles this header as C++ and runs each block's threads as fibers). Included by rotated_kv.cu and
-// tests/test_rotated_kv_simt.cpp only: everything is in an unnamed namespace.
+// The rotated-domain KV kernels (TurboQuant, VecInfer; rotated_kv.cuh says what each computes),
+// apart from their launchers (rotated_kv.cu) so that a test can run them on the CPU
+// (tests/support/simt.h: a SIMT emulator that compiles this header as C++ and runs each block's
+// threads as fibers). Included by rotated_kv.cu and tests/test_rotated_kv_simt.cpp only:
+// everything is in an unnamed namespace.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,10 @@
 namespace vxq::cuda {
 namespace {
 
-
 constexpr int kStoreWarps = 4;
-// A block's bytes at head_dim 256: at most 2 + two areas of 4 bits per coordinate (rvq), in words,
-// and one more for the straddling write of the last index.
+// A block's bytes at head_dim 256 in words: at most 258 (turbo-rvq, two areas of 4 bits a
+// coordinate beside the norm; VecInfer at most 256), and a word more for the straddling write of
+// the last index.
 constexpr int kStageWords = (2 + 2 * int(kTurboMaxHeadDim) / 2) / 4 + 2;
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kTile = 32;
 constexpr int kMaxSplits = 128;

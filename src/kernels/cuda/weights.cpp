@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "formats/ggml_types.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cpu/matmul_kquants.h"
 #include "kernels/cuda/gemv.cuh"
 
 namespace vxq::cuda {
@@ -13,6 +14,7 @@ namespace vxq::cuda {
 DeviceWeight upload_weight(const WeightView& w) {
     DeviceWeight d;
     d.type = w.type;
+    d.file_type = w.type;
     d.rows = w.rows;
     d.cols = w.cols;
     const size_t n = size_t(w.rows * w.cols);
@@ -58,13 +60,25 @@ DeviceWeight upload_weight(const WeightView& w) {
             VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
             return d;
         }
-        case GgmlType::TQ2_0: {  // 66-byte blocks split into 64 quant bytes and the fp16 scale
-            if (w.cols % kQK_K != 0) fail("TQ2_0 weight with {} columns: not whole blocks", w.cols);
+        // TQ2_0: 66-byte blocks split into 64 quant bytes and the fp16 scale. TQ1_0: each row first
+        // rewritten as TQ2_0 blocks with the same digits and scales (cpu::tq1_0_row_as_tq2_0: every
+        // value bit for bit), so the TQ2_0 GEMV reads it: 66 bytes a block on the device where the
+        // file has 54 (no base-3 kernel yet).
+        case GgmlType::TQ1_0:
+        case GgmlType::TQ2_0: {
+            if (w.cols % kQK_K != 0) fail("{} weight with {} columns: not whole blocks", ggml_type_display_name(w.type), w.cols);
             const int64_t nb = w.cols / kQK_K;
             std::vector<uint8_t> quants(size_t(w.rows * nb) * sizeof(BlockTQ2_0::qs));
             std::vector<uint16_t> scales(size_t(w.rows * nb));
+            std::vector<uint8_t> repacked(w.type == GgmlType::TQ1_0 ? size_t(nb) * sizeof(BlockTQ2_0) : 0);
+            d.type = GgmlType::TQ2_0;
             for (int64_t r = 0; r < w.rows; ++r) {
-                const auto* blk = reinterpret_cast<const BlockTQ2_0*>(static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes);
+                const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes;
+                if (w.type == GgmlType::TQ1_0) {
+                    cpu::tq1_0_row_as_tq2_0(row, w.cols, repacked.data());
+                    row = repacked.data();
+                }
+                const auto* blk = reinterpret_cast<const BlockTQ2_0*>(row);
                 for (int64_t b = 0; b < nb; ++b) {
                     scales[size_t(r * nb + b)] = blk[b].d;
                     std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
