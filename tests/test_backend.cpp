@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -192,10 +193,14 @@ TEST(MemoryCheck, CpuBackendReportsHostRam) {
     EXPECT_LE(m.free, m.total);
 }
 
-// A backend that says it copies weights into its own memory, as a device backend does; it runs
-// nothing (memory_need only asks it that).
+// A backend that says it copies weights into its own memory, as a device backend does, those of
+// type `doubled` at twice the file's bytes; it runs nothing (memory_need only asks it that).
 class CopyingBackend final : public Backend {
 public:
+    explicit CopyingBackend(std::optional<GgmlType> doubled = std::nullopt) : doubled_(doubled) {}
+    size_t copied_weight_bytes(GgmlType type, size_t file_bytes) const override {
+        return type == doubled_ ? 2 * file_bytes : file_bytes;
+    }
     std::string describe() const override { return "copying"; }
     MemoryInfo memory_info() const override { return {}; }
     float* activation_buffer(int, size_t) override { return nullptr; }
@@ -210,6 +215,9 @@ public:
     void add_bias(float*, const float*, int64_t, int64_t) override {}
     void attention(const KvLayerView&, const float*, int64_t, int64_t, float*, float* const*) override {}
     std::string attention_path(const KvLayerView&) const override { return ""; }
+
+private:
+    std::optional<GgmlType> doubled_;
 };
 
 TEST(MemoryCheck, NeedCountsDeviceWeightsFullCachesAndTheLargestBatch) {
@@ -235,6 +243,11 @@ TEST(MemoryCheck, NeedCountsDeviceWeightsFullCachesAndTheLargestBatch) {
     EXPECT_EQ(dev.weights, tensor_bytes);
     EXPECT_EQ(dev.kv, cpu.kv);
     EXPECT_EQ(dev.activations, cpu.activations);
+    // A backend whose copies of some type take more than the file's bytes is asked per tensor.
+    size_t f32_bytes = 0;
+    for (const GgufTensorInfo& t : model->file().tensors()) f32_bytes += t.type == GgmlType::F32 ? t.n_bytes : 0;
+    ASSERT_GT(f32_bytes, 0u);
+    EXPECT_EQ(memory_need(CopyingBackend(GgmlType::F32), models, caches, 64, 3).weights, tensor_bytes + f32_bytes);
 }
 
 // The longest context is the largest n whose caches' bytes fit beside weights and activations.

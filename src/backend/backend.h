@@ -41,6 +41,9 @@ public:
     // first use), so the memory check counts them before they are; false where the backend reads
     // the mapped file.
     virtual bool copies_weights() const { return true; }
+    // The bytes such a copy of a weight of `type` takes, the file holding `file_bytes` of it (the
+    // CUDA backend stores TQ1_0 as TQ2_0 blocks: 66 bytes a block where the file has 54).
+    virtual size_t copied_weight_bytes(GgmlType type, size_t file_bytes) const { return file_bytes; }
 
     // Activation scratch of the forward pass, in this backend's memory. Buffer `id` (the caller's
     // numbering: 0, 1, ...) holds at least n floats. It grows to the largest n ever asked for and

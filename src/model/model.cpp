@@ -147,13 +147,14 @@ void Model::add_partial_sums(Backend& be, float* x, float* part, int64_t n) cons
     if (tp_.size > 1) be.all_reduce_sum(tp_.rank == 0 ? x : part, x, n);
 }
 
-size_t Model::weight_bytes() const {
+size_t Model::weight_bytes(const Backend* copier) const {
+    const auto held = [copier](GgmlType type, size_t bytes) { return copier ? copier->copied_weight_bytes(type, bytes) : bytes; };
     size_t bytes = 0;
     if (tp_.size == 1) {
-        for (const GgufTensorInfo& t : file_.tensors()) bytes += t.n_bytes;
+        for (const GgufTensorInfo& t : file_.tensors()) bytes += held(t.type, t.n_bytes);
         return bytes;
     }
-    const auto matrix = [](const WeightView& w) { return size_t(w.rows) * w.row_bytes; };
+    const auto matrix = [&held](const WeightView& w) { return held(w.type, size_t(w.rows) * w.row_bytes); };
     const auto norm = [&](const float* p, int64_t n) { return p ? size_t(n) * sizeof(float) : 0; };
     bytes += matrix(w_.token_embd) + norm(w_.output_norm, cfg_.n_embd) + (w_.tied_output ? 0 : matrix(w_.output));
     for (const LayerWeights& L : w_.layers) {

@@ -59,8 +59,8 @@ public:
     void check_batch(std::span<const TokenId> tokens, int64_t cached, int64_t n_ctx) const;
 
     // Bytes of the tensors this model (this rank's slice, in a group) computes with, as the file
-    // stores them: what a backend that copies weights (Backend::copies_weights) will hold.
-    size_t weight_bytes() const;
+    // stores them, or as `copier` will hold them (Backend::copies_weights, copied_weight_bytes).
+    size_t weight_bytes(const Backend* copier = nullptr) const;
 
     // Bytes of the activation buffers forward() asks the backend for with a batch of n tokens
     // (Backend::activation_buffer), for the memory check before a run.

@@ -19,7 +19,7 @@ MemoryNeed memory_need(const Backend& be, std::span<const Model* const> models, 
                        int64_t max_batch, int64_t logit_rows) {
     MemoryNeed need;
     for (const Model* m : models) {
-        if (be.copies_weights()) need.weights += m->weight_bytes();
+        if (be.copies_weights()) need.weights += m->weight_bytes(&be);
         const size_t logits = size_t(logit_rows * m->config().n_vocab) * sizeof(float);
         need.activations = std::max(need.activations, m->activation_bytes(max_batch) + logits);
     }

@@ -342,6 +342,9 @@ public:
 #endif
     }
     size_t weight_bytes() const override { return weight_bytes_; }
+    size_t copied_weight_bytes(GgmlType type, size_t file_bytes) const override {  // weights.cpp's layouts
+        return type == GgmlType::TQ1_0 ? file_bytes / sizeof(BlockTQ1_0) * sizeof(BlockTQ2_0) : file_bytes;
+    }
 
     float* activation_buffer(int id, size_t n) override {
         VXQ_ASSERT(id >= 0);
