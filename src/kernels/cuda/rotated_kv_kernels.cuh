@@ -80,24 +80,23 @@ __device__ __forceinline__ void warp_fwht(float* x, int d, int lane) {
 // ---- the store ------------------------------------------------------------------------------
 
 // What a store's warp encodes: item (token t, KV head g, role) of the write, the role fastest:
-// its format, input row and destination block (`valid` false past the last item).
-template <class F>
+// its input row and destination block (`valid` false past the last item; `value`: the role).
+// (The format is picked by the kernel itself: a pointer to a kernel parameter would copy the
+// parameters to local memory.)
 struct StoreItem {
-    bool valid;
-    const F* f;
+    bool valid, value;
     const float* x;
     uint8_t* dst;
 };
 template <class F>
-__device__ __forceinline__ StoreItem<F> store_item(const RotatedStoreParams<F>& p, int warp) {
+__device__ __forceinline__ StoreItem store_item(const RotatedStoreParams<F>& p, int warp) {
     const int64_t item = int64_t(blockIdx.x) * kStoreWarps + warp;
-    if (item >= 2 * p.n * p.n_head_kv) return {false, nullptr, nullptr, nullptr};
+    if (item >= 2 * p.n * p.n_head_kv) return {false, false, nullptr, nullptr};
     const bool value = item & 1;
     const int64_t th = item >> 1, t = th / p.n_head_kv, g = th % p.n_head_kv;
-    const F& f = value ? p.vf : p.kf;
+    const int d = value ? p.vf.d : p.kf.d, bb = value ? p.vf.block_bytes : p.kf.block_bytes;
     const KvHeadDev& h = p.heads[g];
-    return {true, &f, (value ? p.v : p.k) + th * f.d,
-            reinterpret_cast<uint8_t*>(value ? h.v : h.k) + (h.n_tokens + t) * f.block_bytes};
+    return {true, value, (value ? p.v : p.k) + th * d, reinterpret_cast<uint8_t*>(value ? h.v : h.k) + (h.n_tokens + t) * bb};
 }
 
 // A warp per (token, KV head, role).
@@ -107,9 +106,9 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
     __shared__ uint32_t stage[kStoreWarps][kStageWords];
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     pdl_wait();
-    const StoreItem<TurboFormatDev> it = store_item(p, warp);
+    const StoreItem it = store_item(p, warp);
     if (!it.valid) return;
-    const TurboFormatDev& f = *it.f;
+    const TurboFormatDev& f = it.value ? p.vf : p.kf;
     const int d = f.d;
     const float* x = it.x;
     uint8_t* dst = it.dst;
@@ -130,62 +129,56 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
     n = __shfl_sync(0xffffffffu, n, 0);
     const float inv = n > 0.0f ? __fdiv_rn(1.0f, n) : 0.0f;  // a zero vector codes as y = 0
     for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(xw[c], inv);
-    // y = Pi y (Rotation::apply).
+    // y = Pi y (Rotation::apply); dense rows write into xw (x is read no more), which becomes y.
+    float* y = yw;
+    float* rw = xw;  // the residual r = y - c[idx] (turbo-prod keys)
     if (f.hadamard) {
         for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(yw[c], f.signs[c]);
         warp_fwht(yw, d, lane);
         for (int c = lane; c < d; c += 32) yw[c] = __fmul_rn(yw[c], f.inv_sqrt_d);
     } else {
         __syncwarp();
-        float out[kTurboMaxHeadDim / 32];
-#pragma unroll
-        for (int k = 0; k < kTurboMaxHeadDim / 32; ++k) {
-            const int i = lane + 32 * k;
-            if (i >= d) break;
+        for (int i = lane; i < d; i += 32) {
             const float* r = f.rows + int64_t(i) * d;
             double s = 0.0;
             for (int c = 0; c < d; ++c) s = fma(double(r[c]), double(yw[c]), s);
-            out[k] = float(s);
+            xw[i] = float(s);
         }
-        __syncwarp();
-#pragma unroll
-        for (int k = 0; k < kTurboMaxHeadDim / 32; ++k) {
-            if (lane + 32 * k >= d) break;
-            yw[lane + 32 * k] = out[k];
-        }
+        y = xw;
+        rw = yw;
     }
     __syncwarp();
     // The indices (turbo::encode's order of operations).
     for (int c = lane; c < d; c += 32) {
-        const float y = yw[c];
+        const float yc = y[c];
         if (f.calibrated) {
             const int at = f.coord_at[c], b = at & 0xff;
             if (b == 0) continue;
             const float sc = f.coord_scale[c];
-            const int i = upper_bound_of(f.cbk_thr + (1 << b) - 1 - b, (1 << b) - 1, sc > 0.0f ? __fdiv_rn(y, sc) : 0.0f);
+            const int i = upper_bound_of(f.cbk_thr + (1 << b) - 1 - b, (1 << b) - 1, sc > 0.0f ? __fdiv_rn(yc, sc) : 0.0f);
             put_bits_shared(st, f.idx1_offset * 8 + (at >> 8), b, unsigned(i));
             continue;
         }
-        const int i1 = upper_bound_of(f.thr1, (1 << f.bits1) - 1, y);
+        const int i1 = upper_bound_of(f.thr1, (1 << f.bits1) - 1, yc);
         put_bits_shared(st, f.idx1_offset * 8 + c * f.bits1, f.bits1, unsigned(i1));
-        const float r = __fsub_rn(y, f.cent1[i1]);
+        const float r = __fsub_rn(yc, f.cent1[i1]);
         if (f.bits2 > 0) {
             const int i2 = upper_bound_of(f.thr2, (1 << f.bits2) - 1, r);
             put_bits_shared(st, f.idx2_offset * 8 + c * f.bits2, f.bits2, unsigned(i2));
         }
-        xw[c] = r;  // (turbo-prod keys' residual; x is read no more)
+        rw[c] = r;  // (a lane writes the channels it read)
     }
     __syncwarp();
     if (f.qjl) {  // gamma = ||r|| (double, channel order), then sign(S r) a sketch row per lane
         if (lane == 0) {
             double rr = 0.0;
-            for (int c = 0; c < d; ++c) rr = fma(double(xw[c]), double(xw[c]), rr);
+            for (int c = 0; c < d; ++c) rr = fma(double(rw[c]), double(rw[c]), rr);
             put_bits_shared(st, f.gamma_offset * 8, 16, norm_fp16_bits(float(sqrt(rr))));
         }
         for (int i = lane; i < d; i += 32) {
             const float* srow = f.sketch + int64_t(i) * d;
             float dot = 0.0f;
-            for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(srow[c], xw[c]));
+            for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(srow[c], rw[c]));
             if (dot >= 0.0f) put_bits_shared(st, f.sign_offset * 8 + i, 1, 1u);
         }
         __syncwarp();
@@ -202,9 +195,9 @@ __global__ void __launch_bounds__(kStoreWarps * 32) vecinfer_store_kernel(const 
     __shared__ uint32_t stage[kStoreWarps][kStageWords];
     const int warp = int(threadIdx.x) >> 5, lane = int(threadIdx.x) & 31;
     pdl_wait();
-    const StoreItem<VecinferFormatDev> it = store_item(p, warp);
+    const StoreItem it = store_item(p, warp);
     if (!it.valid) return;
-    const VecinferFormatDev& f = *it.f;
+    const VecinferFormatDev f = it.value ? p.vf : p.kf;  // (a copy: 40 bytes of registers)
     const int d = f.d, n = f.n;
     const float* x = it.x;
     uint8_t* dst = it.dst;
