@@ -11,7 +11,7 @@
 //     to win (kGemmMinTokensDense / kGemmMinTokensQuant in gemv.cuh).
 //   Boundary, F16 and Q4_0 at n = 1: 8 back-to-back GEMVs of 8 distinct matrices against one
 //     GEMV of all their rows (same bytes): what each kernel boundary of a decode step costs.
-//   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 and 4
+//   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 and 4, TQ2_G128 at 1
 //     (q8_K quantize + GEMV) against F16 through the batch-1 kernel and through cuBLAS (GemmEx,
 //     n = 1), GB/s of the weight bytes against the copy.
 // Every line names the kernels that ran (gemv_describe).
@@ -64,6 +64,8 @@ std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, s
         for (size_t i = 0; i < bytes.size(); i += 2) fix_half(&bytes[i]);
     } else if (type == GgmlType::TQ2_0) {  // 64 quant bytes (any digits), then the fp16 scale
         for (size_t i = 0; i < bytes.size(); i += sizeof(vxq::BlockTQ2_0)) fix_half(&bytes[i + 64]);
+    } else if (type == GgmlType::TQ2_G128) {  // 32 quant bytes, then the fp16 scale
+        for (size_t i = 0; i < bytes.size(); i += sizeof(vxq::BlockTQ2_G128)) fix_half(&bytes[i + 32]);
     } else {
         const size_t block = type == GgmlType::Q8_0 ? 34 : 18;
         for (size_t i = 0; i < bytes.size(); i += block) fix_half(&bytes[i]);
@@ -251,7 +253,7 @@ int main() {
                 for (float& v : xh) v = nd(rng);
                 VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
             }
-            for (GgmlType type : {GgmlType::TQ2_0, GgmlType::F16}) {
+            for (GgmlType type : {GgmlType::TQ2_0, GgmlType::TQ2_G128, GgmlType::F16}) {
                 std::vector<DeviceWeight> copies;
                 const std::vector<uint8_t> host = random_weights(type, rows, cols, rng);
                 const WeightView view{type, host.data(), rows, cols, ggml_row_bytes(type, cols)};
@@ -268,6 +270,8 @@ int main() {
                 if (type == GgmlType::TQ2_0) {
                     run("tq2_0", 1, MatmulPath::Auto);
                     run("tq2_0", 4, MatmulPath::Auto);
+                } else if (type == GgmlType::TQ2_G128) {
+                    run("tq2_g128", 1, MatmulPath::Auto);
                 } else {
                     run("f16", 1, MatmulPath::Auto);
                     run("f16 cuBLAS", 1, MatmulPath::Gemm);

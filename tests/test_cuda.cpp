@@ -210,7 +210,7 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
                                    {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1}, {type, 3, 8224, 1},
                                    {type, 2049, 512, 1}, {type, 3, 32768, 1}};
-    const bool ternary = type == GgmlType::TQ2_0 || type == GgmlType::TQ1_0;
+    const bool ternary = type == GgmlType::TQ2_0 || type == GgmlType::TQ1_0 || type == GgmlType::TQ2_G128;
     if (!quant && !ternary) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
     if (ternary) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
         std::erase_if(cases, [](const GemvCase& c) { return c.cols % kQK_K != 0; });
@@ -247,7 +247,7 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaGemv,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
-                                           GgmlType::TQ2_0, GgmlType::TQ1_0),
+                                           GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 // ---- prefill GEMM (cuBLAS) ---------------------------------------------------------------------
@@ -2258,7 +2258,7 @@ TEST(Cuda, TernaryModelLogitsCloseToCpu) {
     QuantizeOptions q;
     q.input = test::shared_path("assets/models/vxq-ternary-h64-f16.gguf");
     q.output = path;
-    for (GgmlType type : {GgmlType::TQ2_0, GgmlType::TQ1_0}) {  // TQ1_0: repacked as TQ2_0 on upload
+    for (GgmlType type : {GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128}) {  // TQ1_0: repacked as TQ2_0 on upload
         SCOPED_TRACE(ggml_type_name(type));
         q.type = type;
         quantize_model(q);

@@ -27,7 +27,7 @@ std::vector<WeightFormat> build_table() {
         {GgmlType::Q6_K, GgmlType::Q8_K, {"cpu"}},
         {GgmlType::TQ1_0, GgmlType::Q8_K, {"cpu", "cuda"}},  // CUDA: repacked as TQ2_0 on upload
         {GgmlType::TQ2_0, GgmlType::Q8_K, {"cpu", "cuda"}},
-        {GgmlType::TQ2_G128, GgmlType::Q8_K, {"cpu"}},
+        {GgmlType::TQ2_G128, GgmlType::Q8_K, {"cpu", "cuda"}},
     };
     std::vector<WeightFormat> table;
     for (const Row& r : rows) {

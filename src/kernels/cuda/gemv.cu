@@ -182,7 +182,7 @@ __device__ __forceinline__ void cp_async16_weight(void* smem, const void* gmem) 
 struct GemvParams {
     const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2];
                                // TQ2_0 [rows, cols / 4] (each 256-block's 64 quant bytes)
-    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; TQ2_0: [rows, cols / 256]; else nullptr
+    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; TQ2_0: [rows, cols / 256]; TQ2_G128: [rows, cols / 128]; else nullptr
     const void* x;             // activations in the dot type: dense [n, cols]; q8_0 / q8_K quants int8 [n, cols]
     const Q8Scale* x_scale;    // q8_0 activations: [n, cols / 32]; else nullptr
     float* y;                  // [n, rows]
@@ -342,6 +342,23 @@ struct TQ2Format {  // kRows: TQ2FormatR
         }
     }
 };
+
+// TQ2_G128 (veloxquant's ternary type: an fp16 scale per 128 weights): TQ2_0's quant bytes (two
+// 128-value blocks' 32 bytes side by side are a TQ2_0 256-block's 64), a scale per 2 units; the
+// integers and the activations' sums as TQ2_0's.
+constexpr int kQG128 = 128;
+struct TQ2G128Format : TQ2Format {
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
+        const int64_t i = int64_t(row) * units(p.cols) + u;
+        return Unit{ld_weight16(static_cast<const int4*>(p.w) + i),
+                    ld_weight_half(p.w_scale + int64_t(row) * (p.cols / kQG128) + u / 2)};
+    }
+};
+template <int R>
+struct TQ2G128FormatR : TQ2G128Format {
+    static constexpr int kRows = R;
+};
+inline bool is_ternary(GgmlType t) { return t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128; }
 
 // TQ2_0 with R rows per warp (each activation load, 64 bytes of x per unit, feeds R rows; R x
 // tokens per pass <= 32, the lanes that store). VXQ_GEMV_TQ2_ROWS=2 runs 2 rows (measurements).
@@ -1266,7 +1283,9 @@ void gemv_tq2_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         ps[i] = gemv_params(*ws[i], xa.qs, nullptr, n, ys[i]);
         ps[i].xk_scale = xa.s;
     }
-    if (tq2_rows() == 2) return launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
+    const bool g128 = w.type == GgmlType::TQ2_G128;
+    if (tq2_rows() == 2) return g128 ? launch_gemv_group<TQ2G128FormatR<2>>(ps, count, st) : launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
+    if (g128) return launch_gemv_group<TQ2G128FormatR<4>>(ps, count, st);
     launch_gemv_group<TQ2FormatR<4>>(ps, count, st);
 }
 
@@ -1450,6 +1469,12 @@ __device__ float weight_at(const DeviceWeight& w, int64_t r, int64_t c) {
             const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 4) + b * 64 + 32 * (e / 128) + e % 32];
             return d * float(int((byte >> (2 * ((e % 128) / 32))) & 3) - 1);
         }
+        case GgmlType::TQ2_G128: {  // value e of a 128-block: byte e % 32, bits 2 (e / 32)
+            const int64_t b = c / kQG128, e = c % kQG128;
+            const float d = __half2float(w.scales[r * (w.cols / kQG128) + b]);
+            const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 4) + b * 32 + e % 32];
+            return d * float(int((byte >> (2 * (e / 32))) & 3) - 1);
+        }
         default: return __int_as_float(0x7fc00000);  // upload_weight admits no other type
     }
 }
@@ -1496,7 +1521,7 @@ void* GemvScratch::reserve(size_t n) {
 
 MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (path != MatmulPath::Auto) return path;
-    if (w.type == GgmlType::TQ2_0) return MatmulPath::Gemv;  // no GEMM path yet
+    if (is_ternary(w.type)) return MatmulPath::Gemv;  // no GEMM path yet
     return n >= (is_quant(w.type) ? kGemmMinTokensQuant : kGemmMinTokensDense) ? MatmulPath::Gemm : MatmulPath::Gemv;
 }
 
@@ -1510,7 +1535,8 @@ size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::BF16: return size_t(n * w.cols) * sizeof(__half);
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant_scratch_bytes(w, n);
-        case GgmlType::TQ2_0: return gemv_tq2_scratch_bytes(w, n);
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: return gemv_tq2_scratch_bytes(w, n);
         default: return 0;  // F32: x is used in place
     }
 }
@@ -1523,6 +1549,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                        : w.type == GgmlType::Q8_0 ? "q8_0"
                        : w.type == GgmlType::Q4_0 ? "q4_0"
                        : w.type == GgmlType::TQ2_0 ? "tq2_0"
+                       : w.type == GgmlType::TQ2_G128 ? "tq2_g128"
                                                   : "?";
     if (gemv_path(w, n, path) == MatmulPath::Gemm) {
         if (w.type == GgmlType::F32) {
@@ -1547,7 +1574,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         }
     }
     int64_t units = 0, per_iter = 0;
-    const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : w.type == GgmlType::TQ2_0 ? tq2_rows() : kGemvRowsPerWarp;
+    const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : is_ternary(w.type) ? tq2_rows() : kGemvRowsPerWarp;
     bool vector = true;
     switch (w.type) {
         case GgmlType::F32: units = DenseFormat<F32Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
@@ -1556,7 +1583,8 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::BF16: units = DenseFormat<F16Elem>::units(w.cols); per_iter = kGemvLoadsPerRow;
                              vector = w.cols % DenseFormat<F16Elem>::kPer16 == 0; break;
         case GgmlType::Q8_0: units = Q8Format::units(w.cols); per_iter = Q8Format::kUnitsPerIter; break;
-        case GgmlType::TQ2_0: units = TQ2Format::units(w.cols); per_iter = TQ2Format::kUnitsPerIter; break;
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: units = TQ2Format::units(w.cols); per_iter = TQ2Format::kUnitsPerIter; break;
         default: units = Q4Format::units(w.cols); per_iter = Q4Format::kUnitsPerIter; break;
     }
     if (!vector) {
@@ -1564,7 +1592,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     std::snprintf(line, sizeof line, "gemv %s%s, %d tok/pass, %d rows/warp, split %d", type,
-                  is_quant(w.type) ? " x q8_0 dp4a" : w.type == GgmlType::TQ2_0 ? " x q8_K dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
+                  is_quant(w.type) ? " x q8_0 dp4a" : is_ternary(w.type) ? " x q8_K dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
                   gemv_split(w.rows, units, int(per_iter), rows_per_warp));
     return line;
 }
@@ -1585,7 +1613,8 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
         case GgmlType::BF16: return gemv_dense<BF16Elem>(w, x, n, y, s, st);
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant(w, x, n, y, s, st);
-        case GgmlType::TQ2_0: {
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: {
             const DeviceWeight* one[] = {&w};
             return gemv_tq2_group(one, &y, 1, x, n, s, st);
         }
@@ -1604,7 +1633,8 @@ bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n) {
         case GgmlType::BF16: return a.cols % DenseFormat<F16Elem>::kPer16 == 0;
         case GgmlType::Q8_0:
         case GgmlType::Q4_0:
-        case GgmlType::TQ2_0: return true;
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: return true;
         default: return false;
     }
 }
@@ -1654,13 +1684,14 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GgmlType::F32: return gemv_group_dense<F32Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
-        case GgmlType::TQ2_0: return gemv_tq2_group(ws, ys, count, x, n, s, st);
+        case GgmlType::TQ2_0:
+        case GgmlType::TQ2_G128: return gemv_tq2_group(ws, ys, count, x, n, s, st);
         default: return gemv_quant_group(ws, ys, count, x, n, s, st);
     }
 }
 
 bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion) {
-    if (count < 1 || count > kGemvGroupMax || ws[0]->type == GgmlType::TQ2_0) return false;  // TQ2_0: no fused forms
+    if (count < 1 || count > kGemvGroupMax || is_ternary(ws[0]->type)) return false;  // TQ2_0, TQ2_G128: no fused forms
     for (int i = 0; i < count; ++i) {
         if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
         if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;

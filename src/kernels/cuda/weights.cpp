@@ -92,6 +92,27 @@ DeviceWeight upload_weight(const WeightView& w) {
             VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
             return d;
         }
+        case GgmlType::TQ2_G128: {  // 34-byte blocks split into 32 quant bytes and the fp16 scale
+            if (w.cols % kQK_K != 0) fail("TQ2_G128 weight with {} columns: not whole 256-value super-blocks", w.cols);
+            const int64_t nb = w.cols / kQK_G128;
+            std::vector<uint8_t> quants(size_t(w.rows * nb) * sizeof(BlockTQ2_G128::qs));
+            std::vector<uint16_t> scales(size_t(w.rows * nb));
+            for (int64_t r = 0; r < w.rows; ++r) {
+                const auto* blk =
+                    reinterpret_cast<const BlockTQ2_G128*>(static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes);
+                for (int64_t b = 0; b < nb; ++b) {
+                    scales[size_t(r * nb + b)] = blk[b].d;
+                    std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
+                }
+            }
+            d.bytes = quants.size() + scales.size() * 2;
+            VXQ_CUDA_CHECK(cudaMalloc(&d.data, quants.size()));
+            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quants.size(), cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            return d;
+        }
         default:
             fail("weight type {} has no CUDA kernel yet", ggml_type_display_name(w.type));
     }
