@@ -488,7 +488,7 @@ std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std:
     const int64_t layers = fc.layers;
     const KvLayerView view0 = cache->view(0);
     const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
-    const int64_t dflt = cuda::rotated_attention_splits(1, kHeadsKv);
+    const int64_t dflt = cuda::rotated_attention_splits(1, kHeads, kHeadsKv);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;

@@ -149,17 +149,20 @@ TEST(VecinferSimt, StoreWritesTheCpuCodecsBytes) {
 template <template <int, int> class Reader, int NC, int GM>
 void run_attention(const cuda::RotatedAttentionParams<typename Reader<NC, GM>::Format>& p) {
     const cuda::AttnSmem L = cuda::attn_smem_of<Reader<NC, GM>>(p.kf, p.vf, GM);
-    simt::launch(dim3(unsigned(p.n_q), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
+    const int64_t blocks = cuda::rotated_query_blocks(p.n_q, p.n_head / p.n_head_kv);
+    simt::launch(dim3(unsigned(blocks), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
                  [&] { cuda::rotated_attention_kernel<Reader, NC, GM>(p); });
     simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::rotated_merge_kernel<Reader>(p); });
 }
 template <template <int, int> class Reader, class F>
 void run_attention(const cuda::RotatedAttentionParams<F>& p) {
-    const int64_t g = p.n_head / p.n_head_kv;
     const auto with_nc = [&]<int NC>() {
-        if (g <= 1) run_attention<Reader, NC, 1>(p);
-        else if (g <= 2) run_attention<Reader, NC, 2>(p);
-        else run_attention<Reader, NC, 4>(p);
+        switch (cuda::rotated_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
+            case 1: run_attention<Reader, NC, 1>(p); break;
+            case 2: run_attention<Reader, NC, 2>(p); break;
+            case 4: run_attention<Reader, NC, 4>(p); break;
+            default: run_attention<Reader, NC, 8>(p); break;
+        }
     };
     switch (p.head_dim / 32) {
         case 1: with_nc.template operator()<1>(); break;
@@ -251,7 +254,9 @@ void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases
     }
 }
 
-// Partial tiles, splits with no tile, GQA groups padded (3 of 4 rows), causal batches.
+// Partial tiles, splits with no tile, GQA groups padded (3 of 4 rows), causal batches (several
+// queries a block, the block's last one partial, rows whose tokens end a tile or more before the
+// block's last query's).
 TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
     expect_attention_equals_dequantized<cuda::TurboReader, TurboFormatDev>(
         {{"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 75, 1, 2},
@@ -261,7 +266,9 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
          {"turbo:bits=3,rot=calib,calib=random", "turbo:bits=2,rot=calib,calib=random", 64, 4, 1, 100, 2, 2},
          {"turbo:bits=4", "turbo:bits=4", 256, 2, 2, 31, 1, 1},
          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 4, 1, 65, 2, 2},
-         {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3}});
+         {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3},
+         {"turbo:bits=3", "turbo:bits=2", 64, 2, 2, 70, 40, 2},
+         {"turbo:bits=4", "turbo-rvq:bits=2", 32, 8, 2, 90, 9, 1}});
 }
 
 TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {
@@ -269,7 +276,8 @@ TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {
         {{"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 128, 4, 2, 75, 1, 2},
          {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64, 6, 2, 70, 3, 3},
          {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 2, 2, 40, 2, 1},
-         {"vecinfer:n=8,m=6,calib=random", "vecinfer:n=4,m=8,calib=random", 256, 2, 1, 33, 1, 4}});
+         {"vecinfer:n=8,m=6,calib=random", "vecinfer:n=4,m=8,calib=random", 256, 2, 1, 33, 1, 4},
+         {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=8,calib=random", 64, 3, 3, 66, 37, 2}});
 }
 
 // The emulator itself: a barrier that a live thread never reaches is an error, not a hang (half

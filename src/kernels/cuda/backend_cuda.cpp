@@ -1146,7 +1146,7 @@ private:
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
         p.head_dim = view.head_dim;
-        p.splits = rotated_attention_splits(n_q, view.n_head_kv);
+        p.splits = rotated_attention_splits(n_q, view.n_head, view.n_head_kv);
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
         std::tie(p.kf, p.vf) = rotated_formats<F>(view);
         p.partial = grow(rotated_partial_, rotated_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));

@@ -17,17 +17,19 @@ void launch_attention(const RotatedAttentionParams<typename Reader<NC, GM>::Form
     static PerDevice configured;
     const size_t smem = size_t(attn_smem_of<Reader<NC, GM>>(p.kf, p.vf, GM).total);
     allow_smem(rotated_attention_kernel<Reader, NC, GM>, smem, configured);
-    launch_pdl(rotated_attention_kernel<Reader, NC, GM>, dim3(unsigned(p.n_q), unsigned(p.n_head_kv), unsigned(p.splits)),
+    const int64_t blocks = rotated_query_blocks(p.n_q, p.n_head / p.n_head_kv);
+    launch_pdl(rotated_attention_kernel<Reader, NC, GM>, dim3(unsigned(blocks), unsigned(p.n_head_kv), unsigned(p.splits)),
                dim3(kAttnThreads), smem, st, p);
 }
 
 template <template <int, int> class Reader, int NC>
 void launch_attention_nc(const RotatedAttentionParams<typename Reader<NC, 1>::Format>& p, cudaStream_t st) {
-    const int64_t g = p.n_head / p.n_head_kv;
-    if (g <= 1) launch_attention<Reader, NC, 1>(p, st);
-    else if (g <= 2) launch_attention<Reader, NC, 2>(p, st);
-    else if (g <= 4) launch_attention<Reader, NC, 4>(p, st);
-    else launch_attention<Reader, NC, 8>(p, st);
+    switch (rotated_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
+        case 1: launch_attention<Reader, NC, 1>(p, st); break;
+        case 2: launch_attention<Reader, NC, 2>(p, st); break;
+        case 4: launch_attention<Reader, NC, 4>(p, st); break;
+        default: launch_attention<Reader, NC, 8>(p, st); break;
+    }
 }
 
 template <class F>
@@ -69,8 +71,9 @@ bool rotated_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim)
            head_dim <= kTurboMaxHeadDim;
 }
 
-int64_t rotated_attention_splits(int64_t n_q, int64_t n_head_kv) {
-    const int64_t want = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(1, n_head_kv * n_q));
+int64_t rotated_attention_splits(int64_t n_q, int64_t n_head, int64_t n_head_kv) {
+    const int64_t blocks = rotated_query_blocks(n_q, n_head / std::max<int64_t>(1, n_head_kv)) * n_head_kv;
+    const int64_t want = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(1, blocks));
     int64_t s = 1;
     while (s * 2 <= want && s < kMaxSplits) s *= 2;
     return s;

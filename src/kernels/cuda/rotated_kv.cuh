@@ -143,8 +143,19 @@ using TurboAttentionParams = RotatedAttentionParams<TurboFormatDev>;
 using VecinferAttentionParams = RotatedAttentionParams<VecinferFormatDev>;
 // GQA group <= 8, head_dim a multiple of 32 up to kTurboMaxHeadDim.
 bool rotated_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-// Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
-int64_t rotated_attention_splits(int64_t n_q, int64_t n_head_kv);
+// The rows (query, query head) of an attention block: a decode step's one query and its GQA group
+// (rounded up to a power of two), a batch's 8 / group queries of the group (each cached tile is
+// read once for all of them).
+constexpr int rotated_rows_per_block(int64_t n_q, int64_t group) {
+    return n_q > 1 ? 8 : group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+// The attention's blocks along the queries.
+constexpr int64_t rotated_query_blocks(int64_t n_q, int64_t group) {
+    const int64_t qb = rotated_rows_per_block(n_q, group) / group;
+    return (n_q + qb - 1) / qb;
+}
+// Splits over the tokens: about 4 blocks per SM for one query, fewer as query blocks add blocks.
+int64_t rotated_attention_splits(int64_t n_q, int64_t n_head, int64_t n_head_kv);
 inline size_t rotated_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
     return size_t(n_q * n_head * splits * (head_dim + 2));
 }

@@ -486,18 +486,22 @@ __host__ __device__ AttnSmem attn_smem_of(const typename R::Format& kf, const ty
     return AttnSmem(R::D, gm, kf.block_bytes, vf.block_bytes, R::extra_bytes());
 }
 
-// Block (query, KV head, split): NC = head_dim / 32 channels a lane, GM query heads (the GQA group
-// rounded up; the rows past it are zero and their results unused); Reader<NC, GM> reads the
-// blocks (TurboReader, VecinferReader).
+// Block (queries, KV head, split): NC = head_dim / 32 channels a lane; GM rows, a row a (query,
+// query head of the KV head's group): QB = GM / G consecutive queries of G heads each (GM
+// = rotated_rows_per_block: one query and its group rounded up for a decode step, 8 rows for a
+// batch), the rows past them zero and their results unused; Reader<NC, GM> reads the blocks
+// (TurboReader, VecinferReader). Row r's query sees its own causal stretch.
 template <template <int, int> class Reader, int NC, int GM>
 __global__ void __launch_bounds__(kAttnThreads)
     rotated_attention_kernel(const RotatedAttentionParams<typename Reader<NC, GM>::Format> p) {
     using R = Reader<NC, GM>;
     VXQ_DYNAMIC_SMEM(smem);
     constexpr int D = NC * 32;
-    const int qi = int(blockIdx.x), g = int(blockIdx.y), split = int(blockIdx.z);
+    const int g = int(blockIdx.y), split = int(blockIdx.z);
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    const int G = int(p.n_head / p.n_head_kv);
+    const int G = int(p.n_head / p.n_head_kv), QB = GM / G;
+    const int64_t q0 = int64_t(blockIdx.x) * QB;                               // the block's first query
+    const int rows = int(p.n_q - q0 < QB ? p.n_q - q0 : QB) * G;  // the valid rows: whole queries
     const AttnSmem L = attn_smem_of<R>(p.kf, p.vf, GM);
     auto* qr = reinterpret_cast<float*>(smem + L.qr);
     uint8_t* work = smem + L.work;
@@ -505,14 +509,20 @@ __global__ void __launch_bounds__(kAttnThreads)
     pdl_wait();
 
     const KvHeadDev head = p.heads[g];
-    const int64_t limit = head.n_tokens - p.n_q + qi + 1;  // tokens this query sees
-    const int64_t tiles = limit > 0 ? (limit + kTile - 1) / kTile : 0;
+    // Row r's tokens: query q0 + r / G sees the first n_tokens - n_q + query + 1.
+    int64_t limit[GM];
+#pragma unroll
+    for (int r = 0; r < GM; ++r) limit[r] = r < rows ? head.n_tokens - p.n_q + q0 + r / G + 1 : 0;
+    const int64_t most = head.n_tokens - p.n_q + q0 + rows / G;  // the last valid query's
+    const int64_t tiles = most > 0 ? (most + kTile - 1) / kTile : 0;
     const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
 
-    // The group's query rows, rotated once per block (never per cached token).
+    // The rows' queries, rotated once per block (never per cached token).
     auto* qraw = reinterpret_cast<float*>(work);
-    const float* q = p.q + (int64_t(qi) * p.n_head + int64_t(g) * G) * D;
-    for (int i = tid; i < GM * D; i += kAttnThreads) qraw[i] = i < G * D ? q[i] : 0.0f;
+    for (int i = tid; i < GM * D; i += kAttnThreads) {
+        const int r = i / D;
+        qraw[i] = r < rows ? p.q[((q0 + r / G) * p.n_head + int64_t(g) * G + r % G) * D + i % D] : 0.0f;
+    }
     __syncthreads();
     reader.rotate_query(qraw, qr, p.scale, tid, warp, lane);
 
@@ -537,16 +547,17 @@ __global__ void __launch_bounds__(kAttnThreads)
         copy_tile(ktile, kbase + t0 * p.kf.block_bytes, kTile * p.kf.block_bytes, lane);
         copy_tile(vtile, vbase + t0 * p.vf.block_bytes, kTile * p.vf.block_bytes, lane);
         __syncwarp();
-        // Scores: a token per lane.
-        const bool valid = t0 + lane < limit;
+        // Scores: a token per lane. A row may have no token in this tile (a batch's earlier
+        // queries): its max stays -inf and nothing is added.
         float s[GM];
         reader.score(kw, ktile, lane, qr, s);
         const float nv = reader.value_scale(vtile, lane);
 #pragma unroll
         for (int h = 0; h < GM; ++h) {
+            const bool valid = t0 + lane < limit[h];
             const float sc = valid ? s[h] : -INFINITY;
-            const float mn = fmaxf(m[h], warp_max(sc));  // finite: a tile has a valid token
-            const float corr = expf(m[h] - mn);
+            const float mn = fmaxf(m[h], warp_max(sc));
+            const float corr = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
             const float pr = valid ? expf(sc - mn) : 0.0f;
             l[h] = l[h] * corr + warp_sum(pr);
             m[h] = mn;
@@ -555,8 +566,8 @@ __global__ void __launch_bounds__(kAttnThreads)
             wsm[h * kTile + lane] = pr * nv;
         }
         __syncwarp();
-        // Values: a channel per lane and NC of them, token after token.
-        const int cnt = int(limit - t0 < kTile ? limit - t0 : kTile);
+        // Values: a channel per lane and NC of them, token after token (masked rows add 0).
+        const int cnt = int(most - t0 < kTile ? most - t0 : kTile);
         for (int i = 0; i < cnt; ++i) {
             float wv[GM];
 #pragma unroll
@@ -585,7 +596,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
     }
     __syncthreads();
-    for (int i = tid; i < G * (D + 2); i += kAttnThreads) {
+    for (int i = tid; i < rows * (D + 2); i += kAttnThreads) {
         const int h = i / (D + 2), c = i % (D + 2);
         float mx = -INFINITY;
         for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, comb[(w * GM + h) * (D + 2) + D]);
@@ -598,7 +609,7 @@ __global__ void __launch_bounds__(kAttnThreads)
                 if (row[D] != -INFINITY) v += expf(row[D] - mx) * row[c];
             }
         }
-        p.partial[((int64_t(qi) * p.n_head + int64_t(g) * G + h) * p.splits + split) * (D + 2) + c] = v;
+        p.partial[(((q0 + h / G) * p.n_head + int64_t(g) * G + h % G) * p.splits + split) * (D + 2) + c] = v;
     }
 }
 
