@@ -16,9 +16,10 @@
 // centroids (squared distance in f32 in element order, the first of equal distances).
 //
 // One split-K attention kernel reads both, templated on a reader policy (rotated_kv_kernels.cuh:
-// TurboReader, VecinferReader), and never rotates a cached token: block (query, KV head, split)
-// rotates its GQA group's query rows once (q' = scale * Pi q; VecInfer: scale * H (lambda q) /
-// sqrt(d)), then each of its 4 warps takes every 4th 32-token tile of its stretch (the tile's key
+// TurboReader, VecinferReader), and never rotates a cached token: block (queries, KV head, split)
+// rotates its rows' queries once (rotated_rows_per_block: a decode step's GQA group, a batch's
+// 8 / group queries of it; q' = scale * Pi q; VecInfer: scale * H (lambda q) / sqrt(d)), then
+// each of its 4 warps takes every 4th 32-token tile of its stretch (the tile's key
 // and value bytes copied into shared memory), scores a token per lane (TurboQuant: n_t * sum_c
 // q'_c y_t,c with y the code's centroid read in place from the packed bits, turbo-prod keys adding
 // n_t * qjl_scale * gamma_t * sum_i (S q')_i sign_t,i with S q' once per block; VecInfer: the
