@@ -11,6 +11,34 @@
 
 namespace vxq::cuda {
 
+namespace {
+
+const uint8_t* row_of(const WeightView& w, int64_t r) { return static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes; }
+
+// The weight's blocks of type B ({qs, d}), nb a row (row r's first at row(r)), on the device as
+// gemv.cuh lays them out: the quant bytes row after row, then the fp16 scales (d.data, d.scales,
+// d.bytes).
+template <class B, class Row>
+void upload_blocks(DeviceWeight& d, const WeightView& w, int64_t nb, Row row) {
+    std::vector<uint8_t> quants(size_t(w.rows * nb) * sizeof(B::qs));
+    std::vector<uint16_t> scales(size_t(w.rows * nb));
+    for (int64_t r = 0; r < w.rows; ++r) {
+        const auto* blk = reinterpret_cast<const B*>(row(r));
+        for (int64_t b = 0; b < nb; ++b) {
+            scales[size_t(r * nb + b)] = blk[b].d;
+            std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
+        }
+    }
+    d.bytes = quants.size() + scales.size() * 2;
+    VXQ_CUDA_CHECK(cudaMalloc(&d.data, quants.size()));
+    VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
+    VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quants.size(), cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+}
+
+}  // namespace
+
 DeviceWeight upload_weight(const WeightView& w) {
     DeviceWeight d;
     d.type = w.type;
@@ -31,35 +59,13 @@ DeviceWeight upload_weight(const WeightView& w) {
             return d;
         }
         case GgmlType::Q8_0:
-        case GgmlType::Q4_0: {
-            if (w.cols % kQBlock != 0) fail("{} weight with {} columns: not whole blocks", ggml_type_display_name(w.type), w.cols);
-            const bool q8 = w.type == GgmlType::Q8_0;
-            const int64_t nb = w.cols / kQBlock;
-            const size_t quant_bytes = q8 ? n : n / 2;
-            std::vector<uint8_t> quants(quant_bytes);
-            std::vector<uint16_t> scales(size_t(w.rows * nb));
-            for (int64_t r = 0; r < w.rows; ++r) {
-                const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes;
-                for (int64_t b = 0; b < nb; ++b) {
-                    if (q8) {
-                        const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row) + b;
-                        scales[size_t(r * nb + b)] = blk->d;
-                        std::memcpy(&quants[size_t(r * w.cols + b * kQBlock)], blk->qs, kQBlock);
-                    } else {
-                        const BlockQ4_0* blk = reinterpret_cast<const BlockQ4_0*>(row) + b;
-                        scales[size_t(r * nb + b)] = blk->d;
-                        std::memcpy(&quants[size_t(r * (w.cols / 2) + b * 16)], blk->qs, 16);
-                    }
-                }
-            }
-            d.bytes = quant_bytes + scales.size() * 2;
-            VXQ_CUDA_CHECK(cudaMalloc(&d.data, quant_bytes));
-            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quant_bytes, cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            if (w.cols % kQBlock != 0) fail("Q8_0 weight with {} columns: not whole blocks", w.cols);
+            upload_blocks<BlockQ8_0>(d, w, w.cols / kQBlock, [&](int64_t r) { return row_of(w, r); });
             return d;
-        }
+        case GgmlType::Q4_0:
+            if (w.cols % kQBlock != 0) fail("Q4_0 weight with {} columns: not whole blocks", w.cols);
+            upload_blocks<BlockQ4_0>(d, w, w.cols / kQBlock, [&](int64_t r) { return row_of(w, r); });
+            return d;
         // TQ2_0: 66-byte blocks split into 64 quant bytes and the fp16 scale. TQ1_0: each row first
         // rewritten as TQ2_0 blocks with the same digits and scales (cpu::tq1_0_row_as_tq2_0: every
         // value bit for bit), so the TQ2_0 GEMV reads it: 66 bytes a block on the device where the
@@ -68,51 +74,19 @@ DeviceWeight upload_weight(const WeightView& w) {
         case GgmlType::TQ2_0: {
             if (w.cols % kQK_K != 0) fail("{} weight with {} columns: not whole blocks", ggml_type_display_name(w.type), w.cols);
             const int64_t nb = w.cols / kQK_K;
-            std::vector<uint8_t> quants(size_t(w.rows * nb) * sizeof(BlockTQ2_0::qs));
-            std::vector<uint16_t> scales(size_t(w.rows * nb));
             std::vector<uint8_t> repacked(w.type == GgmlType::TQ1_0 ? size_t(nb) * sizeof(BlockTQ2_0) : 0);
             d.type = GgmlType::TQ2_0;
-            for (int64_t r = 0; r < w.rows; ++r) {
-                const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes;
-                if (w.type == GgmlType::TQ1_0) {
-                    cpu::tq1_0_row_as_tq2_0(row, w.cols, repacked.data());
-                    row = repacked.data();
-                }
-                const auto* blk = reinterpret_cast<const BlockTQ2_0*>(row);
-                for (int64_t b = 0; b < nb; ++b) {
-                    scales[size_t(r * nb + b)] = blk[b].d;
-                    std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
-                }
-            }
-            d.bytes = quants.size() + scales.size() * 2;
-            VXQ_CUDA_CHECK(cudaMalloc(&d.data, quants.size()));
-            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quants.size(), cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            upload_blocks<BlockTQ2_0>(d, w, nb, [&](int64_t r) {
+                if (w.type == GgmlType::TQ2_0) return row_of(w, r);
+                cpu::tq1_0_row_as_tq2_0(row_of(w, r), w.cols, repacked.data());
+                return static_cast<const uint8_t*>(repacked.data());
+            });
             return d;
         }
-        case GgmlType::TQ2_G128: {  // 34-byte blocks split into 32 quant bytes and the fp16 scale
+        case GgmlType::TQ2_G128:  // 34-byte blocks split into 32 quant bytes and the fp16 scale
             if (w.cols % kQK_K != 0) fail("TQ2_G128 weight with {} columns: not whole 256-value super-blocks", w.cols);
-            const int64_t nb = w.cols / kQK_G128;
-            std::vector<uint8_t> quants(size_t(w.rows * nb) * sizeof(BlockTQ2_G128::qs));
-            std::vector<uint16_t> scales(size_t(w.rows * nb));
-            for (int64_t r = 0; r < w.rows; ++r) {
-                const auto* blk =
-                    reinterpret_cast<const BlockTQ2_G128*>(static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes);
-                for (int64_t b = 0; b < nb; ++b) {
-                    scales[size_t(r * nb + b)] = blk[b].d;
-                    std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
-                }
-            }
-            d.bytes = quants.size() + scales.size() * 2;
-            VXQ_CUDA_CHECK(cudaMalloc(&d.data, quants.size()));
-            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quants.size(), cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            upload_blocks<BlockTQ2_G128>(d, w, w.cols / kQK_G128, [&](int64_t r) { return row_of(w, r); });
             return d;
-        }
         default:
             fail("weight type {} has no CUDA kernel yet", ggml_type_display_name(w.type));
     }
