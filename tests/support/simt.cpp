@@ -4,6 +4,10 @@
 
 #include <ucontext.h>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #include <array>
 #include <stdexcept>
 #include <string>
@@ -13,6 +17,20 @@ namespace vxq::simt {
 namespace {
 
 constexpr size_t kStackBytes = size_t(256) << 10;
+
+// AddressSanitizer follows a switch of stacks when told (its fiber interface); no-ops otherwise.
+// start: before a switch to the stack [bottom, bottom + size) (save: where this context's fake
+// stack is kept, null when this context ends); finish: once running again.
+void switch_start([[maybe_unused]] void** save, [[maybe_unused]] const void* bottom, [[maybe_unused]] size_t size) {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_start_switch_fiber(save, bottom, size);
+#endif
+}
+void switch_finish([[maybe_unused]] void* save, [[maybe_unused]] const void** bottom_old, [[maybe_unused]] size_t* size_old) {
+#if defined(__SANITIZE_ADDRESS__)
+    __sanitizer_finish_switch_fiber(save, bottom_old, size_old);
+#endif
+}
 
 enum class Wait { None, Warp, Block };
 
@@ -34,6 +52,8 @@ struct Block {
     std::vector<uint8_t> smem;
     const std::function<void()>* body = nullptr;
     uint64_t switches = 0;
+    const void* sched_bottom = nullptr;  // the scheduler's stack, as a fiber learns it (AddressSanitizer)
+    size_t sched_size = 0;
 };
 
 Block g;  // one launch at a time (the tests are single-threaded)
@@ -64,7 +84,10 @@ void try_release(int w) {
 
 void yield() {
     ++g.switches;
+    void* fake = nullptr;
+    switch_start(&fake, g.sched_bottom, g.sched_size);
     swapcontext(&current().ctx, &g.scheduler);
+    switch_finish(fake, &g.sched_bottom, &g.sched_size);
 }
 
 void arrive(Wait kind) {
@@ -81,10 +104,13 @@ void arrive(Wait kind) {
 }
 
 void entry() {
+    switch_finish(nullptr, &g.sched_bottom, &g.sched_size);
     (*g.body)();
     current().done = true;
     for (size_t w = 0; w < g.warp_arrived.size(); ++w) try_release(int(w));
-    yield();  // never resumed
+    ++g.switches;
+    switch_start(nullptr, g.sched_bottom, g.sched_size);  // this fiber ends: never resumed
+    swapcontext(&current().ctx, &g.scheduler);
 }
 
 }  // namespace
@@ -138,7 +164,10 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
                         if (f.wait != Wait::None) continue;
                         g.current = int(t);
                         ++g.switches;
+                        void* fake = nullptr;
+                        switch_start(&fake, f.stack.data(), f.stack.size());
                         swapcontext(&g.scheduler, &f.ctx);
+                        switch_finish(fake, nullptr, nullptr);
                         ran = true;
                     }
                     if (all_done) break;
