@@ -15,6 +15,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/attention_impl.h"
 #include "support/isa.h"
+#include "support/seed.h"
 #include "kernels/cpu/ops.h"
 
 #pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
@@ -22,7 +23,7 @@
 namespace vxq::cpu {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 float hsum8(const float* l) { return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7])); }
 

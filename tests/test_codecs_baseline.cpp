@@ -36,6 +36,7 @@
 #include "core/fp16.h"
 #include "formats/ggml_types.h"
 #include "support/isa.h"
+#include "support/seed.h"
 #include "kernels/cpu/kv_reader.h"
 #include "kv/codec.h"
 
@@ -65,7 +66,7 @@ std::optional<BoundReader> baseline_avx2_reader(const Codec& c) {
 namespace vxq {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 // The registry's baseline formats: every method whose blocks the baseline readers read.
 const std::vector<std::string> kNames = [] {

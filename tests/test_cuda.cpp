@@ -37,6 +37,7 @@
 #include "runtime/tensor_parallel.h"
 #include "support/assets.h"
 #include "support/random_weights.h"
+#include "support/seed.h"
 #include "support/tiny_model.h"
 
 #if VXQ_HAVE_CUDA
@@ -82,11 +83,7 @@ std::unique_ptr<Backend> try_cuda(std::string* why) {
     GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so " << (what)     \
                  << " is NOT verified by this run ***"
 
-// A new seed per run, or VXQ_TEST_SEED's (to rerun a failure: every test prints its seed).
-uint32_t fresh_seed() {
-    const char* e = std::getenv("VXQ_TEST_SEED");
-    return e ? uint32_t(std::strtoul(e, nullptr, 10)) : std::random_device{}();
-}
+using test::fresh_seed;
 
 // Options of a cache that lives where `be` reads it.
 KvCacheOptions device_cache(Backend& be) {

@@ -28,13 +28,14 @@
 #include "kernels/cuda/kivi_code.h"
 #include "kv/formats/kivi.h"
 #include "support/attend.h"
+#include "support/seed.h"
 
 #pragma GCC optimize("fp-contract=off")  // the reference below rounds every operation on its own
 
 namespace vxq {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 std::unique_ptr<Codec> make_kivi(KvRole role, int bits, int group, int64_t residual, int64_t d) {
     return make_codec(CodecSpec::parse(fmt::format("kivi:bits={},group={},residual={}", bits, group, residual)), role, d);

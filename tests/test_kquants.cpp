@@ -20,11 +20,12 @@
 #include "support/assets.h"
 #include "support/isa.h"
 #include "support/random_weights.h"
+#include "support/seed.h"
 
 namespace vxq::cpu {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 std::vector<float> row_f32(const GgufFile& f, const GgufTensorInfo& t, int64_t r) {
     const int64_t cols = t.ne[0];

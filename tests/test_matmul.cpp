@@ -18,6 +18,7 @@
 #include "kernels/cpu/matmul_avx2.h"
 #include "support/isa.h"
 #include "support/random_weights.h"
+#include "support/seed.h"
 
 namespace vxq::cpu {
 namespace {
@@ -25,7 +26,7 @@ namespace {
 using test::Weights;
 using test::random_weights;
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 
 std::vector<float> random_acts(int64_t n, std::mt19937& rng) {

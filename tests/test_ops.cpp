@@ -16,6 +16,7 @@
 #include "kernels/cpu/attention_impl.h"
 #include "kernels/cpu/ops.h"
 #include "support/isa.h"
+#include "support/seed.h"
 #include "kernels/cpu/ops_impl.h"
 
 #pragma GCC optimize("fp-contract=off")  // the expected values below round every operation
@@ -23,7 +24,7 @@
 namespace vxq::cpu {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 constexpr int64_t kSizes[] = {1, 7, 8, 9, 31, 97, 1000, 4099};
 

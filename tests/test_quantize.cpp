@@ -29,11 +29,12 @@
 #include "support/assets.h"
 #include "support/random_weights.h"
 #include "support/run_cli.h"
+#include "support/seed.h"
 
 namespace vxq {
 namespace {
 
-uint32_t fresh_seed() { return std::random_device{}(); }
+using test::fresh_seed;
 
 std::string temp_path(const std::string& name) {
     return (std::filesystem::temp_directory_path() / ("vxq_quantize_" + name + "_" + std::to_string(getpid()))).string();

@@ -46,12 +46,11 @@ struct Block {
     std::vector<Fiber> fibers;
     ucontext_t scheduler{};
     int current = -1;
-    std::vector<int> warp_arrived;
-    int block_arrived = 0;
+    std::vector<int> warp_arrived, warp_live;  // per warp: threads at its barrier, threads not done
+    int block_arrived = 0, block_live = 0;
     std::vector<std::array<uint64_t, 32>> slots;
     std::vector<uint8_t> smem;
     const std::function<void()>* body = nullptr;
-    uint64_t switches = 0;
     const void* sched_bottom = nullptr;  // the scheduler's stack, as a fiber learns it (AddressSanitizer)
     size_t sched_size = 0;
 };
@@ -62,19 +61,13 @@ Fiber& current() { return g.fibers[size_t(g.current)]; }
 
 // Releases the warp barrier of warp w and the block barrier when every live thread has arrived.
 void try_release(int w) {
-    int live_w = 0, live = 0;
-    for (size_t i = 0; i < g.fibers.size(); ++i) {
-        if (g.fibers[i].done) continue;
-        ++live;
-        if (int(i) / 32 == w) ++live_w;
-    }
-    if (g.warp_arrived[size_t(w)] > 0 && g.warp_arrived[size_t(w)] == live_w) {
+    if (g.warp_arrived[size_t(w)] > 0 && g.warp_arrived[size_t(w)] == g.warp_live[size_t(w)]) {
         g.warp_arrived[size_t(w)] = 0;
         for (size_t i = size_t(w) * 32; i < size_t(w + 1) * 32 && i < g.fibers.size(); ++i) {
             if (g.fibers[i].wait == Wait::Warp) g.fibers[i].wait = Wait::None;
         }
     }
-    if (g.block_arrived > 0 && g.block_arrived == live) {
+    if (g.block_arrived > 0 && g.block_arrived == g.block_live) {
         g.block_arrived = 0;
         for (Fiber& f : g.fibers) {
             if (f.wait == Wait::Block) f.wait = Wait::None;
@@ -83,7 +76,6 @@ void try_release(int w) {
 }
 
 void yield() {
-    ++g.switches;
     void* fake = nullptr;
     switch_start(&fake, g.sched_bottom, g.sched_size);
     swapcontext(&current().ctx, &g.scheduler);
@@ -107,8 +99,9 @@ void entry() {
     switch_finish(nullptr, &g.sched_bottom, &g.sched_size);
     (*g.body)();
     current().done = true;
-    for (size_t w = 0; w < g.warp_arrived.size(); ++w) try_release(int(w));
-    ++g.switches;
+    --g.warp_live[size_t(g.current / 32)];
+    --g.block_live;
+    try_release(g.current / 32);  // its warp's barrier, and the block's
     switch_start(nullptr, g.sched_bottom, g.sched_size);  // this fiber ends: never resumed
     swapcontext(&current().ctx, &g.scheduler);
 }
@@ -119,7 +112,6 @@ const Dims& dims() { return current().dims; }
 void sync_warp() { arrive(Wait::Warp); }
 void sync_threads() { arrive(Wait::Block); }
 uint8_t* dynamic_smem() { return g.smem.data(); }
-uint64_t switches() { return g.switches; }
 
 uint64_t exchange(uint64_t bits, int src) {
     const int w = g.current / 32, lane = g.current % 32;
@@ -135,6 +127,7 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
     if (n == 0 || n % 32 != 0 || block.y != 1 || block.z != 1) throw std::runtime_error("simt: 1-D blocks of a multiple of 32 threads");
     g.fibers.resize(n);
     g.warp_arrived.assign(n / 32, 0);
+    g.warp_live.assign(n / 32, 32);
     g.slots.assign(n / 32, {});
     g.body = &body;
     for (unsigned bz = 0; bz < grid.z; ++bz) {
@@ -142,7 +135,9 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
             for (unsigned bx = 0; bx < grid.x; ++bx) {
                 g.smem.assign(smem, 0);
                 g.block_arrived = 0;
+                g.block_live = int(n);
                 std::fill(g.warp_arrived.begin(), g.warp_arrived.end(), 0);
+                std::fill(g.warp_live.begin(), g.warp_live.end(), 32);
                 for (unsigned t = 0; t < n; ++t) {
                     Fiber& f = g.fibers[t];
                     f.stack.resize(kStackBytes);
@@ -163,8 +158,7 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
                         all_done = false;
                         if (f.wait != Wait::None) continue;
                         g.current = int(t);
-                        ++g.switches;
-                        void* fake = nullptr;
+                                            void* fake = nullptr;
                         switch_start(&fake, f.stack.data(), f.stack.size());
                         swapcontext(&g.scheduler, &f.ctx);
                         switch_finish(fake, nullptr, nullptr);

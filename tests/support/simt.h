@@ -40,8 +40,6 @@ uint8_t* dynamic_smem();
 // Runs body() as every thread of every block of the grid (1-D blocks of a multiple of 32
 // threads), with `smem` bytes of dynamic shared memory (zeroed at each block).
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body);
-// Fiber switches so far (how much the barriers and shuffles cost a test).
-uint64_t switches();
 
 }  // namespace vxq::simt
 

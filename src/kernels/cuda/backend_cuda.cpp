@@ -553,10 +553,7 @@ public:
             int64_t n, n_head_kv, head_dim;
             KvCodes codes;
         } a = zeroed<A>();
-        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev), sizeof pos0});
-        a.k = in(k, count);
-        a.v = in(v, count);
-        a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        store_inputs(a, k, v, count, sizeof pos0);
         a.n = n;
         a.n_head_kv = s.n_head_kv;
         a.head_dim = s.head_dim;
@@ -786,6 +783,15 @@ private:
     void attention_inputs(P& p, const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* dev_out) {
         p.out = dev_out;
         attention_step_inputs(p, view, q, n_q, pos0);
+    }
+    // A store's inputs: k and v (count floats each; host ones through the step block) and the
+    // heads table heads_, with room kept for `extra` bytes the caller puts after them.
+    template <class A>
+    void store_inputs(A& a, const float* k, const float* v, size_t count, size_t extra = 0) {
+        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev), extra});
+        a.k = in(k, count);
+        a.v = in(v, count);
+        a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
     }
 
     // token_mass (backend.h): the mass kernels (attention_mass.cuh) are recorded after the
@@ -1112,10 +1118,7 @@ private:
         rotated_heads(view, n);
         RotatedStoreParams<F> a = zeroed<RotatedStoreParams<F>>();
         std::tie(a.kf, a.vf) = rotated_formats<F>(view);
-        step_reserve({host_bytes(k, count), host_bytes(v, count), heads_.size() * sizeof(KvHeadDev)});
-        a.k = in(k, count);
-        a.v = in(v, count);
-        a.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
+        store_inputs(a, k, v, count);
         a.n = n;
         a.n_head_kv = view.n_head_kv;
         a.head_dim = view.head_dim;

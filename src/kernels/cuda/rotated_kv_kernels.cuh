@@ -99,6 +99,12 @@ __device__ __forceinline__ StoreItem store_item(const RotatedStoreParams<F>& p, 
     return {true, value, (value ? p.v : p.k) + th * d, reinterpret_cast<uint8_t*>(value ? h.v : h.k) + (h.n_tokens + t) * bb};
 }
 
+// The staged block (`bytes` of it: a VecInfer block may have an odd size) to its slot, by a warp.
+__device__ __forceinline__ void copy_block(uint8_t* dst, const uint32_t* stage, int bytes, int lane) {
+    const auto* s8 = reinterpret_cast<const uint8_t*>(stage);
+    for (int j = lane; j < bytes; j += 32) dst[j] = s8[j];
+}
+
 // A warp per (token, KV head, role).
 __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const TurboStoreParams p) {
     __shared__ float xs[kStoreWarps][kTurboMaxHeadDim];
@@ -183,10 +189,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
         }
         __syncwarp();
     }
-    // block_bytes is even and every block 2-byte aligned (head_dim % 32 == 0: whole words of indices).
-    const auto* s16 = reinterpret_cast<const uint16_t*>(st);
-    auto* d16 = reinterpret_cast<uint16_t*>(dst);
-    for (int j = lane; j < f.block_bytes / 2; j += 32) d16[j] = s16[j];
+    copy_block(dst, st, f.block_bytes, lane);
 }
 
 // A warp per (token, KV head, role): vecinfer::encode's operations in its order.
@@ -229,8 +232,7 @@ __global__ void __launch_bounds__(kStoreWarps * 32) vecinfer_store_kernel(const 
         put_bits_shared(st, j * f.m, f.m, unsigned(best));
     }
     __syncwarp();
-    const auto* s8 = reinterpret_cast<const uint8_t*>(st);  // (a block may have an odd size)
-    for (int j = lane; j < f.block_bytes; j += 32) dst[j] = s8[j];
+    copy_block(dst, st, f.block_bytes, lane);
 }
 
 // ---- the attention --------------------------------------------------------------------------

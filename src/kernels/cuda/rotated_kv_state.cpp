@@ -14,18 +14,26 @@
 #include "kv/formats/vecinfer.h"
 
 namespace vxq::cuda {
+namespace {
+
+// n bytes from src appended to `bytes` at the next 16-byte boundary (at least 4 reserved, so an
+// empty part still has an address of its own); returns where.
+size_t put_part(std::vector<uint8_t>& bytes, const void* src, size_t n) {
+    const size_t at = (bytes.size() + 15) / 16 * 16;
+    bytes.resize(at + std::max<size_t>(n, 4));
+    if (n > 0) std::memcpy(bytes.data() + at, src, n);
+    return at;
+}
+size_t put_floats(std::vector<uint8_t>& bytes, const std::vector<float>& v) {
+    return put_part(bytes, v.data(), v.size() * sizeof(float));
+}
+
+}  // namespace
 
 TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint8_t>& bytes) {
     const codecs::turbo::Layout& l = s.layout;
     VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim);
     bytes.clear();
-    const auto put = [&bytes](const void* src, size_t n) {
-        const size_t at = (bytes.size() + 15) / 16 * 16;
-        bytes.resize(at + std::max<size_t>(n, 4));
-        if (n > 0) std::memcpy(bytes.data() + at, src, n);
-        return at;
-    };
-    const auto put_floats = [&put](const std::vector<float>& v) { return put(v.data(), v.size() * sizeof(float)); };
     TurboFormatDev f{};
     f.d = int32_t(l.d);
     f.block_bytes = int32_t(l.block_bytes());
@@ -40,9 +48,9 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.gamma_offset = int32_t(l.gamma_offset());
     f.sign_offset = int32_t(l.sign_offset());
     f.qjl_scale = s.qjl_scale;
-    const size_t rot = put_floats(f.hadamard ? s.rot.signs() : s.rot.rows());
-    const size_t thr1 = put_floats(s.cb1.thresholds), cent1 = put_floats(s.cb1.centroids);
-    const size_t thr2 = put_floats(s.cb2.thresholds), cent2 = put_floats(s.cb2.centroids);
+    const size_t rot = put_floats(bytes, f.hadamard ? s.rot.signs() : s.rot.rows());
+    const size_t thr1 = put_floats(bytes, s.cb1.thresholds), cent1 = put_floats(bytes, s.cb1.centroids);
+    const size_t thr2 = put_floats(bytes, s.cb2.thresholds), cent2 = put_floats(bytes, s.cb2.centroids);
     std::vector<int32_t> coord_at;
     std::vector<float> cbk_thr, cbk_cent;
     for (size_t i = 0; i < s.coord_bits.size(); ++i) coord_at.push_back(s.coord_offset[i] << 8 | s.coord_bits[i]);
@@ -53,10 +61,10 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     VXQ_ASSERT(cbk_cent.size() <= size_t(kTurboPoolFloats) &&
                (1u << l.bits1) + (l.bits2 > 0 ? 1u << l.bits2 : 0u) <= unsigned(kTurboPoolFloats));
     f.cbk_floats = int32_t(cbk_cent.size());
-    const size_t at = put(coord_at.data(), coord_at.size() * sizeof(int32_t));
-    const size_t scale = put_floats(s.coord_scale), kthr = put_floats(cbk_thr), kcent = put_floats(cbk_cent);
+    const size_t at = put_part(bytes, coord_at.data(), coord_at.size() * sizeof(int32_t));
+    const size_t scale = put_floats(bytes, s.coord_scale), kthr = put_floats(bytes, cbk_thr), kcent = put_floats(bytes, cbk_cent);
     VXQ_ASSERT(!l.qjl || (s.sketch.rows() == l.d && s.sketch.dim() == l.d));
-    const size_t sketch = put(l.qjl ? s.sketch.row(0) : nullptr, l.qjl ? size_t(l.d * l.d) * sizeof(float) : 0);
+    const size_t sketch = put_part(bytes, l.qjl ? s.sketch.row(0) : nullptr, l.qjl ? size_t(l.d * l.d) * sizeof(float) : 0);
     const uint8_t* base = bytes.data();
     const auto ptr = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
     (f.hadamard ? f.signs : f.rows) = ptr(rot);
@@ -104,19 +112,13 @@ VecinferFormatDev vecinfer_format_host(const codecs::vecinfer::State& s, std::ve
     const codecs::vecinfer::Layout& l = s.layout;
     VXQ_ASSERT(l.d % 32 == 0 && l.d <= kTurboMaxHeadDim && l.m <= 8);
     bytes.clear();
-    const auto put = [&bytes](const std::vector<float>& v) {
-        const size_t at = (bytes.size() + 15) / 16 * 16;
-        bytes.resize(at + std::max<size_t>(v.size() * sizeof(float), 4));
-        if (!v.empty()) std::memcpy(bytes.data() + at, v.data(), v.size() * sizeof(float));
-        return at;
-    };
     VecinferFormatDev f{};
     f.d = int32_t(l.d);
     f.block_bytes = int32_t(l.block_bytes());
     f.n = l.n;
     f.m = l.m;
     f.inv_sqrt_d = 1.0f / std::sqrt(float(l.d));  // as vecinfer::hadamard computes it
-    const size_t lambda = put(s.lambda), codebook = put(s.codebook);
+    const size_t lambda = put_floats(bytes, s.lambda), codebook = put_floats(bytes, s.codebook);
     f.lambda = s.lambda.empty() ? nullptr : reinterpret_cast<const float*>(bytes.data() + lambda);
     f.codebook = reinterpret_cast<const float*>(bytes.data() + codebook);
     return f;
