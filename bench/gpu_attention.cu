@@ -488,14 +488,14 @@ std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std:
     const int64_t layers = fc.layers;
     const KvLayerView view0 = cache->view(0);
     const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
-    const int64_t dflt = cuda::rotated_attention_splits(1, kHeads, kHeadsKv);
+    const int64_t dflt = cuda::reader_attention_splits(1, kHeads, kHeadsKv);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;
     cuda::KvHeadDev* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
-    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::rotated_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
+    VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::reader_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
     std::vector<cuda::KvHeadDev> table(size_t(layers * kHeadsKv));

@@ -149,17 +149,17 @@ TEST(VecinferSimt, StoreWritesTheCpuCodecsBytes) {
 
 // The attention kernel and its merge as rotated_kv.cu launches them, in the emulator.
 template <template <int, int> class Reader, int NC, int GM>
-void run_attention(const cuda::RotatedAttentionParams<typename Reader<NC, GM>::Format>& p) {
+void run_attention(const typename Reader<NC, GM>::Params& p) {
     const cuda::AttnSmem L = cuda::attn_smem_of<Reader<NC, GM>>(p.kf, p.vf, GM);
-    const int64_t blocks = cuda::rotated_query_blocks(p.n_q, p.n_head / p.n_head_kv);
+    const int64_t blocks = cuda::reader_query_blocks(p.n_q, p.n_head / p.n_head_kv);
     simt::launch(dim3(unsigned(blocks), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
-                 [&] { cuda::rotated_attention_kernel<Reader, NC, GM>(p); });
-    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::rotated_merge_kernel<Reader>(p); });
+                 [&] { cuda::reader_attention_kernel<Reader, NC, GM>(p); });
+    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::reader_merge_kernel<Reader>(p); });
 }
-template <template <int, int> class Reader, class F>
-void run_attention(const cuda::RotatedAttentionParams<F>& p) {
+template <template <int, int> class Reader>
+void run_attention(const typename Reader<1, 1>::Params& p) {
     const auto with_nc = [&]<int NC>() {
-        switch (cuda::rotated_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
+        switch (cuda::reader_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
             case 1: run_attention<Reader, NC, 1>(p); break;
             case 2: run_attention<Reader, NC, 2>(p); break;
             case 4: run_attention<Reader, NC, 4>(p); break;
@@ -216,7 +216,7 @@ void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases
             heads.push_back(KvHeadDev{addr(kp[size_t(g)].data()), addr(vp[size_t(g)].data()), c.n_tokens, 0});
         }
         const std::vector<float> q = random_floats(size_t(c.n_q * c.n_head * d), rng);
-        std::vector<float> partial(cuda::rotated_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
+        std::vector<float> partial(cuda::reader_attention_scratch_floats(c.n_q, c.n_head, d, c.splits)), out(q.size(), NAN);
         cuda::RotatedAttentionParams<F> p{};
         p.q = q.data();
         p.heads = heads.data();

@@ -1052,7 +1052,7 @@ private:
                  "VecInfer values only; use --device cpu",
                  kv_format_kind_name(kk), kv_format_kind_name(vk));
         }
-        if (!rotated_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
+        if (!reader_attention_fits(view.n_head, view.n_head_kv, view.head_dim)) {
             fail("{} on CUDA needs a GQA group of at most 8 and head_dim a multiple of 32 up to {}, not {} / {} heads of {}; "
                  "use --device cpu",
                  k == Rotated::Turbo ? "TurboQuant" : "VecInfer", kTurboMaxHeadDim, view.n_head, view.n_head_kv, view.head_dim);
@@ -1149,10 +1149,10 @@ private:
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
         p.head_dim = view.head_dim;
-        p.splits = rotated_attention_splits(n_q, view.n_head, view.n_head_kv);
+        p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
         std::tie(p.kf, p.vf) = rotated_formats<F>(view);
-        p.partial = grow(rotated_partial_, rotated_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.partial = grow(rotated_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);

@@ -15,10 +15,10 @@
 // VecInfer: x / lambda (keys), the FWHT, * 1/sqrt(d), then a lane per sub-vector scans the 2^m
 // centroids (squared distance in f32 in element order, the first of equal distances).
 //
-// One split-K attention kernel reads both, templated on a reader policy (rotated_kv_kernels.cuh:
-// TurboReader, VecinferReader), and never rotates a cached token: block (queries, KV head, split)
-// rotates its rows' queries once (rotated_rows_per_block: a decode step's GQA group, a batch's
-// 8 / group queries of it; q' = scale * Pi q; VecInfer: scale * H (lambda q) / sqrt(d)), then
+// The split-K attention of reader_attention.cuh reads both through reader policies
+// (rotated_kv_kernels.cuh: TurboReader, VecinferReader) and never rotates a cached token: block
+// (queries, KV head, split) rotates its rows' queries once (reader_rows_per_block: a decode
+// step's GQA group, a batch's 8 / group queries of it; q' = scale * Pi q; VecInfer: scale * H (lambda q) / sqrt(d)), then
 // each of its 4 warps takes every 4th 32-token tile of its stretch (the tile's key
 // and value bytes copied into shared memory), scores a token per lane (TurboQuant: n_t * sum_c
 // q'_c y_t,c with y the code's centroid read in place from the packed bits, turbo-prod keys adding
@@ -35,7 +35,7 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/attention.cuh"
+#include "kernels/cuda/reader_attention.cuh"
 
 namespace vxq::codecs::turbo {
 struct State;
@@ -47,7 +47,7 @@ struct State;
 namespace vxq::cuda {
 
 // head_dim a multiple of 32 up to this (the store's and the attention's shared buffers).
-constexpr int64_t kTurboMaxHeadDim = 256;
+constexpr int64_t kTurboMaxHeadDim = kReaderMaxHeadDim;
 
 // One role's format on the device: a layer's turbo::State (its rotation and codebooks copied
 // into one device allocation: TurboStateCopy below) and its block layout.
@@ -130,36 +130,9 @@ void turbo_store(const TurboStoreParams& p, cudaStream_t stream);
 void vecinfer_store(const VecinferStoreParams& p, cudaStream_t stream);
 
 template <class F>
-struct RotatedAttentionParams {
-    const float* q;             // [n_q, n_head, head_dim] after RoPE (device)
-    const KvHeadDev* heads;     // [n_head_kv]; query i sees the first n_tokens - n_q + i + 1 tokens
-    float* partial;             // [n_q, n_head, splits, head_dim + 2] scratch: rotated o, max, sum
-    float* out;                 // [n_q, n_head, head_dim] (device)
-    int64_t n_q, n_head, n_head_kv, head_dim, splits;
-    float scale;
-    int32_t pad;                // (every field 8 bytes wide in pairs: the bytes key a captured graph)
-    F kf, vf;
-};
+using RotatedAttentionParams = ReaderAttentionParams<F, F, KvHeadDev>;
 using TurboAttentionParams = RotatedAttentionParams<TurboFormatDev>;
 using VecinferAttentionParams = RotatedAttentionParams<VecinferFormatDev>;
-// GQA group <= 8, head_dim a multiple of 32 up to kTurboMaxHeadDim.
-bool rotated_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-// The rows (query, query head) of an attention block: a decode step's one query and its GQA group
-// (rounded up to a power of two), a batch's 8 / group queries of the group (each cached tile is
-// read once for all of them).
-constexpr int rotated_rows_per_block(int64_t n_q, int64_t group) {
-    return n_q > 1 ? 8 : group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
-}
-// The attention's blocks along the queries.
-constexpr int64_t rotated_query_blocks(int64_t n_q, int64_t group) {
-    const int64_t qb = rotated_rows_per_block(n_q, group) / group;
-    return (n_q + qb - 1) / qb;
-}
-// Splits over the tokens: about 4 blocks per SM for one query, fewer as query blocks add blocks.
-int64_t rotated_attention_splits(int64_t n_q, int64_t n_head, int64_t n_head_kv);
-inline size_t rotated_attention_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {
-    return size_t(n_q * n_head * splits * (head_dim + 2));
-}
 void turbo_attention(const TurboAttentionParams& p, cudaStream_t stream);
 void vecinfer_attention(const VecinferAttentionParams& p, cudaStream_t stream);
 

@@ -10,14 +10,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "kernels/cuda/device_math.cuh"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/reader_attention_kernels.cuh"
 #include "kernels/cuda/rotated_kv.cuh"
-
-// A kernel's dynamic shared memory (the emulator defines its own).
-#ifndef VXQ_DYNAMIC_SMEM
-#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
-#endif
 
 namespace vxq::cuda {
 namespace {
@@ -27,8 +21,6 @@ constexpr int kStoreWarps = 4;
 // coordinate beside the norm; VecInfer at most 256), and a word more for the straddling write of
 // the last index.
 constexpr int kStageWords = (2 + 2 * int(kTurboMaxHeadDim) / 2) / 4 + 2;
-constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kTile = 32;
-constexpr int kMaxSplits = 128;
 
 // std::upper_bound over thr[0, count): the first threshold y is below, so a NaN takes `count`,
 // as the CPU codec's Codebook::index (the same comparisons in the same order).
@@ -52,14 +44,6 @@ __device__ __forceinline__ void put_bits_shared(uint32_t* stage, int bit, int bi
     const int w = bit >> 5, s = bit & 31;
     atomicOr(&stage[w], v << s);
     if (s + bits > 32) atomicOr(&stage[w + 1], v >> (32 - s));
-}
-
-// core/fp16.h's fp32_to_fp16 for the norm (>= 0 or NaN): round to nearest even, and a NaN keeps
-// its top payload bits with the quiet bit set as the host conversion does.
-__device__ __forceinline__ unsigned norm_fp16_bits(float n) {
-    const unsigned x = __float_as_uint(n), ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return ((x >> 16) & 0x8000u) | 0x7c00u | 0x200u | ((ax >> 13) & 0x3ffu);
-    return __half_as_ushort(__float2half_rn(n));
 }
 
 // The unnormalized fast Walsh-Hadamard transform of x[0, d) in shared memory by one warp: turbo::fwht's
@@ -256,15 +240,6 @@ __device__ __forceinline__ float pool_entry(const TurboFormatDev& f, int i) {
     return i < (1 << f.bits1) ? f.cent1[i] : f.cent2[i - (1 << f.bits1)];
 }
 
-// The 32 bits from bit `bit` of the words on (the word after it is readable), and the `nb`-bit
-// code there (nb <= 8).
-__device__ __forceinline__ unsigned word_at(const uint32_t* words, int bit) {
-    const int w = bit >> 5;
-    return __funnelshift_r(words[w], words[w + 1], unsigned(bit) & 31u);
-}
-__device__ __forceinline__ unsigned code_at(const uint32_t* words, int bit, int nb) {
-    return word_at(words, bit) & ((1u << nb) - 1u);
-}
 // The rotated-domain value of one coordinate of the block at bit `blk` of the words.
 __device__ __forceinline__ float coord_value(const uint32_t* words, int blk, int4 t, const float* pool) {
     const int nb1 = t.z & 15, nb2 = (t.z >> 4) & 15;
@@ -272,23 +247,6 @@ __device__ __forceinline__ float coord_value(const uint32_t* words, int blk, int
     if (nb2 != 0) y += pool[(t.z >> 20) + int(code_at(words, blk + t.y, nb2))];
     return y;
 }
-
-// A tile's bytes (a multiple of 16: 32 blocks of an even size) into shared memory.
-__device__ __forceinline__ void copy_tile(uint8_t* dst, const uint8_t* src, int bytes, int lane) {
-    if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
-        for (int o = lane * 16; o < bytes; o += 32 * 16) {
-            *reinterpret_cast<uint4*>(dst + o) = __ldg(reinterpret_cast<const uint4*>(src + o));
-        }
-    } else {
-        for (int o = lane * 2; o < bytes; o += 32 * 2) {
-            *reinterpret_cast<uint16_t*>(dst + o) = __ldg(reinterpret_cast<const uint16_t*>(src + o));
-        }
-    }
-}
-
-__host__ __device__ constexpr int align16(int bytes) { return (bytes + 15) / 16 * 16; }
-// A warp's tile of a role: 32 blocks and a spare word (code_at reads the word after a code).
-__host__ __device__ constexpr int tile_bytes(int block_bytes) { return align16(kTile * block_bytes + 4); }
 
 // The unnormalized FWHT of o[0, d) in shared memory by the whole block (kAttnThreads threads),
 // ending synchronized.
@@ -304,15 +262,33 @@ __device__ __forceinline__ void block_fwht(float* o, int d, int tid) {
     }
 }
 
-// How the attention reads TurboQuant blocks (a reader policy of rotated_attention_kernel): per
+// Token-wise pages (KvHeadDev: token t's block at t * block_bytes): a warp's tile is the 32
+// blocks of each role, copied whole into shared memory (the pages hold whole tiles).
+template <class F>
+struct TokenPages {
+    using KFormat = F;
+    using VFormat = F;
+    using Head = KvHeadDev;
+    using Params = ReaderAttentionParams<F, F, KvHeadDev>;
+    __host__ __device__ static int key_tile_bytes(const F& f) { return words_buffer(kTile * f.block_bytes); }
+    __host__ __device__ static int value_tile_bytes(const F& f) { return words_buffer(kTile * f.block_bytes); }
+    __host__ __device__ static int warp_scratch_bytes(const F&) { return 0; }
+    __device__ static void copy_tiles(const KvHeadDev& h, const ReaderTile& t, const F& kf, const F& vf, int lane) {
+        copy_tile(t.k, reinterpret_cast<const uint8_t*>(h.k) + t.t0 * kf.block_bytes, kTile * kf.block_bytes, lane);
+        copy_tile(t.v, reinterpret_cast<const uint8_t*>(h.v) + t.t0 * vf.block_bytes, kTile * vf.block_bytes, lane);
+        __syncwarp();
+    }
+};
+
+// How the attention reads TurboQuant blocks (a reader policy of reader_attention_kernel): per
 // coordinate a table entry (coordinate_of) and the role's centroid pool in shared memory; a
 // token's fp16 norm scales its score and its value; turbo-prod keys add the QJL term.
 template <int NC, int GM>
-struct TurboReader {
+struct TurboReader : TokenPages<TurboFormatDev> {
     using Format = TurboFormatDev;
     static constexpr int D = NC * 32;
     // Shared memory past the queries: S q' (turbo-prod keys), the tables and the pools.
-    __host__ __device__ static int extra_bytes() {
+    __host__ __device__ static int extra_bytes(const Format&) {
         return align16(GM * D * 4) + 2 * D * 16 + 2 * align16(kTurboPoolFloats * 4);
     }
     const Format &kf, &vf;
@@ -337,7 +313,7 @@ struct TurboReader {
     }
     // qr = scale * Pi q for the GM rows of qraw, and S q' for turbo-prod keys; every thread calls,
     // the tables are synchronized before and everything after.
-    __device__ void rotate_query(const float* qraw, float* qr, float scale, int tid, int warp, int lane) {
+    __device__ void prepare_query(const float* qraw, float* qr, float scale, int tid, int warp, int lane) {
 #pragma unroll
         for (int j = 0; j < NC; ++j) tv[j] = tab_v[lane + 32 * j];
         if (kf.hadamard) {
@@ -368,8 +344,11 @@ struct TurboReader {
             __syncthreads();
         }
     }
+    __device__ void load(const KvHeadDev& h, const ReaderTile& t, const float*, int lane) const { copy_tiles(h, t, kf, vf, lane); }
     // s[h] = <q'_h, x^_t> for the key of tile token `lane` (its norm included).
-    __device__ void score(const uint32_t* kw, const uint8_t* ktile, int lane, const float* qr, float (&s)[GM]) const {
+    __device__ void score(const KvHeadDev&, const ReaderTile& t, int lane, const float* qr, float (&s)[GM]) const {
+        const auto* kw = reinterpret_cast<const uint32_t*>(t.k);
+        const uint8_t* ktile = t.k;
         const int kb = lane * kf.block_bytes * 8;
 #pragma unroll
         for (int h = 0; h < GM; ++h) s[h] = 0.0f;
@@ -403,12 +382,14 @@ struct TurboReader {
         for (int h = 0; h < GM; ++h) s[h] *= nk;
     }
     // The value's norm of tile token `lane`, and channel lane + 32 j of tile token i's coded value.
-    __device__ float value_scale(const uint8_t* vtile, int lane) const {
-        return __half2float(reinterpret_cast<const __half*>(vtile)[lane * vf.block_bytes / 2]);
+    __device__ float value_scale(const ReaderTile& t, int lane) const {
+        return __half2float(reinterpret_cast<const __half*>(t.v)[lane * vf.block_bytes / 2]);
     }
-    __device__ float value(const uint32_t* vw, int i, int j) const { return coord_value(vw, i * vf.block_bytes * 8, tv[j], pool_v); }
+    __device__ float value(const KvHeadDev&, const ReaderTile& t, int i, int j) const {
+        return coord_value(reinterpret_cast<const uint32_t*>(t.v), i * vf.block_bytes * 8, tv[j], pool_v);
+    }
     // out = Pi^T o (Rotation::apply_t) of the merged output o (shared memory, clobbered).
-    __device__ static void unrotate(const Format& vf, float* o, float* out, int d, int tid) {
+    __device__ static void map_back(const Format& vf, float* o, float* out, int d, int tid) {
         if (vf.hadamard) {
             block_fwht(o, d, tid);
             for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * (vf.signs[c] * vf.inv_sqrt_d);
@@ -427,13 +408,14 @@ struct TurboReader {
 // transformed once per block (q~ = scale * H (lambda q) / sqrt(d)), the output transformed back
 // once in the merge (H / sqrt(d): its own inverse).
 template <int NC, int GM>
-struct VecinferReader {
+struct VecinferReader : TokenPages<VecinferFormatDev> {
     using Format = VecinferFormatDev;
     static constexpr int D = NC * 32;
-    __host__ __device__ static int extra_bytes() { return 0; }
+    __host__ __device__ static int extra_bytes(const Format&) { return 0; }
     const Format &kf, &vf;
     __device__ VecinferReader(const Format& k, const Format& v, uint8_t*, int) : kf(k), vf(v) {}
-    __device__ void rotate_query(const float* qraw, float* qr, float scale, int, int warp, int lane) {
+    __device__ void load(const KvHeadDev& h, const ReaderTile& t, const float*, int lane) const { copy_tiles(h, t, kf, vf, lane); }
+    __device__ void prepare_query(const float* qraw, float* qr, float scale, int, int warp, int lane) {
         for (int h = warp; h < GM; h += kAttnWarps) {
             float* x = qr + h * D;
             for (int c = lane; c < D; c += 32) x[c] = kf.lambda ? qraw[h * D + c] * kf.lambda[c] : qraw[h * D + c];
@@ -442,7 +424,8 @@ struct VecinferReader {
         }
         __syncthreads();
     }
-    __device__ void score(const uint32_t* kw, const uint8_t*, int lane, const float* qr, float (&s)[GM]) const {
+    __device__ void score(const KvHeadDev&, const ReaderTile& t, int lane, const float* qr, float (&s)[GM]) const {
+        const auto* kw = reinterpret_cast<const uint32_t*>(t.k);
         const int kb = lane * kf.block_bytes * 8, n = kf.n;
 #pragma unroll
         for (int h = 0; h < GM; ++h) s[h] = 0.0f;
@@ -455,194 +438,18 @@ struct VecinferReader {
             }
         }
     }
-    __device__ float value_scale(const uint8_t*, int) const { return 1.0f; }
-    __device__ float value(const uint32_t* vw, int i, int j) const {
+    __device__ float value_scale(const ReaderTile&, int) const { return 1.0f; }
+    __device__ float value(const KvHeadDev&, const ReaderTile& t, int i, int j) const {
+        const auto* vw = reinterpret_cast<const uint32_t*>(t.v);
         const int c = int(threadIdx.x & 31u) + 32 * j, sub = c / vf.n;
         const unsigned idx = code_at(vw, i * vf.block_bytes * 8 + sub * vf.m, vf.m);
         return __ldg(vf.codebook + ((int64_t(sub) << vf.m) + idx) * vf.n + (c - sub * vf.n));
     }
-    __device__ static void unrotate(const Format& vf, float* o, float* out, int d, int tid) {
+    __device__ static void map_back(const Format& vf, float* o, float* out, int d, int tid) {
         block_fwht(o, d, tid);
         for (int c = tid; c < d; c += kAttnThreads) out[c] = o[c] * vf.inv_sqrt_d;
     }
 };
-
-// The shared memory of the attention kernel and where each part starts (bytes): the rotated
-// queries, the reader's own part, then the warps' tiles (aliased by the raw queries before and
-// the warps' merge after).
-struct AttnSmem {
-    int qr, extra, work, warp_bytes, total;
-    __host__ __device__ AttnSmem(int d, int gm, int kbb, int vbb, int extra_bytes) {
-        qr = 0;
-        extra = qr + align16(gm * d * 4);
-        work = extra + align16(extra_bytes);
-        warp_bytes = tile_bytes(kbb) + tile_bytes(vbb) + gm * kTile * 4;
-        int w = kAttnWarps * warp_bytes;
-        w = w > kAttnWarps * gm * (d + 2) * 4 ? w : kAttnWarps * gm * (d + 2) * 4;  // the warps' merge
-        w = w > gm * d * 4 ? w : gm * d * 4;                                        // the raw queries
-        total = work + align16(w);
-    }
-};
-template <class R>
-__host__ __device__ AttnSmem attn_smem_of(const typename R::Format& kf, const typename R::Format& vf, int gm) {
-    return AttnSmem(R::D, gm, kf.block_bytes, vf.block_bytes, R::extra_bytes());
-}
-
-// Block (queries, KV head, split): NC = head_dim / 32 channels a lane; GM rows, a row a (query,
-// query head of the KV head's group): QB = GM / G consecutive queries of G heads each (GM
-// = rotated_rows_per_block: one query and its group rounded up for a decode step, 8 rows for a
-// batch), the rows past them zero and their results unused; Reader<NC, GM> reads the blocks
-// (TurboReader, VecinferReader). Row r's query sees its own causal stretch.
-template <template <int, int> class Reader, int NC, int GM>
-__global__ void __launch_bounds__(kAttnThreads)
-    rotated_attention_kernel(const RotatedAttentionParams<typename Reader<NC, GM>::Format> p) {
-    using R = Reader<NC, GM>;
-    VXQ_DYNAMIC_SMEM(smem);
-    constexpr int D = NC * 32;
-    const int g = int(blockIdx.y), split = int(blockIdx.z);
-    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-    const int G = int(p.n_head / p.n_head_kv), QB = GM / G;
-    const int64_t q0 = int64_t(blockIdx.x) * QB;                               // the block's first query
-    const int rows = int(p.n_q - q0 < QB ? p.n_q - q0 : QB) * G;  // the valid rows: whole queries
-    const AttnSmem L = attn_smem_of<R>(p.kf, p.vf, GM);
-    auto* qr = reinterpret_cast<float*>(smem + L.qr);
-    uint8_t* work = smem + L.work;
-    R reader(p.kf, p.vf, smem + L.extra, tid);
-    pdl_wait();
-
-    const KvHeadDev head = p.heads[g];
-    // Row r's tokens: query q0 + r / G sees the first n_tokens - n_q + query + 1.
-    int64_t limit[GM];
-#pragma unroll
-    for (int r = 0; r < GM; ++r) limit[r] = r < rows ? head.n_tokens - p.n_q + q0 + r / G + 1 : 0;
-    const int64_t most = head.n_tokens - p.n_q + q0 + rows / G;  // the last valid query's
-    const int64_t tiles = most > 0 ? (most + kTile - 1) / kTile : 0;
-    const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
-
-    // The rows' queries, rotated once per block (never per cached token).
-    auto* qraw = reinterpret_cast<float*>(work);
-    for (int i = tid; i < GM * D; i += kAttnThreads) {
-        const int r = i / D;
-        qraw[i] = r < rows ? p.q[((q0 + r / G) * p.n_head + int64_t(g) * G + r % G) * D + i % D] : 0.0f;
-    }
-    __syncthreads();
-    reader.rotate_query(qraw, qr, p.scale, tid, warp, lane);
-
-    // Each warp: every 4th tile of [tb, te), an online softmax per query head.
-    uint8_t* ktile = work + warp * L.warp_bytes;
-    uint8_t* vtile = ktile + tile_bytes(p.kf.block_bytes);
-    auto* wsm = reinterpret_cast<float*>(vtile + tile_bytes(p.vf.block_bytes));
-    const auto* kw = reinterpret_cast<const uint32_t*>(ktile);
-    const auto* vw = reinterpret_cast<const uint32_t*>(vtile);
-    float m[GM], l[GM], acc[GM][NC];
-#pragma unroll
-    for (int h = 0; h < GM; ++h) {
-        m[h] = -INFINITY;
-        l[h] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NC; ++j) acc[h][j] = 0.0f;
-    }
-    const auto* kbase = reinterpret_cast<const uint8_t*>(head.k);
-    const auto* vbase = reinterpret_cast<const uint8_t*>(head.v);
-    for (int64_t tile = tb + warp; tile < te; tile += kAttnWarps) {
-        const int64_t t0 = tile * kTile;
-        copy_tile(ktile, kbase + t0 * p.kf.block_bytes, kTile * p.kf.block_bytes, lane);
-        copy_tile(vtile, vbase + t0 * p.vf.block_bytes, kTile * p.vf.block_bytes, lane);
-        __syncwarp();
-        // Scores: a token per lane. A row may have no token in this tile (a batch's earlier
-        // queries): its max stays -inf and nothing is added.
-        float s[GM];
-        reader.score(kw, ktile, lane, qr, s);
-        const float nv = reader.value_scale(vtile, lane);
-#pragma unroll
-        for (int h = 0; h < GM; ++h) {
-            const bool valid = t0 + lane < limit[h];
-            const float sc = valid ? s[h] : -INFINITY;
-            const float mn = fmaxf(m[h], warp_max(sc));
-            const float corr = mn == -INFINITY ? 1.0f : expf(m[h] - mn);
-            const float pr = valid ? expf(sc - mn) : 0.0f;
-            l[h] = l[h] * corr + warp_sum(pr);
-            m[h] = mn;
-#pragma unroll
-            for (int j = 0; j < NC; ++j) acc[h][j] *= corr;
-            wsm[h * kTile + lane] = pr * nv;
-        }
-        __syncwarp();
-        // Values: a channel per lane and NC of them, token after token (masked rows add 0).
-        const int cnt = int(most - t0 < kTile ? most - t0 : kTile);
-        for (int i = 0; i < cnt; ++i) {
-            float wv[GM];
-#pragma unroll
-            for (int h = 0; h < GM; ++h) wv[h] = wsm[h * kTile + i];
-#pragma unroll
-            for (int j = 0; j < NC; ++j) {
-                const float y = reader.value(vw, i, j);
-#pragma unroll
-                for (int h = 0; h < GM; ++h) acc[h][j] = fmaf(wv[h], y, acc[h][j]);
-            }
-        }
-        __syncwarp();  // the next tile overwrites the buffers
-    }
-
-    // The warps' states, merged into this split's partial (rotated o, max, sum).
-    __syncthreads();
-    auto* comb = reinterpret_cast<float*>(work);
-#pragma unroll
-    for (int h = 0; h < GM; ++h) {
-        float* row = comb + (warp * GM + h) * (D + 2);
-#pragma unroll
-        for (int j = 0; j < NC; ++j) row[lane + 32 * j] = acc[h][j];
-        if (lane == 0) {
-            row[D] = m[h];
-            row[D + 1] = l[h];
-        }
-    }
-    __syncthreads();
-    for (int i = tid; i < rows * (D + 2); i += kAttnThreads) {
-        const int h = i / (D + 2), c = i % (D + 2);
-        float mx = -INFINITY;
-        for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, comb[(w * GM + h) * (D + 2) + D]);
-        float v = 0.0f;
-        if (c == D) {
-            v = mx;
-        } else if (mx != -INFINITY) {
-            for (int w = 0; w < kAttnWarps; ++w) {
-                const float* row = comb + (w * GM + h) * (D + 2);
-                if (row[D] != -INFINITY) v += expf(row[D] - mx) * row[c];
-            }
-        }
-        p.partial[(((q0 + h / G) * p.n_head + int64_t(g) * G + h % G) * p.splits + split) * (D + 2) + c] = v;
-    }
-}
-
-// Block (query, head): the splits' partials merged, then mapped back once (R::unrotate).
-template <template <int, int> class Reader>
-__global__ void __launch_bounds__(kAttnThreads)
-    rotated_merge_kernel(const RotatedAttentionParams<typename Reader<1, 1>::Format> p) {
-    __shared__ float e[kMaxSplits];
-    __shared__ float o[kTurboMaxHeadDim];
-    const int d = int(p.head_dim), tid = int(threadIdx.x);
-    const int64_t row = blockIdx.x;
-    pdl_wait();
-    const float* part = p.partial + row * p.splits * (d + 2);
-    float mx = -INFINITY;
-    for (int s = 0; s < p.splits; ++s) mx = fmaxf(mx, part[s * (d + 2) + d]);
-    for (int s = tid; s < p.splits; s += kAttnThreads) {
-        const float ms = part[s * (d + 2) + d];
-        e[s] = ms == -INFINITY ? 0.0f : expf(ms - mx);
-    }
-    __syncthreads();
-    float sum = 0.0f;
-    for (int s = 0; s < p.splits; ++s) sum += e[s] * part[s * (d + 2) + d + 1];
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int c = tid; c < d; c += kAttnThreads) {
-        float v = 0.0f;
-        for (int s = 0; s < p.splits; ++s) v += e[s] * part[s * (d + 2) + c];
-        o[c] = v * inv;
-    }
-    __syncthreads();
-    Reader<1, 1>::unrotate(p.vf, o, p.out + row * d, d, tid);
-}
 
 }  // namespace
 }  // namespace vxq::cuda
