@@ -25,6 +25,7 @@
 #include "support/simt.h"
 // (after simt.h: it defines the device built-ins the kernels use)
 #include "kernels/cuda/rotated_kv_kernels.cuh"
+#include "support/reader_simt.h"
 #endif
 
 namespace vxq {
@@ -147,34 +148,6 @@ TEST(VecinferSimt, StoreWritesTheCpuCodecsBytes) {
         [](const cuda::VecinferStoreParams& p) { cuda::vecinfer_store_kernel(p); });
 }
 
-// The attention kernel and its merge as rotated_kv.cu launches them, in the emulator.
-template <template <int, int> class Reader, int NC, int GM>
-void run_attention(const typename Reader<NC, GM>::Params& p) {
-    const cuda::AttnSmem L = cuda::attn_smem_of<Reader<NC, GM>>(p.kf, p.vf, GM);
-    const int64_t blocks = cuda::reader_query_blocks(p.n_q, p.n_head / p.n_head_kv);
-    simt::launch(dim3(unsigned(blocks), unsigned(p.n_head_kv), unsigned(p.splits)), dim3(cuda::kAttnThreads), size_t(L.total),
-                 [&] { cuda::reader_attention_kernel<Reader, NC, GM>(p); });
-    simt::launch(dim3(unsigned(p.n_q * p.n_head)), dim3(cuda::kAttnThreads), 0, [&] { cuda::reader_merge_kernel<Reader>(p); });
-}
-template <template <int, int> class Reader>
-void run_attention(const typename Reader<1, 1>::Params& p) {
-    const auto with_nc = [&]<int NC>() {
-        switch (cuda::reader_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
-            case 1: run_attention<Reader, NC, 1>(p); break;
-            case 2: run_attention<Reader, NC, 2>(p); break;
-            case 4: run_attention<Reader, NC, 4>(p); break;
-            default: run_attention<Reader, NC, 8>(p); break;
-        }
-    };
-    switch (p.head_dim / 32) {
-        case 1: with_nc.template operator()<1>(); break;
-        case 2: with_nc.template operator()<2>(); break;
-        case 3: with_nc.template operator()<3>(); break;
-        case 4: with_nc.template operator()<4>(); break;
-        default: with_nc.template operator()<8>(); break;
-    }
-}
-
 struct AttentionCase {
     const char *k, *v;
     int64_t d, n_head, n_head_kv, n_tokens, n_q, splits;
@@ -191,7 +164,7 @@ void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv
                                         << " tokens " << c.n_tokens << " n_q " << c.n_q << " splits " << c.splits << " seed " << seed);
         const Role<F> kr(c.k, KvRole::Key, c.d), vr(c.v, KvRole::Value, c.d);
-        const int64_t d = c.d, G = c.n_head / c.n_head_kv;
+        const int64_t d = c.d;
         const size_t kbb = size_t(kr.f.block_bytes), vbb = size_t(vr.f.block_bytes);
         // Pages: a whole 32-token tile past the last token (the kernel copies whole tiles).
         const int64_t cap = (c.n_tokens + 31) / 32 * 32;
@@ -230,29 +203,8 @@ void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases
         p.scale = 1.0f / std::sqrt(float(d));
         p.kf = kr.f;
         p.vf = vr.f;
-        run_attention<Reader>(p);
-        for (int64_t i = 0; i < c.n_q; ++i) {
-            const int64_t limit = c.n_tokens - c.n_q + i + 1;
-            for (int64_t h = 0; h < c.n_head; ++h) {
-                const int64_t g = h / G;
-                const float* qh = &q[size_t((i * c.n_head + h) * d)];
-                std::vector<double> s(static_cast<size_t>(limit));
-                double mx = -INFINITY;
-                for (int64_t t = 0; t < limit; ++t) {
-                    double dot = 0.0;
-                    for (int64_t e = 0; e < d; ++e) dot += double(qh[e]) * kd[size_t(g)][size_t(t * d + e)];
-                    s[size_t(t)] = dot * double(p.scale);
-                    mx = std::max(mx, s[size_t(t)]);
-                }
-                double sum = 0.0;
-                for (double& e : s) sum += e = std::exp(e - mx);
-                for (int64_t e = 0; e < d; ++e) {
-                    double o = 0.0;
-                    for (int64_t t = 0; t < limit; ++t) o += s[size_t(t)] * vd[size_t(g)][size_t(t * d + e)];
-                    ASSERT_NEAR(out[size_t((i * c.n_head + h) * d + e)], o / sum, 2e-5) << "query " << i << ", head " << h << ", channel " << e;
-                }
-            }
-        }
+        test::run_reader_attention<Reader>(p);
+        test::expect_attention_near(q, out, c.n_q, c.n_head, c.n_head_kv, d, p.scale, c.n_tokens, kd, vd, 2e-5);
     }
 }
 
@@ -318,8 +270,8 @@ TEST(TurboSimt, EmulatorReportsADivergentBarrier) {
 // developer's machine and a failure under CI=true (CI builds with nvcc: these tests must run there).
 TEST(RotatedKvSimt, NeedsACudaBuild) {
     if (test::assets_required()) FAIL() << "CI=true but this build has no CUDA backend: the SIMT emulator's kernel tests did not run";
-    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so the TurboQuant and VecInfer kernels are "
-                    "NOT verified by this run (tests/test_rotated_kv_simt.cpp) ***";
+    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so the TurboQuant, VecInfer and QJL kernels are "
+                    "NOT verified by this run (tests/test_rotated_kv_simt.cpp, tests/test_qjl_kv_simt.cpp) ***";
 }
 #endif
 

@@ -1,7 +1,7 @@
 // A layer's state copied to the device (rotated_kv.cuh: DeviceStateCopy), each part at a 16-byte
 // boundary of one allocation: a turbo::State's rotation (Hadamard signs or dense rows),
 // codebooks, rot=calib's per-coordinate bits and scales and turbo-prod's sketch; a
-// vecinfer::State's smoothing factors and codebooks.
+// vecinfer::State's smoothing factors and codebooks; a qjl::State's two sketches (qjl_kv.cuh).
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -9,7 +9,9 @@
 
 #include "core/error.h"
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/qjl_kv.cuh"
 #include "kernels/cuda/rotated_kv.cuh"
+#include "kv/formats/qjl.h"
 #include "kv/formats/turbo.h"
 #include "kv/formats/vecinfer.h"
 
@@ -129,6 +131,35 @@ VecinferStateCopy vecinfer_state_copy(const codecs::vecinfer::State& s) {
     VecinferFormatDev f = vecinfer_format_host(s, bytes);
     if (f.lambda == nullptr) return upload(f, bytes, {reinterpret_cast<const void**>(&f.codebook)});
     return upload(f, bytes, {reinterpret_cast<const void**>(&f.lambda), reinterpret_cast<const void**>(&f.codebook)});
+}
+
+QjlFormatDev qjl_format_host(const codecs::qjl::State& s, std::vector<uint8_t>& bytes) {
+    const codecs::qjl::Layout& l = s.layout;
+    VXQ_ASSERT(l.d % 32 == 0 && l.d <= kReaderMaxHeadDim);
+    bytes.clear();
+    QjlFormatDev f{};
+    f.d = int32_t(l.d);
+    f.m = int32_t(l.m);
+    f.mo = int32_t(l.mo);
+    f.outliers = l.outliers;
+    f.block_bytes = int32_t(l.block_bytes());
+    f.norm_in = int32_t(l.norm_in_offset());
+    f.norm_out = int32_t(l.norm_out_offset());
+    f.signs_in = int32_t(l.signs_in_offset());
+    f.signs_out = int32_t(l.signs_out_offset());
+    f.scale_in = s.inliers.scale();
+    f.scale_out = l.mo > 0 ? s.outliers.scale() : 0.0f;
+    const size_t in = put_part(bytes, s.inliers.row(0), s.inliers.bytes());
+    const size_t out = put_part(bytes, l.mo > 0 ? s.outliers.row(0) : nullptr, l.mo > 0 ? s.outliers.bytes() : 0);
+    f.s_in = reinterpret_cast<const float*>(bytes.data() + in);
+    f.s_out = reinterpret_cast<const float*>(bytes.data() + out);
+    return f;
+}
+
+QjlStateCopy qjl_state_copy(const codecs::qjl::State& s) {
+    std::vector<uint8_t> bytes;
+    QjlFormatDev f = qjl_format_host(s, bytes);
+    return upload(f, bytes, {reinterpret_cast<const void**>(&f.s_in), reinterpret_cast<const void**>(&f.s_out)});
 }
 
 void device_state_free(void* buf) {
