@@ -167,7 +167,7 @@ TEST(ActivationBuffers, ReusedAcrossForwardPassesWithUnchangedResults) {
 }
 
 // The KV codec registry is the one list of which backend reads which method: the CUDA backend
-// reads f16, q8_0, q4_0, fp8, KIVI, TurboQuant and VecInfer caches (in builds that have it), the CPU
+// reads f16, q8_0, q4_0, fp8, KIVI, TurboQuant, VecInfer and QJL caches (in builds that have it), the CPU
 // backend every method, and every name it lists is a backend of this build.
 TEST(KvReaders, RegistryListsTheBackendsThatReadEachMethod) {
     const std::vector<std::string> names = backend_names();
@@ -176,7 +176,7 @@ TEST(KvReaders, RegistryListsTheBackendsThatReadEachMethod) {
         EXPECT_TRUE(codec_has_reader(info.name, "cpu"));
         const bool cuda_reads = info.name == "f16" || info.name == "q8_0" || info.name == "q4_0" || info.name == "fp8" ||
                                 info.name == "kivi" || info.name.starts_with("turbo") ||
-                                info.name == "vecinfer";
+                                info.name == "vecinfer" || info.name == "qjl";
         EXPECT_EQ(codec_has_reader(info.name, "cuda"), VXQ_HAVE_CUDA && cuda_reads);
         for (const std::string& b : info.backends) {
             EXPECT_NE(std::find(names.begin(), names.end(), b), names.end()) << b << " is not a backend";

@@ -1769,12 +1769,14 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
     }
 }
 
-// TurboQuant and VecInfer on the device (rotated_kv.cuh): the store writes the CPU codec's bytes
-// (the same operations in the same order: the norm's double sum channel after channel, the
-// rotation's levels or rows, the thresholds' upper bound, turbo-prod's residual norm and sketch
-// signs; VecInfer's smoothing, transform and nearest centroid), for every rotation (Hadamard,
-// Haar, calibrated), bit count, the rvq stages, turbo-prod keys and VecInfer's n and m, keys and values of different formats, GQA 1/4/8, head_dim 64 /
-// 96 / 128 / 256; through prompts, single tokens (the decode step's store), batches and a
+// TurboQuant, VecInfer and QJL on the device (rotated_kv.cuh, qjl_kv.cuh): the store writes the
+// CPU codec's bytes (the same operations in the same order: the norm's double sum channel after
+// channel, the rotation's levels or rows, the thresholds' upper bound, turbo-prod's residual norm
+// and sketch signs; VecInfer's smoothing, transform and nearest centroid; QJL's outliers, norms
+// and sketch signs per 32-token block, its KIVI-2 values and both windows), for every rotation
+// (Hadamard, Haar, calibrated), bit count, the rvq stages, turbo-prod keys, VecInfer's n and m,
+// QJL's m, m_o, outliers and residual, keys and values of different formats, GQA 1/4/8, head_dim
+// 64 / 96 / 128 / 256; through prompts, single tokens (the decode step's store), batches and a
 // rollback. The attention equals the CPU's fused readers within 2e-5 on outputs of size ~1 (f32
 // sums in other orders; the query rotated and the output un-rotated in f32 on the device, in
 // double on the CPU: ~1e-7 relative), for one query and for batches (causal).
@@ -1798,7 +1800,10 @@ TEST(Cuda, RotatedStoreBitExactAndAttentionMatchesCpu) {
                           {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 8, 2},
                           {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 128, 32, 8},
                           {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64, 12, 4},
-                          {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 3, 3}};
+                          {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 3, 3},
+                          {"qjl", "qjl", 128, 32, 8},
+                          {"qjl:m=40,mo=24,outliers=3,residual=64", "qjl:m=40,mo=24,outliers=3,residual=64", 96, 8, 2},
+                          {"qjl:outliers=0", "qjl:outliers=0", 64, 12, 4}};
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.k << " / " << c.v << " head_dim " << c.head_dim << " heads " << c.n_head
                                         << "/" << c.n_head_kv << " seed " << seed);
@@ -1806,9 +1811,9 @@ TEST(Cuda, RotatedStoreBitExactAndAttentionMatchesCpu) {
     }
 }
 
-// What the TurboQuant and VecInfer kernels do not read is refused by name: keys of one family
-// with values of another format, a GQA group past 8, head_dim not a multiple of 32, the
-// attention mass.
+// What the TurboQuant, VecInfer and QJL kernels do not read is refused by name: keys of one
+// family with values of another format, a GQA group past 8, QJL sketches too large for shared
+// memory, head_dim not a multiple of 32, the attention mass.
 TEST(Cuda, RotatedRefusesWhatItCannotRead) {
     VXQ_REQUIRE_CUDA(be);
     std::mt19937 rng(fresh_seed());
@@ -1828,6 +1833,9 @@ TEST(Cuda, RotatedRefusesWhatItCannotRead) {
     refused("q8_0", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "TurboQuant keys with TurboQuant values");
     refused("vecinfer:calib=random", "turbo:bits=3", KvShape{1, 2, 2, 64, 64}, "VecInfer keys with VecInfer values only");
     refused("turbo:bits=3", "turbo:bits=3", KvShape{1, 16, 1, 64, 64}, "GQA group of at most 8");
+    refused("qjl", "f16", KvShape{1, 2, 2, 64, 64}, "QJL keys with their KIVI-2 values only");
+    refused("qjl", "qjl", KvShape{1, 16, 1, 64, 64}, "QJL on CUDA needs a GQA group of at most 8");
+    refused("qjl:m=8192,mo=8192", "qjl:m=8192,mo=8192", KvShape{1, 2, 2, 64, 64}, "fit the GPU's shared memory");
     refused("turbo:bits=3,rot=haar", "turbo:bits=3,rot=haar", KvShape{1, 2, 2, 48, 64}, "head_dim a multiple of 32");
     auto cache = make_kv_cache(KvShape{1, 2, 2, 64, 64}, "turbo:bits=3", "turbo:bits=3", opts);
     be->kv_write(*cache, 0, 0, k.data(), k.data(), 4);
@@ -1904,9 +1912,10 @@ TEST(Cuda, GraphReplayEqualsPlainLaunches) {
     }
 }
 
-// A TurboQuant or VecInfer cache's decode steps replayed from captured graphs give the logits
-// of plain launches bit for bit (the rotation and codebooks are copied to the device once,
-// outside any capture; the heads table travels in the step block).
+// A TurboQuant, VecInfer or QJL cache's decode steps replayed from captured graphs give the
+// logits of plain launches bit for bit (the rotation, codebooks and sketches are copied to the
+// device once, outside any capture; the heads table and QJL's write plan travel in the step
+// block, so the steps that flush a key block replay the same graph).
 TEST(Cuda, RotatedGraphReplayEqualsPlainLaunches) {
     VXQ_REQUIRE_CUDA(graphs);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
@@ -1914,7 +1923,7 @@ TEST(Cuda, RotatedGraphReplayEqualsPlainLaunches) {
     auto plain = plain_cuda_backend();
     const ModelConfig& c = model->config();
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256};
-    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar", "turbo-prod:bits=3", "vecinfer:calib=random"}) {
+    for (const char* spec : {"turbo:bits=3", "turbo-rvq:bits=2,rot=haar", "turbo-prod:bits=3", "vecinfer:calib=random", "qjl"}) {
         SCOPED_TRACE(spec);
         std::vector<std::unique_ptr<KvCache>> caches;
         for (Backend* be : {graphs.get(), plain.get()}) {
@@ -2360,7 +2369,7 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         true);
     for (const char* spec_text :
          {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4", "turbo:bits=4",
-          "turbo-rvq:bits=2", "turbo-prod:bits=4", "vecinfer:n=2,m=8,calib=random"}) {
+          "turbo-rvq:bits=2", "turbo-prod:bits=4", "vecinfer:n=2,m=8,calib=random", "qjl"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
         // q4_0, fp8 (a step is 1/8 of the value), KIVI's 2-bit codes and TurboQuant's / VecInfer's indices
         // turn the last-bit differences of k and v (the GEMVs' summation orders) into whole code
@@ -2369,7 +2378,8 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
         // Cuda.AttentionMatchesCpu, Cuda.RotatedStoreBitExactAndAttentionMatchesCpu).
         const std::string st = spec_text;
         const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8" ||
-                                   st.find("turbo") != std::string::npos || st.find("vecinfer") != std::string::npos
+                                   st.find("turbo") != std::string::npos || st.find("vecinfer") != std::string::npos ||
+                                   st.find("qjl") != std::string::npos
                                ? 1e-1
                                : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {

@@ -30,8 +30,10 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/nccl_api.h"
 #include "kernels/cuda/ops.cuh"
+#include "kernels/cuda/qjl_kv.cuh"
 #include "kernels/cuda/rotated_kv.cuh"
 #include "kv/kv_cache.h"
+#include "kv/formats/qjl.h"
 #include "kv/formats/turbo.h"
 #include "kv/formats/vecinfer.h"
 #include "kv/kv_view.h"
@@ -100,15 +102,15 @@ T zeroed() {
 enum class Op : uint64_t {
     Gemv, Embed, RmsNorm, Rope, Swiglu, Add, AddBias, Store, Attention, CopyOut, AttentionGemm, AttentionSplit, RopeStore,
     AttentionMass, KiviStore, KiviAttention, AllReduce, Gather, AttentionPrefill, TurboStore, TurboAttention,
-    VecinferStore, VecinferAttention
+    VecinferStore, VecinferAttention, QjlStore, QjlAttention
 };
 constexpr const char* kOpNames[] = {"gemv",     "embed",    "rms_norm",  "rope",     "swiglu",
                                     "add",      "add_bias", "kv store",  "attention", "copy out",
                                     "attention gemm", "attention split-K", "rope + kv store", "attention mass",
                                     "kivi store", "kivi attention", "all-reduce (NCCL)", "gather (NCCL)",
                                     "attention prefill", "turbo store", "turbo attention",
-                                    "vecinfer store", "vecinfer attention"};
-static_assert(std::size(kOpNames) == size_t(Op::VecinferAttention) + 1);
+                                    "vecinfer store", "vecinfer attention", "qjl key store", "qjl attention"};
+static_assert(std::size(kOpNames) == size_t(Op::QjlAttention) + 1);
 
 // Tensor parallelism: a backend is rank `rank` of a group of `size` on GPU `device` (rank 0 of 1
 // on GPU 0 alone); a group's ranks meet in NCCL collectives on their streams, recorded like any
@@ -205,9 +207,10 @@ public:
         split_partial_.release();
         split_arrivals_.release();
         kivi_partial_.release();
-        rotated_partial_.release();
+        reader_partial_.release();
         for (auto& [id, c] : turbo_states_) state_free(c);
         for (auto& [id, c] : vecinfer_states_) state_free(c);
+        for (auto& [id, c] : qjl_states_) state_free(c);
         mass_.release();
         mass_stats_.release();
         mass_q8_.release();
@@ -539,6 +542,10 @@ public:
             kivi_write(view, plan, k, v, n, pos0);
             return;
         }
+        if (qjl_layer(view)) {
+            qjl_write(view, plan, k, v, n);
+            return;
+        }
         if (const Rotated r = rotated_layer(view); r != Rotated::None) {
             rotated_write(view, r, k, v, n);
             return;
@@ -606,6 +613,11 @@ public:
                                "block on tensor cores, each tile dequantized once into hi/lo fp16)",
                                kivi_prefill_min_);
         }
+        if (qjl_keys(view)) {
+            return "cuda qjl pages on the device: split-K kernel reading the packed sign bits and the fp16 windows in place "
+                   "(the query sketched once per block, a key block's outlier corrections once per tile, a token per lane "
+                   "scored against the sketched query, KIVI-2 values a channel per lane), f32 softmax";
+        }
         if (const Rotated r = rotated_layer(view); r != Rotated::None) {
             return fmt::format("cuda {} pages on the device: split-K kernel reading the packed indices in place (the query "
                                "{} once per block, scores a token per lane against the codebooks' centroids, values summed "
@@ -654,6 +666,10 @@ private:
         require_device(view);
         if (kivi_layer(view)) {
             kivi_attend(view, q, n_q, pos0, o);
+            return;
+        }
+        if (qjl_layer(view)) {
+            qjl_attend(view, q, n_q, pos0, o);
             return;
         }
         if (const Rotated r = rotated_layer(view); r != Rotated::None) {
@@ -799,8 +815,8 @@ private:
     // host memory, so the mass is copied back and added there, as finish() returns an output.
     void add_attention_mass(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0,
                             float* const* token_mass) {
-        if (kivi_layer(view)) {
-            fail("the attention mass (eviction scores, attention observers) over a KIVI cache has no CUDA kernel; use "
+        if (kivi_layer(view) || qjl_keys(view)) {
+            fail("the attention mass (eviction scores, attention observers) over a KIVI or QJL cache has no CUDA kernel; use "
                  "--device cpu");
         }
         if (rotated_layer(view) != Rotated::None) {
@@ -923,7 +939,7 @@ private:
         const std::optional<KvCode> c = kv_code_of(s.fmt.kind);
         if (!c) {
             fail("KV format {} ({}) has no CUDA reader yet; the CUDA backend reads f16, q8_0, q4_0, fp8, KIVI, "
-                 "TurboQuant and VecInfer caches; use --device cpu",
+                 "TurboQuant, VecInfer and QJL caches; use --device cpu",
                  kv_format_kind_name(s.fmt.kind), what);
         }
         if (!kv_code_fits(*c, head_dim)) {
@@ -936,7 +952,7 @@ private:
     static bool kivi_layer(const KvLayerView& view) {
         const bool k = view.heads[0].k.fmt.kind == KvFormatKind::KiviKey;
         const bool v = view.heads[0].v.fmt.kind == KvFormatKind::KiviValue;
-        if (!k && !v) return false;
+        if ((!k && !v) || qjl_keys(view)) return false;  // (QJL's values are KIVI-2: qjl_layer)
         if (k != v) {
             fail("KV format {} / {}: the CUDA backend reads KIVI keys with KIVI values only; use --device cpu",
                  kv_format_kind_name(view.heads[0].k.fmt.kind), kv_format_kind_name(view.heads[0].v.fmt.kind));
@@ -970,14 +986,15 @@ private:
                !overlaps(v, count, k, count);
     }
 
-    // A KIVI layer's write: the encoders and the window write (kivi.cuh) as the cache's plan says;
-    // a decode step's RoPE of q and k, recorded right before, goes into the store's kernel.
-    void kivi_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n, int64_t pos0) {
+    // The store's parameters for a layer with KIVI's windows (KIVI, QJL): the inputs, the heads
+    // and the plan in the step block (room for `extra` bytes more).
+    KiviStoreParams kivi_store_params(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n,
+                                      size_t extra) {
         const size_t count = size_t(n * view.n_head_kv * view.head_dim);
         kivi_heads(view);
         const KvWindowWrite ww[2] = {plan.k, plan.v};
         KiviStoreParams a = zeroed<KiviStoreParams>();
-        step_reserve({host_bytes(k, count), host_bytes(v, count), kivi_heads_.size() * sizeof(KiviHeadDev), sizeof ww, sizeof pos0});
+        step_reserve({host_bytes(k, count), host_bytes(v, count), kivi_heads_.size() * sizeof(KiviHeadDev), sizeof ww, extra});
         a.k = in(k, count);
         a.v = in(v, count);
         a.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
@@ -987,6 +1004,13 @@ private:
         a.head_dim = view.head_dim;
         a.kf = kivi_format(view.heads[0].k);
         a.vf = kivi_format(view.heads[0].v);
+        return a;
+    }
+
+    // A KIVI layer's write: the encoders and the window write (kivi.cuh) as the cache's plan says;
+    // a decode step's RoPE of q and k, recorded right before, goes into the store's kernel.
+    void kivi_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n, int64_t pos0) {
+        KiviStoreParams a = kivi_store_params(view, plan, k, v, n, sizeof pos0);
         const RopeArgs &rq = ropes_[0], &rk = ropes_[1];
         const bool rope = n == 1 && ropes_right_before(pending_.size(), a.k, a.v, n, view.n_head_kv, view.head_dim, pos0) &&
                           rq.n_heads == view.n_head && rk.p.n_rot > 0 && rk.p.n_rot % 2 == 0 && rk.p.n_rot <= view.head_dim;
@@ -1007,13 +1031,7 @@ private:
 
     // A KIVI layer's attention: the queries are the last n_q stored tokens of every head.
     void kivi_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
-        kivi_heads(view);
-        for (const KiviHeadDev& h : kivi_heads_) {
-            if (h.n_tokens - n_q != pos0) {
-                fail("KIVI on CUDA attends with the {} queries at positions {}.. as the last stored tokens; use --device cpu",
-                     n_q, pos0);
-            }
-        }
+        attention_kivi_heads(view, n_q, pos0, "KIVI");
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         KiviAttentionParams p = zeroed<KiviAttentionParams>();
         p.splits = kivi_attention_splits(n_q, view.n_head_kv);
@@ -1032,6 +1050,18 @@ private:
         p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
         finish(o, p.out, n_out);
+    }
+
+    // The heads table of a layer with KIVI's windows for its attention, whose queries are the last
+    // n_q stored tokens of every head (`what` names the codec when they are not).
+    void attention_kivi_heads(const KvLayerView& view, int64_t n_q, int64_t pos0, const char* what) {
+        kivi_heads(view);
+        for (const KiviHeadDev& h : kivi_heads_) {
+            if (h.n_tokens - n_q != pos0) {
+                fail("{} on CUDA attends with the {} queries at positions {}.. as the last stored tokens; use --device cpu", what,
+                     n_q, pos0);
+            }
+        }
     }
 
     // Whether a layer is a cache of a rotated-domain codec (rotated_kv.cuh: TurboQuant keys and
@@ -1079,8 +1109,10 @@ private:
         drop_graphs();
         for (auto& [id, c] : turbo_states_) state_free(c);
         for (auto& [id, c] : vecinfer_states_) state_free(c);
+        for (auto& [id, c] : qjl_states_) state_free(c);
         turbo_states_.clear();
         vecinfer_states_.clear();
+        qjl_states_.clear();
         state_copy_bytes_ = 0;
     }
     template <class State, class Copy>
@@ -1152,12 +1184,78 @@ private:
         p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
         std::tie(p.kf, p.vf) = rotated_formats<F>(view);
-        p.partial = grow(rotated_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.partial = grow(reader_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);
         p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
         record(op, p, [attention](const RotatedAttentionParams<F>& p, cudaStream_t st) { attention(p, st); });
+        finish(o, p.out, n_out);
+    }
+
+    // Whether a layer is a QJL cache (qjl_kv.cuh: QJL keys with their KIVI-2 values), refusing what
+    // the kernels cannot read.
+    static bool qjl_keys(const KvLayerView& view) { return view.heads[0].k.fmt.kind == KvFormatKind::Qjl; }
+    bool qjl_layer(const KvLayerView& view) {
+        if (!qjl_keys(view)) return false;
+        if (view.heads[0].v.fmt.kind != KvFormatKind::KiviValue) {
+            fail("KV format qjl / {}: the CUDA backend reads QJL keys with their KIVI-2 values only; use --device cpu",
+                 kv_format_kind_name(view.heads[0].v.fmt.kind));
+        }
+        const QjlFormatDev kf = qjl_format(view);
+        if (!qjl_attention_fits(kf, kivi_format(view.heads[0].v), view.n_head, view.n_head_kv, view.head_dim)) {
+            fail("QJL on CUDA needs a GQA group of at most 8, head_dim a multiple of 32 up to 256, KIVI-2 values and sketches "
+                 "whose rows (m {} + m_o {} per query row) fit the GPU's shared memory, not {} / {} heads of {}; use --device cpu",
+                 kf.m, kf.mo, view.n_head, view.n_head_kv, view.head_dim);
+        }
+        return true;
+    }
+    // The keys' device format: the layer state's copy, and the window's ring.
+    QjlFormatDev qjl_format(const KvLayerView& view) {
+        state_copies_within_budget();
+        QjlFormatDev f = device_format(view.heads[0].k, qjl_states_, qjl_state_copy);
+        f.slots = int32_t(view.heads[0].k.ring_slots);
+        return f;
+    }
+    // A QJL layer's write: the key blocks it flushes (qjl_key_store), then the values and both
+    // windows (kivi_store with the keys encoded elsewhere). The model's RoPE kernels stay: the key
+    // store reads the rotated keys.
+    void qjl_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n) {
+        const QjlFormatDev kf = qjl_format(view);
+        KiviStoreParams a = kivi_store_params(view, plan, k, v, n, 0);
+        QjlKeyStoreParams s = zeroed<QjlKeyStoreParams>();
+        s.k = a.k;
+        s.heads = a.heads;
+        s.plan = a.plan;  // the keys' plan first
+        s.n = n;
+        s.n_head_kv = a.n_head_kv;
+        s.head_dim = a.head_dim;
+        s.kf = kf;
+        record(Op::QjlStore, s, [](const QjlKeyStoreParams& s, cudaStream_t st) { qjl_key_store(s, st); });
+        a.kf.bits = 0;
+        a.kf.group = 32;
+        record(Op::KiviStore, a, [](const KiviStoreParams& a, cudaStream_t st) { kivi_store(a, st); });
+    }
+    // A QJL layer's attention (the reader-policy kernel with QjlReader).
+    void qjl_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
+        const QjlFormatDev kf = qjl_format(view);
+        attention_kivi_heads(view, n_q, pos0, "QJL");
+        const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
+        QjlAttentionParams p = zeroed<QjlAttentionParams>();
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        p.kf = kf;
+        p.vf = kivi_format(view.heads[0].v);
+        p.partial = grow(reader_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.out = out(o, n_out);
+        step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
+        p.q = in(q, n_out);
+        p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
+        record(Op::QjlAttention, p, [](const QjlAttentionParams& p, cudaStream_t st) { qjl_attention(p, st); });
         finish(o, p.out, n_out);
     }
 
@@ -1734,9 +1832,10 @@ private:
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
-    DeviceArray<float> rotated_partial_;    // the TurboQuant / VecInfer attention's partials
+    DeviceArray<float> reader_partial_;     // the TurboQuant / VecInfer / QJL attention's partials
     std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;        // by KvLayerState::id()
     std::unordered_map<uint64_t, VecinferStateCopy> vecinfer_states_;  // by KvLayerState::id()
+    std::unordered_map<uint64_t, QjlStateCopy> qjl_states_;            // by KvLayerState::id()
     size_t state_copy_bytes_ = 0;
     DeviceArray<float> mass_;               // the attention mass: [n_head_kv, mass_stride_]
     DeviceArray<float> mass_stats_;         // its rows' max and 1 / sum

@@ -180,7 +180,7 @@ __device__ void encode_chunk(const KiviStoreParams& p, int64_t g, int64_t chunk,
     for (int role = 0; role < 2; ++role) {
         const KvWindowWrite w = p.plan[role];
         const int cnt = int(min64(T, w.encoded - i0));
-        if (cnt <= 0) continue;  // the same for the whole block
+        if (cnt <= 0 || (role == 0 && p.kf.bits == 0)) continue;  // the same for the whole block (bits 0: keys encoded elsewhere)
         const float* x = (role ? p.v : p.k) + g * d;
         stage_tokens(w, reinterpret_cast<const __half*>(role ? h.vw : h.kw), x, stride, d, i0, cnt, s, ld, tid, nthreads);
         __syncthreads();

@@ -50,6 +50,8 @@
 namespace vxq::cuda {
 
 struct KiviFormatDev {
+    // Keys of bits 0 are encoded by another kernel before the store (QJL's, qjl_kv.cuh): the
+    // store writes their window only (group 32, block_bytes theirs).
     int32_t bits, group, rows;  // rows: keys head_dim, values ceil(head_dim / group)
     int32_t block_bytes;        // keys: a block of `group` tokens; values: one token
     int32_t slots;              // ring slots of the fp16 window

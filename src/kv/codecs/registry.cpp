@@ -67,7 +67,7 @@ std::vector<Entry> builtin_entries() {
           "sign(S k_in) (m bits) + sign(S_o k_out) (m_o bits), unbiased scores; values: KIVI-2 per token, G=32",
           "keys (m + m_o + 32 + O/4)/d, values 3 (+ fp16 window of R tokens; + per layer: keys' (m + m_o) d fp32 "
           "sketches)",
-          {"cpu"},
+          {"cpu", "cuda"},
           {"qjl", "qjl:outliers=0", "qjl:m=72,mo=24,outliers=3,seed=7", "qjl:residual=64"}},
          codecs::make_qjl, codecs::make_qjl_state},
     };
