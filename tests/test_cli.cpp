@@ -154,8 +154,6 @@ const BadInput kBadInputs[] = {
     {"EvalGateOtherModel", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/stories260K.json"}; }, "is for model"},
     {"EvalBenchJsonMissing", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "f16", "--bench", "/nonexistent_bench.json", "--speed-plot", "/tmp/vxq_s.svg"}; }, "/nonexistent_bench.json"},
     {"EvalGateWithMethods", [] { return std::vector<std::string>{"eval", "-m", M(), "-f", T(), "--kv", "q8_0", "--gate", std::string(VXQ_TEST_DATA_DIR) + "/gate/vxq-llama-h64.json"}; }, "drop --kv"},
-    {"WeightTypeNotComputed", [] { return std::vector<std::string>{"generate", "-m", test::shared_path("assets/models/vxq-ternary-h64-tq2_0.gguf"), "--device", "cuda", "-p", "x"}; },
-     "tensor 'token_embd.weight' is Q6_K, which the cuda backend cannot compute yet"},
     {"PromptFileMissing", [] { return std::vector<std::string>{"generate", "-m", M(), "-f", "/nonexistent_prompt.txt"}; }, "/nonexistent_prompt.txt"},
     // CLI11's own errors, reworded into one line.
     {"MissingModelFlag", [] { return Args{"generate", "-p", "x"}; }, "--model is required"},

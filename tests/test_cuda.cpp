@@ -207,9 +207,9 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
                                    {type, 7, 4096, 13}, {type, 1024, 4096, 2}, {type, 77, 8192, 4},
                                    {type, 37, 1024, 8}, {type, 1031, 64, 1}, {type, 5, 14336, 1}, {type, 3, 8224, 1},
                                    {type, 2049, 512, 1}, {type, 3, 32768, 1}};
-    const bool ternary = type == GgmlType::TQ2_0 || type == GgmlType::TQ1_0 || type == GgmlType::TQ2_G128;
-    if (!quant && !ternary) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
-    if (ternary) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
+    const bool superblock = type == GgmlType::TQ2_0 || type == GgmlType::TQ1_0 || type == GgmlType::TQ2_G128 || type == GgmlType::Q6_K;
+    if (!quant && !superblock) cases.insert(cases.end(), {{type, 5, 37, 2}, {type, 33, 1, 1}, {type, 19, 203, 6}});
+    if (superblock) {  // rows of whole 256-blocks; the Bonsai shapes scaled down
         std::erase_if(cases, [](const GemvCase& c) { return c.cols % kQK_K != 0; });
         cases.insert(cases.end(), {{type, 7, 256, 1}, {type, 129, 512, 3}, {type, 65, 768, 5}, {type, 33, 5120, 9},
                                    {type, 1031, 256, 1}, {type, 17, 17408, 2}, {type, 300, 5120, 16}, {type, 5, 512, 40}});
@@ -244,7 +244,7 @@ TEST_P(CudaGemv, MatchesCpuOnOddShapes) {
 
 INSTANTIATE_TEST_SUITE_P(Types, CudaGemv,
                          ::testing::Values(GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
-                                           GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128),
+                                           GgmlType::TQ2_0, GgmlType::TQ1_0, GgmlType::TQ2_G128, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(ggml_type_name(info.param)); });
 
 // ---- prefill GEMM (cuBLAS) ---------------------------------------------------------------------
@@ -907,18 +907,20 @@ TEST(Cuda, EmbedIntoDeviceBufferAndBack) {
     const uint32_t seed = fresh_seed();
     std::mt19937 rng(seed);
     auto cpu = make_backend("cpu", 2);
-    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::TQ2_0,
+                          GgmlType::TQ1_0, GgmlType::TQ2_G128, GgmlType::Q6_K}) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(type) << " seed " << seed);
         auto be = make_backend("cuda", 1);
-        const Weights table = random_weights(type, 53, 96, rng);
+        const int64_t cols = ggml_type_traits(uint32_t(type))->block_size > 32 ? 512 : 96;  // whole super-blocks
+        const Weights table = random_weights(type, 53, cols, rng);
         const std::vector<int32_t> ids = {0, 52, 7, 7, 31};
-        std::vector<float> ref(ids.size() * 96);
+        std::vector<float> ref(ids.size() * size_t(cols));
         cpu->embed(table.view(), ids.data(), int64_t(ids.size()), ref.data());
         float* dev = be->activation_buffer(0, ref.size());  // device memory on this backend
         be->embed(table.view(), ids.data(), int64_t(ids.size()), dev);
         const float* got = be->to_host(dev, ref.size(), 0);
         ASSERT_NE(got, dev);
-        // Dequantization is d * q (or a widening) in both: exact.
+        // Dequantization is d * q, (t - 1) * d, (d * scale) * q (Q6_K) or a widening in both: exact.
         for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(got[i], ref[i]) << i;
     }
 }
@@ -2252,7 +2254,7 @@ struct RealCase {
 class CudaRealModel : public ::testing::TestWithParam<RealCase> {};
 
 // The ternary model with TQ2_0 matrices (`vxq quantize` of vxq-ternary-h64-f16: llama-quantize's
-// bytes, token_embd kept f16 where llama-quantize writes Q6_K, which CUDA cannot embed yet): a
+// bytes, token_embd kept f16 where llama-quantize writes Q6_K): a
 // prompt and 8 decode steps on CUDA against the CPU, with and without -fa. Both quantize the
 // activations to q8_K the same way and take the same integers per 64 weights, so the logits
 // differ like Q8_0/Q4_0 ones (logit_tolerance).
@@ -2276,6 +2278,24 @@ TEST(Cuda, TernaryModelLogitsCloseToCpu) {
         const double tol = logit_tolerance(GgmlType::TQ2_0);
         EXPECT_LT(forward_difference(*model, prompt, 8, true), tol) << "-fa";
         EXPECT_LT(forward_difference(*model, prompt, 8, false), tol);
+    }
+}
+
+// llama-quantize's ternary files as they are: TQ2_0 / TQ1_0 matrices with token_embd in Q6_K,
+// which is also the tied output matrix, so the embedding rows and the logits GEMV read Q6_K on
+// the device (uploaded unpacked: weights.cpp).
+TEST(Cuda, LlamaQuantizeTernaryFilesWithQ6KEmbeddingCloseToCpu) {
+    VXQ_REQUIRE_CUDA(cuda);
+    for (const char* name : {"vxq-ternary-h64-tq2_0.gguf", "vxq-ternary-h64-tq1_0.gguf"}) {
+        SCOPED_TRACE(name);
+        const std::string path = test::shared_path(std::string("assets/models/") + name);
+        VXQ_REQUIRE_PATH(path);
+        auto model = Model::load(path, "cuda");
+        ASSERT_EQ(model->weights().token_embd.type, GgmlType::Q6_K);
+        ASSERT_EQ(model->weights().output.data, model->weights().token_embd.data);  // tied
+        const auto ids = model->tokenizer().encode("Once upon a time", true);
+        const std::vector<TokenId> prompt(ids.begin(), ids.end());
+        EXPECT_LT(forward_difference(*model, prompt, 8, true), logit_tolerance(GgmlType::TQ2_0)) << "-fa";
     }
 }
 

@@ -4,6 +4,7 @@
 // against a double-precision sum, and the threaded matmul against the scalar reference.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -183,6 +184,46 @@ TEST(DotKQuant, Tq1RepackedAsTq2KeepsEveryValue) {
             const float x = dot_kquant_q8_K(GgmlType::TQ1_0, dc.row(r), dc.xq.data(), cols / kQK_K);
             const float y = dot_kquant_q8_K(GgmlType::TQ2_0, tq2.data(), dc.xq.data(), cols / kQK_K);
             EXPECT_EQ(x, y);
+        }
+    }
+}
+
+// Q6_K unpacked into values, 16-value scales and d (what the CUDA backend uploads for Q6_K
+// weights, its GEMV's units and its embedding): d * scale * q equals the CPU's dequantization bit
+// for bit, on random rows and on hand-made blocks (a negative d, the largest fp16 d with scales
+// -128 / 127 and the extreme codes -32 / 31).
+TEST(DotKQuant, Q6KUnpackedKeepsEveryValue) {
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    for (int64_t cols : {256, 1024}) {
+        DotCase dc = dot_case(GgmlType::Q6_K, 3, cols, 1.0f, rng);
+        auto* first = reinterpret_cast<BlockQ6_K*>(dc.w.bytes.data());
+        first[0].d = fp32_to_fp16(-0.0078125f);
+        if (cols > 256) {
+            first[1].d = fp32_to_fp16(65504.0f);
+            for (int j = 0; j < 16; ++j) first[1].scales[j] = int8_t(j % 2 ? 127 : -128);
+            std::memset(first[1].ql, 0, sizeof first[1].ql);  // q = 0 - 32
+            std::memset(first[1].qh, 0, sizeof first[1].qh);
+            std::memset(first[2].ql, 0xff, sizeof first[2].ql);  // q = 63 - 32
+            std::memset(first[2].qh, 0xff, sizeof first[2].qh);
+        }
+        for (int64_t r = 0; r < 3; ++r) {
+            SCOPED_TRACE(testing::Message() << "cols " << cols << " row " << r << " seed " << seed);
+            std::vector<int8_t> q(static_cast<size_t>(cols)), sc(size_t(cols / 16));
+            std::vector<uint16_t> d(size_t(cols / kQK_K));
+            q6_K_row_unpacked(dc.row(r), cols, q.data(), sc.data(), d.data());
+            std::vector<float> want(static_cast<size_t>(cols));
+            dequantize_row_kquant(GgmlType::Q6_K, dc.row(r), cols, want.data());
+            for (int64_t e = 0; e < cols; ++e) {
+                const float got = fp16_to_fp32(d[size_t(e / kQK_K)]) * float(sc[size_t(e / 16)]) * float(q[size_t(e)]);
+                ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want[size_t(e)])) << "value " << e;
+                ASSERT_GE(q[size_t(e)], -32);
+                ASSERT_LE(q[size_t(e)], 31);
+            }
+            if (r == 0 && cols > 256) {
+                EXPECT_EQ(q[256], -32);
+                EXPECT_EQ(q[512], 31);
+            }
         }
     }
 }

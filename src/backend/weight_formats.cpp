@@ -24,7 +24,7 @@ std::vector<WeightFormat> build_table() {
         {GgmlType::Q4_0, GgmlType::Q8_0, {"cpu", "cuda"}},
         {GgmlType::Q8_0, GgmlType::Q8_0, {"cpu", "cuda"}},
         {GgmlType::BF16, GgmlType::BF16, {"cpu", "cuda"}},
-        {GgmlType::Q6_K, GgmlType::Q8_K, {"cpu"}},
+        {GgmlType::Q6_K, GgmlType::Q8_K, {"cpu", "cuda"}},
         {GgmlType::TQ1_0, GgmlType::Q8_K, {"cpu", "cuda"}},  // CUDA: repacked as TQ2_0 on upload
         {GgmlType::TQ2_0, GgmlType::Q8_K, {"cpu", "cuda"}},
         {GgmlType::TQ2_G128, GgmlType::Q8_K, {"cpu", "cuda"}},

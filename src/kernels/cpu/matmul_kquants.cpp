@@ -148,6 +148,17 @@ void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out
     }
 }
 
+void q6_K_row_unpacked(const uint8_t* row, int64_t n, int8_t* q, int8_t* scales, uint16_t* d) {
+    VXQ_ASSERT(n % kQK_K == 0);
+    for (int64_t i = 0; i < n / kQK_K; ++i) {
+        BlockQ6_K b;
+        std::memcpy(&b, row + i * sizeof b, sizeof b);
+        q6_values(b, q + i * kQK_K);
+        std::memcpy(scales + i * (kQK_K / 16), b.scales, sizeof b.scales);
+        d[i] = b.d;
+    }
+}
+
 void tq1_0_row_as_tq2_0(const uint8_t* row, int64_t n, uint8_t* out) {
     const auto* in = reinterpret_cast<const BlockTQ1_0*>(row);
     auto* o = reinterpret_cast<BlockTQ2_0*>(out);

@@ -43,6 +43,12 @@ void dequantize_row_kquant(GgmlType t, const uint8_t* row, int64_t n, float* out
 //   row: [ggml_row_bytes(TQ1_0, n)]; out: [ggml_row_bytes(TQ2_0, n)]
 void tq1_0_row_as_tq2_0(const uint8_t* row, int64_t n, uint8_t* out);
 
+// A Q6_K row of n values as its parts: the values q - 32 (-32 .. 31) in value order, the int8
+// scale of each 16 values and the fp16 d of each 256, so that value e is d * scale * q as
+// dequantize_row_kquant computes it (bit for bit). What the CUDA backend uploads for Q6_K weights.
+//   row: [ggml_row_bytes(Q6_K, n)]; q: [n]; scales: [n / 16]; d: [n / 256]
+void q6_K_row_unpacked(const uint8_t* row, int64_t n, int8_t* q, int8_t* scales, uint16_t* d);
+
 // sum_e W[e] x[e] over nb super-blocks of a row of type t and q8_K activations, in the order
 // described above. Scalar; the reference of every faster kernel.
 float dot_kquant_q8_K(GgmlType t, const uint8_t* row, const BlockQ8_K* x, int64_t nb);

@@ -346,7 +346,9 @@ public:
     }
     size_t weight_bytes() const override { return weight_bytes_; }
     size_t copied_weight_bytes(GgmlType type, size_t file_bytes) const override {  // weights.cpp's layouts
-        return type == GgmlType::TQ1_0 ? file_bytes / sizeof(BlockTQ1_0) * sizeof(BlockTQ2_0) : file_bytes;
+        if (type == GgmlType::TQ1_0) return file_bytes / sizeof(BlockTQ1_0) * sizeof(BlockTQ2_0);
+        if (type == GgmlType::Q6_K) return file_bytes / sizeof(BlockQ6_K) * (kQK_K + kQK_K / 16 + 2);  // unpacked
+        return file_bytes;
     }
 
     float* activation_buffer(int id, size_t n) override {

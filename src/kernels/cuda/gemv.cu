@@ -182,14 +182,15 @@ __device__ __forceinline__ void cp_async16_weight(void* smem, const void* gmem) 
 struct GemvParams {
     const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2];
                                // TQ2_0 [rows, cols / 4] (each 256-block's 64 quant bytes)
-    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; TQ2_0: [rows, cols / 256]; TQ2_G128: [rows, cols / 128]; else nullptr
+    const __half* w_scale;     // Q8_0/Q4_0: [rows, cols / 32]; TQ2_0, Q6_K: [rows, cols / 256]; TQ2_G128: [rows, cols / 128]; else nullptr
     const void* x;             // activations in the dot type: dense [n, cols]; q8_0 / q8_K quants int8 [n, cols]
     const Q8Scale* x_scale;    // q8_0 activations: [n, cols / 32]; else nullptr
     float* y;                  // [n, rows]
     int rows, cols, n;         // below 2^31 (gemv checks); element offsets are int64
     int split;                 // warps sharing a row group: 1, 2 or 4
     float* resid;              // resid[i] += y[i] as y is stored (GemvFusion::resid), or nullptr
-    const Q8KScale* xk_scale;  // q8_K activations (TQ2_0): [n, cols / 256]; else nullptr
+    const Q8KScale* xk_scale;  // q8_K activations (TQ2_0, TQ2_G128, Q6_K): [n, cols / 256]; else nullptr
+    const int8_t* w_sub;       // Q6_K: the scale of each 16 weights [rows, cols / 16]; else nullptr
 };
 
 // F32/F16/BF16: a unit is 16 bytes; f32 products and sums (f16/bf16 products are exact in f32).
@@ -359,6 +360,35 @@ struct TQ2G128FormatR : TQ2G128Format {
     static constexpr int kRows = R;
 };
 inline bool is_ternary(GgmlType t) { return t == GgmlType::TQ2_0 || t == GgmlType::TQ2_G128; }
+
+// Q6_K (uploaded unpacked, weights.cpp: int8 values q - 32 in order, an int8 scale per 16 values,
+// the fp16 d per 256) x q8_K activations: a unit is 16 values, one 16-byte load and one scale,
+// the integer dot (dp4a) times d * scale * d_x (d * scale exact in f32). The CPU's integers
+// (matmul_kquants.h), summed per 16 in float instead of per 256.
+struct Q6KFormat {
+    static constexpr int kRows = kGemvRowsPerWarp;
+    struct Unit {
+        int4 q;
+        float d;
+    };
+    static constexpr int kUnitsPerIter = kGemvLoadsPerRow;
+    static __host__ __device__ int units(int cols) { return cols / 16; }
+    static __device__ __forceinline__ Unit load(const GemvParams& p, int row, int u) {
+        const int64_t i = int64_t(row) * units(p.cols) + u;
+        const float d = ld_weight_half(p.w_scale + int64_t(row) * (p.cols / kQK_K) + u / 16);
+        return Unit{ld_weight16(static_cast<const int4*>(p.w) + i), d * float(__ldg(p.w_sub + i))};
+    }
+    template <int R>
+    static __device__ __forceinline__ void accumulate(float (&acc)[R], const Unit (&w)[R], const GemvParams& p, int t,
+                                                      int u) {
+        const int4 x = __ldg(reinterpret_cast<const int4*>(static_cast<const int8_t*>(p.x) + int64_t(t) * p.cols) + u);
+        const float dx = __ldg(&p.xk_scale[int64_t(t) * (p.cols / kQK_K) + u / 16].d);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += float(dp4a_16(w[r].q, x, 0)) * (w[r].d * dx);
+    }
+};
+// The types whose activations are q8_K (gemv_kquant_group; no GEMM path, no fused forms).
+inline bool is_q8k(GgmlType t) { return is_ternary(t) || t == GgmlType::Q6_K; }
 
 // TQ2_0 with R rows per warp (each activation load, 64 bytes of x per unit, feeds R rows; R x
 // tokens per pass <= 32, the lanes that store). VXQ_GEMV_TQ2_ROWS=2 runs 2 rows (measurements).
@@ -605,7 +635,8 @@ GemvParams gemv_params(const DeviceWeight& w, const void* x, const Q8Scale* xs, 
     if (w.rows > INT_MAX || w.cols > INT_MAX || n > INT_MAX) {
         throw_cuda_error(cudaErrorInvalidValue, "gemv: a dimension above INT_MAX", __FILE__, __LINE__);
     }
-    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1, nullptr, nullptr};
+    const int8_t* sub = w.type == GgmlType::Q6_K ? static_cast<const int8_t*>(w.data) + w.rows * w.cols : nullptr;
+    return GemvParams{w.data, w.scales, x, xs, y, int(w.rows), int(w.cols), int(n), 1, nullptr, nullptr, sub};
 }
 
 // Sets p.split and returns the matrix's blocks along x.
@@ -1270,11 +1301,11 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
     launch_quant_group(w.type, ps, count, st);
 }
 
-size_t gemv_tq2_scratch_bytes(const DeviceWeight& w, int64_t n) { return quant_x_bytes<Q8KScale>(n, w.cols, kQK_K); }
+size_t gemv_q8k_scratch_bytes(const DeviceWeight& w, int64_t n) { return quant_x_bytes<Q8KScale>(n, w.cols, kQK_K); }
 
-// ws[0..count) share x: x quantized to q8_K once, then one launch. No GEMM path: every batch
-// takes this kernel, 8 tokens per pass over the weights.
-void gemv_tq2_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
+// ws[0..count) share x (TQ2_0, TQ2_G128 or Q6_K): x quantized to q8_K once, then one launch. No
+// GEMM path: every batch takes this kernel, 8 tokens per pass over the weights.
+void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                     GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
@@ -1283,6 +1314,7 @@ void gemv_tq2_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         ps[i] = gemv_params(*ws[i], xa.qs, nullptr, n, ys[i]);
         ps[i].xk_scale = xa.s;
     }
+    if (w.type == GgmlType::Q6_K) return launch_gemv_group<Q6KFormat>(ps, count, st);
     const bool g128 = w.type == GgmlType::TQ2_G128;
     if (tq2_rows() == 2) return g128 ? launch_gemv_group<TQ2G128FormatR<2>>(ps, count, st) : launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
     if (g128) return launch_gemv_group<TQ2G128FormatR<4>>(ps, count, st);
@@ -1469,6 +1501,11 @@ __device__ float weight_at(const DeviceWeight& w, int64_t r, int64_t c) {
             const uint8_t byte = static_cast<const uint8_t*>(w.data)[r * (w.cols / 4) + b * 64 + 32 * (e / 128) + e % 32];
             return d * float(int((byte >> (2 * ((e % 128) / 32))) & 3) - 1);
         }
+        case GgmlType::Q6_K: {  // (d * scale) * q, as the CPU's dequantize_row_kquant
+            const float d = __half2float(w.scales[r * (w.cols / kQK_K) + c / kQK_K]);
+            const auto* v = static_cast<const int8_t*>(w.data);
+            return __fmul_rn(__fmul_rn(d, float(v[w.rows * w.cols + r * (w.cols / 16) + c / 16])), float(v[r * w.cols + c]));
+        }
         case GgmlType::TQ2_G128: {  // value e of a 128-block: byte e % 32, bits 2 (e / 32)
             const int64_t b = c / kQG128, e = c % kQG128;
             const float d = __half2float(w.scales[r * (w.cols / kQG128) + b]);
@@ -1521,7 +1558,7 @@ void* GemvScratch::reserve(size_t n) {
 
 MatmulPath gemv_path(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (path != MatmulPath::Auto) return path;
-    if (is_ternary(w.type)) return MatmulPath::Gemv;  // no GEMM path yet
+    if (is_q8k(w.type)) return MatmulPath::Gemv;  // no GEMM path yet
     return n >= (is_quant(w.type) ? kGemmMinTokensQuant : kGemmMinTokensDense) ? MatmulPath::Gemm : MatmulPath::Gemv;
 }
 
@@ -1536,7 +1573,8 @@ size_t gemv_scratch_bytes(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant_scratch_bytes(w, n);
         case GgmlType::TQ2_0:
-        case GgmlType::TQ2_G128: return gemv_tq2_scratch_bytes(w, n);
+        case GgmlType::TQ2_G128:
+        case GgmlType::Q6_K: return gemv_q8k_scratch_bytes(w, n);
         default: return 0;  // F32: x is used in place
     }
 }
@@ -1550,6 +1588,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                        : w.type == GgmlType::Q4_0 ? "q4_0"
                        : w.type == GgmlType::TQ2_0 ? "tq2_0"
                        : w.type == GgmlType::TQ2_G128 ? "tq2_g128"
+                       : w.type == GgmlType::Q6_K ? "q6_K"
                                                   : "?";
     if (gemv_path(w, n, path) == MatmulPath::Gemm) {
         if (w.type == GgmlType::F32) {
@@ -1585,6 +1624,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         case GgmlType::Q8_0: units = Q8Format::units(w.cols); per_iter = Q8Format::kUnitsPerIter; break;
         case GgmlType::TQ2_0:
         case GgmlType::TQ2_G128: units = TQ2Format::units(w.cols); per_iter = TQ2Format::kUnitsPerIter; break;
+        case GgmlType::Q6_K: units = Q6KFormat::units(w.cols); per_iter = Q6KFormat::kUnitsPerIter; break;
         default: units = Q4Format::units(w.cols); per_iter = Q4Format::kUnitsPerIter; break;
     }
     if (!vector) {
@@ -1592,7 +1632,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     std::snprintf(line, sizeof line, "gemv %s%s, %d tok/pass, %d rows/warp, split %d", type,
-                  is_quant(w.type) ? " x q8_0 dp4a" : is_ternary(w.type) ? " x q8_K dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
+                  is_quant(w.type) ? " x q8_0 dp4a" : is_q8k(w.type) ? " x q8_K dp4a" : "", gemv_tokens_per_pass(n), rows_per_warp,
                   gemv_split(w.rows, units, int(per_iter), rows_per_warp));
     return line;
 }
@@ -1614,9 +1654,10 @@ void gemv(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratc
         case GgmlType::Q8_0:
         case GgmlType::Q4_0: return gemv_quant(w, x, n, y, s, st);
         case GgmlType::TQ2_0:
-        case GgmlType::TQ2_G128: {
+        case GgmlType::TQ2_G128:
+        case GgmlType::Q6_K: {
             const DeviceWeight* one[] = {&w};
-            return gemv_tq2_group(one, &y, 1, x, n, s, st);
+            return gemv_q8k_group(one, &y, 1, x, n, s, st);
         }
         default:
             // upload_weight admits no other type
@@ -1634,7 +1675,8 @@ bool gemv_groupable(const DeviceWeight& a, const DeviceWeight& b, int64_t n) {
         case GgmlType::Q8_0:
         case GgmlType::Q4_0:
         case GgmlType::TQ2_0:
-        case GgmlType::TQ2_G128: return true;
+        case GgmlType::TQ2_G128:
+        case GgmlType::Q6_K: return true;
         default: return false;
     }
 }
@@ -1685,13 +1727,14 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
         case GgmlType::F16: return gemv_group_dense<F16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::BF16: return gemv_group_dense<BF16Elem>(ws, ys, count, x, n, s, st);
         case GgmlType::TQ2_0:
-        case GgmlType::TQ2_G128: return gemv_tq2_group(ws, ys, count, x, n, s, st);
+        case GgmlType::TQ2_G128:
+        case GgmlType::Q6_K: return gemv_q8k_group(ws, ys, count, x, n, s, st);
         default: return gemv_quant_group(ws, ys, count, x, n, s, st);
     }
 }
 
 bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion) {
-    if (count < 1 || count > kGemvGroupMax || is_ternary(ws[0]->type)) return false;  // TQ2_0, TQ2_G128: no fused forms
+    if (count < 1 || count > kGemvGroupMax || is_q8k(ws[0]->type)) return false;  // TQ2_0, TQ2_G128, Q6_K: no fused forms
     for (int i = 0; i < count; ++i) {
         if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
         if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;

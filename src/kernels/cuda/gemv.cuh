@@ -81,9 +81,10 @@ struct DeviceWeight {
     void* data = nullptr;        // F32/F16/BF16: [rows, cols] as stored; Q8_0: int8 [rows, cols];
                                  // Q4_0: [rows, cols / 2] bytes, block b of a row at byte 16 b;
                                  // TQ2_0: [rows, cols / 4] bytes, 256-block b's 64 quant bytes at 64 b;
-                                 // TQ2_G128: the same, 128-block b's 32 quant bytes at 32 b
-    __half* scales = nullptr;    // Q8_0/Q4_0: [rows, cols / 32], TQ2_0: [rows, cols / 256], TQ2_G128: [rows, cols / 128]
-                                 // block scales; else nullptr
+                                 // TQ2_G128: the same, 128-block b's 32 quant bytes at 32 b;
+                                 // Q6_K: int8 [rows, cols] values q - 32, then int8 [rows, cols / 16] scales
+    __half* scales = nullptr;    // Q8_0/Q4_0: [rows, cols / 32], TQ2_0 and Q6_K: [rows, cols / 256], TQ2_G128: [rows, cols / 128]
+                                 // block scales (Q6_K: d); else nullptr
     size_t bytes = 0;            // device bytes held (data + scales)
 };
 

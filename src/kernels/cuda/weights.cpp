@@ -83,6 +83,22 @@ DeviceWeight upload_weight(const WeightView& w) {
             });
             return d;
         }
+        case GgmlType::Q6_K: {  // unpacked: the values q - 32 as int8, then the int8 scale of each 16; d per 256
+            if (w.cols % kQK_K != 0) fail("Q6_K weight with {} columns: not whole blocks", w.cols);
+            std::vector<int8_t> values(size_t(n + n / 16));
+            std::vector<uint16_t> d16(size_t(n / kQK_K));
+            for (int64_t r = 0; r < w.rows; ++r) {
+                cpu::q6_K_row_unpacked(row_of(w, r), w.cols, &values[size_t(r * w.cols)], &values[size_t(n + r * (w.cols / 16))],
+                                       &d16[size_t(r * (w.cols / kQK_K))]);
+            }
+            d.bytes = values.size() + d16.size() * 2;
+            VXQ_CUDA_CHECK(cudaMalloc(&d.data, values.size()));
+            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), d16.size() * 2));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.data, values.data(), values.size(), cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, d16.data(), d16.size() * 2, cudaMemcpyHostToDevice));
+            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            return d;
+        }
         case GgmlType::TQ2_G128:  // 34-byte blocks split into 32 quant bytes and the fp16 scale
             if (w.cols % kQK_K != 0) fail("TQ2_G128 weight with {} columns: not whole 256-value super-blocks", w.cols);
             upload_blocks<BlockTQ2_G128>(d, w, w.cols / kQK_G128, [&](int64_t r) { return row_of(w, r); });
