@@ -61,7 +61,7 @@ void add_synth(CLI::App& app, int& rc) {
         "synth",
         "Write a random-weight GGUF of a real model's shape (llama.cpp loads it too). Matrices, "
         "token_embd and output.weight included, have --type (llama-quantize would write output.weight as "
-        "Q6_K in a q4_0 model; veloxquant cannot compute Q6_K yet). Shapes:" + shape_list());
+        "Q6_K in a q4_0 model; synth has no Q6_K quantizer). Shapes:" + shape_list());
     auto o = std::make_shared<SynthCliOptions>();
     sub->add_option("--shape", o->shape, "model shape (list above)")->required();
     sub->add_option("--type", o->type, "weight type: f16, q8_0 or q4_0 (default f16)");

@@ -8,7 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
+
+#include "support/random_weights.h"
 
 namespace vxq::test {
 
@@ -70,6 +73,25 @@ inline void expect_attention_near(const std::vector<float>& q, const std::vector
             }
         }
     }
+}
+
+// p.n_q random queries over `heads` (p's formats, shape and splits set by the caller) through
+// the emulated attention and merge, against dequantize-then-attend over kd / vd (decoded keys and
+// values per KV head, n_tokens each) within 2e-5 on outputs of size ~1: f32 sums in other orders.
+template <template <int, int> class Reader>
+void expect_reader_attention(typename Reader<1, 1>::Params p, const std::vector<typename Reader<1, 1>::Head>& heads,
+                             int64_t n_tokens, const std::vector<std::vector<float>>& kd,
+                             const std::vector<std::vector<float>>& vd, std::mt19937& rng) {
+    const int64_t d = p.head_dim;
+    const std::vector<float> q = random_floats(size_t(p.n_q * p.n_head * d), rng);
+    std::vector<float> partial(cuda::reader_attention_scratch_floats(p.n_q, p.n_head, d, p.splits)), out(q.size(), NAN);
+    p.q = q.data();
+    p.heads = heads.data();
+    p.partial = partial.data();
+    p.out = out.data();
+    p.scale = 1.0f / std::sqrt(float(d));
+    run_reader_attention<Reader>(p);
+    expect_attention_near(q, out, p.n_q, p.n_head, p.n_head_kv, d, p.scale, n_tokens, kd, vd, 2e-5);
 }
 
 }  // namespace vxq::test

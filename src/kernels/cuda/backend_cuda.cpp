@@ -1066,6 +1066,26 @@ private:
         }
     }
 
+    // A reader-policy attention's parameters (reader_attention.cuh) for n_q queries into o, with
+    // the formats (fetched first: a state copy's lookup may run and free what was recorded): the
+    // shape, the splits, the partials' scratch and the output; q and the heads are the caller's.
+    template <class P>
+    P reader_attention_params(const KvLayerView& view, int64_t n_q, float* o, const decltype(P::kf)& kf,
+                              const decltype(P::vf)& vf) {
+        P p = zeroed<P>();
+        p.n_q = n_q;
+        p.n_head = view.n_head;
+        p.n_head_kv = view.n_head_kv;
+        p.head_dim = view.head_dim;
+        p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
+        p.scale = 1.0f / std::sqrt(float(view.head_dim));
+        p.kf = kf;
+        p.vf = vf;
+        p.partial = grow(reader_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+        p.out = out(o, size_t(n_q * view.n_head * view.head_dim));
+        return p;
+    }
+
     // Whether a layer is a cache of a rotated-domain codec (rotated_kv.cuh: TurboQuant keys and
     // values, or VecInfer keys and values: these kernels read no other format) and which, refusing
     // what they cannot read.
@@ -1177,17 +1197,9 @@ private:
                      n_q, pos0);
             }
         }
+        const auto [kf, vf] = rotated_formats<F>(view);
+        RotatedAttentionParams<F> p = reader_attention_params<RotatedAttentionParams<F>>(view, n_q, o, kf, vf);
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
-        RotatedAttentionParams<F> p = zeroed<RotatedAttentionParams<F>>();
-        p.n_q = n_q;
-        p.n_head = view.n_head;
-        p.n_head_kv = view.n_head_kv;
-        p.head_dim = view.head_dim;
-        p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
-        p.scale = 1.0f / std::sqrt(float(view.head_dim));
-        std::tie(p.kf, p.vf) = rotated_formats<F>(view);
-        p.partial = grow(reader_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
-        p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), heads_.size() * sizeof(KvHeadDev)});
         p.q = in(q, n_out);
         p.heads = static_cast<const KvHeadDev*>(step_put(heads_.data(), heads_.size() * sizeof(KvHeadDev)));
@@ -1242,18 +1254,8 @@ private:
     void qjl_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
         const QjlFormatDev kf = qjl_format(view);
         attention_kivi_heads(view, n_q, pos0, "QJL");
+        QjlAttentionParams p = reader_attention_params<QjlAttentionParams>(view, n_q, o, kf, kivi_format(view.heads[0].v));
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
-        QjlAttentionParams p = zeroed<QjlAttentionParams>();
-        p.n_q = n_q;
-        p.n_head = view.n_head;
-        p.n_head_kv = view.n_head_kv;
-        p.head_dim = view.head_dim;
-        p.splits = reader_attention_splits(n_q, view.n_head, view.n_head_kv);
-        p.scale = 1.0f / std::sqrt(float(view.head_dim));
-        p.kf = kf;
-        p.vf = kivi_format(view.heads[0].v);
-        p.partial = grow(reader_partial_, reader_attention_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
-        p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
         p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));

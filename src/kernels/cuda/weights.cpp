@@ -15,6 +15,16 @@ namespace {
 
 const uint8_t* row_of(const WeightView& w, int64_t r) { return static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes; }
 
+// A weight's device copy: `data_bytes` of quants (or values) and n_scales fp16 scales, copied once.
+void copy_to_device(DeviceWeight& d, const void* data, size_t data_bytes, const uint16_t* scales, size_t n_scales) {
+    d.bytes = data_bytes + n_scales * 2;
+    VXQ_CUDA_CHECK(cudaMalloc(&d.data, data_bytes));
+    VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), n_scales * 2));
+    VXQ_CUDA_CHECK(cudaMemcpy(d.data, data, data_bytes, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales, n_scales * 2, cudaMemcpyHostToDevice));
+    VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+}
+
 // The weight's blocks of type B ({qs, d}), nb a row (row r's first at row(r)), on the device as
 // gemv.cuh lays them out: the quant bytes row after row, then the fp16 scales (d.data, d.scales,
 // d.bytes).
@@ -29,12 +39,7 @@ void upload_blocks(DeviceWeight& d, const WeightView& w, int64_t nb, Row row) {
             std::memcpy(&quants[size_t(r * nb + b) * sizeof blk[b].qs], blk[b].qs, sizeof blk[b].qs);
         }
     }
-    d.bytes = quants.size() + scales.size() * 2;
-    VXQ_CUDA_CHECK(cudaMalloc(&d.data, quants.size()));
-    VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), scales.size() * 2));
-    VXQ_CUDA_CHECK(cudaMemcpy(d.data, quants.data(), quants.size(), cudaMemcpyHostToDevice));
-    VXQ_CUDA_CHECK(cudaMemcpy(d.scales, scales.data(), scales.size() * 2, cudaMemcpyHostToDevice));
-    VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+    copy_to_device(d, quants.data(), quants.size(), scales.data(), scales.size());
 }
 
 }  // namespace
@@ -91,12 +96,7 @@ DeviceWeight upload_weight(const WeightView& w) {
                 cpu::q6_K_row_unpacked(row_of(w, r), w.cols, &values[size_t(r * w.cols)], &values[size_t(n + r * (w.cols / 16))],
                                        &d16[size_t(r * (w.cols / kQK_K))]);
             }
-            d.bytes = values.size() + d16.size() * 2;
-            VXQ_CUDA_CHECK(cudaMalloc(&d.data, values.size()));
-            VXQ_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&d.scales), d16.size() * 2));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.data, values.data(), values.size(), cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaMemcpy(d.scales, d16.data(), d16.size() * 2, cudaMemcpyHostToDevice));
-            VXQ_CUDA_CHECK(cudaDeviceSynchronize());  // the kernels run on another stream
+            copy_to_device(d, values.data(), values.size(), d16.data(), d16.size());
             return d;
         }
         case GgmlType::TQ2_G128:  // 34-byte blocks split into 32 quant bytes and the fp16 scale
