@@ -969,7 +969,7 @@ private:
     void kivi_heads(const KvLayerView& view) {
         kivi_heads_.resize(size_t(view.n_head_kv));
         for (int64_t g = 0; g < view.n_head_kv; ++g) {
-            if (view.heads[g].pos != nullptr) fail("KIVI on CUDA: a cache with evicted tokens; use --device cpu");
+            if (view.heads[g].pos != nullptr) fail("KIVI and QJL on CUDA: a cache with evicted tokens; use --device cpu");
             kivi_heads_[size_t(g)] = kivi_head(view.heads[g]);
         }
     }

@@ -40,16 +40,18 @@ struct State;
 
 namespace vxq::cuda {
 
-// The keys' format on the device: a layer's qjl::State (its two sketches in one device
-// allocation: QjlStateCopy) and the block layout.
+// The keys' format on the device: a layer's qjl::State (its two sketches, row-major and
+// transposed, in one device allocation: QjlStateCopy) and the block layout.
 struct QjlFormatDev {
     int32_t d, m, mo, outliers;   // mo = 0 without outliers
     int32_t block_bytes, slots;   // slots: the key window's ring (set by the backend)
     int32_t norm_in, norm_out;    // bytes into a block: the fp16 norms of the 32 tokens
     int32_t signs_in, signs_out;  // ... and their sign bits (m / 8, m_o / 8 bytes a token)
     float scale_in, scale_out;    // sqrt(pi/2) / m, sqrt(pi/2) / m_o
-    const float* s_in;            // S   [m, d]
+    const float* s_in;            // S   [m, d] (the store: a warp reads one row)
     const float* s_out;           // S_o [m_o, d]
+    const float* t_in;            // S^T [d, m] (the attention: adjacent lanes read adjacent rows of a column)
+    const float* t_out;           // S_o^T [d, m_o]
 };
 using QjlStateCopy = DeviceStateCopy<QjlFormatDev>;
 QjlStateCopy qjl_state_copy(const codecs::qjl::State& s);

@@ -168,9 +168,8 @@ struct QjlReader {
         __syncthreads();
         for (int i = tid; i < GM * kf.m; i += kAttnThreads) {
             const int h = i / kf.m, r = i - h * kf.m;
-            const float* row = kf.s_in + int64_t(r) * D;
             float s = 0.0f;
-            for (int c = 0; c < D; ++c) s = fmaf(__ldg(row + c), qr[h * D + c], s);
+            for (int c = 0; c < D; ++c) s = fmaf(__ldg(kf.t_in + int64_t(c) * kf.m + r), qr[h * D + c], s);
             u[i] = s;
         }
         __syncthreads();
@@ -193,13 +192,13 @@ struct QjlReader {
                 v = u[r * kf.m + i];
                 for (int j = 0; j < kf.outliers; ++j) {
                     const int c = t.k[j];
-                    v = fmaf(-q[c], __ldg(kf.s_in + int64_t(i) * D + c), v);
+                    v = fmaf(-q[c], __ldg(kf.t_in + int64_t(c) * kf.m + i), v);
                 }
             } else {
                 v = 0.0f;
                 for (int j = 0; j < kf.outliers; ++j) {
                     const int c = t.k[j];
-                    v = fmaf(q[c], __ldg(kf.s_out + int64_t(i - kf.m) * D + c), v);
+                    v = fmaf(q[c], __ldg(kf.t_out + int64_t(c) * kf.mo + (i - kf.m)), v);
                 }
             }
             t.scratch[e] = v;

@@ -1,7 +1,8 @@
 // A layer's state copied to the device (rotated_kv.cuh: DeviceStateCopy), each part at a 16-byte
 // boundary of one allocation: a turbo::State's rotation (Hadamard signs or dense rows),
 // codebooks, rot=calib's per-coordinate bits and scales and turbo-prod's sketch; a
-// vecinfer::State's smoothing factors and codebooks; a qjl::State's two sketches (qjl_kv.cuh).
+// vecinfer::State's smoothing factors and codebooks; a qjl::State's two sketches and their
+// transposes (qjl_kv.cuh).
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
@@ -149,17 +150,29 @@ QjlFormatDev qjl_format_host(const codecs::qjl::State& s, std::vector<uint8_t>& 
     f.signs_out = int32_t(l.signs_out_offset());
     f.scale_in = s.inliers.scale();
     f.scale_out = l.mo > 0 ? s.outliers.scale() : 0.0f;
+    const auto transposed = [](const codecs::qjl::Sketch& sk) {
+        std::vector<float> t(size_t(sk.rows() * sk.dim()));
+        for (int64_t i = 0; i < sk.rows(); ++i)
+            for (int64_t c = 0; c < sk.dim(); ++c) t[size_t(c * sk.rows() + i)] = sk.at(i, c);
+        return t;
+    };
     const size_t in = put_part(bytes, s.inliers.row(0), s.inliers.bytes());
     const size_t out = put_part(bytes, l.mo > 0 ? s.outliers.row(0) : nullptr, l.mo > 0 ? s.outliers.bytes() : 0);
-    f.s_in = reinterpret_cast<const float*>(bytes.data() + in);
-    f.s_out = reinterpret_cast<const float*>(bytes.data() + out);
+    const size_t t_in = put_floats(bytes, transposed(s.inliers));
+    const size_t t_out = put_floats(bytes, l.mo > 0 ? transposed(s.outliers) : std::vector<float>{});
+    const auto ptr = [&bytes](size_t off) { return reinterpret_cast<const float*>(bytes.data() + off); };
+    f.s_in = ptr(in);
+    f.s_out = ptr(out);
+    f.t_in = ptr(t_in);
+    f.t_out = ptr(t_out);
     return f;
 }
 
 QjlStateCopy qjl_state_copy(const codecs::qjl::State& s) {
     std::vector<uint8_t> bytes;
     QjlFormatDev f = qjl_format_host(s, bytes);
-    return upload(f, bytes, {reinterpret_cast<const void**>(&f.s_in), reinterpret_cast<const void**>(&f.s_out)});
+    const auto v = [](auto*& p) { return reinterpret_cast<const void**>(&p); };
+    return upload(f, bytes, {v(f.s_in), v(f.s_out), v(f.t_in), v(f.t_out)});
 }
 
 void device_state_free(void* buf) {
