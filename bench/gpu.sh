@@ -171,9 +171,9 @@ if [ "$status_build" = ok ]; then
   # --stages 2,3 ..." sweeps the latter's tiling.
   "$BUILD/bench/vxq_gpu_attention" ${VXQ_GPU_ATTN_ARGS:---splits 32,64 --stream 0,2 --mma 0,1} ${VXQ_GPU_ATTN_CONTEXTS:-1024 4096 16384 32768 65536 131072} |
     tee "$LOGS/attention.log" | grep -v '^{' || status_bench=FAIL
-  # The rotated-domain codecs (TurboQuant 3 / 2 bits, VecInfer n=4,m=8: rotated_kv.cuh) at their
-  # default splits and 32 / 128 splits, at VXQ_GPU_ROTATED_CONTEXTS (default 32K and 128K).
-  "$BUILD/bench/vxq_gpu_attention" --formats turbo3,turbo2,vecinfer --turbo-splits 32,128 \
+  # The reader-policy codecs (TurboQuant 3 / 2 bits, VecInfer n=4,m=8: rotated_kv.cuh; QJL: qjl_kv.cuh)
+  # at their default splits and 32 / 128 splits, at VXQ_GPU_ROTATED_CONTEXTS (default 32K and 128K).
+  "$BUILD/bench/vxq_gpu_attention" --formats turbo3,turbo2,vecinfer,qjl --turbo-splits 32,128 \
     ${VXQ_GPU_ROTATED_CONTEXTS:-32768 131072} | tee "$LOGS/attention_rotated.log" | grep -v '^{' || status_bench=FAIL
   # The same shape through PyTorch's scaled_dot_product_attention (issue 11 compares f16 with it),
   # where the machine's Python has torch with CUDA.

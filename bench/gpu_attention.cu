@@ -8,7 +8,7 @@
 // where the layers would hold more than kMaxCacheBytes of device memory (whole 2 MiB chunks per
 // stream: contexts of a few hundred tokens), so those rows may be served partly from L2.
 //
-//   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2,turbo4,turbo3,turbo2,vecinfer] [--splits N,..] [--tile N,..]
+//   vxq_gpu_attention [--formats f16,q8_0,q4_0,fp8,kivi4,kivi2,turbo4,turbo3,turbo2,vecinfer,qjl] [--splits N,..] [--tile N,..]
 //                     [--stages N,..] [--stream N,..] [--mma N,..] [--tma N,..] [--kivi-splits N,..]
 //                     [--turbo-splits N,..] [--encode N,..] [CONTEXTS...]
 //                     (contexts default 1024 4096 16384 32768 65536 131072)
@@ -24,11 +24,12 @@
 // --kivi-splits, and the SIMT form beside the tensor-core form (with the largest difference of
 // their outputs on stderr); bytes = packed keys and values with their zeros and scales + the fp16
 // windows.
-// turbo4 / turbo3 / turbo2 / vecinfer (not in the default list): a TurboQuant cache (turbo:bits=4 /
-// 3 / 2, Hadamard rotation) or a VecInfer one (vecinfer:n=4,m=8 with seeded random codebooks: 2
-// bits/element; rotated_kv.cuh) filled through the backend's store, timed with the attention and
-// its merge (the way back from the rotated domain) at its default split count and each of
-// --turbo-splits; bytes = the packed blocks (fp16 norms and indices) of keys and values.
+// turbo4 / turbo3 / turbo2 / vecinfer / qjl (not in the default list): a TurboQuant cache
+// (turbo:bits=4 / 3 / 2, Hadamard rotation), a VecInfer one (vecinfer:n=4,m=8 with seeded random
+// codebooks: 2 bits/element; rotated_kv.cuh) or a QJL one (qjl's defaults: qjl_kv.cuh) filled
+// through the backend's store, timed with the reader-policy attention and its merge (the way back
+// from the rotated domain) at its default split count and each of --turbo-splits; bytes = the
+// packed blocks (fp16 norms and indices or signs) of keys and values and QJL's fp16 windows.
 // --encode N,..: also the encoder (store_kv, attention.cuh) writing N tokens' keys and values of
 // the 8 KV heads in each format (a prefill chunk, or KIVI's flush size 2048 in issue 11's bar),
 // bytes = the f32 rows read + the codes and scales written, inputs rotated as the caches are,
@@ -51,8 +52,10 @@
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/kivi.cuh"
+#include "kernels/cuda/qjl_kv.cuh"
 #include "kernels/cuda/rotated_kv.cuh"
 #include "kv/codec.h"
+#include "kv/formats/qjl.h"
 #include "kv/formats/turbo.h"
 #include "kv/formats/vecinfer.h"
 #include "kv/kv_cache.h"
@@ -476,47 +479,71 @@ EncodeTiming run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
     return {ms, 2 * in_bytes + (k_bytes + v_bytes) * size_t(kHeadsKv)};
 }
 
-// A TurboQuant or VecInfer cache of ctx tokens (`kv`, F its device format) per layer, the
-// attention of one query (and its merge) timed at its default split count (twice: A/A) and at
-// each of `splits`.
+// A cache of a reader-policy codec (reader_attention.cuh: TurboQuant, VecInfer, QJL; F its keys'
+// device format) of ctx tokens per layer, the attention of one query (and its merge) timed at its
+// default split count (twice: A/A) and at each of `splits`; bytes = the packed blocks of keys and
+// values and the fp16 windows (QJL's).
 template <class F>
-std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
+using ReaderParams = std::conditional_t<std::is_same_v<F, vxq::cuda::QjlFormatDev>, vxq::cuda::QjlAttentionParams,
+                                        vxq::cuda::RotatedAttentionParams<F>>;
+template <class F>
+std::vector<Row> run_reader_case(const std::string& kv, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
     using namespace vxq;
+    using P = ReaderParams<F>;
+    using Head = std::remove_cvref_t<decltype(*P{}.heads)>;
+    constexpr bool kQjl = std::is_same_v<F, vxq::cuda::QjlFormatDev>;
     const FilledCache fc = filled_cache(kv, ctx, uint32_t(ctx) * 13 + uint32_t(kv.size()));
     const std::vector<float>& host = fc.host;
     KvCache* cache = fc.cache.get();
     const int64_t layers = fc.layers;
+    size_t layer_bytes = 0;
     const KvLayerView view0 = cache->view(0);
-    const size_t layer_bytes = size_t(kHeadsKv * ctx) * (view0.heads[0].k.fmt.block_bytes + view0.heads[0].v.fmt.block_bytes);
+    for (int64_t g = 0; g < kHeadsKv; ++g) {
+        const KvHeadView& h = view0.heads[g];
+        layer_bytes += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
+        layer_bytes += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;
+    }
     const int64_t dflt = cuda::reader_attention_splits(1, kHeads, kHeadsKv);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;
-    cuda::KvHeadDev* tables;
+    Head* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::reader_attention_scratch_floats(1, kHeads, kHeadDim, most) * 4));
-    VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KvHeadDev)));
+    VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(Head)));
     VXQ_CUDA_CHECK(cudaMemcpy(q, host.data(), size_t(kHeads * kHeadDim) * 4, cudaMemcpyHostToDevice));
-    std::vector<cuda::KvHeadDev> table(size_t(layers * kHeadsKv));
-    std::vector<cuda::DeviceStateCopy<F>> states;  // per layer: keys, values
+    std::vector<Head> table(size_t(layers * kHeadsKv));
+    std::vector<cuda::DeviceStateCopy<F>> states;  // per layer: keys, and values (the rotated codecs)
+    std::vector<cuda::KiviFormatDev> values;       // per layer (QJL)
     const auto addr = [](const void* p) { return uint64_t(reinterpret_cast<uintptr_t>(p)); };
     for (int64_t l = 0; l < layers; ++l) {
         const KvLayerView view = cache->view(l);
         for (int64_t g = 0; g < kHeadsKv; ++g) {
             const KvHeadView& h = view.heads[g];
-            table[size_t(l * kHeadsKv + g)] = cuda::KvHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), h.n_tokens, 0};
-        }
-        for (const KvStreamView* sv : {&view.heads[0].k, &view.heads[0].v}) {
-            if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
-                states.push_back(cuda::turbo_state_copy(*static_cast<const codecs::turbo::State*>(sv->fmt.layer_state)));
+            if constexpr (kQjl) {
+                table[size_t(l * kHeadsKv + g)] = cuda::kivi_head(h);
             } else {
-                states.push_back(cuda::vecinfer_state_copy(*static_cast<const codecs::vecinfer::State*>(sv->fmt.layer_state)));
+                table[size_t(l * kHeadsKv + g)] = cuda::KvHeadDev{addr(kv_packed_blocks(h.k)), addr(kv_packed_blocks(h.v)), h.n_tokens, 0};
+            }
+        }
+        const KvStreamView &ks = view.heads[0].k, &vs = view.heads[0].v;
+        if constexpr (kQjl) {
+            states.push_back(cuda::qjl_state_copy(*static_cast<const codecs::qjl::State*>(ks.fmt.layer_state)));
+            states.back().f.slots = int32_t(ks.ring_slots);
+            values.push_back(cuda::kivi_format(vs));
+        } else {
+            for (const KvStreamView* sv : {&ks, &vs}) {
+                if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
+                    states.push_back(cuda::turbo_state_copy(*static_cast<const codecs::turbo::State*>(sv->fmt.layer_state)));
+                } else {
+                    states.push_back(cuda::vecinfer_state_copy(*static_cast<const codecs::vecinfer::State*>(sv->fmt.layer_state)));
+                }
             }
         }
     }
-    VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(cuda::KvHeadDev), cudaMemcpyHostToDevice));
-    cuda::RotatedAttentionParams<F> p{};
+    VXQ_CUDA_CHECK(cudaMemcpy(tables, table.data(), table.size() * sizeof(Head), cudaMemcpyHostToDevice));
+    P p{};
     p.q = q;
     p.out = out;
     p.partial = partial;
@@ -530,15 +557,22 @@ std::vector<Row> run_rotated_case(const std::string& kv, int64_t ctx, const std:
         if (s != dflt) arms.push_back(s);
     }
     const auto params = [&](size_t arm, int64_t layer) {
-        cuda::RotatedAttentionParams<F> pl = p;
+        P pl = p;
         pl.splits = arms[arm];
         pl.heads = tables + layer * kHeadsKv;
-        pl.kf = states[size_t(2 * layer)].f;
-        pl.vf = states[size_t(2 * layer + 1)].f;
+        if constexpr (kQjl) {
+            pl.kf = states[size_t(layer)].f;
+            pl.vf = values[size_t(layer)];
+        } else {
+            pl.kf = states[size_t(2 * layer)].f;
+            pl.vf = states[size_t(2 * layer + 1)].f;
+        }
         return pl;
     };
     const std::vector<bench::Timing> ms = bench::time_interleaved(st, 40, int(arms.size()), [&](int arm, int i) {
-        if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
+        if constexpr (kQjl) {
+            cuda::qjl_attention(params(size_t(arm), i % layers), st);
+        } else if constexpr (std::is_same_v<F, cuda::TurboFormatDev>) {
             cuda::turbo_attention(params(size_t(arm), i % layers), st);
         } else {
             cuda::vecinfer_attention(params(size_t(arm), i % layers), st);
@@ -657,9 +691,9 @@ int main(int argc, char** argv) {
         if (formats.empty()) formats = {"f16", "q8_0", "q4_0", "fp8", "kivi4", "kivi2"};
         for (const std::string& f : formats) {
             if (f != "f16" && f != "q8_0" && f != "q4_0" && f != "fp8" && f != "kivi4" && f != "kivi2" && f != "turbo4" &&
-                f != "turbo3" && f != "turbo2" && f != "vecinfer") {
+                f != "turbo3" && f != "turbo2" && f != "vecinfer" && f != "qjl") {
                 std::fprintf(stderr, "vxq_gpu_attention: --formats takes f16, q8_0, q4_0, fp8, kivi4, kivi2, turbo4, turbo3, turbo2, "
-                                     "vecinfer\n");
+                                     "vecinfer, qjl\n");
                 return 1;
             }
         }
@@ -679,7 +713,7 @@ int main(int argc, char** argv) {
                         "in a graph: us/call (min-max) | of copy |\n");
             std::printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
             for (const std::string& fname : formats) {
-                if (fname.starts_with("turbo") || fname == "vecinfer") continue;  // (their stores have no timing here yet)
+                if (fname.starts_with("turbo") || fname == "vecinfer" || fname == "qjl") continue;  // (their stores have no timing here yet)
                 const Format* fp = nullptr;
                 for (const Format& f : kFormats) {
                     if (fname == f.kv) fp = &f;
@@ -724,9 +758,10 @@ int main(int argc, char** argv) {
             for (int64_t ctx : contexts) {
                 const std::vector<Row> case_rows =
                     fmt                   ? run_case(*fmt, ctx, configs, st)
-                    : turbo_bits(fname)   ? run_rotated_case<cuda::TurboFormatDev>("turbo:bits=" + std::to_string(turbo_bits(fname)), ctx,
-                                                                                   turbo_splits, st)
-                    : fname == "vecinfer" ? run_rotated_case<cuda::VecinferFormatDev>("vecinfer:n=4,m=8,calib=random", ctx, turbo_splits, st)
+                    : turbo_bits(fname)   ? run_reader_case<cuda::TurboFormatDev>("turbo:bits=" + std::to_string(turbo_bits(fname)), ctx,
+                                                                                  turbo_splits, st)
+                    : fname == "vecinfer" ? run_reader_case<cuda::VecinferFormatDev>("vecinfer:n=4,m=8,calib=random", ctx, turbo_splits, st)
+                    : fname == "qjl"      ? run_reader_case<cuda::QjlFormatDev>("qjl", ctx, turbo_splits, st)
                                           : run_kivi_case(kivi_bits(fname), ctx, kivi_splits, st);
                 for (const Row& r : case_rows) {
                     const double gbs = double(r.bytes) / (r.us * 1e-6) / 1e9;
@@ -735,7 +770,7 @@ int main(int argc, char** argv) {
                                   r.tma > 0         ? "bulk-copy ring x %d"
                                   : r.stream == -2 ? "kivi tensor cores"
                                   : r.stream == -3 ? "kivi SIMT"
-                                  : r.stream == -4 ? "rotated SIMT"
+                                  : r.stream == -4 ? "reader SIMT"
                                   : r.mma          ? "stream mma"
                                   : r.stream > 0   ? "stream x %d"
                                                    : "tensor cores",
