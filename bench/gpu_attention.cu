@@ -282,6 +282,18 @@ FilledCache filled_cache(const std::string& kv, int64_t ctx, uint32_t seed) {
     return fc;
 }
 
+// The bytes one query's attention reads from a layer: every head's packed key blocks and value
+// tokens (codes, scales, norms) and its fp16 window tokens.
+size_t attended_bytes(const vxq::KvLayerView& view) {
+    size_t bytes = 0;
+    for (int64_t g = 0; g < kHeadsKv; ++g) {
+        const vxq::KvHeadView& h = view.heads[g];
+        bytes += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
+        bytes += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;
+    }
+    return bytes;
+}
+
 // A KIVI cache of ctx tokens (kivi:bits=bits) per layer, the KIVI attention of one query timed at
 // its default split count (twice: A/A) and at each of `splits`.
 std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>& splits, cudaStream_t st) {
@@ -291,13 +303,8 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     const std::vector<float>& host = fc.host;
     KvCache* cache = fc.cache.get();
     const int64_t layers = fc.layers;
-    size_t layer_bytes = 0;  // packed keys and values with their zeros and scales, and the windows
     const KvLayerView view0 = cache->view(0);
-    for (int64_t g = 0; g < kHeadsKv; ++g) {
-        const KvHeadView& h = view0.heads[g];
-        layer_bytes += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
-        layer_bytes += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;
-    }
+    const size_t layer_bytes = attended_bytes(view0);  // packed keys and values with their zeros and scales, the windows
     cuda::KiviAttentionParams p{};
     p.n_q = 1;
     p.n_head = kHeads;
@@ -496,13 +503,7 @@ std::vector<Row> run_reader_case(const std::string& kv, int64_t ctx, const std::
     const std::vector<float>& host = fc.host;
     KvCache* cache = fc.cache.get();
     const int64_t layers = fc.layers;
-    size_t layer_bytes = 0;
-    const KvLayerView view0 = cache->view(0);
-    for (int64_t g = 0; g < kHeadsKv; ++g) {
-        const KvHeadView& h = view0.heads[g];
-        layer_bytes += size_t(h.k.n_packed / h.k.fmt.block_tokens) * h.k.fmt.block_bytes + size_t(h.v.n_packed) * h.v.fmt.block_bytes;
-        layer_bytes += size_t(2 * h.n_tokens - h.k.n_packed - h.v.n_packed) * kHeadDim * 2;
-    }
+    const size_t layer_bytes = attended_bytes(cache->view(0));
     const int64_t dflt = cuda::reader_attention_splits(1, kHeads, kHeadsKv);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/random_weights.h"
@@ -27,20 +28,19 @@ void run_reader_attention(const typename Reader<NC, GM>::Params& p) {
 template <template <int, int> class Reader>
 void run_reader_attention(const typename Reader<1, 1>::Params& p) {
     const auto with_nc = [&]<int NC>() {
+        if (p.head_dim != 32 * NC) return false;
         switch (cuda::reader_rows_per_block(p.n_q, p.n_head / p.n_head_kv)) {
             case 1: run_reader_attention<Reader, NC, 1>(p); break;
             case 2: run_reader_attention<Reader, NC, 2>(p); break;
             case 4: run_reader_attention<Reader, NC, 4>(p); break;
             default: run_reader_attention<Reader, NC, 8>(p); break;
         }
+        return true;
     };
-    switch (p.head_dim / 32) {
-        case 1: with_nc.template operator()<1>(); break;
-        case 2: with_nc.template operator()<2>(); break;
-        case 3: with_nc.template operator()<3>(); break;
-        case 4: with_nc.template operator()<4>(); break;
-        default: with_nc.template operator()<8>(); break;
-    }
+    const bool ran = [&]<int... NC>(std::integer_sequence<int, NC...>) {
+        return (with_nc.template operator()<NC + 1>() || ...);
+    }(std::make_integer_sequence<int, 8>{});
+    ASSERT_TRUE(ran) << "head_dim " << p.head_dim << " is not 32 to 256 in steps of 32";
 }
 
 // out (the kernel's, [n_q, n_head, d]) equals attention over the decoded keys and values

@@ -544,8 +544,8 @@ public:
             kivi_write(view, plan, k, v, n, pos0);
             return;
         }
-        if (qjl_layer(view)) {
-            qjl_write(view, plan, k, v, n);
+        if (const std::optional<QjlFormatDev> kf = qjl_layer(view)) {
+            qjl_write(view, *kf, plan, k, v, n);
             return;
         }
         if (const Rotated r = rotated_layer(view); r != Rotated::None) {
@@ -670,8 +670,8 @@ private:
             kivi_attend(view, q, n_q, pos0, o);
             return;
         }
-        if (qjl_layer(view)) {
-            qjl_attend(view, q, n_q, pos0, o);
+        if (const std::optional<QjlFormatDev> kf = qjl_layer(view)) {
+            qjl_attend(view, *kf, q, n_q, pos0, o);
             return;
         }
         if (const Rotated r = rotated_layer(view); r != Rotated::None) {
@@ -1207,35 +1207,30 @@ private:
         finish(o, p.out, n_out);
     }
 
-    // Whether a layer is a QJL cache (qjl_kv.cuh: QJL keys with their KIVI-2 values), refusing what
-    // the kernels cannot read.
+    // The keys' device format if a layer is a QJL cache (qjl_kv.cuh: QJL keys with their KIVI-2
+    // values; the layer state's copy and the window's ring), refusing what the kernels cannot read.
     static bool qjl_keys(const KvLayerView& view) { return view.heads[0].k.fmt.kind == KvFormatKind::Qjl; }
-    bool qjl_layer(const KvLayerView& view) {
-        if (!qjl_keys(view)) return false;
+    std::optional<QjlFormatDev> qjl_layer(const KvLayerView& view) {
+        if (!qjl_keys(view)) return std::nullopt;
         if (view.heads[0].v.fmt.kind != KvFormatKind::KiviValue) {
             fail("KV format qjl / {}: the CUDA backend reads QJL keys with their KIVI-2 values only; use --device cpu",
                  kv_format_kind_name(view.heads[0].v.fmt.kind));
         }
-        const QjlFormatDev kf = qjl_format(view);
+        state_copies_within_budget();
+        QjlFormatDev kf = device_format(view.heads[0].k, qjl_states_, qjl_state_copy);
+        kf.slots = int32_t(view.heads[0].k.ring_slots);
         if (!qjl_attention_fits(kf, kivi_format(view.heads[0].v), view.n_head, view.n_head_kv, view.head_dim)) {
             fail("QJL on CUDA needs a GQA group of at most 8, head_dim a multiple of 32 up to 256, KIVI-2 values and sketches "
                  "whose rows (m {} + m_o {} per query row) fit the GPU's shared memory, not {} / {} heads of {}; use --device cpu",
                  kf.m, kf.mo, view.n_head, view.n_head_kv, view.head_dim);
         }
-        return true;
-    }
-    // The keys' device format: the layer state's copy, and the window's ring.
-    QjlFormatDev qjl_format(const KvLayerView& view) {
-        state_copies_within_budget();
-        QjlFormatDev f = device_format(view.heads[0].k, qjl_states_, qjl_state_copy);
-        f.slots = int32_t(view.heads[0].k.ring_slots);
-        return f;
+        return kf;
     }
     // A QJL layer's write: the key blocks it flushes (qjl_key_store), then the values and both
     // windows (kivi_store with the keys encoded elsewhere). The model's RoPE kernels stay: the key
     // store reads the rotated keys.
-    void qjl_write(const KvLayerView& view, const KvWritePlan& plan, const float* k, const float* v, int64_t n) {
-        const QjlFormatDev kf = qjl_format(view);
+    void qjl_write(const KvLayerView& view, const QjlFormatDev& kf, const KvWritePlan& plan, const float* k, const float* v,
+                   int64_t n) {
         KiviStoreParams a = kivi_store_params(view, plan, k, v, n, 0);
         QjlKeyStoreParams s = zeroed<QjlKeyStoreParams>();
         s.k = a.k;
@@ -1251,8 +1246,7 @@ private:
         record(Op::KiviStore, a, [](const KiviStoreParams& a, cudaStream_t st) { kivi_store(a, st); });
     }
     // A QJL layer's attention (the reader-policy kernel with QjlReader).
-    void qjl_attend(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* o) {
-        const QjlFormatDev kf = qjl_format(view);
+    void qjl_attend(const KvLayerView& view, const QjlFormatDev& kf, const float* q, int64_t n_q, int64_t pos0, float* o) {
         attention_kivi_heads(view, n_q, pos0, "QJL");
         QjlAttentionParams p = reader_attention_params<QjlAttentionParams>(view, n_q, o, kf, kivi_format(view.heads[0].v));
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);

@@ -24,10 +24,6 @@ __device__ __forceinline__ void put_fp16_bytes(uint8_t* dst, unsigned bits) {
     dst[0] = uint8_t(bits & 0xffu);
     dst[1] = uint8_t(bits >> 8);
 }
-// A norm's fp16 bits as the CPU stores them: a NaN norm (a NaN among the token's channels) as
-// 0x7e00, the CPU's for a window NaN of quiet_NaN's bits (the host keeps a NaN's payload through
-// fp16 -> f32 -> double -> sqrt; the device's conversions replace it with all ones).
-__device__ __forceinline__ unsigned qjl_norm_bits(float n) { return n != n ? 0x7e00u : norm_fp16_bits(n); }
 __device__ __forceinline__ float fp16_bytes(const uint8_t* src) {
     return __half2float(__ushort_as_half(uint16_t(src[0] | (src[1] << 8))));
 }
@@ -131,8 +127,8 @@ __global__ void __launch_bounds__(kQjlStoreThreads) qjl_key_store_kernel(const Q
                 nin = fma(v, v, nin);
             }
         }
-        put_fp16_bytes(blk + p.kf.norm_in + 2 * lane, qjl_norm_bits(float(sqrt(nin))));
-        if (O > 0) put_fp16_bytes(blk + p.kf.norm_out + 2 * lane, qjl_norm_bits(float(sqrt(nout))));
+        put_fp16_bytes(blk + p.kf.norm_in + 2 * lane, norm_fp16_bits(float(sqrt(nin))));
+        if (O > 0) put_fp16_bytes(blk + p.kf.norm_out + 2 * lane, norm_fp16_bits(float(sqrt(nout))));
     }
     sketch_sign_bytes(p.kf.s_in, p.kf.m, d, x, is_out, false, blk + p.kf.signs_in, warp, lane);
     if (O > 0) sketch_sign_bytes(p.kf.s_out, p.kf.mo, d, x, is_out, true, blk + p.kf.signs_out, warp, lane);

@@ -41,13 +41,11 @@ namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kTile = 32;
 
-// core/fp16.h's fp32_to_fp16 for a norm (>= 0 or NaN): round to nearest even, and a NaN keeps
-// its top payload bits with the quiet bit set as the host conversion does.
-__device__ __forceinline__ unsigned norm_fp16_bits(float n) {
-    const unsigned x = __float_as_uint(n), ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return ((x >> 16) & 0x8000u) | 0x7c00u | 0x200u | ((ax >> 13) & 0x3ffu);
-    return __half_as_ushort(__float2half_rn(n));
-}
+// core/fp16.h's fp32_to_fp16 for a norm (>= 0 or NaN): round to nearest even; a NaN norm (a NaN
+// among the vector's values) as 0x7e00, what the CPU stores for a NaN of quiet_NaN's bits (the
+// host keeps a NaN's payload through its conversions and double arithmetic; the device's replace
+// it, so the input's payload is gone by the time the norm is a NaN).
+__device__ __forceinline__ unsigned norm_fp16_bits(float n) { return n != n ? 0x7e00u : __half_as_ushort(__float2half_rn(n)); }
 
 // The 32 bits from bit `bit` of the words on (the word after it is readable), and the `nb`-bit
 // code there (nb <= 8).
