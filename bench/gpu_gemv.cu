@@ -17,6 +17,8 @@
 // Every line names the kernels that ran (gemv_describe).
 //
 //   vxq_gpu_gemv            prints four markdown tables, the copy first
+//   vxq_gpu_gemv --ternary [ROWSxCOLS]  the copy and the ternary table only (of one shape: for a
+//                           profiler)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -123,7 +125,7 @@ BoundaryRow time_boundary(GgmlType type, int64_t rows, int64_t cols, int k, cuda
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
     using namespace vxq;
     using namespace vxq::cuda;
     try {
@@ -139,6 +141,7 @@ int main() {
         const size_t copy_bytes = size_t(2) << 30;
         const double copy_gbs = bench::copy_bandwidth_gbs(st);
         const double copy_ms = 2.0 * double(copy_bytes) / (copy_gbs * 1e9) * 1e3;
+        const bool ternary_only = argc > 1 && std::string(argv[1]) == "--ternary";
 
         std::vector<GemvRow> gemv_rows;
         std::vector<GemmRow> gemm_rows;
@@ -151,6 +154,7 @@ int main() {
                                 {"attn k/v", 1024, 4096, false},
                                 {"output", 128256, 4096, false}};
         for (GgmlType type : types) {
+            if (ternary_only) break;
             const std::string tname(ggml_type_name(type));
             for (const Shape& shape : shapes) {
                 const int64_t rows = shape.rows, cols = shape.cols;
@@ -217,7 +221,7 @@ int main() {
         }
 
         std::vector<BoundaryRow> boundary_rows;
-        {
+        if (!ternary_only) {
             float *x, *y;
             VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(14336) * sizeof(float)));
             VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(8 * 14336) * sizeof(float)));
@@ -243,7 +247,16 @@ int main() {
         // Ternary against F16 (issue 14's shapes): one matrix of each, copies rotated as above.
         struct TernaryRow { std::string what, kernels; int64_t rows, cols, n; size_t bytes; double us; };
         std::vector<TernaryRow> ternary_rows;
-        for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{5120, 512}, {5120, 17408}, {17408, 5120}}) {
+        std::vector<std::pair<int64_t, int64_t>> ternary_shapes{{5120, 512}, {5120, 17408}, {17408, 5120}};
+        if (ternary_only && argc > 2) {
+            long long r = 0, c = 0;
+            if (std::sscanf(argv[2], "%lldx%lld", &r, &c) != 2 || r <= 0 || c <= 0 || c % 256 != 0) {
+                std::fprintf(stderr, "vxq_gpu_gemv: error: --ternary ROWSxCOLS (cols a multiple of 256), got '%s'\n", argv[2]);
+                return 2;
+            }
+            ternary_shapes = {{r, c}};
+        }
+        for (const auto& [rows, cols] : ternary_shapes) {
             float *x, *y;
             VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(4 * cols) * sizeof(float)));
             VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(4 * rows) * sizeof(float)));
@@ -267,11 +280,18 @@ int main() {
                     check_finite(y, size_t(n * rows), what);
                     ternary_rows.push_back({what, gemv_describe(copies.front(), n, path), rows, cols, n, copies.front().bytes, ms * 1e3});
                 };
+                // n = 1: the stream kernel (the default) and the group kernel, in the same process.
+                const auto both = [&](const char* stream, const char* group) {
+                    run(stream, 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream(false);
+                    run(group, 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream(true);
+                };
                 if (type == GgmlType::TQ2_0) {
-                    run("tq2_0", 1, MatmulPath::Auto);
+                    both("tq2_0", "tq2_0 group");
                     run("tq2_0", 4, MatmulPath::Auto);
                 } else if (type == GgmlType::TQ2_G128) {
-                    run("tq2_g128", 1, MatmulPath::Auto);
+                    both("tq2_g128", "tq2_g128 group");
                 } else {
                     run("f16", 1, MatmulPath::Auto);
                     run("f16 cuBLAS", 1, MatmulPath::Gemm);

@@ -529,7 +529,9 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
     const GroupCase cases[] = {{GgmlType::F16, {4096, 1024, 1024}, 3, 4096, 1}, {GgmlType::Q4_0, {4096, 1024, 1024}, 3, 4096, 1},
                                {GgmlType::Q8_0, {14336, 14336, 0}, 2, 4096, 1}, {GgmlType::Q4_0, {96, 33, 7}, 3, 256, 3},
                                {GgmlType::F16, {129, 64, 1}, 3, 512, 8},         {GgmlType::BF16, {300, 17, 0}, 2, 1024, 5},
-                               {GgmlType::F32, {65, 31, 9}, 3, 160, 2}};
+                               {GgmlType::F32, {65, 31, 9}, 3, 160, 2},
+                               // the ternary stream kernel: a row's sum does not depend on which block takes it
+                               {GgmlType::TQ2_0, {700, 700, 0}, 2, 5120, 1},     {GgmlType::TQ2_G128, {96, 33, 7}, 3, 768, 1}};
     CudaStream st;
     for (const GroupCase& gc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(gc.type) << " cols " << gc.cols << " n " << gc.n << " count "
@@ -567,6 +569,52 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
     UploadedWeight da(a.view()), db(b.view());
     EXPECT_FALSE(cuda::gemv_groupable(da.w, db.w, 1));
     EXPECT_FALSE(cuda::gemv_groupable(da.w, da.w, 512));
+#endif
+}
+
+// The batch-1 ternary GEMV: the stream kernel (ternary_stream_kernels.cuh; the default where its
+// ring fits) against the group kernel (set_gemv_ternary_stream(false)) on issue 14's shapes scaled
+// and whole: the same integer dot per 64 weights times d_w d_x, float sums in another order (the
+// bound of CudaGemv). Shapes the stream kernel does not take (TQ2_0 rows of an odd number of
+// 256-blocks; rows too long for two stages per warp) say so in gemv_describe and run the group kernel.
+TEST(Cuda, TernaryStreamEqualsGroupKernel) {
+    VXQ_REQUIRE_CUDA(cuda);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct StreamCase { GgmlType type; int64_t rows, cols; bool stream; };
+    const StreamCase cases[] = {{GgmlType::TQ2_0, 5120, 512, true},   {GgmlType::TQ2_0, 517, 17408, true},
+                                {GgmlType::TQ2_0, 1741, 5120, true},  {GgmlType::TQ2_G128, 3, 5120, true},
+                                {GgmlType::TQ2_0, 64, 768, false},    {GgmlType::TQ2_G128, 700, 256, true},
+                                {GgmlType::TQ2_0, 3, 65536, false}};
+    CudaStream st;
+    for (const StreamCase& sc : cases) {
+        SCOPED_TRACE(testing::Message() << ggml_type_name(sc.type) << " " << sc.rows << " x " << sc.cols << " seed " << seed);
+        const Weights w = random_weights(sc.type, sc.rows, sc.cols, rng);
+        const UploadedWeight dw(w.view());
+        const std::vector<float> x = random_floats(size_t(sc.cols), rng);
+        DeviceFloats xd(x.size()), ys(size_t(sc.rows)), yg(size_t(sc.rows));
+        xd.upload(x);
+        cuda::GemvScratch scratch;
+        EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream") != std::string::npos, sc.stream)
+            << cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
+        cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
+        cuda::set_gemv_ternary_stream(false);
+        EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream"), std::string::npos);
+        cuda::gemv(dw.w, xd.p, 1, yg.p, scratch, st.s);
+        cuda::set_gemv_ternary_stream(true);
+        VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+        const std::vector<float> a = ys.download(), b = yg.download();
+        auto cpu = make_backend("cpu", 1);
+        std::vector<float> row(size_t(sc.cols));
+        for (int64_t r = 0; r < sc.rows; ++r) {
+            cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, row.data());
+            double mag = 0.0;
+            for (int64_t c = 0; c < sc.cols; ++c) mag += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
+            ASSERT_FALSE(std::isnan(a[size_t(r)])) << "row " << r << " not written";
+            ASSERT_NEAR(a[size_t(r)], b[size_t(r)], 2e-5 * mag + 1e-30) << "row " << r;
+        }
+    }
 #endif
 }
 

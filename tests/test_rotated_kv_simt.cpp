@@ -262,8 +262,9 @@ TEST(TurboSimt, EmulatorReportsADivergentBarrier) {
 // developer's machine and a failure under CI=true (CI builds with nvcc: these tests must run there).
 TEST(RotatedKvSimt, NeedsACudaBuild) {
     if (test::assets_required()) FAIL() << "CI=true but this build has no CUDA backend: the SIMT emulator's kernel tests did not run";
-    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so the TurboQuant, VecInfer and QJL kernels are "
-                    "NOT verified by this run (tests/test_rotated_kv_simt.cpp, tests/test_qjl_kv_simt.cpp) ***";
+    GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so the TurboQuant, VecInfer and QJL kernels and "
+                    "the ternary stream GEMV are NOT verified by this run (tests/test_rotated_kv_simt.cpp, "
+                    "tests/test_qjl_kv_simt.cpp, tests/test_ternary_stream_simt.cpp) ***";
 }
 #endif
 

@@ -202,6 +202,25 @@ TEST(Synth, Llama3_8bOneLayerQ4_0LoadsAndRuns) {
     EXPECT_EQ(g.get_float("llama.rope.freq_base"), 500000.0);
 }
 
+// Ternary weights (issue 14's end-to-end runs): every matrix, token_embd (tied output) included,
+// by the absmean rule with N(0, stddev^2)'s mean |x|; a one-layer Llama-3.2-1B loads and runs.
+TEST(Synth, TernaryOneLayerLoadsAndRuns) {
+    for (const GgmlType t : {GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
+        SCOPED_TRACE(ggml_type_name(t));
+        const SynthModel m(SynthOptions{"llama3.2-1b", t, 1, 1, 512});
+        const TempFile f(std::string("tern_") + std::string(ggml_type_name(t)));
+        m.write(f.path);
+        expect_runs(f.path, m);
+        const GgufFile g = GgufFile::open(f.path);
+        EXPECT_EQ(g.find_tensor("blk.0.ffn_down.weight")->type, t);
+        EXPECT_EQ(g.find_tensor("token_embd.weight")->type, t);
+        EXPECT_EQ(g.find_tensor("blk.0.attn_norm.weight")->type, GgmlType::F32);
+        EXPECT_EQ(synth_weight_type(ggml_type_name(t)), t);
+    }
+    // rows of other than whole 256-value blocks (tiny: n_embd 128) are refused
+    EXPECT_THROW(SynthModel(SynthOptions{"tiny", GgmlType::TQ2_0}), Error);
+}
+
 TEST(Synth, SameSeedSameBytesWhateverTheThreadCount) {
     SynthOptions o{"tiny", GgmlType::Q4_0, 11};
     o.threads = 1;

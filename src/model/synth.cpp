@@ -124,7 +124,7 @@ const ModelShape* find_model_shape(std::string_view name) {
 }
 
 std::optional<GgmlType> synth_weight_type(std::string_view name) {
-    for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::TQ2_0, GgmlType::TQ2_G128}) {
         if (ggml_type_name(t) == name) return t;
     }
     return std::nullopt;
@@ -137,8 +137,8 @@ SynthModel::SynthModel(const SynthOptions& o) : opts_(o) {
         for (const ModelShape& s : kShapes) known += fmt::format("{}{}", known.empty() ? "" : ", ", s.name);
         fail("unknown shape '{}' (known: {})", o.shape, known);
     }
-    if (o.type != GgmlType::F16 && o.type != GgmlType::Q8_0 && o.type != GgmlType::Q4_0) {
-        fail("synth writes f16, q8_0 or q4_0 weights, not {}", ggml_type_name(o.type));
+    if (!synth_weight_type(ggml_type_name(o.type))) {
+        fail("synth writes f16, q8_0, q4_0, tq2_0 or tq2_g128 weights, not {}", ggml_type_name(o.type));
     }
     shape_ = *base;
     if (o.n_layer < 0 || o.n_layer > 4096) fail("--layers {} is out of range [1, 4096]", o.n_layer);
@@ -163,12 +163,17 @@ SynthModel::SynthModel(const SynthOptions& o) : opts_(o) {
     dims_.head_dim = s.n_embd / s.n_head;
     dims_.n_ff = s.n_ff;
     const int64_t head_dim = dims_.head_dim, q_dim = dims_.q_dim(), kv_dim = dims_.kv_dim();
+    if ((o.type == GgmlType::TQ2_0 || o.type == GgmlType::TQ2_G128) &&
+        (s.n_embd % kQK_K != 0 || s.n_ff % kQK_K != 0 || q_dim % kQK_K != 0)) {
+        fail("--type {}: every matrix row must be whole 256-value blocks; {} has rows of {}, {} and {}", ggml_type_name(o.type),
+             s.name, s.n_embd, s.n_ff, q_dim);
+    }
 
     GgufStreamWriter& w = file_;
     const std::string a(s.arch);
     w.add_string("general.architecture", a);
     w.add_string("general.name", fmt::format("synth {} {} seed {}", s.name, ggml_type_name(o.type), o.seed));
-    w.add_u32("general.file_type", *llama_ftype(o.type));  // f16, q8_0 or q4_0 (synth_weight_type)
+    if (const auto ftype = llama_ftype(o.type)) w.add_u32("general.file_type", *ftype);  // none for TQ2_G128
     if (o.type != GgmlType::F16) w.add_u32("general.quantization_version", 2);  // as llama-quantize
     w.add_u32(a + ".vocab_size", uint32_t(s.n_vocab));
     w.add_u32(a + ".context_length", uint32_t(s.n_ctx));
@@ -242,7 +247,14 @@ void SynthModel::write(const std::string& path, const GgufStreamWriter::Progress
                 std::vector<float> x(size_t(n), 1.0f);
                 for (int64_t r = r0; r < r1; ++r) {
                     if (stddev > 0.0f) normal_row(opts_.seed, name_hash[ti], row0 + r, stddev, x.data(), n);
-                    quantize_row_ref(t.type, x.data(), n, out.data() + size_t(r) * row_bytes);
+                    uint8_t* dst = out.data() + size_t(r) * row_bytes;
+                    if (t.type == GgmlType::TQ2_0 || t.type == GgmlType::TQ2_G128) {
+                        // BitNet's absmean rule with the tensor's mean |x| of N(0, stddev^2):
+                        // stddev sqrt(2 / pi), so that rows are written independently.
+                        quantize_row_ternary(t.type, TernaryRule::Absmean, stddev * std::sqrt(2.0 / std::numbers::pi), x.data(), n, dst);
+                    } else {
+                        quantize_row_ref(t.type, x.data(), n, dst);
+                    }
                 }
             });
         },

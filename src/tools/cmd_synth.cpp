@@ -1,4 +1,4 @@
-// vxq synth --shape NAME --type f16|q8_0|q4_0 -o FILE: a random-weight GGUF of a real model shape.
+// vxq synth --shape NAME --type f16|q8_0|q4_0|tq2_0|tq2_g128 -o FILE: a random-weight GGUF of a real model shape.
 #include <memory>
 #include <string>
 
@@ -37,7 +37,7 @@ std::string shape_list() {
 
 void run_synth(const SynthCliOptions& o) {
     const auto type = synth_weight_type(o.type);
-    if (!type) fail("unknown --type '{}' (synth writes f16, q8_0 or q4_0)", o.type);
+    if (!type) fail("unknown --type '{}' (synth writes f16, q8_0, q4_0, tq2_0 or tq2_g128)", o.type);
     const SynthModel m(SynthOptions{o.shape, *type, o.seed, o.layers, o.vocab, o.threads});
     // Before writing tens of GB that --tp N would then refuse.
     if (o.tp > 1) check_tp_split(m.dims(), *type, o.tp, fmt::format("--shape {}", m.shape().name));
@@ -64,7 +64,7 @@ void add_synth(CLI::App& app, int& rc) {
         "Q6_K in a q4_0 model; synth has no Q6_K quantizer). Shapes:" + shape_list());
     auto o = std::make_shared<SynthCliOptions>();
     sub->add_option("--shape", o->shape, "model shape (list above)")->required();
-    sub->add_option("--type", o->type, "weight type: f16, q8_0 or q4_0 (default f16)");
+    sub->add_option("--type", o->type, "weight type: f16, q8_0, q4_0, tq2_0 or tq2_g128 (ternary: every matrix, token_embd and output included; default f16)");
     sub->add_option("-o,--output", o->out, "GGUF file to write (atomically: complete or absent)")->required();
     sub->add_option("--seed", o->seed, "random seed (default 1)");
     sub->add_option("--layers", o->layers, "number of layers instead of the shape's (quick runs, tests)");

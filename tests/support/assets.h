@@ -12,7 +12,13 @@
 
 namespace vxq::test {
 
-inline std::string shared_path(const std::string& rel) { return std::string(VXQ_SHARED_DIR) + "/" + rel; }
+// The CMake cache variable VXQ_SHARED_DIR, unless the environment variable of that name is set (a
+// test binary built here and run on another machine, scripts/device_pack.sh).
+inline std::string shared_dir() {
+    const char* env = std::getenv("VXQ_SHARED_DIR");
+    return env && *env ? std::string(env) : std::string(VXQ_SHARED_DIR);
+}
+inline std::string shared_path(const std::string& rel) { return shared_dir() + "/" + rel; }
 
 // A gtest parameter name from a model file name: "vxq-llama-h64-f16.gguf" -> "vxq_llama_h64_f16".
 inline std::string model_param_name(std::string file) {

@@ -62,4 +62,16 @@ int sm_count() {  // of the calling thread's device, asked once per device
     return int(count.value[dev]);
 }
 
+int smem_optin() {  // of the calling thread's device, asked once per device
+    static PerDevice bytes;
+    const int dev = current_device();
+    std::lock_guard lock(bytes.mu);
+    if (!bytes.value[dev]) {
+        int n = 0;
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+        bytes.value[dev] = size_t(n);
+    }
+    return int(bytes.value[dev]);
+}
+
 }  // namespace vxq::cuda

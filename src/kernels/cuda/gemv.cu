@@ -14,6 +14,7 @@
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ternary_stream_kernels.cuh"
 
 namespace vxq::cuda {
 
@@ -138,13 +139,7 @@ constexpr int kGemvThreads = kGemvWarps * 32;
 // spread over 132 SMs.
 constexpr int64_t kGemvTargetWarpsPerSm = 16;
 
-// A q8_K activation block (256 values, TQ2_0's dot type) as the TQ2_0 GEMV reads it: the scale d
-// and the quant sums of the block's four 64-value quarters, quarter c holding the values 128 (c /
-// 2) + 32 l + 16 (c % 2) + j (l < 4, j < 16): those of TQ2_0 quant bytes 16 c .. 16 c + 15.
-struct Q8KScale {
-    float d;
-    int sum[4];
-};
+// Q8KScale, the q8_K activation block's scale and quarter sums: ternary_stream_kernels.cuh.
 
 // Weights are read once per step and are most of its bytes: they stream through L2 with the
 // evict-first priority, so that what the step reads again (activations, the KV cache, the
@@ -154,6 +149,8 @@ struct Q8KScale {
 // (378 to 388-391 at depth 1024) and F16 from 182 to 192 (measured with a first form of the loads).
 // VXQ_CUDA_WEIGHT_EVICT_FIRST=0 (set_weight_evict_first) gives them the normal priority (A/B).
 __constant__ int c_weight_evict_first = 1;
+bool g_weight_evict_first = true;  // c_weight_evict_first's host copy (kernels that take it as a parameter)
+bool weight_evict_first_on() { return g_weight_evict_first; }
 __device__ __forceinline__ uint64_t weight_policy() {  // both policies made, one selected: no branch per load
     uint64_t first, normal;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
@@ -413,6 +410,10 @@ int tq2_rows() {
 // block, lane l holding values 8 l .. 8 l + 7 (which lie in quarter 2 (l / 16) + (l % 4) / 2).
 __global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8KScale* __restrict__ s,
                                      int64_t n_blocks) {
+    // The GEMV after it may start now (the ternary stream kernel puts its weights in flight, then
+    // waits for this grid); this grid's reads of x wait for the kernel before (no-ops without PDL).
+    pdl_launch_dependents();
+    pdl_wait();
     const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
     const int lane = threadIdx.x & 31;
     if (b >= n_blocks) return;
@@ -1303,11 +1304,77 @@ void gemv_quant_fused(const DeviceWeight* const* ws, float* const* ys, int count
 
 size_t gemv_q8k_scratch_bytes(const DeviceWeight& w, int64_t n) { return quant_x_bytes<Q8KScale>(n, w.cols, kQK_K); }
 
+// The batch-1 ternary GEMV of ternary_stream_kernels.cuh, by default (VXQ_GEMV_TQ2_STREAM=0 or
+// set_gemv_ternary_stream(false): the group kernel, for A/B).
+bool g_ternary_stream = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_STREAM");
+    return !(e && std::atoi(e) == 0);
+}();
+struct TernaryStreamPlan {
+    int R = 0, S = 0, smem = 0;  // R = 0: the stream kernel does not take the matrix
+};
+// Rows a warp takes together and the depth of its ring: the deepest ring of 2 rows, then of 1,
+// that fits the device's shared memory (a block per SM).
+TernaryStreamPlan ternary_stream_plan(const DeviceWeight& w) {
+    if (!g_ternary_stream || !is_ternary(w.type) || w.cols > (int64_t(1) << 24) || w.rows > INT_MAX / 2) return {};
+    const int sg = w.type == GgmlType::TQ2_G128 ? kQG128 : kQK_K, cols = int(w.cols);
+    if (cols % kQK_K != 0 || (cols / sg) % 2 != 0) return {};  // each row's scales a 4-byte multiple
+    constexpr int kOrder[][2] = {{2, 8}, {2, 4}, {1, 8}, {1, 4}, {2, 2}, {1, 2}};
+    for (const auto& rs : kOrder) {
+        const int bytes = ts_smem_bytes(cols, sg, rs[0], rs[1]);
+        if (bytes <= smem_optin()) return {rs[0], rs[1], bytes};
+    }
+    return {};
+}
+template <int R, int S>
+void launch_ternary_stream_rs(const TernaryStreamParams& p, int blocks, int smem, cudaStream_t st) {
+    static PerDevice configured;
+    allow_smem(ternary_stream_kernel<R, S>, size_t(smem), configured);
+    launch_pdl(ternary_stream_kernel<R, S>, dim3(unsigned(blocks)), dim3(kTsThreads), size_t(smem), st, p);
+}
+// ws[0..count) share x (n = 1): x quantized to q8_K (its kernel lets this one start at once), then
+// a block per SM over the stacked rows.
+void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
+                         const float* x, GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
+    const int64_t nb = w.cols / kQK_K;
+    launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
+    TernaryStreamParams p{};
+    p.count = count;
+    for (int i = 0; i < count; ++i) {
+        p.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+        p.scale[i] = ws[i]->scales;
+        p.y[i] = ys[i];
+        p.first_row[i + 1] = p.first_row[i] + int(ws[i]->rows);
+    }
+    p.cols = int(w.cols);
+    p.scale_group = w.type == GgmlType::TQ2_G128 ? kQG128 : kQK_K;
+    p.xq = xa.qs;
+    p.xs = xa.s;
+    p.evict_first = weight_evict_first_on() ? 1 : 0;
+    const int total = p.first_row[count];
+    const int blocks = std::min(sm_count(), total);
+    p.rows_per_block = (total + blocks - 1) / blocks;
+    const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
+    switch (plan.R * 16 + plan.S) {
+        case 2 * 16 + 8: return launch_ternary_stream_rs<2, 8>(p, grid, plan.smem, st);
+        case 2 * 16 + 4: return launch_ternary_stream_rs<2, 4>(p, grid, plan.smem, st);
+        case 2 * 16 + 2: return launch_ternary_stream_rs<2, 2>(p, grid, plan.smem, st);
+        case 1 * 16 + 8: return launch_ternary_stream_rs<1, 8>(p, grid, plan.smem, st);
+        case 1 * 16 + 4: return launch_ternary_stream_rs<1, 4>(p, grid, plan.smem, st);
+        default: return launch_ternary_stream_rs<1, 2>(p, grid, plan.smem, st);
+    }
+}
+
 // ws[0..count) share x (TQ2_0, TQ2_G128 or Q6_K): x quantized to q8_K once, then one launch. No
 // GEMM path: every batch takes this kernel, 8 tokens per pass over the weights.
 void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                     GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
+    if (n == 1) {
+        if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return gemv_ternary_stream(plan, ws, ys, count, x, s, st);
+    }
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
     GemvParams ps[kGemvGroupMax];
     for (int i = 0; i < count; ++i) {
@@ -1536,7 +1603,10 @@ GemvScratch::~GemvScratch() {
 
 void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
+void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
+
 void set_weight_evict_first(bool on) {
+    g_weight_evict_first = on;
     const int v = on ? 1 : 0;
     VXQ_CUDA_CHECK(cudaMemcpyToSymbol(c_weight_evict_first, &v, sizeof v));
 }
@@ -1603,6 +1673,11 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     if (n == 1) {
+        if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
+            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d rows/warp, ring of %d, %d KB smem, PDL %s", type,
+                          plan.R, plan.S, plan.smem / 1024, pdl_enabled() ? "on" : "off");
+            return line;
+        }
         G1Params p;
         int grid = 0;
         if (g1_describe(w, p, grid)) {

@@ -88,6 +88,8 @@ bool pdl_enabled();
 
 // The multiprocessors of the current device (read once): what grids are sized for.
 int sm_count();
+// The most dynamic shared memory a block may opt in to on the current device (read once per device).
+int smem_optin();
 
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {

@@ -25,13 +25,7 @@ bool qjl_attention_fits(const QjlFormatDev& kf, const KiviFormatDev& vf, int64_t
     }
     using R = QjlReader<1, 8>;  // the most rows a block takes (a batch)
     const AttnSmem L(int(head_dim), 8, R::key_tile_bytes(kf), R::value_tile_bytes(vf), R::warp_scratch_bytes(kf), R::extra_bytes(kf));
-    // The device's limit, asked once per device (this runs at every QJL layer's write and attention).
-    static PerDevice asked;
-    static int optin[kMaxDevices];
-    once_per_device(asked, [] {
-        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&optin[current_device()], cudaDevAttrMaxSharedMemoryPerBlockOptin, current_device()));
-    });
-    return L.total <= optin[current_device()];
+    return L.total <= smem_optin();  // asked once per device (this runs at every QJL layer's write and attention)
 }
 
 void qjl_attention(const QjlAttentionParams& p, cudaStream_t stream) {

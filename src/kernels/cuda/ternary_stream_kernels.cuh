@@ -1,0 +1,237 @@
+// The batch-1 ternary GEMV (TQ2_0, TQ2_G128: y = W x with x in q8_K) that puts a block's weights
+// in flight before it waits for x. Apart from gemv.cu (which launches it: gemv_q8k_group) so that
+// a test can run it on the CPU (tests/support/simt.h compiles this header as C++; the
+// asynchronous copies are then plain copies, a valid order of the same program).
+//
+// Why: the group GEMV (gemv.cu) issues one round of loads per warp and then waits for them, in
+// short-lived blocks, and the q8_K quantize kernel and its boundary come before any of it; at
+// Bonsai-27B's shapes it read 23 MB in 18-20 us, 27-31 % of the copy bandwidth (docs/gpu.md).
+// Here a block per SM owns a contiguous stretch of rows. Each of its kTsWarps warps owns every
+// kTsWarps-th group of R rows of the stretch and a ring of S stages in shared memory, one group of
+// R rows (their quant bytes and fp16 scales) a stage, filled by cp.async. The block's first S
+// groups per warp are issued before griddepcontrol.wait, so the weights stream while the kernel
+// before (the quantize, or whatever wrote x) finishes: on those shapes the ring holds 82-97 % of a
+// block's rows, so most of the matrix is in flight at once. Then x (q8_K, cols bytes and the
+// blocks' scales) is copied into shared memory, laid out [quarter-run l][unit] so that a warp's 32
+// lanes read 32 consecutive 16-byte units (no bank conflicts), and each warp walks its groups: wait
+// for stage g, a unit (64 weights, 16 bytes) per lane per row, issue group g + S into the slot.
+//
+// Numerics: TQ2Format's in gemv.cu. Unit u of a row holds in bits 2 l of byte k the digit t + 1 of
+// value 128 (c / 2) + 32 l + 16 (c % 2) + k of 256-block u / 4 (c = u % 4); the integer sum of
+// (digit - 1) x over the unit is dp4a(digits, x) - (the quarter's quant sum), times d_w * d_x in
+// float, summed per lane over its units and then over the warp (butterfly).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "formats/ggml_types.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/launch.cuh"
+
+#ifndef VXQ_DYNAMIC_SMEM
+#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
+
+namespace vxq::cuda {
+
+// A q8_K activation block (256 values, TQ2_0's dot type) as the ternary GEMVs read it: the scale
+// d and the quant sums of the block's four 64-value quarters, quarter c holding the values 128 (c /
+// 2) + 32 l + 16 (c % 2) + j (l < 4, j < 16): those of TQ2_0 quant bytes 16 c .. 16 c + 15.
+struct Q8KScale {
+    float d;
+    int sum[4];
+};
+
+constexpr int kTsWarps = 16, kTsThreads = kTsWarps * 32;
+constexpr int kTsMaxMatrices = 3;  // kGemvGroupMax: matrices that share x (gate and up; q, k, v)
+
+struct TernaryStreamParams {
+    const uint8_t* w[kTsMaxMatrices];    // matrix i's quant bytes [rows_i, cols / 4]
+    const __half* scale[kTsMaxMatrices];  // its fp16 scales [rows_i, cols / scale_group]
+    float* y[kTsMaxMatrices];            // [rows_i]
+    int first_row[kTsMaxMatrices + 1];   // matrix i is rows [first_row[i], first_row[i + 1]) of the stack
+    int count;
+    int cols;                            // a multiple of 256 whose rows' scales are 4-byte multiples
+    int scale_group;                     // weights per scale: 256 (TQ2_0) or 128 (TQ2_G128)
+    int rows_per_block;                  // a block's stretch of the stacked rows
+    const int8_t* xq;                    // q8_K activations [cols]
+    const Q8KScale* xs;                  // [cols / 256]
+    int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
+    int pad;
+};
+
+// Shared memory (bytes): x [4][cols / 64] units of 16 bytes, the blocks' Q8KScale, then the warps'
+// rings of S stages of R rows (quant bytes, then scales).
+__host__ __device__ constexpr int ts_align16(int b) { return (b + 15) / 16 * 16; }
+__host__ __device__ constexpr int ts_stage_bytes(int cols, int scale_group, int R) {
+    return ts_align16(R * (cols / 4 + 2 * (cols / scale_group)));
+}
+__host__ __device__ constexpr int ts_x_bytes(int cols) {
+    return ts_align16(cols) + ts_align16(int(sizeof(Q8KScale)) * (cols / kQK_K));
+}
+__host__ __device__ constexpr int ts_smem_bytes(int cols, int scale_group, int R, int S) {
+    return ts_x_bytes(cols) + kTsWarps * S * ts_stage_bytes(cols, scale_group, R);
+}
+
+// 16 and 4 bytes from global into shared memory, asynchronously on the device (cp.async; the
+// 16-byte copies with the weights' L2 policy); a copy in the emulator.
+__device__ __forceinline__ void ts_copy16(void* smem, const void* gmem, [[maybe_unused]] uint64_t policy) {
+#if defined(__CUDA_ARCH__)
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "l"(policy) : "memory");
+#else
+    std::memcpy(smem, gmem, 16);
+#endif
+}
+__device__ __forceinline__ void ts_copy4(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__)
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
+#else
+    std::memcpy(smem, gmem, 4);
+#endif
+}
+__device__ __forceinline__ void ts_commit() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void ts_wait() {
+#if defined(__CUDA_ARCH__)
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ uint64_t ts_policy([[maybe_unused]] int evict_first) {
+#if defined(__CUDA_ARCH__)
+    uint64_t first, normal;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+    return evict_first ? first : normal;
+#else
+    return 0;
+#endif
+}
+
+// The matrix of stacked row `row` and an element of a per-matrix parameter, by compares and
+// selects: an index computed at run time into the kernel's parameters would copy them to local memory.
+__device__ __forceinline__ int ts_matrix(const TernaryStreamParams& p, int row) {
+    int m = 0;
+#pragma unroll
+    for (int i = 1; i < kTsMaxMatrices; ++i) m += i < p.count && row >= p.first_row[i] ? 1 : 0;
+    return m;
+}
+template <class T, int N>
+__device__ __forceinline__ T ts_pick(const T (&a)[N], int m) {
+    T v = a[0];
+#pragma unroll
+    for (int i = 1; i < N; ++i) v = m == i ? a[i] : v;
+    return v;
+}
+
+// Byte k of w's 16 holds four digits in bits 2 l: quarter-run l's digits of the unit's 16 values.
+__device__ __forceinline__ int ts_dot_unit(const int4& w, const int4 (&x)[4]) {
+    const unsigned m = 0x03030303u;
+    int s = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        s = __dp4a(int((unsigned(w.x) >> (2 * l)) & m), x[l].x, s);
+        s = __dp4a(int((unsigned(w.y) >> (2 * l)) & m), x[l].y, s);
+        s = __dp4a(int((unsigned(w.z) >> (2 * l)) & m), x[l].z, s);
+        s = __dp4a(int((unsigned(w.w) >> (2 * l)) & m), x[l].w, s);
+    }
+    return s;
+}
+
+// Block b: stacked rows [b rows_per_block, + rows_per_block); warp w: its groups g = 0, 1, ...,
+// rows first + (g kTsWarps + w) R + i (i < R) while below the stretch's end.
+template <int R, int S>
+__global__ void __launch_bounds__(kTsThreads, 1) ternary_stream_kernel(const TernaryStreamParams p) {
+    VXQ_DYNAMIC_SMEM(smem);
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int cols = p.cols, units = cols / 64, rb = cols / 4, ns = cols / p.scale_group;
+    const int upscale = p.scale_group / 64;  // units per scale
+    const int first = int(blockIdx.x) * p.rows_per_block;
+    const int total = ts_pick(p.first_row, p.count);
+    const int end = total - first < p.rows_per_block ? total : first + p.rows_per_block;
+    const int stage = ts_stage_bytes(cols, p.scale_group, R);
+    auto* xu = reinterpret_cast<int4*>(smem);                        // [4][units]
+    auto* xsc = reinterpret_cast<Q8KScale*>(smem + ts_align16(cols));  // [cols / 256]
+    uint8_t* ring = smem + ts_x_bytes(cols) + warp * S * stage;
+    const uint64_t policy = ts_policy(p.evict_first);
+
+    // This warp's groups, and the copy of group g into slot g % S (one commit a call, empty or not).
+    const int mine = end - first > warp * R ? (end - first - warp * R + kTsWarps * R - 1) / (kTsWarps * R) : 0;
+    const auto row_of = [&](int g, int i) { return first + (g * kTsWarps + warp) * R + i; };
+    const auto issue = [&](int g) {
+        if (g < mine) {
+            uint8_t* dst = ring + (g % S) * stage;
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int row = row_of(g, i);
+                if (row >= end) break;
+                const int m = ts_matrix(p, row);
+                const int64_t local = row - ts_pick(p.first_row, m);
+                const uint8_t* src = ts_pick(p.w, m) + local * rb;
+                for (int o = lane * 16; o < rb; o += 32 * 16) ts_copy16(dst + i * rb + o, src + o, policy);
+                const auto* ssrc = reinterpret_cast<const uint8_t*>(ts_pick(p.scale, m) + local * ns);
+                for (int o = lane * 4; o < 2 * ns; o += 32 * 4) ts_copy4(dst + R * rb + i * 2 * ns + o, ssrc + o);
+            }
+        }
+        ts_commit();
+    };
+#pragma unroll
+    for (int g = 0; g < S; ++g) issue(g);
+
+    // x, once the kernel that wrote it is done: unit u's quarter-run l (16 bytes) at xu[l units + u].
+    pdl_wait();
+    for (int e = tid; e < 4 * units; e += kTsThreads) {
+        const int l = e / units, u = e - l * units, b = u >> 2, c = u & 3;
+        xu[e] = __ldg(reinterpret_cast<const int4*>(p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 32 * l));
+    }
+    for (int b = tid; b < cols / kQK_K; b += kTsThreads) xsc[b] = p.xs[b];
+    __syncthreads();
+    pdl_launch_dependents();
+
+    for (int g = 0; g < mine; ++g) {
+        ts_wait<S - 1>();  // group g's copies (this lane's); the warp's after the barrier
+        __syncwarp();
+        const uint8_t* st = ring + (g % S) * stage;
+        const auto* ws = reinterpret_cast<const __half*>(st + R * rb);
+        float acc[R];
+#pragma unroll
+        for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+        for (int u = lane; u < units; u += 32) {
+            int4 x[4];
+#pragma unroll
+            for (int l = 0; l < 4; ++l) x[l] = xu[l * units + u];
+            const Q8KScale& xb = xsc[u >> 2];
+            const float dx = xb.d;
+            const int sum = xb.sum[u & 3];
+#pragma unroll
+            for (int i = 0; i < R; ++i) {
+                const int4 w = *reinterpret_cast<const int4*>(st + i * rb + 16 * u);
+                const float d = __half2float(ws[i * ns + u / upscale]);
+                acc[i] += float(ts_dot_unit(w, x) - sum) * (d * dx);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const float v = warp_sum(acc[i]);
+            const int row = row_of(g, i);
+            if (lane == 0 && row < end) {
+                const int m = ts_matrix(p, row);
+                ts_pick(p.y, m)[row - ts_pick(p.first_row, m)] = v;
+            }
+        }
+        __syncwarp();  // every lane has read the slot before it is filled again
+        issue(g + S);
+    }
+    ts_wait<0>();  // nothing left in flight at exit
+}
+
+}  // namespace vxq::cuda

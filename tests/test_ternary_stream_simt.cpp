@@ -1,0 +1,188 @@
+// The batch-1 ternary stream GEMV (kernels/cuda/ternary_stream_kernels.cuh) run on the CPU by the
+// SIMT emulator (support/simt.h), in every build that has the CUDA headers: TQ2_0 and TQ2_G128
+// rows (GGUF blocks split into the quant and scale planes the upload makes) against the CPU
+// backend's dot_kquant_q8_K on the same q8_K activations, for single matrices and stacks of
+// matrices that share x, odd row counts, every ring depth and both row counts a warp takes, with
+// stretches long enough that every warp's ring wraps. On a GPU, CudaGemv's TQ2_0 / TQ2_G128 shapes
+// at n = 1 run the same kernel as compiled for the device. A build without CUDA reports these
+// tests' absence in RotatedKvSimt.NeedsACudaBuild.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/fp16.h"
+#include "formats/ggml_types.h"
+#include "kernels/cpu/matmul_kquants.h"
+#include "support/seed.h"
+
+#if VXQ_HAVE_CUDA
+#include "support/simt.h"
+// (after simt.h: it defines the device built-ins the kernel uses)
+#include "kernels/cuda/ternary_stream_kernels.cuh"
+#endif
+
+namespace vxq {
+namespace {
+
+#if VXQ_HAVE_CUDA
+
+// A matrix as the file holds it (GGUF blocks, random digits 0..2 and fp16 scales of both signs)
+// and as the device holds it (quant bytes [rows, cols / 4], scales [rows, cols / group]).
+struct TernaryMatrix {
+    int64_t rows = 0;
+    std::vector<uint8_t> file, quants;
+    std::vector<uint16_t> scales;
+};
+TernaryMatrix random_ternary(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+    const int group = type == GgmlType::TQ2_G128 ? kQK_G128 : kQK_K;  // values a block
+    const int qbytes = group / 4, bbytes = qbytes + 2;
+    const int64_t nb = cols / group;
+    TernaryMatrix m;
+    m.rows = rows;
+    m.file.resize(size_t(rows * nb * bbytes));
+    std::uniform_int_distribution<int> digit(0, 2);
+    std::uniform_real_distribution<float> scale(0.01f, 2.0f);
+    for (int64_t b = 0; b < rows * nb; ++b) {
+        uint8_t* blk = &m.file[size_t(b * bbytes)];
+        for (int j = 0; j < qbytes; ++j) {
+            blk[j] = uint8_t(digit(rng) | digit(rng) << 2 | digit(rng) << 4 | digit(rng) << 6);
+            m.quants.push_back(blk[j]);
+        }
+        const uint16_t d = fp32_to_fp16(rng() % 2 ? scale(rng) : -scale(rng));
+        std::memcpy(blk + qbytes, &d, 2);
+        m.scales.push_back(d);
+    }
+    return m;
+}
+
+// x quantized as the CPU backend does, and as the device reads it: the quants [cols] and per
+// block the scale and the quant sums of its four 64-value quarters (quarter c: values 128 (c / 2)
+// + 32 l + 16 (c % 2) + j, l < 4, j < 16).
+struct Q8K {
+    std::vector<BlockQ8_K> blocks;
+    std::vector<int8_t> qs;
+    std::vector<cuda::Q8KScale> scales;
+};
+Q8K quantize_x(const std::vector<float>& x) {
+    Q8K q;
+    const int64_t nb = int64_t(x.size()) / kQK_K;
+    q.blocks.resize(size_t(nb));
+    cpu::quantize_row_q8_K(x.data(), q.blocks.data(), int64_t(x.size()));
+    for (const BlockQ8_K& b : q.blocks) {
+        cuda::Q8KScale s{b.d, {0, 0, 0, 0}};
+        for (int v = 0; v < kQK_K; ++v) {
+            q.qs.push_back(b.qs[v]);
+            s.sum[2 * (v / 128) + (v % 32) / 16] += b.qs[v];
+        }
+        q.scales.push_back(s);
+    }
+    return q;
+}
+
+struct Case {
+    GgmlType type;
+    int64_t cols;
+    std::vector<int64_t> rows;  // the stacked matrices' rows
+    int sms;                    // the SMs the launch is sized for (blocks = min(sms, rows))
+};
+
+// The kernel at R rows a warp and a ring of S, launched as gemv_ternary_stream does.
+template <int R, int S>
+void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y) {
+    cuda::TernaryStreamParams p{};
+    p.count = int(ms.size());
+    y.assign(ms.size(), {});
+    for (size_t i = 0; i < ms.size(); ++i) {
+        y[i].assign(size_t(ms[i].rows), NAN);
+        p.w[i] = ms[i].quants.data();
+        p.scale[i] = reinterpret_cast<const __half*>(ms[i].scales.data());
+        p.y[i] = y[i].data();
+        p.first_row[i + 1] = p.first_row[i] + int(ms[i].rows);
+    }
+    p.cols = int(c.cols);
+    p.scale_group = c.type == GgmlType::TQ2_G128 ? kQK_G128 : kQK_K;
+    p.xq = x.qs.data();
+    p.xs = x.scales.data();
+    p.evict_first = 1;
+    const int total = p.first_row[p.count];
+    const int blocks = std::min(c.sms, total);
+    p.rows_per_block = (total + blocks - 1) / blocks;
+    const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
+    simt::launch(dim3(unsigned(grid)), dim3(cuda::kTsThreads), size_t(cuda::ts_smem_bytes(p.cols, p.scale_group, R, S)),
+                 [&] { cuda::ternary_stream_kernel<R, S>(p); });
+}
+
+// Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
+// the integers of 256 (TQ2_0) / 128 (TQ2_G128) and then in float: the same products, other float
+// sums, each term's rounding at most 2^-24 relative, over cols / 64 terms.
+void expect_rows_match(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x,
+                       const std::vector<std::vector<float>>& y, const char* form) {
+    const int group = c.type == GgmlType::TQ2_G128 ? kQK_G128 : kQK_K, bbytes = group / 4 + 2;
+    const int64_t nb = c.cols / group;
+    for (size_t i = 0; i < ms.size(); ++i) {
+        for (int64_t r = 0; r < ms[i].rows; ++r) {
+            const uint8_t* row = &ms[i].file[size_t(r * nb * bbytes)];
+            const float want = cpu::dot_kquant_q8_K(c.type, row, x.blocks.data(), c.cols / kQK_K);
+            // the magnitude the float sums work at: sum over blocks of |d_w d_x| * 127 * values
+            double mag = 0.0;
+            for (int64_t b = 0; b < nb; ++b) {
+                mag += std::fabs(double(fp16_to_fp32(ms[i].scales[size_t(r * nb + b)])) * x.blocks[size_t(b * group / kQK_K)].d) * 127.0 * group;
+            }
+            ASSERT_NEAR(y[i][size_t(r)], want, 4e-6 * mag + 1e-30)
+                << form << ": matrix " << i << " row " << r << " of " << ms[i].rows << ", cols " << c.cols;
+        }
+    }
+}
+
+TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
+    const uint32_t seed = test::fresh_seed();
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    const Case cases[] = {
+        {GgmlType::TQ2_0, 512, {37}, 5},              // a few rows a block, most warps idle
+        {GgmlType::TQ2_0, 1024, {5, 17, 40}, 7},      // a stack of three (q, k, v), blocks across matrices
+        {GgmlType::TQ2_0, 512, {200}, 2},             // 100 rows a block: every warp's ring wraps
+        {GgmlType::TQ2_G128, 768, {50}, 3},           // a scale per 128 (6 a row)
+        {GgmlType::TQ2_G128, 256, {130, 3}, 1},       // one block holds everything; a 3-row matrix
+        {GgmlType::TQ2_0, 2560, {1}, 4},              // one row, 40 units a row (lanes 8..31 take 1)
+    };
+    for (const Case& c : cases) {
+        std::vector<TernaryMatrix> ms;
+        for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));
+        std::vector<float> xf(size_t(c.cols));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : xf) v = nd(rng);
+        xf[size_t(rng() % c.cols)] = 0.0f;
+        const Q8K x = quantize_x(xf);
+        std::vector<std::vector<float>> y;
+        run_stream<2, 2>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "R 2, S 2");
+        run_stream<1, 2>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "R 1, S 2");
+        run_stream<2, 4>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "R 2, S 4");
+        run_stream<1, 8>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "R 1, S 8");
+    }
+}
+
+// An all-zero x (q8_K: d = 0, every quant 0) gives 0 for every row, whatever the weights.
+TEST(TernaryStreamSimt, ZeroActivationsGiveZero) {
+    std::mt19937 rng(test::fresh_seed());
+    const Case c{GgmlType::TQ2_0, 512, {33}, 2};
+    const std::vector<TernaryMatrix> ms{random_ternary(c.type, 33, c.cols, rng)};
+    const Q8K x = quantize_x(std::vector<float>(size_t(c.cols), 0.0f));
+    std::vector<std::vector<float>> y;
+    run_stream<2, 4>(c, ms, x, y);
+    for (const float v : y[0]) EXPECT_EQ(v, 0.0f);
+}
+
+#endif
+
+}  // namespace
+}  // namespace vxq
