@@ -280,18 +280,22 @@ int main(int argc, char** argv) {
                     check_finite(y, size_t(n * rows), what);
                     ternary_rows.push_back({what, gemv_describe(copies.front(), n, path), rows, cols, n, copies.front().bytes, ms * 1e3});
                 };
-                // n = 1: the stream kernel (the default) and the group kernel, in the same process.
-                const auto both = [&](const char* stream, const char* group) {
-                    run(stream, 1, MatmulPath::Auto);
+                // n = 1: the stream kernel (the default), its 32-warp plan, and the group kernel, in
+                // the same process.
+                const auto forms = [&](const std::string& t) {
+                    run(t.c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream_warps(32);
+                    run((t + " 32 warps").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream_warps(16);
                     set_gemv_ternary_stream(false);
-                    run(group, 1, MatmulPath::Auto);
+                    run((t + " group").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_stream(true);
                 };
                 if (type == GgmlType::TQ2_0) {
-                    both("tq2_0", "tq2_0 group");
+                    forms("tq2_0");
                     run("tq2_0", 4, MatmulPath::Auto);
                 } else if (type == GgmlType::TQ2_G128) {
-                    both("tq2_g128", "tq2_g128 group");
+                    forms("tq2_g128");
                 } else {
                     run("f16", 1, MatmulPath::Auto);
                     run("f16 cuBLAS", 1, MatmulPath::Gemm);

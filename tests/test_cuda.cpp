@@ -596,23 +596,30 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
         DeviceFloats xd(x.size()), ys(size_t(sc.rows)), yg(size_t(sc.rows));
         xd.upload(x);
         cuda::GemvScratch scratch;
-        EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream") != std::string::npos, sc.stream)
-            << cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
-        cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
         cuda::set_gemv_ternary_stream(false);
         EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream"), std::string::npos);
         cuda::gemv(dw.w, xd.p, 1, yg.p, scratch, st.s);
         cuda::set_gemv_ternary_stream(true);
         VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
-        const std::vector<float> a = ys.download(), b = yg.download();
-        auto cpu = make_backend("cpu", 1);
-        std::vector<float> row(size_t(sc.cols));
-        for (int64_t r = 0; r < sc.rows; ++r) {
-            cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, row.data());
-            double mag = 0.0;
-            for (int64_t c = 0; c < sc.cols; ++c) mag += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
-            ASSERT_FALSE(std::isnan(a[size_t(r)])) << "row " << r << " not written";
-            ASSERT_NEAR(a[size_t(r)], b[size_t(r)], 2e-5 * mag + 1e-30) << "row " << r;
+        const std::vector<float> b = yg.download();
+        for (const int warps : {16, 32}) {  // the plans of 16 and of 32 warps a block
+            SCOPED_TRACE(testing::Message() << warps << " warps");
+            cuda::set_gemv_ternary_stream_warps(warps);
+            EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream") != std::string::npos, sc.stream)
+                << cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
+            cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
+            cuda::set_gemv_ternary_stream_warps(16);
+            VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
+            const std::vector<float> a = ys.download();
+            auto cpu = make_backend("cpu", 1);
+            std::vector<float> row(size_t(sc.cols));
+            for (int64_t r = 0; r < sc.rows; ++r) {
+                cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, row.data());
+                double mag = 0.0;
+                for (int64_t c = 0; c < sc.cols; ++c) mag += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
+                ASSERT_FALSE(std::isnan(a[size_t(r)])) << "row " << r << " not written";
+                ASSERT_NEAR(a[size_t(r)], b[size_t(r)], 2e-5 * mag + 1e-30) << "row " << r;
+            }
         }
     }
 #endif

@@ -157,7 +157,10 @@ TEST(QjlSimt, AttentionEqualsDequantizeThenAttend) {
                                    {"qjl:m=40,mo=24,outliers=3", 96, 2, 2, 40, 8, 32, 2, 1},
                                    {"qjl:m=64,mo=32,outliers=64", 256, 2, 1, 33, 1, 1, 1, 4},
                                    {"qjl", 64, 3, 3, 96, 0, 0, 37, 2},
-                                   {"qjl", 32, 8, 2, 20, 20, 20, 9, 1}};
+                                   {"qjl", 32, 8, 2, 20, 20, 20, 9, 1},
+                                   // vxq-llama-h64's shape (head_dim 64, GQA 3, default outliers)
+                                   {"qjl", 64, 6, 2, 64, 0, 0, 64, 1},
+                                   {"qjl", 64, 6, 2, 72, 8, 8, 1, 2}};
     for (const AttentionCase& c : cases) {
         SCOPED_TRACE(testing::Message() << c.spec << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv << " tokens "
                                         << c.n_tokens << " windows " << c.k_window << "/" << c.v_window << " n_q " << c.n_q

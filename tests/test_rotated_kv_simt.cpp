@@ -214,7 +214,10 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
          {"turbo-prod:bits=3", "turbo-prod:bits=3", 128, 4, 1, 65, 2, 2},
          {"turbo-prod:bits=1,rot=haar", "turbo:bits=2,rot=haar", 64, 3, 1, 50, 1, 3},
          {"turbo:bits=3", "turbo:bits=2", 64, 2, 2, 70, 40, 2},
-         {"turbo:bits=4", "turbo-rvq:bits=2", 32, 8, 2, 90, 9, 1}});
+         {"turbo:bits=4", "turbo-rvq:bits=2", 32, 8, 2, 90, 9, 1},
+         // vxq-llama-h64's shape (head_dim 64, GQA 3): a prompt's batch and a decode step
+         {"turbo-prod:bits=4", "turbo-prod:bits=4", 64, 6, 2, 64, 64, 1},
+         {"turbo-prod:bits=4", "turbo-prod:bits=4", 64, 6, 2, 67, 1, 2}});
 }
 
 TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {

@@ -2,7 +2,7 @@
 // SIMT emulator (support/simt.h), in every build that has the CUDA headers: TQ2_0 and TQ2_G128
 // rows (GGUF blocks split into the quant and scale planes the upload makes) against the CPU
 // backend's dot_kquant_q8_K on the same q8_K activations, for single matrices and stacks of
-// matrices that share x, odd row counts, every ring depth and both row counts a warp takes, with
+// matrices that share x, odd row counts, 16 and 32 warps, ring depths 1-8 and both row counts a warp takes, with
 // stretches long enough that every warp's ring wraps. On a GPU, CudaGemv's TQ2_0 / TQ2_G128 shapes
 // at n = 1 run the same kernel as compiled for the device. A build without CUDA reports these
 // tests' absence in RotatedKvSimt.NeedsACudaBuild.
@@ -91,8 +91,8 @@ struct Case {
     int sms;                    // the SMs the launch is sized for (blocks = min(sms, rows))
 };
 
-// The kernel at R rows a warp and a ring of S, launched as gemv_ternary_stream does.
-template <int R, int S>
+// The kernel at W warps, R rows a warp and a ring of S, launched as gemv_ternary_stream does.
+template <int W, int R, int S>
 void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y) {
     cuda::TernaryStreamParams p{};
     p.count = int(ms.size());
@@ -113,8 +113,8 @@ void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& 
     const int blocks = std::min(c.sms, total);
     p.rows_per_block = (total + blocks - 1) / blocks;
     const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
-    simt::launch(dim3(unsigned(grid)), dim3(cuda::kTsThreads), size_t(cuda::ts_smem_bytes(p.cols, p.scale_group, R, S)),
-                 [&] { cuda::ternary_stream_kernel<R, S>(p); });
+    simt::launch(dim3(unsigned(grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(p.cols, p.scale_group, W, R, S)),
+                 [&] { cuda::ternary_stream_kernel<W, R, S>(p); });
 }
 
 // Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
@@ -160,14 +160,20 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         xf[size_t(rng() % c.cols)] = 0.0f;
         const Q8K x = quantize_x(xf);
         std::vector<std::vector<float>> y;
-        run_stream<2, 2>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "R 2, S 2");
-        run_stream<1, 2>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "R 1, S 2");
-        run_stream<2, 4>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "R 2, S 4");
-        run_stream<1, 8>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "R 1, S 8");
+        run_stream<16, 2, 2>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 16, R 2, S 2");
+        run_stream<16, 1, 2>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 16, R 1, S 2");
+        run_stream<16, 2, 4>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 16, R 2, S 4");
+        run_stream<16, 1, 8>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 16, R 1, S 8");
+        run_stream<32, 1, 1>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 32, R 1, S 1");
+        run_stream<32, 2, 1>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 32, R 2, S 1");
+        run_stream<32, 1, 4>(c, ms, x, y);
+        expect_rows_match(c, ms, x, y, "W 32, R 1, S 4");
     }
 }
 
@@ -178,7 +184,7 @@ TEST(TernaryStreamSimt, ZeroActivationsGiveZero) {
     const std::vector<TernaryMatrix> ms{random_ternary(c.type, 33, c.cols, rng)};
     const Q8K x = quantize_x(std::vector<float>(size_t(c.cols), 0.0f));
     std::vector<std::vector<float>> y;
-    run_stream<2, 4>(c, ms, x, y);
+    run_stream<16, 2, 4>(c, ms, x, y);
     for (const float v : y[0]) EXPECT_EQ(v, 0.0f);
 }
 

@@ -1310,27 +1310,39 @@ bool g_ternary_stream = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_STREAM");
     return !(e && std::atoi(e) == 0);
 }();
+// The warps of a block the plan prefers: 16 (VXQ_GEMV_TS_WARPS=32 or set_gemv_ternary_stream_warps:
+// 32, for A/B).
+int g_ternary_stream_warps = [] {
+    const char* e = std::getenv("VXQ_GEMV_TS_WARPS");
+    return e && std::atoi(e) == 32 ? 32 : 16;
+}();
 struct TernaryStreamPlan {
-    int R = 0, S = 0, smem = 0;  // R = 0: the stream kernel does not take the matrix
+    int W = 0, R = 0, S = 0, smem = 0;  // R = 0: the stream kernel does not take the matrix
 };
-// Rows a warp takes together and the depth of its ring: the deepest ring of 2 rows, then of 1,
-// that fits the device's shared memory (a block per SM).
+// Warps, rows a warp takes together and the depth of its ring: with 16 warps the deepest ring of
+// 2 rows, then of 1, of at least 2 stages; with 32 (preferred, or where no 16-warp ring fits) rings
+// down to one stage. The first that fits the device's shared memory (a block per SM).
 TernaryStreamPlan ternary_stream_plan(const DeviceWeight& w) {
     if (!g_ternary_stream || !is_ternary(w.type) || w.cols > (int64_t(1) << 24) || w.rows > INT_MAX / 2) return {};
     const int sg = w.type == GgmlType::TQ2_G128 ? kQG128 : kQK_K, cols = int(w.cols);
     if (cols % kQK_K != 0 || (cols / sg) % 2 != 0) return {};  // each row's scales a 4-byte multiple
-    constexpr int kOrder[][2] = {{2, 8}, {2, 4}, {1, 8}, {1, 4}, {2, 2}, {1, 2}};
-    for (const auto& rs : kOrder) {
-        const int bytes = ts_smem_bytes(cols, sg, rs[0], rs[1]);
-        if (bytes <= smem_optin()) return {rs[0], rs[1], bytes};
-    }
-    return {};
+    constexpr int k16[][3] = {{16, 2, 8}, {16, 2, 4}, {16, 1, 8}, {16, 1, 4}, {16, 2, 2}, {16, 1, 2}};
+    constexpr int k32[][3] = {{32, 2, 4}, {32, 1, 4}, {32, 2, 2}, {32, 1, 2}, {32, 2, 1}, {32, 1, 1}};
+    const auto first_fit = [&](const int (&order)[6][3]) -> TernaryStreamPlan {
+        for (const auto& o : order) {
+            const int bytes = ts_smem_bytes(cols, sg, o[0], o[1], o[2]);
+            if (bytes <= smem_optin()) return {o[0], o[1], o[2], bytes};
+        }
+        return {};
+    };
+    const TernaryStreamPlan a = first_fit(g_ternary_stream_warps == 32 ? k32 : k16);
+    return a.R ? a : first_fit(g_ternary_stream_warps == 32 ? k16 : k32);
 }
-template <int R, int S>
-void launch_ternary_stream_rs(const TernaryStreamParams& p, int blocks, int smem, cudaStream_t st) {
+template <int W, int R, int S>
+void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int smem, cudaStream_t st) {
     static PerDevice configured;
-    allow_smem(ternary_stream_kernel<R, S>, size_t(smem), configured);
-    launch_pdl(ternary_stream_kernel<R, S>, dim3(unsigned(blocks)), dim3(kTsThreads), size_t(smem), st, p);
+    allow_smem(ternary_stream_kernel<W, R, S>, size_t(smem), configured);
+    launch_pdl(ternary_stream_kernel<W, R, S>, dim3(unsigned(blocks)), dim3(W * 32), size_t(smem), st, p);
 }
 // ws[0..count) share x (n = 1): x quantized to q8_K (its kernel lets this one start at once), then
 // a block per SM over the stacked rows.
@@ -1357,13 +1369,19 @@ void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* cons
     const int blocks = std::min(sm_count(), total);
     p.rows_per_block = (total + blocks - 1) / blocks;
     const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
-    switch (plan.R * 16 + plan.S) {
-        case 2 * 16 + 8: return launch_ternary_stream_rs<2, 8>(p, grid, plan.smem, st);
-        case 2 * 16 + 4: return launch_ternary_stream_rs<2, 4>(p, grid, plan.smem, st);
-        case 2 * 16 + 2: return launch_ternary_stream_rs<2, 2>(p, grid, plan.smem, st);
-        case 1 * 16 + 8: return launch_ternary_stream_rs<1, 8>(p, grid, plan.smem, st);
-        case 1 * 16 + 4: return launch_ternary_stream_rs<1, 4>(p, grid, plan.smem, st);
-        default: return launch_ternary_stream_rs<1, 2>(p, grid, plan.smem, st);
+    switch (plan.W * 256 + plan.R * 16 + plan.S) {
+        case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
+        case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
+        case 16 * 256 + 1 * 16 + 8: return launch_ternary_stream_wrs<16, 1, 8>(p, grid, plan.smem, st);
+        case 16 * 256 + 1 * 16 + 4: return launch_ternary_stream_wrs<16, 1, 4>(p, grid, plan.smem, st);
+        case 16 * 256 + 2 * 16 + 2: return launch_ternary_stream_wrs<16, 2, 2>(p, grid, plan.smem, st);
+        case 16 * 256 + 1 * 16 + 2: return launch_ternary_stream_wrs<16, 1, 2>(p, grid, plan.smem, st);
+        case 32 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<32, 2, 4>(p, grid, plan.smem, st);
+        case 32 * 256 + 1 * 16 + 4: return launch_ternary_stream_wrs<32, 1, 4>(p, grid, plan.smem, st);
+        case 32 * 256 + 2 * 16 + 2: return launch_ternary_stream_wrs<32, 2, 2>(p, grid, plan.smem, st);
+        case 32 * 256 + 1 * 16 + 2: return launch_ternary_stream_wrs<32, 1, 2>(p, grid, plan.smem, st);
+        case 32 * 256 + 2 * 16 + 1: return launch_ternary_stream_wrs<32, 2, 1>(p, grid, plan.smem, st);
+        default: return launch_ternary_stream_wrs<32, 1, 1>(p, grid, plan.smem, st);
     }
 }
 
@@ -1604,6 +1622,7 @@ GemvScratch::~GemvScratch() {
 void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
 void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
+void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
 
 void set_weight_evict_first(bool on) {
     g_weight_evict_first = on;
@@ -1674,8 +1693,8 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
     }
     if (n == 1) {
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
-            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d rows/warp, ring of %d, %d KB smem, PDL %s", type,
-                          plan.R, plan.S, plan.smem / 1024, pdl_enabled() ? "on" : "off");
+            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, PDL %s",
+                          type, plan.W, plan.R, plan.S, plan.smem / 1024, pdl_enabled() ? "on" : "off");
             return line;
         }
         G1Params p;

@@ -126,6 +126,8 @@ void set_weight_evict_first(bool on);
 // The batch-1 ternary GEMV (TQ2_0, TQ2_G128 at n = 1): the stream kernel (ternary_stream_kernels.cuh,
 // the default) or the group kernel (false; VXQ_GEMV_TQ2_STREAM=0 at start). For A/B measurements.
 void set_gemv_ternary_stream(bool on);
+// The stream kernel's preferred warps a block: 16 (the default) or 32 (VXQ_GEMV_TS_WARPS=32).
+void set_gemv_ternary_stream_warps(int warps);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a
 // fused norm, rows of 256 or 512 units) instead of staged in shared memory by the block (gemv.cu,
 // gemv1_kernel's XM). Same bits. On by default (F16 8B decode +8 % on the H200, docs/gpu.md);

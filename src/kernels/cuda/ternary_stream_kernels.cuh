@@ -6,8 +6,8 @@
 // Why: the group GEMV (gemv.cu) issues one round of loads per warp and then waits for them, in
 // short-lived blocks, and the q8_K quantize kernel and its boundary come before any of it; at
 // Bonsai-27B's shapes it read 23 MB in 18-20 us, 27-31 % of the copy bandwidth (docs/gpu.md).
-// Here a block per SM owns a contiguous stretch of rows. Each of its kTsWarps warps owns every
-// kTsWarps-th group of R rows of the stretch and a ring of S stages in shared memory, one group of
+// Here a block per SM owns a contiguous stretch of rows. Each of its W warps (16 or 32) owns every
+// W-th group of R rows of the stretch and a ring of S stages in shared memory, one group of
 // R rows (their quant bytes and fp16 scales) a stage, filled by cp.async. The block's first S
 // groups per warp are issued before griddepcontrol.wait, so the weights stream while the kernel
 // before (the quantize, or whatever wrote x) finishes: on those shapes the ring holds 82-97 % of a
@@ -46,7 +46,6 @@ struct Q8KScale {
     int sum[4];
 };
 
-constexpr int kTsWarps = 16, kTsThreads = kTsWarps * 32;
 constexpr int kTsMaxMatrices = 3;  // kGemvGroupMax: matrices that share x (gate and up; q, k, v)
 
 struct TernaryStreamParams {
@@ -73,8 +72,8 @@ __host__ __device__ constexpr int ts_stage_bytes(int cols, int scale_group, int 
 __host__ __device__ constexpr int ts_x_bytes(int cols) {
     return ts_align16(cols) + ts_align16(int(sizeof(Q8KScale)) * (cols / kQK_K));
 }
-__host__ __device__ constexpr int ts_smem_bytes(int cols, int scale_group, int R, int S) {
-    return ts_x_bytes(cols) + kTsWarps * S * ts_stage_bytes(cols, scale_group, R);
+__host__ __device__ constexpr int ts_smem_bytes(int cols, int scale_group, int W, int R, int S) {
+    return ts_x_bytes(cols) + W * S * ts_stage_bytes(cols, scale_group, R);
 }
 
 // 16 and 4 bytes from global into shared memory, asynchronously on the device (cp.async; the
@@ -133,24 +132,41 @@ __device__ __forceinline__ T ts_pick(const T (&a)[N], int m) {
     return v;
 }
 
-// Byte k of w's 16 holds four digits in bits 2 l: quarter-run l's digits of the unit's 16 values.
+// a . b over four byte pairs plus c, a's bytes unsigned and b's signed (dp4a.u32.s32).
+__device__ __forceinline__ int ts_dp4a_us(unsigned a, int b, int c) {
+#if defined(__CUDA_ARCH__)
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+#else
+    for (int i = 0; i < 4; ++i) c += int((a >> (8 * i)) & 0xffu) * int(int8_t(uint32_t(b) >> (8 * i)));
+    return c;
+#endif
+}
+
+// Sum of digit x digit-run products of a unit: byte k of w's 16 holds in bits 2 l the digit of
+// quarter-run l. The digits are masked in place, not shifted down: t_l = sum (4^l digit) x, an
+// unsigned byte (<= 192) times a signed one, so sum_l t_l / 4^l (exact shifts of multiples of
+// 4^l) is the sum; four independent accumulators.
 __device__ __forceinline__ int ts_dot_unit(const int4& w, const int4 (&x)[4]) {
-    const unsigned m = 0x03030303u;
-    int s = 0;
+    int t[4];
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        s = __dp4a(int((unsigned(w.x) >> (2 * l)) & m), x[l].x, s);
-        s = __dp4a(int((unsigned(w.y) >> (2 * l)) & m), x[l].y, s);
-        s = __dp4a(int((unsigned(w.z) >> (2 * l)) & m), x[l].z, s);
-        s = __dp4a(int((unsigned(w.w) >> (2 * l)) & m), x[l].w, s);
+        const unsigned m = 0x03030303u << (2 * l);
+        t[l] = ts_dp4a_us(unsigned(w.x) & m, x[l].x, 0);
+        t[l] = ts_dp4a_us(unsigned(w.y) & m, x[l].y, t[l]);
+        t[l] = ts_dp4a_us(unsigned(w.z) & m, x[l].z, t[l]);
+        t[l] = ts_dp4a_us(unsigned(w.w) & m, x[l].w, t[l]);
     }
-    return s;
+    return t[0] + (t[1] >> 2) + (t[2] >> 4) + (t[3] >> 6);
 }
 
 // Block b: stacked rows [b rows_per_block, + rows_per_block); warp w: its groups g = 0, 1, ...,
-// rows first + (g kTsWarps + w) R + i (i < R) while below the stretch's end.
-template <int R, int S>
-__global__ void __launch_bounds__(kTsThreads, 1) ternary_stream_kernel(const TernaryStreamParams p) {
+// rows first + (g W + w) R + i (i < R) while below the stretch's end. S = 1: no ring (a warp waits
+// for its group, then issues the next; its neighbours' copies and products overlap it).
+template <int W, int R, int S>
+__global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const TernaryStreamParams p) {
+    constexpr int kThreads = W * 32;
     VXQ_DYNAMIC_SMEM(smem);
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int cols = p.cols, units = cols / 64, rb = cols / 4, ns = cols / p.scale_group;
@@ -165,8 +181,8 @@ __global__ void __launch_bounds__(kTsThreads, 1) ternary_stream_kernel(const Ter
     const uint64_t policy = ts_policy(p.evict_first);
 
     // This warp's groups, and the copy of group g into slot g % S (one commit a call, empty or not).
-    const int mine = end - first > warp * R ? (end - first - warp * R + kTsWarps * R - 1) / (kTsWarps * R) : 0;
-    const auto row_of = [&](int g, int i) { return first + (g * kTsWarps + warp) * R + i; };
+    const int mine = end - first > warp * R ? (end - first - warp * R + W * R - 1) / (W * R) : 0;
+    const auto row_of = [&](int g, int i) { return first + (g * W + warp) * R + i; };
     const auto issue = [&](int g) {
         if (g < mine) {
             uint8_t* dst = ring + (g % S) * stage;
@@ -189,11 +205,11 @@ __global__ void __launch_bounds__(kTsThreads, 1) ternary_stream_kernel(const Ter
 
     // x, once the kernel that wrote it is done: unit u's quarter-run l (16 bytes) at xu[l units + u].
     pdl_wait();
-    for (int e = tid; e < 4 * units; e += kTsThreads) {
+    for (int e = tid; e < 4 * units; e += kThreads) {
         const int l = e / units, u = e - l * units, b = u >> 2, c = u & 3;
         xu[e] = __ldg(reinterpret_cast<const int4*>(p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 32 * l));
     }
-    for (int b = tid; b < cols / kQK_K; b += kTsThreads) xsc[b] = p.xs[b];
+    for (int b = tid; b < cols / kQK_K; b += kThreads) xsc[b] = p.xs[b];
     __syncthreads();
     pdl_launch_dependents();
 
@@ -205,6 +221,7 @@ __global__ void __launch_bounds__(kTsThreads, 1) ternary_stream_kernel(const Ter
         float acc[R];
 #pragma unroll
         for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+#pragma unroll 2
         for (int u = lane; u < units; u += 32) {
             int4 x[4];
 #pragma unroll
