@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/fp16.h"
@@ -160,20 +161,16 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         xf[size_t(rng() % c.cols)] = 0.0f;
         const Q8K x = quantize_x(xf);
         std::vector<std::vector<float>> y;
-        run_stream<16, 2, 2>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 16, R 2, S 2");
-        run_stream<16, 1, 2>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 16, R 1, S 2");
-        run_stream<16, 2, 4>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 16, R 2, S 4");
-        run_stream<16, 1, 8>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 16, R 1, S 8");
-        run_stream<32, 1, 1>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 32, R 1, S 1");
-        run_stream<32, 2, 1>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 32, R 2, S 1");
-        run_stream<32, 1, 4>(c, ms, x, y);
-        expect_rows_match(c, ms, x, y, "W 32, R 1, S 4");
+        using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&);
+        const std::pair<const char*, Run> forms[] = {
+            {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
+            {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
+            {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
+            {"W 32, R 1, S 4", run_stream<32, 1, 4>}};
+        for (const auto& [form, run] : forms) {
+            run(c, ms, x, y);
+            expect_rows_match(c, ms, x, y, form);
+        }
     }
 }
 

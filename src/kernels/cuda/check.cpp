@@ -50,28 +50,28 @@ int current_device() {
     return dev;
 }
 
-int sm_count() {  // of the calling thread's device, asked once per device
-    static PerDevice count;
+namespace {
+// An attribute of the calling thread's device, asked once per device (`seen`: the answers so far).
+int device_attribute_once(PerDevice& seen, cudaDeviceAttr attr) {
     const int dev = current_device();
-    std::lock_guard lock(count.mu);
-    if (!count.value[dev]) {
+    std::lock_guard lock(seen.mu);
+    if (!seen.value[dev]) {
         int n = 0;
-        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-        count.value[dev] = size_t(n);
+        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
+        seen.value[dev] = size_t(n);
     }
-    return int(count.value[dev]);
+    return int(seen.value[dev]);
+}
+}  // namespace
+
+int sm_count() {
+    static PerDevice count;
+    return device_attribute_once(count, cudaDevAttrMultiProcessorCount);
 }
 
-int smem_optin() {  // of the calling thread's device, asked once per device
+int smem_optin() {
     static PerDevice bytes;
-    const int dev = current_device();
-    std::lock_guard lock(bytes.mu);
-    if (!bytes.value[dev]) {
-        int n = 0;
-        VXQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-        bytes.value[dev] = size_t(n);
-    }
-    return int(bytes.value[dev]);
+    return device_attribute_once(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin);
 }
 
 }  // namespace vxq::cuda
