@@ -83,11 +83,6 @@ inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
     return unsigned(((uint64_t(hi) << 32) | lo) >> (shift & 31u));
 }
-// The four signed byte products of a and b, plus c.
-inline int __dp4a(int a, int b, int c) {
-    for (int i = 0; i < 4; ++i) c += int(int8_t(uint32_t(a) >> (8 * i))) * int(int8_t(uint32_t(b) >> (8 * i)));
-    return c;
-}
 // Fibers switch only at barriers and shuffles, so a read-modify-write is atomic.
 inline unsigned atomicOr(unsigned* p, unsigned v) {
     const unsigned old = *p;

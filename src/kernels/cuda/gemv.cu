@@ -151,12 +151,7 @@ constexpr int64_t kGemvTargetWarpsPerSm = 16;
 __constant__ int c_weight_evict_first = 1;
 bool g_weight_evict_first = true;  // c_weight_evict_first's host copy (kernels that take it as a parameter)
 bool weight_evict_first_on() { return g_weight_evict_first; }
-__device__ __forceinline__ uint64_t weight_policy() {  // both policies made, one selected: no branch per load
-    uint64_t first, normal;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
-    return c_weight_evict_first ? first : normal;
-}
+__device__ __forceinline__ uint64_t weight_policy() { return ts_policy(c_weight_evict_first); }
 // 16 bytes of weights (read-only for the kernel's lifetime: the non-coherent path, as __ldg).
 __device__ __forceinline__ int4 ld_weight16(const void* ptr) {
     int4 v;

@@ -105,6 +105,7 @@ __device__ __forceinline__ void ts_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 #endif
 }
+// The weights' L2 policy (gemv.cu's weight_policy too): both made, one selected, no branch per load.
 __device__ __forceinline__ uint64_t ts_policy([[maybe_unused]] int evict_first) {
 #if defined(__CUDA_ARCH__)
     uint64_t first, normal;
