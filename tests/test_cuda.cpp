@@ -36,6 +36,7 @@
 #include "runtime/generate.h"
 #include "runtime/tensor_parallel.h"
 #include "support/assets.h"
+#include "support/forwarding_backend.h"
 #include "support/random_weights.h"
 #include "support/seed.h"
 #include "support/tiny_model.h"
@@ -2180,27 +2181,27 @@ double logit_tolerance(GgmlType weights) {
 // (2^-11 of it), so F32 weights get 1e-3 there instead of 3e-4.
 constexpr double kNonFlashTolerance = 1e-3;
 
-// Prefill of `prompt` (all logits) then `steps` decode steps fed with the CPU's argmax, on both
-// backends; the largest |logit difference| over everything, relative to max(1, max |logit|).
-double forward_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash,
-                          const KvSpec& spec = {}, const EvictSpec& evict = {}) {
+// Prefill of `prompt` (all logits) then `steps` decode steps fed with `ref`'s argmax, on backends
+// `ref` and `got`, each with a cache of `spec` in its own memory; the largest |logit difference|
+// over everything, relative to max(1, max |logit of ref|).
+double logit_difference(const Model& m, Backend& ref_be, Backend& got_be, const std::vector<TokenId>& prompt, int steps,
+                        bool flash, const KvSpec& spec = {}, const EvictSpec& evict = {}) {
     const ModelConfig& c = m.config();
-    auto cpu = make_backend("cpu", 2);
-    auto gpu = make_backend("cuda", 1);
     KvCacheOptions opts;
     opts.flash_attn = flash;
     opts.evict = evict;
     const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(prompt.size()) + steps};
-    auto cache_cpu = make_kv_cache(shape, spec, opts);
-    opts.memory = gpu->kv_memory();
-    auto cache_gpu = make_kv_cache(shape, spec, opts);
+    opts.memory = ref_be.kv_memory();
+    auto cache_ref = make_kv_cache(shape, spec, opts);
+    opts.memory = got_be.kv_memory();
+    auto cache_got = make_kv_cache(shape, spec, opts);
     double worst = 0.0;
     std::vector<TokenId> batch = prompt;
     for (int s = 0; s <= steps; ++s) {
         const size_t n_logits = batch.size() * size_t(c.n_vocab);
         std::vector<float> ref(n_logits), got(n_logits, NAN);
-        m.forward(*cpu, *cache_cpu, batch, true, ref.data());
-        m.forward(*gpu, *cache_gpu, batch, true, got.data());
+        m.forward(ref_be, *cache_ref, batch, true, ref.data());
+        m.forward(got_be, *cache_got, batch, true, got.data());
         float peak = 1.0f;
         for (float r : ref) peak = std::max(peak, std::fabs(r));
         for (size_t i = 0; i < n_logits; ++i) {
@@ -2209,6 +2210,30 @@ double forward_difference(const Model& m, const std::vector<TokenId>& prompt, in
         }
         const float* last = ref.data() + (batch.size() - 1) * size_t(c.n_vocab);
         batch = {TokenId(std::max_element(last, last + c.n_vocab) - last)};
+    }
+    return worst;
+}
+
+// logit_difference of the CPU backend (reference) and the CUDA backend.
+double forward_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash,
+                          const KvSpec& spec = {}, const EvictSpec& evict = {}) {
+    auto cpu = make_backend("cpu", 2);
+    auto gpu = make_backend("cuda", 1);
+    return logit_difference(m, *cpu, *gpu, prompt, steps, flash, spec, evict);
+}
+
+// How far last-bit noise alone carries a cache of `spec` on the CPU: logit_difference of the CPU
+// backend and test::LastBitNoiseBackend (seeds 1-3, the largest). The model rounds activations to
+// fp16 before its f16 matmuls (ggml's numerics), so a last-bit change now and then becomes a
+// 2^-11 one and grows layer by layer (~1e-3 of k by layer 4 of 6 on the h64 model); a codec of
+// sign sketches or coarse indices turns such changes into flipped codes.
+double last_bit_noise_difference(const Model& m, const std::vector<TokenId>& prompt, int steps, bool flash,
+                                 const KvSpec& spec) {
+    auto cpu = make_backend("cpu", 2);
+    double worst = 0.0;
+    for (uint32_t seed : {1u, 2u, 3u}) {
+        test::LastBitNoiseBackend noisy(2, seed);
+        worst = std::max(worst, logit_difference(m, *cpu, noisy, prompt, steps, flash, spec));
     }
     return worst;
 }
@@ -2426,13 +2451,20 @@ TEST_P(CudaRealModel, LongPromptPrefillsThroughGemm) {
     EXPECT_LT(diff, tol) << "prompt of " << prompt.size() << " tokens";
 }
 
-// vxq-llama-h64 (f16 weights, GQA 3) with a q8_0 / q4_0 / fp8 cache on the device against the same
+// vxq-llama-h64 (f16 weights, GQA 3) with a compressed cache on the device against the same
 // cache on the CPU: a short prompt and 8 decode steps, and a 64-token prompt (the flash prefill,
 // or KIVI's prefill form, with 64 queries). Both encode the same k and v bits the same way, but k
 // and v differ in their last bits (matmul order), which can move a code by a whole step (or, for
-// q4_0, pick another value as the block's maximum): q8_0 a step of amax/127, as activations for q8_0 / q4_0 weights (their
-// logit_tolerance, 3e-2), q4_0 a step of amax/8, 16x larger: 1e-1 (measured on the H200: 4.2e-2
-// with a 64-token prompt). The value is recorded as kv_difference.
+// q4_0, pick another value as the block's maximum): q8_0 a step of amax/127, as activations for
+// q8_0 / q4_0 weights (their logit_tolerance, 3e-2); q4_0, fp8 (a step is 1/8 of the value),
+// KIVI's 2-bit codes and TurboQuant's / VecInfer's / QJL's indices and signs 16x larger: 1e-1
+// (q4_0 measured on the H200: 4.2e-2 with a 64-token prompt). Where the CPU alone moves further
+// than half that under last-bit noise (last_bit_noise_difference: turbo-prod:bits=4 0.27-0.30,
+// qjl 0.20 at 64 tokens, kivi-2 0.10, measured 2026-12-05), the bound is twice what the noise
+// moved it in this run: at that bound the logits show only that the device path runs the codec
+// (a NaN, a wrong codec or a dead layer is still far past it); CompressedKvMirrorsCpuInEveryLayer
+// checks these codecs' device stores and attention exactly. Recorded as kv_difference and
+// kv_noise.
 TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
     VXQ_REQUIRE_CUDA(cuda);
     VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
@@ -2446,25 +2478,111 @@ TEST(Cuda, CompressedKvModelLogitsCloseToCpu) {
          {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4", "turbo:bits=4",
           "turbo-rvq:bits=2", "turbo-prod:bits=4", "vecinfer:n=2,m=8,calib=random", "qjl"}) {
         const KvSpec spec = KvSpec::parse(spec_text);
-        // q4_0, fp8 (a step is 1/8 of the value), KIVI's 2-bit codes and TurboQuant's / VecInfer's indices
-        // turn the last-bit differences of k and v (the GEMVs' summation orders) into whole code
-        // steps now and then: each such step moves a logit by up to ~5 % of the peak (the stores
-        // themselves are bit-exact: Cuda.KiviStoreBitExactAndAttentionMatchesCpu,
-        // Cuda.AttentionMatchesCpu, Cuda.RotatedStoreBitExactAndAttentionMatchesCpu).
         const std::string st = spec_text;
-        const double tol = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8" ||
-                                   st.find("turbo") != std::string::npos || st.find("vecinfer") != std::string::npos ||
-                                   st.find("qjl") != std::string::npos
-                               ? 1e-1
-                               : logit_tolerance(GgmlType::Q8_0);
+        const bool coarse = st.find("q4_0") != std::string::npos || st.find("kivi") != std::string::npos || st == "fp8" ||
+                            st.find("turbo") != std::string::npos || st.find("vecinfer") != std::string::npos ||
+                            st.find("qjl") != std::string::npos;
+        const double base = coarse ? 1e-1 : logit_tolerance(GgmlType::Q8_0);
         for (const auto& ids : {short_ids, long_ids}) {
             const std::vector<TokenId> prompt(ids.begin(), ids.end());
             for (bool flash : {true, false}) {
+                const std::string what = std::string(spec_text) + "_" + std::to_string(prompt.size()) + (flash ? "_fa" : "");
+                const double noise = last_bit_noise_difference(*model, prompt, 8, flash, spec);
+                const double tol = std::max(base, 2.0 * noise);
                 const double diff = forward_difference(*model, prompt, 8, flash, spec);
-                RecordProperty(std::string("kv_difference_") + spec_text + "_" + std::to_string(prompt.size()) +
-                                   (flash ? "_fa" : ""),
-                               std::to_string(diff));
-                EXPECT_LT(diff, tol) << "kv " << spec_text << ", prompt of " << prompt.size() << " tokens, -fa " << flash;
+                RecordProperty("kv_difference_" + what, std::to_string(diff));
+                RecordProperty("kv_noise_" + what, std::to_string(noise));
+                EXPECT_LT(diff, tol) << "kv " << spec_text << ", prompt of " << prompt.size() << " tokens, -fa " << flash
+                                     << " (the CPU under last-bit noise: " << noise << ")";
+            }
+        }
+    }
+}
+
+// The CPU backend running a model, every KV op of which is repeated on a device cache with the
+// same host inputs: after each kv_write the device cache's blocks of that layer equal the CPU
+// cache's byte for byte, and each attention output is within `tol` of max(1, |CPU output|).
+class KvMirrorBackend final : public test::ForwardingBackend {
+public:
+    KvMirrorBackend(Backend& gpu, KvCache& dev, int64_t q_dim, float tol)
+        : ForwardingBackend(make_backend("cpu", 2)), gpu_(gpu), dev_(dev), q_dim_(q_dim), tol_(tol) {}
+    int checks = 0;
+
+    void kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) override {
+        inner().kv_write(cache, layer, pos0, k, v, n);
+        if (layer == 0 && pos0 > dev_.size()) dev_.commit(pos0);  // the model commits after its last layer
+        gpu_.kv_write(dev_, layer, pos0, k, v, n);
+        layer_ = layer;
+        for (int64_t g = 0; g < cache.shape().n_head_kv; ++g) {
+            EXPECT_EQ(packed_bytes(dev_, layer, g), packed_bytes(cache, layer, g))
+                << "layer " << layer << ", head " << g << ", positions " << pos0 << "+" << n;
+        }
+    }
+    void attention(const KvLayerView& view, const float* q, int64_t n_q, int64_t pos0, float* out,
+                   float* const* token_mass) override {
+        inner().attention(view, q, n_q, pos0, out, token_mass);
+        std::vector<float> got(size_t(n_q * q_dim_), NAN);
+        gpu_.attention(dev_.view(layer_), q, n_q, pos0, got.data());
+        float peak = 1.0f;
+        for (size_t i = 0; i < got.size(); ++i) peak = std::max(peak, std::fabs(out[i]));
+        size_t worst = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+            if (!(std::fabs(got[i] - out[i]) <= std::fabs(got[worst] - out[worst]))) worst = i;
+        }
+        EXPECT_LE(std::fabs(got[worst] - out[worst]), tol_ * peak)
+            << "layer " << layer_ << ", " << n_q << " queries at " << pos0 << ", output " << worst << ": " << got[worst]
+            << " against " << out[worst];
+        ++checks;
+    }
+
+private:
+    Backend& gpu_;
+    KvCache& dev_;
+    int64_t q_dim_;
+    float tol_;
+    int64_t layer_ = 0;
+};
+
+// Every compressed cache of CompressedKvModelLogitsCloseToCpu, driven by the model's own calls
+// (its k, v and q from the CPU forward pass): every layer's state (rotations, sketches,
+// codebooks are per layer), the prompt's batch and each decode step, -fa and not, through
+// KvMirrorBackend. Unlike the logits, this cannot drift: both backends get the same inputs.
+// Attention within 2e-5 with -fa (f32 sums in other orders, as
+// Cuda.RotatedStoreBitExactAndAttentionMatchesCpu); without it kNonFlashTolerance (1e-3), as the
+// probabilities are rounded to fp16 there and a last-bit difference can pick the neighbouring one.
+TEST(Cuda, CompressedKvMirrorsCpuInEveryLayer) {
+    VXQ_REQUIRE_CUDA(gpu);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-f16.gguf");
+    auto model = Model::load(test::shared_path("assets/models/vxq-llama-h64-f16.gguf"), "cpu");
+    const ModelConfig& c = model->config();
+    const auto ids = model->tokenizer().encode(
+        "To configure the device, the driver reads the kernel's table of registers, checks every value against "
+        "the limits the hardware reports, and writes the new settings back.",
+        true);
+    const std::vector<TokenId> prompt(ids.begin(), ids.end());
+    const int steps = 8;
+    for (const char* spec_text :
+         {"q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "fp8", "kivi:bits=2,group=32,residual=32", "kivi:bits=4", "turbo:bits=4",
+          "turbo-rvq:bits=2", "turbo-prod:bits=4", "vecinfer:n=2,m=8,calib=random", "qjl"}) {
+        for (bool flash : {true, false}) {
+            SCOPED_TRACE(testing::Message() << spec_text << ", -fa " << flash);
+            const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, int64_t(prompt.size()) + steps};
+            KvCacheOptions opts;
+            opts.flash_attn = flash;
+            auto host = make_kv_cache(shape, KvSpec::parse(spec_text), opts);
+            opts.memory = gpu->kv_memory();
+            auto dev = make_kv_cache(shape, KvSpec::parse(spec_text), opts);
+            KvMirrorBackend mirror(*gpu, *dev, c.q_dim(), flash ? 2e-5f : float(kNonFlashTolerance));
+            std::vector<TokenId> batch = prompt;
+            std::vector<float> logits(prompt.size() * size_t(c.n_vocab));
+            const bool failed_before = HasFailure();  // one case's first failure ends that case
+            for (int s = 0; s <= steps && HasFailure() == failed_before; ++s) {
+                model->forward(mirror, *host, batch, true, logits.data());
+                const float* last = logits.data() + (batch.size() - 1) * size_t(c.n_vocab);
+                batch = {TokenId(std::max_element(last, last + c.n_vocab) - last)};
+            }
+            if (HasFailure() == failed_before) {
+                EXPECT_EQ(mirror.checks, int((steps + 1) * c.n_layer));
             }
         }
     }
