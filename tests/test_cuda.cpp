@@ -715,7 +715,8 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
     std::mt19937 rng(seed);
     enum Kind { Norm, NormSwiglu, Resid, NormResid, SwigluBeforeResid };
     struct FuseCase { GgmlType type; Kind kind; int64_t rows[3]; int count; int64_t cols; };
-    // F32/F16/BF16: the batch-1 kernel; Q8_0/Q4_0: their quantize kernel and the GEMV's store.
+    // F32/F16/BF16: the batch-1 kernel; Q8_0/Q4_0: their quantize kernel and the GEMV's store;
+    // TQ2_0 / TQ2_G128 / Q6_K: the q8_K quantize kernel and the stream or group kernel's store.
     const FuseCase cases[] = {{GgmlType::Q4_0, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::Q8_0, Norm, {97, 33, 0}, 2, 256},
                               {GgmlType::Q4_0, Resid, {4096, 0, 0}, 1, 14336},     {GgmlType::Q8_0, NormResid, {129, 0, 0}, 1, 96},
                               {GgmlType::Q4_0, SwigluBeforeResid, {4096, 0, 0}, 1, 14336},
@@ -724,7 +725,13 @@ TEST(Cuda, FusedGemvEqualsSeparateOps) {
                               {GgmlType::BF16, Norm, {65, 0, 0}, 1, 1056},        {GgmlType::F32, Norm, {31, 17, 9}, 3, 160},
                               {GgmlType::F16, NormSwiglu, {14336, 14336, 0}, 2, 4096}, {GgmlType::F16, NormSwiglu, {1001, 1001, 0}, 2, 512},
                               {GgmlType::F32, NormSwiglu, {37, 37, 0}, 2, 2048},  {GgmlType::F16, Resid, {4096, 0, 0}, 1, 14336},
-                              {GgmlType::BF16, Resid, {129, 0, 0}, 1, 96},        {GgmlType::F16, NormResid, {300, 0, 0}, 1, 64}};
+                              {GgmlType::BF16, Resid, {129, 0, 0}, 1, 96},        {GgmlType::F16, NormResid, {300, 0, 0}, 1, 64},
+                              // q8_K types: their quantize kernel and the stream kernel's store (or,
+                              // where its ring does not fit or the plan is off, the group kernel's)
+                              {GgmlType::TQ2_0, Norm, {4096, 1024, 1024}, 3, 4096}, {GgmlType::TQ2_0, Resid, {4096, 0, 0}, 1, 14336},
+                              {GgmlType::TQ2_0, NormResid, {77, 0, 0}, 1, 512},  {GgmlType::TQ2_0, SwigluBeforeResid, {4096, 0, 0}, 1, 14336},
+                              {GgmlType::TQ2_G128, Norm, {97, 33, 0}, 2, 768},   {GgmlType::TQ2_G128, SwigluBeforeResid, {65, 0, 0}, 1, 1024},
+                              {GgmlType::Q6_K, NormResid, {300, 0, 0}, 1, 512}};
     CudaStream st;
     for (const FuseCase& fc : cases) {
         SCOPED_TRACE(testing::Message() << ggml_type_name(fc.type) << " kind " << int(fc.kind) << " rows " << fc.rows[0]

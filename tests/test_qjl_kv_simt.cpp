@@ -160,7 +160,9 @@ TEST(QjlSimt, AttentionEqualsDequantizeThenAttend) {
                                    {"qjl", 32, 8, 2, 20, 20, 20, 9, 1},
                                    // vxq-llama-h64's shape (head_dim 64, GQA 3, default outliers)
                                    {"qjl", 64, 6, 2, 64, 0, 0, 64, 1},
-                                   {"qjl", 64, 6, 2, 72, 8, 8, 1, 2}};
+                                   {"qjl", 64, 6, 2, 72, 8, 8, 1, 2},
+                                   // 11 tiles: three of 4 splits hold tokens (4, 4 and 3)
+                                   {"qjl", 64, 4, 1, 340, 20, 20, 1, 4}};
     for (const AttentionCase& c : cases) {
         SCOPED_TRACE(testing::Message() << c.spec << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv << " tokens "
                                         << c.n_tokens << " windows " << c.k_window << "/" << c.v_window << " n_q " << c.n_q

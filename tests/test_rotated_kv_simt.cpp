@@ -200,9 +200,10 @@ void expect_attention_equals_dequantized(const std::vector<AttentionCase>& cases
     }
 }
 
-// Partial tiles, splits with no tile, GQA groups padded (3 of 4 rows), causal batches (several
-// queries a block, the block's last one partial, rows whose tokens end a tile or more before the
-// block's last query's).
+// Partial tiles, splits with no tile (a split takes at least kReaderMinSplitTiles tiles: the
+// short cases' later splits hold none, the longer ones' several splits hold tokens), GQA groups
+// padded (3 of 4 rows), causal batches (several queries a block, the block's last one partial,
+// rows whose tokens end a tile or more before the block's last query's).
 TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
     expect_attention_equals_dequantized<cuda::TurboReader, TurboFormatDev>(
         {{"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 75, 1, 2},
@@ -217,7 +218,10 @@ TEST(TurboSimt, AttentionEqualsDequantizeThenAttend) {
          {"turbo:bits=4", "turbo-rvq:bits=2", 32, 8, 2, 90, 9, 1},
          // vxq-llama-h64's shape (head_dim 64, GQA 3): a prompt's batch and a decode step
          {"turbo-prod:bits=4", "turbo-prod:bits=4", 64, 6, 2, 64, 64, 1},
-         {"turbo-prod:bits=4", "turbo-prod:bits=4", 64, 6, 2, 67, 1, 2}});
+         {"turbo-prod:bits=4", "turbo-prod:bits=4", 64, 6, 2, 67, 1, 2},
+         // 10 and 19 tiles: 2 and 4 splits that hold tokens (the last one fewer)
+         {"turbo:bits=3", "turbo:bits=3", 128, 4, 2, 300, 1, 2},
+         {"turbo-prod:bits=3", "turbo-prod:bits=3", 64, 4, 1, 600, 2, 4}});
 }
 
 TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {
@@ -226,7 +230,8 @@ TEST(VecinferSimt, AttentionEqualsDequantizeThenAttend) {
          {"vecinfer:n=2,m=5,calib=random", "vecinfer:n=8,m=8,calib=random", 64, 6, 2, 70, 3, 3},
          {"vecinfer:n=4,m=3,calib=random", "vecinfer:n=1,m=2,calib=random", 32, 2, 2, 40, 2, 1},
          {"vecinfer:n=8,m=6,calib=random", "vecinfer:n=4,m=8,calib=random", 256, 2, 1, 33, 1, 4},
-         {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=8,calib=random", 64, 3, 3, 66, 37, 2}});
+         {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=2,m=8,calib=random", 64, 3, 3, 66, 37, 2},
+         {"vecinfer:n=4,m=8,calib=random", "vecinfer:n=4,m=8,calib=random", 64, 4, 2, 300, 1, 4}});
 }
 
 // The emulator itself: a barrier that a live thread never reaches is an error, not a hang (half

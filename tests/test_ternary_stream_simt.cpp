@@ -93,9 +93,12 @@ struct Case {
 };
 
 // The kernel at W warps, R rows a warp and a ring of S, launched as gemv_ternary_stream does.
+// resid: the residual the kernel adds the one matrix's rows to (GemvFusion::resid), or nullptr.
 template <int W, int R, int S>
-void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y) {
+void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                float* resid = nullptr) {
     cuda::TernaryStreamParams p{};
+    p.resid = resid;
     p.count = int(ms.size());
     y.assign(ms.size(), {});
     for (size_t i = 0; i < ms.size(); ++i) {
@@ -161,16 +164,40 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         xf[size_t(rng() % c.cols)] = 0.0f;
         const Q8K x = quantize_x(xf);
         std::vector<std::vector<float>> y;
-        using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&);
+        using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
         const std::pair<const char*, Run> forms[] = {
             {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
             {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
             {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
             {"W 32, R 1, S 4", run_stream<32, 1, 4>}};
         for (const auto& [form, run] : forms) {
-            run(c, ms, x, y);
+            run(c, ms, x, y, nullptr);
             expect_rows_match(c, ms, x, y, form);
         }
+    }
+}
+
+// The residual add of one matrix (the backend's fusion of the add after the O / down projection):
+// every row's resid becomes resid + y, y itself stored too, in every form and ring depth.
+TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
+    const uint32_t seed = test::fresh_seed();
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    const Case c{GgmlType::TQ2_0, 768, {75}, 3};
+    const std::vector<TernaryMatrix> ms{random_ternary(c.type, 75, c.cols, rng)};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> xf(size_t(c.cols)), r0(75);
+    for (float& v : xf) v = nd(rng);
+    for (float& v : r0) v = nd(rng);
+    const Q8K x = quantize_x(xf);
+    std::vector<std::vector<float>> y;
+    for (int form = 0; form < 3; ++form) {
+        std::vector<float> resid = r0;
+        if (form == 0) run_stream<16, 2, 4>(c, ms, x, y, resid.data());
+        if (form == 1) run_stream<16, 1, 2>(c, ms, x, y, resid.data());
+        if (form == 2) run_stream<32, 2, 1>(c, ms, x, y, resid.data());
+        expect_rows_match(c, ms, x, y, "with the residual");
+        for (size_t r = 0; r < r0.size(); ++r) ASSERT_EQ(resid[r], r0[r] + y[0][r]) << "form " << form << " row " << r;
     }
 }
 

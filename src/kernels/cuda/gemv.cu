@@ -403,21 +403,13 @@ int tq2_rows() {
 // signed value of largest magnitude (the first of equals), iscale = -127 / max, q = min(127,
 // round-to-nearest-even(iscale * x)), d = 1 / iscale; all zero for a zero block. One warp per
 // block, lane l holding values 8 l .. 8 l + 7 (which lie in quarter 2 (l / 16) + (l % 4) / 2).
-__global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8KScale* __restrict__ s,
-                                     int64_t n_blocks) {
-    // The GEMV after it may start now (the ternary stream kernel puts its weights in flight, then
-    // waits for this grid); this grid's reads of x wait for the kernel before (no-ops without PDL).
-    pdl_launch_dependents();
-    pdl_wait();
-    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
-    const int lane = threadIdx.x & 31;
-    if (b >= n_blocks) return;
-    const float* xb = x + b * kQK_K + 8 * lane;
-    float v[8], amax = 0.0f, mx = 0.0f;
+// One 256-block b by a warp, lane l holding its values 8 l .. 8 l + 7 (every lane calls).
+__device__ __forceinline__ void quantize_block_q8_K(const float (&v)[8], int64_t b, int lane, int8_t* __restrict__ qs,
+                                                    Q8KScale* __restrict__ s) {
+    float amax = 0.0f, mx = 0.0f;
     int at = INT_MAX;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-        v[j] = xb[j];
         if (fabsf(v[j]) > amax) {
             amax = fabsf(v[j]);
             mx = v[j];
@@ -455,6 +447,53 @@ __global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __rest
         for (int c = 0; c < 4; ++c) r.sum[c] = sums[c];
         s[b] = r;
     }
+}
+
+__global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8KScale* __restrict__ s,
+                                     int64_t n_blocks) {
+    // The GEMV after it may start now (the ternary stream kernel puts its weights in flight, then
+    // waits for this grid); this grid's reads of x wait for the kernel before (no-ops without PDL).
+    pdl_launch_dependents();
+    pdl_wait();
+    const int64_t b = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+    const int lane = threadIdx.x & 31;
+    if (b >= n_blocks) return;
+    const float* xb = x + b * kQK_K + 8 * lane;
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] = xb[j];
+    quantize_block_q8_K(v, b, lane, qs, s);
+}
+
+// quantize_q8_K_kernel for one row of `cols` (a multiple of 256) with quantize_fused_kernel's
+// prologues: x = rms_norm(in) * norm_w (written to x) and/or x = silu(x) * up (written back),
+// the separate kernels' arithmetic (device_math.cuh), so the same bits.
+__global__ void __launch_bounds__(kQuantFusedThreads)
+quantize_q8_K_fused_kernel(const float* __restrict__ in, const float* __restrict__ norm_w, float eps, const float* __restrict__ up,
+                           float* x, int64_t cols, int8_t* __restrict__ qs, Q8KScale* __restrict__ s) {
+    __shared__ double partial[kNormThreads];
+    pdl_launch_dependents();  // as quantize_q8_K_kernel
+    pdl_wait();
+    const int lane = threadIdx.x & 31;
+    const int64_t b = int64_t(blockIdx.x) * (kQuantFusedThreads / 32) + (threadIdx.x >> 5);
+    const bool mine = b < cols / kQK_K;
+    const int64_t c0 = b * kQK_K + 8 * lane;
+    float v[8], w[8], u[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {  // loaded before the norm's loads and barriers
+        v[j] = mine ? in[c0 + j] : 0.0f;
+        w[j] = norm_w && mine ? norm_w[c0 + j] : 0.0f;
+        u[j] = up && mine ? up[c0 + j] : 0.0f;
+    }
+    const float scale = norm_w ? block_rms_scale(in, cols, eps, partial) : 1.0f;
+    if (!mine) return;  // after the block-wide norm
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (norm_w) v[j] = rms_apply(v[j], scale, w[j]);
+        if (up) v[j] = silu_mul(v[j], u[j]);
+        if (norm_w || up) x[c0 + j] = v[j];  // each element by its own thread (in and x do not overlap)
+    }
+    quantize_block_q8_K(v, b, lane, qs, s);
 }
 
 // Q4_0 with R rows per warp: each 40-byte activation load (32 quants, scale, sum) feeds R rows
@@ -1341,12 +1380,11 @@ void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int sme
 }
 // ws[0..count) share x (n = 1): x quantized to q8_K (its kernel lets this one start at once), then
 // a block per SM over the stacked rows.
-void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
-                         const float* x, GemvScratch& s, cudaStream_t st) {
+// The stream kernel over ws with x already quantized to q8_K (xa: the kernel before, which
+// triggers it early); resid: the residual add of one matrix, or nullptr.
+void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
+                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
-    const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
-    const int64_t nb = w.cols / kQK_K;
-    launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
     TernaryStreamParams p{};
     p.count = count;
     for (int i = 0; i < count; ++i) {
@@ -1360,6 +1398,7 @@ void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* cons
     p.xq = xa.qs;
     p.xs = xa.s;
     p.evict_first = weight_evict_first_on() ? 1 : 0;
+    p.resid = resid;
     const int total = p.first_row[count];
     const int blocks = std::min(sm_count(), total);
     p.rows_per_block = (total + blocks - 1) / blocks;
@@ -1380,6 +1419,47 @@ void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* cons
     }
 }
 
+void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
+                         const float* x, GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
+    const int64_t nb = w.cols / kQK_K;
+    launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
+    launch_ternary_stream(plan, ws, ys, count, xa, nullptr, st);
+}
+
+// The group kernel of a q8_K type over ws, x quantized (xa; its scales in xk_scale).
+void launch_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, const QuantX<Q8KScale>& xa, int64_t n,
+                      float* resid, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    GemvParams ps[kGemvGroupMax];
+    for (int i = 0; i < count; ++i) {
+        ps[i] = gemv_params(*ws[i], xa.qs, nullptr, n, ys[i]);
+        ps[i].xk_scale = xa.s;
+        ps[i].resid = resid;
+    }
+    if (w.type == GgmlType::Q6_K) return launch_gemv_group<Q6KFormat>(ps, count, st);
+    const bool g128 = w.type == GgmlType::TQ2_G128;
+    if (tq2_rows() == 2) return g128 ? launch_gemv_group<TQ2G128FormatR<2>>(ps, count, st) : launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
+    if (g128) return launch_gemv_group<TQ2G128FormatR<4>>(ps, count, st);
+    launch_gemv_group<TQ2FormatR<4>>(ps, count, st);
+}
+
+// gemv_quant_fused for the q8_K types: the norm / SwiGLU prologue in the q8_K quantize kernel,
+// the residual add in the GEMV's store (the stream kernel where its plan fits, else the group kernel).
+void gemv_q8k_fused(const DeviceWeight* const* ws, float* const* ys, int count, float* x, const GemvFusion& f,
+                    GemvScratch& s, cudaStream_t st) {
+    const DeviceWeight& w = *ws[0];
+    const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
+    const int64_t nb = w.cols / kQK_K;
+    const float* in = f.norm_weight ? f.norm_in : x;
+    const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
+    launch_pdl(quantize_q8_K_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
+               f.swiglu_up, x, w.cols, xa.qs, xa.s);
+    if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return launch_ternary_stream(plan, ws, ys, count, xa, f.resid, st);
+    launch_q8k_group(ws, ys, count, xa, 1, f.resid, st);
+}
+
 // ws[0..count) share x (TQ2_0, TQ2_G128 or Q6_K): x quantized to q8_K once, then one launch. No
 // GEMM path: every batch takes this kernel, 8 tokens per pass over the weights.
 void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
@@ -1389,16 +1469,7 @@ void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return gemv_ternary_stream(plan, ws, ys, count, x, s, st);
     }
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
-    GemvParams ps[kGemvGroupMax];
-    for (int i = 0; i < count; ++i) {
-        ps[i] = gemv_params(*ws[i], xa.qs, nullptr, n, ys[i]);
-        ps[i].xk_scale = xa.s;
-    }
-    if (w.type == GgmlType::Q6_K) return launch_gemv_group<Q6KFormat>(ps, count, st);
-    const bool g128 = w.type == GgmlType::TQ2_G128;
-    if (tq2_rows() == 2) return g128 ? launch_gemv_group<TQ2G128FormatR<2>>(ps, count, st) : launch_gemv_group<TQ2FormatR<2>>(ps, count, st);
-    if (g128) return launch_gemv_group<TQ2G128FormatR<4>>(ps, count, st);
-    launch_gemv_group<TQ2FormatR<4>>(ps, count, st);
+    launch_q8k_group(ws, ys, count, xa, n, nullptr, st);
 }
 
 void gemv_quant(const DeviceWeight& w, const float* x, int64_t n, float* y, GemvScratch& s, cudaStream_t st) {
@@ -1822,13 +1893,24 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, cons
     }
 }
 
+// The q8_K types' fused forms (gemv_q8k_fused), by default (VXQ_GEMV_Q8K_FUSED=0: the separate
+// norm, SwiGLU and add kernels, for A/B).
+const bool g_q8k_fused = [] {
+    const char* e = std::getenv("VXQ_GEMV_Q8K_FUSED");
+    return !(e && std::atoi(e) == 0);
+}();
+
 bool gemv_fusable(const DeviceWeight* const* ws, int count, const GemvFusion& fusion) {
-    if (count < 1 || count > kGemvGroupMax || is_q8k(ws[0]->type)) return false;  // TQ2_0, TQ2_G128, Q6_K: no fused forms
+    if (count < 1 || count > kGemvGroupMax) return false;
     for (int i = 0; i < count; ++i) {
         if (ws[i]->rows == 0 || gemv_path(*ws[i], 1) != MatmulPath::Gemv) return false;
         if (i > 0 && !gemv_groupable(*ws[0], *ws[i], 1)) return false;
     }
     if (fusion.norm_weight && !fusion.norm_in) return false;
+    if (is_q8k(ws[0]->type)) {  // TQ2_0, TQ2_G128, Q6_K: the q8_K quantize kernel's prologue and the GEMV's store
+        return g_q8k_fused && !fusion.swiglu && !fusion.l2_next && !(fusion.resid && count != 1) &&
+               !(fusion.norm_weight && fusion.swiglu_up) && !fusion.x_q8.qs && ws[0]->cols % kQK_K == 0;
+    }
     if (is_quant(ws[0]->type)) {  // the quantize kernel's prologue (or x already quantized) and the GEMV's store
         return !fusion.swiglu && !fusion.l2_next && !(fusion.resid && count != 1) && !(fusion.norm_weight && fusion.swiglu_up) &&
                !(fusion.x_q8.qs && (fusion.norm_weight || fusion.swiglu_up));
@@ -1842,6 +1924,7 @@ void gemv_group(const DeviceWeight* const* ws, float* const* ys, int count, floa
     if (!gemv_fusable(ws, count, fusion)) {
         throw_cuda_error(cudaErrorInvalidValue, "gemv_group: a fusion that gemv_fusable refuses", __FILE__, __LINE__);
     }
+    if (is_q8k(ws[0]->type)) return gemv_q8k_fused(ws, ys, count, x, fusion, s, st);
     if (is_quant(ws[0]->type)) return gemv_quant_fused(ws, ys, count, x, fusion, s, st);
     g1_dispatch(ws, ys, count, x, fusion, &st);
 }

@@ -40,6 +40,7 @@ namespace vxq::cuda {
 namespace {
 
 constexpr int kAttnWarps = 4, kAttnThreads = kAttnWarps * 32, kTile = 32;
+constexpr int64_t kReaderMinSplitTiles = kAttnWarps;  // the least stretch of a split that holds tokens
 
 // core/fp16.h's fp32_to_fp16 for a norm (>= 0 or NaN): round to nearest even; a NaN norm (a NaN
 // among the vector's values) as 0x7e00, what the CPU stores for a NaN of quiet_NaN's bits (the
@@ -139,16 +140,22 @@ __global__ void __launch_bounds__(kAttnThreads) reader_attention_kernel(const ty
     for (int r = 0; r < GM; ++r) limit[r] = r < rows ? head.n_tokens - p.n_q + q0 + r / G + 1 : 0;
     const int64_t most = head.n_tokens - p.n_q + q0 + rows / G;  // the last valid query's
     const int64_t tiles = most > 0 ? (most + kTile - 1) / kTile : 0;
-    const int64_t tb = tiles * split / p.splits, te = tiles * (split + 1) / p.splits;
+    // Split z: tiles [z per, (z + 1) per), per at least a tile for each warp, so that at a short
+    // depth the later splits hold none and skip the query's preparation (a block of turbo-prod or
+    // QJL keys multiplies the query by a d x d or m x d sketch there) and leave at once.
+    const int64_t per_even = (tiles + p.splits - 1) / p.splits;
+    const int64_t per = per_even > kReaderMinSplitTiles ? per_even : kReaderMinSplitTiles;
+    const int64_t tb = split * per < tiles ? split * per : tiles, te = tb + per < tiles ? tb + per : tiles;
 
-    // The rows' queries, prepared once per block (never per cached token).
-    auto* qraw = reinterpret_cast<float*>(work);
-    for (int i = tid; i < GM * D; i += kAttnThreads) {
-        const int r = i / D;
-        qraw[i] = r < rows ? p.q[((q0 + r / G) * p.n_head + int64_t(g) * G + r % G) * D + i % D] : 0.0f;
+    if (tb < te) {  // the rows' queries, prepared once per block (never per cached token)
+        auto* qraw = reinterpret_cast<float*>(work);
+        for (int i = tid; i < GM * D; i += kAttnThreads) {
+            const int r = i / D;
+            qraw[i] = r < rows ? p.q[((q0 + r / G) * p.n_head + int64_t(g) * G + r % G) * D + i % D] : 0.0f;
+        }
+        __syncthreads();
+        reader.prepare_query(qraw, qr, p.scale, tid, warp, lane);
     }
-    __syncthreads();
-    reader.prepare_query(qraw, qr, p.scale, tid, warp, lane);
 
     // Each warp: every 4th tile of [tb, te), an online softmax per query head.
     ReaderTile tile;

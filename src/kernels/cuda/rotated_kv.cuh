@@ -75,7 +75,9 @@ struct TurboFormatDev {
     const float* coord_scale;
     const float* cbk_thr;
     const float* cbk_cent;
-    const float* sketch;          // [d, d] S's rows (qjl)
+    const float* sketch;          // [d, d] S's rows (qjl): the encoder's, a lane per row
+    const float* sketch_t;        // [d, d] S^T (qjl): the reader's S q', a thread per row of S and
+                                  // adjacent threads adjacent rows, so the block's loads coalesce
 };
 
 // VecInfer (kv/formats/vecinfer.h) on the device: keys y = H (x / lambda) / sqrt(d), values

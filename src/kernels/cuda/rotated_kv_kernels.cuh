@@ -295,7 +295,7 @@ struct TurboReader : TokenPages<TurboFormatDev> {
     float* sq;
     int4 *tab_k, *tab_v;
     float *pool_k, *pool_v;
-    int4 tv[NC];  // the value tables of this lane's channels
+    int4 tv[NC] = {};  // the value tables of this lane's channels (prepare_query; blocks without tokens never read them)
 
     // Fills the tables (what no kernel writes: before pdl_wait).
     __device__ TurboReader(const Format& k, const Format& v, uint8_t* extra, int tid) : kf(k), vf(v) {
@@ -336,9 +336,8 @@ struct TurboReader : TokenPages<TurboFormatDev> {
         if (kf.qjl) {  // turbo-prod keys: the query's sketch S q', once per block
             for (int i = tid; i < GM * D; i += kAttnThreads) {
                 const int h = i / D, r = i % D;
-                const float* row = kf.sketch + int64_t(r) * D;
-                float s = 0.0f;
-                for (int c = 0; c < D; ++c) s = fmaf(row[c], qr[h * D + c], s);
+                float s = 0.0f;  // row r of S: column r of S^T, adjacent threads adjacent floats
+                for (int c = 0; c < D; ++c) s = fmaf(__ldg(kf.sketch_t + int64_t(c) * D + r), qr[h * D + c], s);
                 sq[i] = s;
             }
             __syncthreads();

@@ -68,6 +68,14 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     const size_t scale = put_floats(bytes, s.coord_scale), kthr = put_floats(bytes, cbk_thr), kcent = put_floats(bytes, cbk_cent);
     VXQ_ASSERT(!l.qjl || (s.sketch.rows() == l.d && s.sketch.dim() == l.d));
     const size_t sketch = put_part(bytes, l.qjl ? s.sketch.row(0) : nullptr, l.qjl ? size_t(l.d * l.d) * sizeof(float) : 0);
+    std::vector<float> st;  // S^T
+    if (l.qjl) {
+        st.resize(size_t(l.d * l.d));
+        for (int64_t r = 0; r < l.d; ++r) {
+            for (int64_t c = 0; c < l.d; ++c) st[size_t(c * l.d + r)] = s.sketch.row(r)[c];
+        }
+    }
+    const size_t sketch_t = put_floats(bytes, st);
     const uint8_t* base = bytes.data();
     const auto ptr = [base](size_t off) { return reinterpret_cast<const float*>(base + off); };
     (f.hadamard ? f.signs : f.rows) = ptr(rot);
@@ -80,6 +88,7 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.cbk_thr = ptr(kthr);
     f.cbk_cent = ptr(kcent);
     f.sketch = ptr(sketch);
+    f.sketch_t = ptr(sketch_t);
     return f;
 }
 
@@ -108,7 +117,7 @@ TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
     TurboFormatDev f = turbo_format_host(s, bytes);
     const auto v = [](auto*& p) { return reinterpret_cast<const void**>(&p); };
     return upload(f, bytes, {v(f.hadamard ? f.signs : f.rows), v(f.thr1), v(f.cent1), v(f.thr2), v(f.cent2), v(f.coord_at),
-                             v(f.coord_scale), v(f.cbk_thr), v(f.cbk_cent), v(f.sketch)});
+                             v(f.coord_scale), v(f.cbk_thr), v(f.cbk_cent), v(f.sketch), v(f.sketch_t)});
 }
 
 VecinferFormatDev vecinfer_format_host(const codecs::vecinfer::State& s, std::vector<uint8_t>& bytes) {

@@ -61,6 +61,7 @@ struct TernaryStreamParams {
     const Q8KScale* xs;                  // [cols / 256]
     int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
     int pad;
+    float* resid;                        // one matrix: resid[r] += y[r] as y is stored (cuda::add's order), or nullptr
 };
 
 // Shared memory (bytes): x [4][cols / 64] units of 16 bytes, the blocks' Q8KScale, then the warps'
@@ -244,6 +245,7 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
             if (lane == 0 && row < end) {
                 const int m = ts_matrix(p, row);
                 ts_pick(p.y, m)[row - ts_pick(p.first_row, m)] = v;
+                if (p.resid) p.resid[row] += v;  // count == 1: row is the matrix's own
             }
         }
         __syncwarp();  // every lane has read the slot before it is filled again
