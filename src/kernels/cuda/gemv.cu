@@ -1378,10 +1378,9 @@ void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int sme
     allow_smem(ternary_stream_kernel<W, R, S>, size_t(smem), configured);
     launch_pdl(ternary_stream_kernel<W, R, S>, dim3(unsigned(blocks)), dim3(W * 32), size_t(smem), st, p);
 }
-// ws[0..count) share x (n = 1): x quantized to q8_K (its kernel lets this one start at once), then
-// a block per SM over the stacked rows.
-// The stream kernel over ws with x already quantized to q8_K (xa: the kernel before, which
-// triggers it early); resid: the residual add of one matrix, or nullptr.
+// The stream kernel over ws (n = 1), a block per SM over the stacked rows, x already quantized to
+// q8_K (xa: by the kernel before, which lets this one start at once); resid: the residual add of
+// one matrix, or nullptr.
 void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
                            const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
@@ -1419,6 +1418,7 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     }
 }
 
+// ws[0..count) share x (n = 1): x quantized to q8_K, then the stream kernel.
 void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
                          const float* x, GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
