@@ -2536,10 +2536,16 @@ public:
         float peak = 1.0f;
         for (size_t i = 0; i < got.size(); ++i) peak = std::max(peak, std::fabs(out[i]));
         size_t worst = 0;
+        float worst_diff = 0.0f;
         for (size_t i = 0; i < got.size(); ++i) {
-            if (!(std::fabs(got[i] - out[i]) <= std::fabs(got[worst] - out[worst]))) worst = i;
+            const float d = std::fabs(got[i] - out[i]);
+            if (!(d <= worst_diff)) {  // a NaN is the worst and stays so
+                worst = i;
+                worst_diff = d;
+                if (std::isnan(d)) break;
+            }
         }
-        EXPECT_LE(std::fabs(got[worst] - out[worst]), tol_ * peak)
+        EXPECT_LE(worst_diff, tol_ * peak)
             << "layer " << layer_ << ", " << n_q << " queries at " << pos0 << ", output " << worst << ": " << got[worst]
             << " against " << out[worst];
         ++checks;
