@@ -379,7 +379,7 @@ struct Q6KFormat {
         for (int r = 0; r < R; ++r) acc[r] += float(dp4a_16(w[r].q, x, 0)) * (w[r].d * dx);
     }
 };
-// The types whose activations are q8_K (gemv_q8k_group; no GEMM path, no fused forms).
+// The types whose activations are q8_K (gemv_q8k_group, gemv_q8k_fused at n = 1; no GEMM path).
 inline bool is_q8k(GgmlType t) { return is_ternary(t) || t == GgmlType::Q6_K; }
 
 // TQ2_0 with R rows per warp (each activation load, 64 bytes of x per unit, feeds R rows; R x
