@@ -75,9 +75,8 @@ struct TurboFormatDev {
     const float* coord_scale;
     const float* cbk_thr;
     const float* cbk_cent;
-    const float* sketch;          // [d, d] S's rows (qjl): the encoder's, a lane per row
-    const float* sketch_t;        // [d, d] S^T (qjl): the reader's S q', a thread per row of S and
-                                  // adjacent threads adjacent rows, so the block's loads coalesce
+    const float* sketch_t;        // [d, d] S^T (qjl): S[r][c] at c d + r, so the encoder's lanes and the
+                                  // reader's threads, one a row of S, read adjacent floats together
 };
 
 // VecInfer (kv/formats/vecinfer.h) on the device: keys y = H (x / lambda) / sqrt(d), values

@@ -166,9 +166,8 @@ __global__ void __launch_bounds__(kStoreWarps * 32) turbo_store_kernel(const Tur
             put_bits_shared(st, f.gamma_offset * 8, 16, norm_fp16_bits(float(sqrt(rr))));
         }
         for (int i = lane; i < d; i += 32) {
-            const float* srow = f.sketch + int64_t(i) * d;
-            float dot = 0.0f;
-            for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(srow[c], rw[c]));
+            float dot = 0.0f;  // row i of S: column i of S^T
+            for (int c = 0; c < d; ++c) dot = __fadd_rn(dot, __fmul_rn(f.sketch_t[int64_t(c) * d + i], rw[c]));
             if (dot >= 0.0f) put_bits_shared(st, f.sign_offset * 8 + i, 1, 1u);
         }
         __syncwarp();

@@ -67,7 +67,6 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     const size_t at = put_part(bytes, coord_at.data(), coord_at.size() * sizeof(int32_t));
     const size_t scale = put_floats(bytes, s.coord_scale), kthr = put_floats(bytes, cbk_thr), kcent = put_floats(bytes, cbk_cent);
     VXQ_ASSERT(!l.qjl || (s.sketch.rows() == l.d && s.sketch.dim() == l.d));
-    const size_t sketch = put_part(bytes, l.qjl ? s.sketch.row(0) : nullptr, l.qjl ? size_t(l.d * l.d) * sizeof(float) : 0);
     std::vector<float> st;  // S^T
     if (l.qjl) {
         st.resize(size_t(l.d * l.d));
@@ -87,7 +86,6 @@ TurboFormatDev turbo_format_host(const codecs::turbo::State& s, std::vector<uint
     f.coord_scale = ptr(scale);
     f.cbk_thr = ptr(kthr);
     f.cbk_cent = ptr(kcent);
-    f.sketch = ptr(sketch);
     f.sketch_t = ptr(sketch_t);
     return f;
 }
@@ -117,7 +115,7 @@ TurboStateCopy turbo_state_copy(const codecs::turbo::State& s) {
     TurboFormatDev f = turbo_format_host(s, bytes);
     const auto v = [](auto*& p) { return reinterpret_cast<const void**>(&p); };
     return upload(f, bytes, {v(f.hadamard ? f.signs : f.rows), v(f.thr1), v(f.cent1), v(f.thr2), v(f.cent2), v(f.coord_at),
-                             v(f.coord_scale), v(f.cbk_thr), v(f.cbk_cent), v(f.sketch), v(f.sketch_t)});
+                             v(f.coord_scale), v(f.cbk_thr), v(f.cbk_cent), v(f.sketch_t)});
 }
 
 VecinferFormatDev vecinfer_format_host(const codecs::vecinfer::State& s, std::vector<uint8_t>& bytes) {
