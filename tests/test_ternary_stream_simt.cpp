@@ -121,6 +121,14 @@ void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& 
                  [&] { cuda::ternary_stream_kernel<W, R, S>(p); });
 }
 
+// The kernel's forms the tests run: both warp counts, both row counts a warp takes, rings of 1-8.
+using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
+const std::pair<const char*, Run> kForms[] = {
+    {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
+    {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
+    {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
+    {"W 32, R 1, S 4", run_stream<32, 1, 4>}};
+
 // Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
 // the integers of 256 (TQ2_0) / 128 (TQ2_G128) and then in float: the same products, other float
 // sums, each term's rounding at most 2^-24 relative, over cols / 64 terms.
@@ -164,13 +172,7 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         xf[size_t(rng() % c.cols)] = 0.0f;
         const Q8K x = quantize_x(xf);
         std::vector<std::vector<float>> y;
-        using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
-        const std::pair<const char*, Run> forms[] = {
-            {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
-            {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
-            {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
-            {"W 32, R 1, S 4", run_stream<32, 1, 4>}};
-        for (const auto& [form, run] : forms) {
+        for (const auto& [form, run] : kForms) {
             run(c, ms, x, y, nullptr);
             expect_rows_match(c, ms, x, y, form);
         }
@@ -178,7 +180,7 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
 }
 
 // The residual add of one matrix (the backend's fusion of the add after the O / down projection):
-// every row's resid becomes resid + y, y itself stored too, in every form and ring depth.
+// every row's resid becomes resid + y, y itself stored too, in every form of kForms.
 TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
     const uint32_t seed = test::fresh_seed();
     SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -191,13 +193,11 @@ TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
     for (float& v : r0) v = nd(rng);
     const Q8K x = quantize_x(xf);
     std::vector<std::vector<float>> y;
-    for (int form = 0; form < 3; ++form) {
+    for (const auto& [form, run] : kForms) {
         std::vector<float> resid = r0;
-        if (form == 0) run_stream<16, 2, 4>(c, ms, x, y, resid.data());
-        if (form == 1) run_stream<16, 1, 2>(c, ms, x, y, resid.data());
-        if (form == 2) run_stream<32, 2, 1>(c, ms, x, y, resid.data());
-        expect_rows_match(c, ms, x, y, "with the residual");
-        for (size_t r = 0; r < r0.size(); ++r) ASSERT_EQ(resid[r], r0[r] + y[0][r]) << "form " << form << " row " << r;
+        run(c, ms, x, y, resid.data());
+        expect_rows_match(c, ms, x, y, form);
+        for (size_t r = 0; r < r0.size(); ++r) ASSERT_EQ(resid[r], r0[r] + y[0][r]) << form << ", row " << r;
     }
 }
 
