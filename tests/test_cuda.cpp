@@ -1255,8 +1255,8 @@ TEST(Cuda, AttentionShortFormMatchesCpuAndSplitForm) {
 // each warp streams its own tiles, attention.cuh) against the CPU and against the tensor-core form
 // (VXQ_CUDA_ATTN_STREAM=0) on the same cache, with each ring depth it takes (1-4 stages) and on
 // tensor cores (f16 / fp8 pairs at head_dim 64 / 128, VXQ_CUDA_ATTN_STREAM_MMA=1; the default for fp8),
-// and through bulk copies in its own kernel (the same pairs, VXQ_CUDA_ATTN_TMA=1..4 ring depths and
-// the backend's default, which takes it past the short form's context):
+// and through bulk copies in its own kernel (f16 / fp8 pairs and q8_0 / q4_0 pairs, VXQ_CUDA_ATTN_TMA=1..4
+// ring depths and the backend's default, which takes it past the short form's context):
 // every format pair, GQA 1/2/3/4/8, head_dim 64/128/256 (96: the tensor-core form in all), odd
 // token counts that leave partial tiles and splits of uneven length. f32 sums of the same exact
 // products in other orders: 2e-5 on outputs of size ~1, as AttentionMatchesCpu.
@@ -1277,7 +1277,7 @@ TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
     streams.push_back(make_backend("cuda", 1));  // on tensor cores for f16 / fp8 pairs at head_dim 64 / 128
     unsetenv("VXQ_CUDA_ATTN_STREAM_MMA");
     streams.push_back(make_backend("cuda", 1));  // the default (on tensor cores where a side is fp8)
-    for (const char* stages : {"1", "2", "3", "4"}) {  // the bulk-copy form for f16 / fp8 pairs at head_dim 64 / 128
+    for (const char* stages : {"1", "2", "3", "4"}) {  // the bulk-copy form for f16 / fp8 and q8_0 / q4_0 pairs at head_dim 64 / 128
         setenv("VXQ_CUDA_ATTN_TMA", stages, 1);
         streams.push_back(make_backend("cuda", 1));
     }
@@ -1299,6 +1299,41 @@ TEST(Cuda, AttentionStreamFormMatchesCpuAndTensorCoreForm) {
             }
         }
     });
+}
+
+// The bulk-copy kernel's q8_0 / q4_0 values enter its MMAs as P d_v split hi / lo in fp16
+// (attention.cu): block scales far from 1 must neither overflow fp16 (values of size ~1000: d_v up
+// to ~500 for q4_0) nor lose the small probabilities' bits (values of size ~1e-3). Against the CPU,
+// relative to the values' size: the same 2e-5 as the tests above at size 1.
+TEST(Cuda, AttentionBulkCopyBlockValuesOfAnyScale) {
+    VXQ_REQUIRE_CUDA(cuda);
+    auto be = make_backend("cuda", 1);  // the default: the bulk-copy kernel past the short form's context
+    auto cpu = make_backend("cpu", 2);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    const std::vector<DecodeCase> cases = {{4099, 128, 32, 8}, {1000, 64, 12, 4}, {333, 128, 8, 1}};
+    for (const float size : {1e-3f, 1000.0f}) {
+        for (const DecodeCase& c : cases) {
+            for (const char* spec_text : {"q8_0", "q4_0", "q4_0/q8_0", "q8_0/q4_0"}) {
+                SCOPED_TRACE(testing::Message() << "kv " << spec_text << " values of size " << size << " kv_len " << c.kv_len
+                                                << " head_dim " << c.head_dim << " seed " << seed);
+                DecodeRun r{c, KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec::parse(spec_text), {}, {}, {}, {}};
+                r.k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+                r.v = random_floats(r.k.size(), rng, size);
+                r.q = random_floats(size_t(c.n_head * c.head_dim), rng);
+                KvCacheOptions opts;
+                opts.flash_attn = true;
+                auto host = make_kv_cache(r.shape, r.spec, opts);
+                host->write(0, 0, r.k.data(), r.v.data(), c.kv_len);
+                host->commit(c.kv_len);
+                r.host = host.get();
+                r.ref.assign(r.q.size(), NAN);
+                cpu->attention(host->view(0), r.q.data(), 1, c.kv_len - 1, r.ref.data());
+                const std::vector<float> got = r.on(*be);
+                for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got[i], r.ref[i], 2e-5f * size) << i;
+            }
+        }
+    }
 }
 
 #if VXQ_HAVE_CUDA
@@ -1388,11 +1423,12 @@ TEST(Cuda, AttentionSplitDefaultTilingFitsEveryShape) {
                     // The backend's default there: where a side is fp8 (f16 pairs keep the ring).
                     EXPECT_EQ(cuda::attention_stream_mma_default(p),
                               cuda::attention_stream_mma_fits(p) && (k == KvCode::FP8 || v == KvCode::FP8));
-                    // Through bulk copies: the same pairs and sizes, every ring depth up to 4, without the short form.
+                    // Through bulk copies: f16 / fp8 pairs and q8_0 / q4_0 pairs at head_dim 64 / 128, every ring
+                    // depth up to 4, without the short form.
                     for (int32_t tm = 1; tm <= 4; ++tm) {
                         p.splits = cuda::kAttnSplitMaxSplits;
                         p.tma_stages = tm;
-                        EXPECT_EQ(cuda::attention_stream_tma_fits(p), (hd == 64 || hd == 128) && half(k) && half(v))
+                        EXPECT_EQ(cuda::attention_stream_tma_fits(p), (hd == 64 || hd == 128) && half(k) == half(v))
                             << "head_dim " << hd << " rep " << rep << " stages " << tm;
                         p.short_tokens = cuda::kAttnShortTokens;
                         EXPECT_FALSE(cuda::attention_stream_tma_fits(p));

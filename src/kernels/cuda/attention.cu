@@ -1162,20 +1162,18 @@ __device__ __forceinline__ void mma_tile_scores(QFrag qfrag, const Raw8<KC> (&kw
     }
 }
 
-// The online softmax of head gid over the tile's scores (its row's four lanes) and O += P V: P x
-// 2^15 split hi / lo as the A fragments (rows gid / gid + 8), a lane's B fragments two tokens'
-// values at one dim (a PRMT of two of its loads). The accumulators are rescaled only when a row's
-// maximum moved (any lane's factor below 1: multiplying by 1 changes no bit).
-template <KvCode VC, int HD>
-__device__ __forceinline__ void mma_tile_values(const float (&sc)[2][2], const Raw8<VC> (&vw)[4][HD / 64], int len,
-                                                MmaTileState<HD>& st) {
-    const int tig = threadIdx.x & 3;
+// The online softmax of head gid over the tile's scores (its row's four lanes): the running max and
+// sum, the accumulators rescaled only when a row's maximum moved (any lane's factor below 1:
+// multiplying by 1 changes no bit), and the tile's exponentials e[n][i] (token 8 n + 2 tig + i; 0
+// past len) for O += P V.
+template <int HD>
+__device__ __forceinline__ void mma_tile_softmax(const float (&sc)[2][2], MmaTileState<HD>& st, float (&e)[2][2]) {
     float mx = fmaxf(fmaxf(sc[0][0], sc[0][1]), fmaxf(sc[1][0], sc[1][1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     const float m_new = fmaxf(st.m_run, mx);  // len >= 1: finite
     const float f = expf(st.m_run - m_new);   // 0 while m_run is -inf
-    float e[2][2], sum = 0.0f;
+    float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
@@ -1195,6 +1193,16 @@ __device__ __forceinline__ void mma_tile_values(const float (&sc)[2][2], const R
             for (int i = 0; i < 4; ++i) st.acc[v][i] *= f;
         }
     }
+}
+
+// The online softmax (mma_tile_softmax) and O += P V: P x 2^15 split hi / lo as the A fragments
+// (rows gid / gid + 8), a lane's B fragments two tokens' values at one dim (a PRMT of two of its loads).
+template <KvCode VC, int HD>
+__device__ __forceinline__ void mma_tile_values(const float (&sc)[2][2], const Raw8<VC> (&vw)[4][HD / 64], int len,
+                                                MmaTileState<HD>& st) {
+    const int tig = threadIdx.x & 3;
+    float e[2][2];
+    mma_tile_softmax<HD>(sc, st, e);
     unsigned ph0, pl0, ph2, pl2;  // P's A fragments (tokens 2 tig, + 1 and 2 tig + 8, + 9; hi rows gid, lo rows gid + 8)
     split_pair(e[0][0] * kPScale, e[0][1] * kPScale, ph0, pl0, 1.0f);
     split_pair(e[1][0] * kPScale, e[1][1] * kPScale, ph2, pl2, 1.0f);
@@ -1212,6 +1220,147 @@ __device__ __forceinline__ void mma_tile_values(const float (&sc)[2][2], const R
             const unsigned b1 = __byte_perm(at4(v[2], x / 2), at4(v[3], x / 2), sel);
             mma_f16(st.acc[8 * h + x], ph0, pl0, ph2, pl2, b0, b1);  // rows gid: P hi, rows gid + 8: P lo
         }
+    }
+}
+
+// ---- the same tile arithmetic for q8_0 / q4_0 pages (the bulk-copy kernel's block formats) ------
+// A 16-token tile's rows in shared memory (row t at t * kv_token_bytes; tokens past len are the
+// last real token's row, so every scale read is a real fp16 number).
+//   scores  int8 MMAs (m16n8k32), one per 32-block and n-tile: A = the query's q8_0 codes (rows
+//           gid < REP: head gid; rows gid + 8: zero), B = the keys' codes of token 8 n + gid (a
+//           lane's word at block byte 4 tig holds the dims 4 tig .. + 3 and, q4_0, their nibbles
+//           16 + 4 tig .. + 3: the fragment's two registers; q4_0 codes centred by __vsub4), the
+//           exact int32 block dot times d_k d_q added in f32 per block, in block order: the stream
+//           form's products and order;
+//   values  O += (P d_v) codes: per 32-block b the A fragments are P times each token's d_v split
+//           hi / lo (rows gid / gid + 8, lo = (x - hi) 2^11: no 2^15 as the f16 form's P, which d_v up
+//           to 65504 would overflow; where hi is subnormal lo keeps the rest, so the pair holds x
+//           within ~2^-36 absolute), and B the codes as exact fp16
+//           numbers (a byte under 0x64 is 1024 + byte, less 1024 + 8 (q4_0) or 1024 + 128 (q8_0,
+//           the code's sign bit flipped) by one HSUB2). A lane reads its two tokens' (2 tig, + 1 and
+//           + 8, + 9) bytes 2 gid, 2 gid + 1 (q4_0: four dims, the nibbles) or 4 gid .. + 3 (q8_0) of
+//           each block, so n-tile 4 b + x, column c holds dim qv_dim(VC, 4 b + x, c), undone when
+//           the partial is written.
+template <KvCode VC>
+__host__ __device__ constexpr int qv_dim(int nt, int c) {
+    const int b = nt / 4, x = nt % 4;
+    return VC == KvCode::Q8_0 ? 32 * b + 4 * c + x : 32 * b + 2 * c + (x & 1) + 16 * (x >> 1);
+}
+// Dims of the f16 / fp8 form's n-tile 8 h + x, column c.
+__host__ __device__ constexpr int hv_dim(int nt, int c) { return 64 * (nt / 8) + 8 * c + nt % 8; }
+
+// A 32-bit word at p (2-byte aligned; `aligned`: known 4-byte aligned, one load).
+__device__ __forceinline__ unsigned u32_at(const uint8_t* p, bool aligned) {
+    return aligned ? *reinterpret_cast<const unsigned*>(p) : u32_at2(p);
+}
+
+// The query for block-format keys: per 32-block b the int8 MMA's A registers of this lane (rows gid:
+// codes of head gid at dims 32 b + 4 tig .. + 3 and + 16; rows gid + 8 are zero) and head gid's scale.
+template <int HD>
+struct QBlockFrag {
+    unsigned a[HD / 32][2];
+    float d[HD / 32];
+};
+// From the group's q rows quantized to q8_0 (qc [REP][HD] codes, qd [REP][HD / 32] scales, shared memory).
+template <int REP, int HD>
+__device__ __forceinline__ QBlockFrag<HD> q_block_frag(const int8_t* qc, const float* qd) {
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    QBlockFrag<HD> f;
+#pragma unroll
+    for (int b = 0; b < HD / 32; ++b) {
+        const bool real = gid < REP;
+        f.a[b][0] = real ? *reinterpret_cast<const unsigned*>(qc + gid * HD + 32 * b + 4 * tig) : 0u;
+        f.a[b][1] = real ? *reinterpret_cast<const unsigned*>(qc + gid * HD + 32 * b + 16 + 4 * tig) : 0u;
+        f.d[b] = real ? qd[gid * (HD / 32) + b] : 0.0f;
+    }
+    return f;
+}
+
+// Scores of a tile of q8_0 / q4_0 keys (ku: its rows): sc[n][i] for token 8 n + 2 tig + i of head gid (-inf past len).
+template <KvCode KC, int HD>
+__device__ __forceinline__ void mma_tile_scores_q(const QBlockFrag<HD>& qf, const uint8_t* ku, int len, float score_scale,
+                                                  float (&sc)[2][2]) {
+    constexpr int bb = KC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes, ktb = HD / 32 * bb;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+        const uint8_t* kb = ku + min(8 * n + gid, len - 1) * ktb;  // B: token 8 n + gid
+        const uint8_t* k0 = ku + min(8 * n + 2 * tig, len - 1) * ktb;
+        const uint8_t* k1 = ku + min(8 * n + 2 * tig + 1, len - 1) * ktb;
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int b = 0; b < HD / 32; ++b) {
+            const uint8_t* codes = kb + b * bb + 2;
+            const bool aligned = (b * bb + 2) % 4 == 0;  // rows are 4-byte multiples apart
+            unsigned b0, b1;
+            if constexpr (KC == KvCode::Q8_0) {
+                b0 = u32_at(codes + 4 * tig, aligned);
+                b1 = u32_at(codes + 16 + 4 * tig, aligned);
+            } else {
+                const unsigned w = u32_at(codes + 4 * tig, aligned);
+                b0 = __vsub4(w & 0x0f0f0f0fu, 0x08080808u);
+                b1 = __vsub4((w >> 4) & 0x0f0f0f0fu, 0x08080808u);
+            }
+            int c[4] = {0, 0, 0, 0};
+            mma_s8(c, make_uint4(qf.a[b][0], 0u, qf.a[b][1], 0u), b0, b1);
+            s0 += float(c[0]) * (kv_half_at(k0 + b * bb) * qf.d[b]);
+            s1 += float(c[1]) * (kv_half_at(k1 + b * bb) * qf.d[b]);
+        }
+        sc[n][0] = 8 * n + 2 * tig < len ? s0 * score_scale : -INFINITY;
+        sc[n][1] = 8 * n + 2 * tig + 1 < len ? s1 * score_scale : -INFINITY;
+    }
+}
+
+// Two tokens' codes at one dim as the fp16 pair of the B fragment: bytes (lo, hi) of `pair` are the
+// two tokens' code bytes (q4_0: a nibble each, q8_0: the code with its sign bit flipped); `bias` is
+// 1024 + the codes' offset (8 or 128).
+__device__ __forceinline__ unsigned codes_half2(unsigned pair_bytes, unsigned sel, __half2 bias) {
+    const unsigned h = __byte_perm(pair_bytes, 0x64646464u, sel);  // 0x64XX = 1024 + XX
+    const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&h), bias);
+    return *reinterpret_cast<const unsigned*>(&r);
+}
+
+// The online softmax and O += P V for a tile of q8_0 / q4_0 values (vu: its rows; above).
+template <KvCode VC, int HD>
+__device__ __forceinline__ void mma_tile_values_q(const float (&sc)[2][2], const uint8_t* vu, int len, MmaTileState<HD>& st) {
+    constexpr int bb = VC == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes, vtb = HD / 32 * bb;
+    const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
+    float e[2][2];
+    mma_tile_softmax<HD>(sc, st, e);
+    const uint8_t* rows[4];  // tokens 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (past len: the last token; its p is 0)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) rows[i] = vu + min(2 * tig + (i & 1) + 8 * (i >> 1), len - 1) * vtb;
+    const __half2 bias = __float2half2_rn(VC == KvCode::Q8_0 ? 1152.0f : 1032.0f);
+#pragma unroll
+    for (int b = 0; b < HD / 32; ++b) {
+        unsigned ph0, pl0, ph2, pl2;
+        split_pair(e[0][0] * kv_half_at(rows[0] + b * bb), e[0][1] * kv_half_at(rows[1] + b * bb), ph0, pl0);
+        split_pair(e[1][0] * kv_half_at(rows[2] + b * bb), e[1][1] * kv_half_at(rows[3] + b * bb), ph2, pl2);
+        unsigned bf[4][2];  // [x][token pair]
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const uint8_t* ra = rows[2 * k] + b * bb + 2;
+            const uint8_t* rb = rows[2 * k + 1] + b * bb + 2;
+            if constexpr (VC == KvCode::Q8_0) {
+                const bool aligned = (b * bb + 2) % 4 == 0;
+                const unsigned wa = u32_at(ra + 4 * gid, aligned), wb = u32_at(rb + 4 * gid, aligned);
+                const unsigned lo = __byte_perm(wa, wb, 0x5140u) ^ 0x80808080u;  // a0 b0 a1 b1
+                const unsigned hi = __byte_perm(wa, wb, 0x7362u) ^ 0x80808080u;  // a2 b2 a3 b3
+                bf[0][k] = codes_half2(lo, 0x4140u, bias);
+                bf[1][k] = codes_half2(lo, 0x4342u, bias);
+                bf[2][k] = codes_half2(hi, 0x4140u, bias);
+                bf[3][k] = codes_half2(hi, 0x4342u, bias);
+            } else {
+                const unsigned w = __byte_perm(u16_at(ra + 2 * gid), u16_at(rb + 2 * gid), 0x5140u);  // a0 b0 a1 b1
+                const unsigned lo = w & 0x0f0f0f0fu, hi = (w >> 4) & 0x0f0f0f0fu;
+                bf[0][k] = codes_half2(lo, 0x4140u, bias);  // dim 2 gid
+                bf[1][k] = codes_half2(lo, 0x4342u, bias);  // dim 2 gid + 1
+                bf[2][k] = codes_half2(hi, 0x4140u, bias);  // dim 16 + 2 gid
+                bf[3][k] = codes_half2(hi, 0x4342u, bias);  // dim 17 + 2 gid
+            }
+        }
+#pragma unroll
+        for (int x = 0; x < 4; ++x) mma_f16(st.acc[4 * b + x], ph0, pl0, ph2, pl2, bf[x][0], bf[x][1]);
     }
 }
 
@@ -1238,11 +1387,15 @@ __device__ void mma_state_write_partial(const MmaTileState<HD>& st, const KvHead
     if (gid < REP) {
         float* o = wo + (warp * REP + gid) * HD;
 #pragma unroll
-        for (int h = 0; h < HD / 64; ++h) {
+        for (int nt = 0; nt < HD / 8; ++nt) {
 #pragma unroll
-            for (int x = 0; x < 8; ++x) {  // P hi's sums plus P lo's
-                o[64 * h + 16 * tig + x] = (st.acc[8 * h + x][0] + st.acc[8 * h + x][2]) * kPScaleInv;
-                o[64 * h + 16 * tig + 8 + x] = (st.acc[8 * h + x][1] + st.acc[8 * h + x][3]) * kPScaleInv;
+            for (int i = 0; i < 2; ++i) {  // P hi's sums plus P lo's (f16 / fp8: both x 2^15; q8_0 / q4_0: lo x 2^11)
+                const int c = 2 * tig + i;
+                if constexpr (kv_half_keys(VC)) {
+                    o[hv_dim(nt, c)] = (st.acc[nt][i] + st.acc[nt][i + 2]) * kPScaleInv;
+                } else {
+                    o[qv_dim<VC>(nt, c)] = st.acc[nt][i] + st.acc[nt][i + 2] * kLoInv;
+                }
             }
         }
         if (tig == 0) {
@@ -1361,10 +1514,12 @@ __host__ __device__ constexpr int tma_smem(int rep, int hd, KvCode kc, KvCode vc
 
 template <int REP, KvCode KC, KvCode VC, int HD>
 __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(const SplitAttentionParams p) {
-    static_assert(REP <= 8 && (HD == 64 || HD == 128) && kv_half_keys(KC) && kv_half_keys(VC));
+    static_assert(REP <= 8 && (HD == 64 || HD == 128));
     extern __shared__ __align__(16) uint8_t smem[];
     __shared__ __align__(16) float qs[REP * HD];  // the group's q rows (rotated with p.rope), then the merge's `keep`
     __shared__ float kn[HD];                      // with rope: the new key, rotated
+    __shared__ __align__(16) int8_t qcs[kv_half_keys(KC) ? 16 : REP * HD];  // q8_0 / q4_0 keys: q as q8_0 codes
+    __shared__ float qds[kv_half_keys(KC) ? 1 : REP * HD / kQBlock];        // and scales
     constexpr int KC32 = HD / 32, KS = HD / 16, VH = HD / 64;
     constexpr int ktb = int(kv_token_bytes(KC, HD)), vtb = int(kv_token_bytes(VC, HD));
     constexpr int TT = tma_tile_tokens(KC, VC, HD), stage_bytes = TT * (ktb + vtb);
@@ -1390,9 +1545,12 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
             const unsigned len = unsigned(tile_len(j));
             uint8_t* st = ring + (j % stages) * stage_bytes;
             uint64_t* bar = bars + j % stages;
-            mbar_expect_tx(bar, len * unsigned(ktb + vtb));
-            bulk_copy_to_shared(st, kpage + c0 * ktb, len * unsigned(ktb), bar);
-            bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, len * unsigned(vtb), bar);
+            // Whole 16-byte pieces (q8_0 / q4_0 rows are not; c0 is a multiple of 16 tokens, so the
+            // tile starts aligned, and the last piece stays in the page: pages hold whole 64-token runs).
+            const unsigned kb = unsigned(align16(int(len) * ktb)), vb = unsigned(align16(int(len) * vtb));
+            mbar_expect_tx(bar, kb + vb);
+            bulk_copy_to_shared(st, kpage + c0 * ktb, kb, bar);
+            bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, vb, bar);
         }
     };
     if (lane == 0) {
@@ -1408,9 +1566,17 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
     if (p.rope.q != nullptr) rope_store_in_split<KC, VC>(p, g, z, REP, t_begin, t_end, n_vis, qs, kn);
     __syncthreads();  // q (and the new token's page writes) visible to the whole block
     for (; issued < stages - 1; ++issued) issue(issued);
-    uint4 qa[KS];
+    // q as the score MMAs' A fragments: f16 / fp8 keys hi / lo, q8_0 / q4_0 keys its q8_0 codes (the CPU's prepare_query).
+    uint4 qa[kv_half_keys(KC) ? KS : 1] = {};
+    QBlockFrag<HD> qb;
+    if constexpr (kv_half_keys(KC)) {
 #pragma unroll
-    for (int s = 0; s < KS; ++s) qa[s] = mma_q_fragment<REP, HD>(qs, s);
+        for (int s = 0; s < KS; ++s) qa[s] = mma_q_fragment<REP, HD>(qs, s);
+    } else {
+        quantize_query_q8_0(qs, REP * HD / kQBlock, qcs, qds, nullptr);
+        __syncthreads();
+        qb = q_block_frag<REP, HD>(qcs, qds);
+    }
     const auto qfrag = [&](int s) { return qa[s]; };
     const float score_scale = KC == KvCode::FP8 ? p.scale * head.k_scale : p.scale;
     MmaTileState<HD> st;
@@ -1426,24 +1592,32 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
             if (ul <= 0) break;
             const uint8_t* ku = kt + u * kStreamMmaTile * ktb;
             const uint8_t* vu = vt + u * kStreamMmaTile * vtb;
-            Raw8<KC> kw[2][KC32];
-            Raw8<VC> vw[4][VH];
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-#pragma unroll
-                for (int c = 0; c < KC32; ++c) {
-                    kw[n][c] = *reinterpret_cast<const Raw8<KC>*>(ku + min(8 * n + gid, ul - 1) * ktb + (32 * c + 8 * tig) * ktb / HD);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int t = min(2 * tig + (i & 1) + 8 * (i >> 1), ul - 1);
-#pragma unroll
-                for (int h = 0; h < VH; ++h) vw[i][h] = *reinterpret_cast<const Raw8<VC>*>(vu + t * vtb + (64 * h + 8 * gid) * vtb / HD);
-            }
             float sc[2][2];
-            mma_tile_scores<KC, HD>(qfrag, kw, ul, score_scale, sc);
-            mma_tile_values<VC, HD>(sc, vw, ul, st);
+            if constexpr (kv_half_keys(KC)) {
+                Raw8<KC> kw[2][KC32];
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                    for (int c = 0; c < KC32; ++c) {
+                        kw[n][c] = *reinterpret_cast<const Raw8<KC>*>(ku + min(8 * n + gid, ul - 1) * ktb + (32 * c + 8 * tig) * ktb / HD);
+                    }
+                }
+                mma_tile_scores<KC, HD>(qfrag, kw, ul, score_scale, sc);
+            } else {
+                mma_tile_scores_q<KC, HD>(qb, ku, ul, score_scale, sc);
+            }
+            if constexpr (kv_half_keys(VC)) {
+                Raw8<VC> vw[4][VH];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int t = min(2 * tig + (i & 1) + 8 * (i >> 1), ul - 1);
+#pragma unroll
+                    for (int h = 0; h < VH; ++h) vw[i][h] = *reinterpret_cast<const Raw8<VC>*>(vu + t * vtb + (64 * h + 8 * gid) * vtb / HD);
+                }
+                mma_tile_values<VC, HD>(sc, vw, ul, st);
+            } else {
+                mma_tile_values_q<VC, HD>(sc, vu, ul, st);
+            }
         }
         __syncwarp();  // every lane is done with this stage
     }
@@ -1921,7 +2095,7 @@ bool attention_stream_mma_fits(const SplitAttentionParams& p) {
 }
 
 bool attention_stream_tma_formats(KvCode k, KvCode v, int64_t head_dim) {
-    return (head_dim == 64 || head_dim == 128) && kv_half_keys(k) && kv_half_keys(v);
+    return (head_dim == 64 || head_dim == 128) && kv_half_keys(k) == kv_half_keys(v);
 }
 
 bool attention_stream_tma_fits(const SplitAttentionParams& p) {
@@ -2014,7 +2188,7 @@ void launch_stream_tma(const SplitAttentionParams& p, cudaStream_t st) {
 template <int REP>
 void launch_split_kv(const SplitAttentionParams& p, cudaStream_t st) {
     with_kv_codes(p.k_code, p.v_code, [&]<KvCode KC, KvCode VC>() {
-        if constexpr (kv_half_keys(KC) && kv_half_keys(VC)) {
+        if constexpr (kv_half_keys(KC) == kv_half_keys(VC)) {
             if (p.tma_stages > 0) {  // attention_split checked attention_stream_tma_fits
                 if (p.head_dim == 64) {
                     launch_stream_tma<REP, KC, VC, 64>(p, st);

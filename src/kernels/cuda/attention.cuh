@@ -248,21 +248,25 @@ inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
 }
 //
 // The stream form through bulk copies (p.tma_stages > 0, attention_stream_tma_fits: one query, f16 /
-// fp8 keys and values, head_dim 64 or 128, p.short_tokens 0): a kernel of its own (the split
-// kernel's other forms reserve ~90 KB of shared memory and more registers a block, which left 8
-// warps per SM with one tile in flight each), 4 warps and two blocks per SM. Each warp keeps a ring
-// of p.tma_stages tiles of 8 KB of keys and values (16 f16 tokens of 128 dims, 32 fp8 ones) in
+// fp8 keys and values or q8_0 / q4_0 keys and values, head_dim 64 or 128, p.short_tokens 0): a
+// kernel of its own (the split kernel's other forms reserve ~90 KB of shared memory and more
+// registers a block, which left 8 warps per SM with one tile in flight each), 4 warps and two
+// blocks per SM. Each warp keeps a ring of p.tma_stages tiles of up to 8 KB of keys and values
+// (whole 16-token tiles: 16 f16 tokens of 128 dims, 32 fp8, 48 q4_0, 16 q8_0 ones) in
 // shared memory, requested by its lane 0 as one bulk copy of keys and one of values (the TMA unit,
 // completing on an mbarrier per stage: no load instructions or registers held for the bytes in
 // flight), p.tma_stages - 1 tiles ahead of the one it computes with the tensor-core stream form's
-// arithmetic (the same products and sums, q's fragments in registers). Tiles of tokens stored by
-// earlier steps are requested before the wait for the previous kernel. The RoPE + store, the
+// arithmetic (the same products and sums, q's fragments in registers; q8_0 / q4_0 pages: the keys'
+// codes against the query's q8_0 codes on int8 MMAs, the exact block dots times d_k d_q as the other
+// forms, and the values' codes as exact fp16 numbers against P d_v split hi / lo, attention.cu).
+// Tiles of tokens stored by earlier steps are requested before the wait for the previous kernel. The RoPE + store, the
 // partials, the merge and the q8_0 output as the split kernel. The backend takes it for one query
 // once the context is past the short form's (p.short_tokens then 0: a step's graph changes form
 // once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth.
 constexpr int kAttnTmaStages = 3;
 // The page formats and head sizes the bulk-copy kernel has instances for (f16 / fp8 keys and
-// values, head_dim 64 / 128); attention_stream_tma_fits checks them and the rest of p.
+// values, or q8_0 / q4_0 keys and values; head_dim 64 / 128); attention_stream_tma_fits checks them
+// and the rest of p.
 bool attention_stream_tma_formats(KvCode k, KvCode v, int64_t head_dim);
 bool attention_stream_tma_fits(const SplitAttentionParams& p);
 // Whether the stream form takes p (one query, head_dim 64 / 128 / 256, p.stream_stages in [1, 4], fits

@@ -636,7 +636,8 @@ public:
             }
         }
         const KvCodes codes = kv_codes(view);
-        // Past the short form, one query over f16 / fp8 pages at head_dim 64 / 128: the bulk-copy stream form.
+        // Past the short form, one query over f16 / fp8 or q8_0 / q4_0 pages (both sides of one kind) at head_dim 64 / 128:
+        // the bulk-copy stream form.
         const auto tma_path = [&](KvCodes c) -> std::string_view {
             const bool takes = attn_tma_ > 0 && attention_stream_tma_formats(c.k, c.v, view.head_dim);
             return takes ? "; more: per-warp rings of TMA bulk copies on tensor cores, a kernel of its own" : "";
@@ -748,7 +749,7 @@ private:
                 const bool mma = attn_stream_mma_ < 0 ? attention_stream_mma_default(p) : attn_stream_mma_ == 1 && attention_stream_mma_fits(p);
                 p.stream_mma = mma ? 1 : 0;
             }
-            // Past the short form's context, one query over f16 / fp8 pages: the bulk-copy stream
+            // Past the short form's context, one query over f16 / fp8 or q8_0 / q4_0 pages: the bulk-copy stream
             // form (its own kernel, no short form: the graph changes once, at that depth).
             if (n_q == 1 && attn_tma_ > 0 && max_tokens > p.short_tokens) {
                 SplitAttentionParams t = p;
