@@ -205,7 +205,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         }
     };
     // The backend's form for this format past the short form's context: the bulk-copy stream form where it fits.
-    p.splits = cuda::attention_splits(1, kHeadsKv, f.code);
+    p.splits = cuda::attention_stream_tma_splits(kHeadsKv);
     p.tma_stages = cuda::kAttnTmaStages;
     const bool tma_default = cuda::attention_stream_tma_fits(p);
     for (const Config& c : configs) {
@@ -215,7 +215,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         p.tma_stages = c.tma;
         if (c.tma > 0) {  // its own kernel: one arm per split count and ring depth
             if (!cuda::attention_stream_tma_fits(p)) continue;
-            add_arm(p, c.splits == cuda::attention_splits(1, kHeadsKv, f.code) && c.tma == cuda::kAttnTmaStages);
+            add_arm(p, c.splits == cuda::attention_stream_tma_splits(kHeadsKv) && c.tma == cuda::kAttnTmaStages);
             continue;
         }
         p.stream_stages = 0;
@@ -650,6 +650,7 @@ int main(int argc, char** argv) {
             if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
         };
         for (const Format& f : kFormats) add(split_counts, cuda::attention_splits(1, kHeadsKv, f.code));
+        add(split_counts, cuda::attention_stream_tma_splits(kHeadsKv));
         add(tiles, cuda::kAttnSplitTile);
         add(stages, cuda::kAttnSplitStages);
         for (int64_t s : split_counts) {

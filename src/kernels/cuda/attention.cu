@@ -1327,20 +1327,20 @@ __device__ __forceinline__ void mma_tile_values_q(const float (&sc)[2][2], const
     const int lane = threadIdx.x & 31, gid = lane >> 2, tig = lane & 3;
     float e[2][2];
     mma_tile_softmax<HD>(sc, st, e);
-    const uint8_t* rows[4];  // tokens 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (past len: the last token; its p is 0)
+    int rows[4];  // offsets of tokens 2 tig, 2 tig + 1, 2 tig + 8, 2 tig + 9 (past len: the last token; its p is 0)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) rows[i] = vu + min(2 * tig + (i & 1) + 8 * (i >> 1), len - 1) * vtb;
+    for (int i = 0; i < 4; ++i) rows[i] = min(2 * tig + (i & 1) + 8 * (i >> 1), len - 1) * vtb;
     const __half2 bias = __float2half2_rn(VC == KvCode::Q8_0 ? 1152.0f : 1032.0f);
 #pragma unroll
     for (int b = 0; b < HD / 32; ++b) {
         unsigned ph0, pl0, ph2, pl2;
-        split_pair(e[0][0] * kv_half_at(rows[0] + b * bb), e[0][1] * kv_half_at(rows[1] + b * bb), ph0, pl0);
-        split_pair(e[1][0] * kv_half_at(rows[2] + b * bb), e[1][1] * kv_half_at(rows[3] + b * bb), ph2, pl2);
+        split_pair(e[0][0] * kv_half_at(vu + rows[0] + b * bb), e[0][1] * kv_half_at(vu + rows[1] + b * bb), ph0, pl0);
+        split_pair(e[1][0] * kv_half_at(vu + rows[2] + b * bb), e[1][1] * kv_half_at(vu + rows[3] + b * bb), ph2, pl2);
         unsigned bf[4][2];  // [x][token pair]
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            const uint8_t* ra = rows[2 * k] + b * bb + 2;
-            const uint8_t* rb = rows[2 * k + 1] + b * bb + 2;
+            const uint8_t* ra = vu + rows[2 * k] + b * bb + 2;
+            const uint8_t* rb = vu + rows[2 * k + 1] + b * bb + 2;
             if constexpr (VC == KvCode::Q8_0) {
                 const bool aligned = (b * bb + 2) % 4 == 0;
                 const unsigned wa = u32_at(ra + 4 * gid, aligned), wb = u32_at(rb + 4 * gid, aligned);
@@ -1496,6 +1496,10 @@ __device__ void attention_stream_mma(const SplitAttentionParams& p, const KvHead
 // (PDL), so the first bytes are in flight while it ends; the newest token (this launch's or the
 // previous kernel's store) only after it.
 constexpr int kTmaStageBytes = 8192;
+// (q8_0 / q4_0 pages at 128 dims: 16 / 48 tokens. Tried on the H100, 2026-12-05 (sixth session):
+// 16-token q4_0 stages with four blocks an SM (128 registers, which spilled) and 64 splits read 32K
+// tokens in 31.0-32.0 us against 29.7 for these stages at two blocks an SM and 32 splits; 128K 87.2
+// against 75.7.)
 __host__ __device__ constexpr int tma_tile_tokens(KvCode kc, KvCode vc, int hd) {
     const int sub = kTmaStageBytes / (kStreamMmaTile * int(kv_token_bytes(kc, hd) + kv_token_bytes(vc, hd)));
     return (sub < 1 ? 1 : sub) * kStreamMmaTile;
@@ -2123,21 +2127,38 @@ int32_t attention_split_short_cap(const SplitAttentionParams& p) {
     return short_smem(L, int(p.n_head / p.n_head_kv)).cap;
 }
 
-int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
-    static const int64_t forced = [] {  // VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides the default (benchmarks)
+namespace {
+// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N (1..64) overrides the planned blocks per SM of every form (benchmarks); 0: not set.
+int64_t forced_blocks_per_sm() {
+    static const int64_t forced = [] {
         const char* e = std::getenv("VXQ_CUDA_ATTN_BLOCKS_PER_SM");
         const long v = e ? std::strtol(e, nullptr, 10) : 0;
         return v >= 1 && v <= 64 ? int64_t(v) : int64_t(0);
     }();
+    return forced;
+}
+// About per_sm blocks per SM for `rows` (query group, KV head) pairs: splits a power of two, at most kAttnSplitMaxSplits.
+int64_t splits_for(int64_t per_sm, int64_t rows) {
+    const int64_t want = (per_sm * sm_count() + rows - 1) / std::max<int64_t>(1, rows);
+    int64_t s = 1;
+    while (s < want && s < kAttnSplitMaxSplits) s *= 2;
+    return s;
+}
+}  // namespace
+
+int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
+    const int64_t forced = forced_blocks_per_sm();
     const int64_t per_sm = forced                    ? forced
                            : k_code == KvCode::F16  ? int64_t(kAttnSplitBlocksPerSmF16)
                            : k_code == KvCode::Q8_0 ? int64_t(kAttnSplitBlocksPerSmQ8)
                            : k_code == KvCode::FP8  ? int64_t(kAttnSplitBlocksPerSmFp8)
                                                     : int64_t(kAttnSplitBlocksPerSmQ4);
-    const int64_t want = (per_sm * sm_count() + n_q * n_head_kv - 1) / std::max<int64_t>(1, n_q * n_head_kv);
-    int64_t s = 1;
-    while (s < want && s < kAttnSplitMaxSplits) s *= 2;
-    return s;
+    return splits_for(per_sm, n_q * n_head_kv);
+}
+
+int64_t attention_stream_tma_splits(int64_t n_head_kv) {
+    const int64_t forced = forced_blocks_per_sm();
+    return splits_for(forced ? forced : int64_t(kAttnTmaBlocksPerSm), n_head_kv);
 }
 
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {

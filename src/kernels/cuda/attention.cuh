@@ -264,6 +264,13 @@ inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
 // once the context is past the short form's (p.short_tokens then 0: a step's graph changes form
 // once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth.
 constexpr int kAttnTmaStages = 3;
+// Its splits: about kAttnTmaBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits;
+// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides it as for the other forms), for every format: 32 splits
+// for 8 KV heads on 132 SMs (256 blocks, one wave at two an SM). On the H100 (docs/gpu.md,
+// 2026-12-05, sixth session) q4_0 pages at 32K / 128K tokens took 29.7 / 75.7 us with 32 splits
+// against 39.8 / 86.7 with the split kernel's q4_0 plan of 64, q8_0 39.0 / 120.9 against 49.8 / 145.5.
+constexpr int kAttnTmaBlocksPerSm = 1;
+int64_t attention_stream_tma_splits(int64_t n_head_kv);
 // The page formats and head sizes the bulk-copy kernel has instances for (f16 / fp8 keys and
 // values, or q8_0 / q4_0 keys and values; head_dim 64 / 128); attention_stream_tma_fits checks them
 // and the rest of p.

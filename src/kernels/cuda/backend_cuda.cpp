@@ -755,7 +755,11 @@ private:
                 SplitAttentionParams t = p;
                 t.short_tokens = 0;
                 t.tma_stages = attn_tma_;
-                if (attention_stream_tma_fits(t)) p = t;
+                t.splits = attention_stream_tma_splits(view.n_head_kv);
+                if (attention_stream_tma_fits(t)) {
+                    t.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, t.splits));
+                    p = t;
+                }
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
