@@ -1200,6 +1200,24 @@ struct DecodeRun {
         return out;
     }
 };
+// One case and format pair: random keys, values (normal, standard deviation v_size) and query,
+// the host cache and the CPU's output, handed to body.
+template <typename Body>
+void with_decode_run(const DecodeCase& c, const char* spec_text, std::mt19937& rng, Backend& cpu, float v_size, Body body) {
+    DecodeRun r{c, KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec::parse(spec_text), {}, {}, {}, {}};
+    r.k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
+    r.v = random_floats(r.k.size(), rng, v_size);
+    r.q = random_floats(size_t(c.n_head * c.head_dim), rng);
+    KvCacheOptions opts;
+    opts.flash_attn = true;
+    auto host = make_kv_cache(r.shape, r.spec, opts);
+    host->write(0, 0, r.k.data(), r.v.data(), c.kv_len);
+    host->commit(c.kv_len);
+    r.host = host.get();
+    r.ref.assign(r.q.size(), NAN);
+    cpu.attention(host->view(0), r.q.data(), 1, c.kv_len - 1, r.ref.data());
+    body(r);
+}
 template <typename Body>
 void for_each_decode_case(const std::vector<DecodeCase>& cases, Body body) {
     const uint32_t seed = fresh_seed();
@@ -1209,19 +1227,7 @@ void for_each_decode_case(const std::vector<DecodeCase>& cases, Body body) {
         for (const char* spec_text : {"f16", "q8_0", "q4_0", "q8_0/f16", "f16/q4_0", "q4_0/q8_0", "fp8", "f16/fp8"}) {
             SCOPED_TRACE(testing::Message() << "kv " << spec_text << " kv_len " << c.kv_len << " head_dim " << c.head_dim
                                             << " heads " << c.n_head << "/" << c.n_head_kv << " seed " << seed);
-            DecodeRun r{c, KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec::parse(spec_text), {}, {}, {}, {}};
-            r.k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
-            r.v = random_floats(r.k.size(), rng);
-            r.q = random_floats(size_t(c.n_head * c.head_dim), rng);
-            KvCacheOptions opts;
-            opts.flash_attn = true;
-            auto host = make_kv_cache(r.shape, r.spec, opts);
-            host->write(0, 0, r.k.data(), r.v.data(), c.kv_len);
-            host->commit(c.kv_len);
-            r.host = host.get();
-            r.ref.assign(r.q.size(), NAN);
-            cpu->attention(host->view(0), r.q.data(), 1, c.kv_len - 1, r.ref.data());
-            body(r);
+            with_decode_run(c, spec_text, rng, *cpu, 1.0f, body);
             if (testing::Test::HasFatalFailure()) return;
         }
     }
@@ -1317,20 +1323,11 @@ TEST(Cuda, AttentionBulkCopyBlockValuesOfAnyScale) {
             for (const char* spec_text : {"q8_0", "q4_0", "q4_0/q8_0", "q8_0/q4_0"}) {
                 SCOPED_TRACE(testing::Message() << "kv " << spec_text << " values of size " << size << " kv_len " << c.kv_len
                                                 << " head_dim " << c.head_dim << " seed " << seed);
-                DecodeRun r{c, KvShape{1, c.n_head, c.n_head_kv, c.head_dim, c.kv_len}, KvSpec::parse(spec_text), {}, {}, {}, {}};
-                r.k = random_floats(size_t(c.kv_len * c.n_head_kv * c.head_dim), rng);
-                r.v = random_floats(r.k.size(), rng, size);
-                r.q = random_floats(size_t(c.n_head * c.head_dim), rng);
-                KvCacheOptions opts;
-                opts.flash_attn = true;
-                auto host = make_kv_cache(r.shape, r.spec, opts);
-                host->write(0, 0, r.k.data(), r.v.data(), c.kv_len);
-                host->commit(c.kv_len);
-                r.host = host.get();
-                r.ref.assign(r.q.size(), NAN);
-                cpu->attention(host->view(0), r.q.data(), 1, c.kv_len - 1, r.ref.data());
-                const std::vector<float> got = r.on(*be);
-                for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got[i], r.ref[i], 2e-5f * size) << i;
+                with_decode_run(c, spec_text, rng, *cpu, size, [&](const DecodeRun& r) {
+                    const std::vector<float> got = r.on(*be);
+                    for (size_t i = 0; i < r.ref.size(); ++i) ASSERT_NEAR(got[i], r.ref[i], 2e-5f * size) << i;
+                });
+                if (testing::Test::HasFatalFailure()) return;
             }
         }
     }
