@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <span>
 #include <optional>
@@ -14,6 +15,7 @@
 #include "backend/weight_formats.h"
 #include "core/error.h"
 #include "kv/codec.h"
+#include "kv/evict.h"
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/memory_check.h"
@@ -163,6 +165,56 @@ TEST(ActivationBuffers, ReusedAcrossForwardPassesWithUnchangedResults) {
     const size_t expected = 5 * size_t(2 * c.n_embd + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * c.n_ff) * sizeof(float);
     EXPECT_EQ(bytes_after_largest, expected);
     EXPECT_EQ(model->activation_bytes(5), expected) << "the memory check's figure is what the forward pass asks for";
+}
+
+// Model::fill_kv (vxq bench --depth-fill kv): the cache holds the tokens afterwards, layer 0's
+// keys and values are exactly what the forward pass stores (its input is the embedding in both;
+// f16, f32 and KIVI-2 caches),
+// the later layers' differ (their input stays the embedding), decoding after it runs, and a cache
+// whose eviction scores tokens by the attention is refused by name.
+TEST(FillKv, StoresLayerZeroAsForwardDoesAndRefusesAttentionScoredEviction) {
+    const test::TinyModel tm = test::build_tiny_model(test::TinyModelSpec{});
+    const auto model = Model::load(tm.path);
+    const ModelConfig& c = model->config();
+    ASSERT_GE(c.n_layer, 2);
+    const KvShape shape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 64};
+    const std::vector<TokenId> tokens = {1, 17, 250, 3, 99, 42, 7, 8, 260, 11, 5, 2};
+    for (const char* spec : {"f16", "f32", "kivi:bits=2,group=8,residual=8"}) {  // (the tiny model: head_dim 16)
+        SCOPED_TRACE(spec);
+        const auto be = make_backend("cpu", 1);
+        auto filled = make_kv_cache(shape, KvSpec::parse(spec));
+        auto run = make_kv_cache(shape, KvSpec::parse(spec));
+        model->fill_kv(*be, *filled, std::span(tokens).first(7));
+        model->fill_kv(*be, *filled, std::span(tokens).subspan(7));
+        std::vector<float> logits(size_t(c.n_vocab));
+        model->forward(*be, *run, std::span(tokens).first(7), false, logits.data());
+        model->forward(*be, *run, std::span(tokens).subspan(7), false, logits.data());
+        ASSERT_EQ(filled->size(), int64_t(tokens.size()));
+        for (int64_t layer = 0; layer < 2; ++layer) {
+            bool all_equal = true;
+            for (int64_t g = 0; g < c.n_head_kv; ++g) {
+                std::vector<float> fk, fv, rk, rv;
+                filled->dequantize(layer, g, filled->size(), fk, fv);
+                run->dequantize(layer, g, run->size(), rk, rv);
+                ASSERT_EQ(fk.size(), rk.size());
+                const bool same = std::memcmp(fk.data(), rk.data(), fk.size() * sizeof(float)) == 0 &&
+                                  std::memcmp(fv.data(), rv.data(), fv.size() * sizeof(float)) == 0;
+                if (layer == 0) EXPECT_TRUE(same) << "layer 0, head " << g;
+                all_equal = all_equal && same;
+            }
+            if (layer == 1) EXPECT_FALSE(all_equal) << "layer 1 equals the forward pass's: its input was not the embedding";
+        }
+        model->forward(*be, *filled, std::span(tokens).first(1), false, logits.data());  // a decode step after the fill
+        EXPECT_EQ(filled->size(), int64_t(tokens.size()) + 1);
+        EXPECT_TRUE(std::isfinite(logits[0]));
+    }
+    KvCacheOptions o;
+    o.evict = EvictSpec::parse("h2o:budget=32,sink=2,window=8");
+    auto h2o = make_kv_cache(shape, KvSpec::parse("f16"), o);
+    const auto be = make_backend("cpu", 1);
+    const std::string msg = error_of([&] { model->fill_kv(*be, *h2o, tokens); });
+    EXPECT_NE(msg.find("--depth-fill kv"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("eviction"), std::string::npos) << msg;
 }
 
 // The KV codec registry is the one list of which backend reads which method: the CUDA backend

@@ -130,6 +130,30 @@ TEST(BenchDepths, ResidentKvIsEachTestsOwnInEitherDepthOrder) {
     }
 }
 
+// --depth-fill kv: the depth enters the cache by Model::fill_kv, not the model; the rows say so
+// (JSON depth_fill), and each row's resident KV is the prefill form's (the same tokens stored).
+TEST(BenchDepths, DepthFillKvStoresAsManyTokensAsThePrefill) {
+    VXQ_REQUIRE_ASSET(kModelRel);
+    std::map<std::string, size_t> bytes[2];
+    const char* fills[2] = {"prefill", "kv"};
+    for (int f = 0; f < 2; ++f) {
+        const auto r = test::run_cli({"bench", "-m", M(), "-p", "0", "-n", "4", "-d", "0,100", "-r", "1", "-t", "1", "--no-aa",
+                                      "--kv", "f16,f32,kivi:bits=2", "--depth-fill", fills[f], "--json"});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.out);
+        EXPECT_EQ(j["depth_fill"], fills[f]);
+        for (const auto& row : j["rows"]) {
+            EXPECT_GT(row["tps_median"].get<double>(), 0) << row.dump();
+            bytes[f][row["config"].get<std::string>() + "|" + row["test"].get<std::string>()] = row["kv_bytes"].get<size_t>();
+        }
+    }
+    ASSERT_EQ(bytes[0].size(), 6u);
+    EXPECT_EQ(bytes[0], bytes[1]);
+    const auto bad = test::run_cli({"bench", "-m", M(), "-p", "0", "-n", "4", "-r", "1", "--depth-fill", "model"});
+    EXPECT_GT(bad.exit_code, 0);
+    EXPECT_NE(bad.err.find("--depth-fill"), std::string::npos) << bad.err;
+}
+
 TEST(BenchDepths, BadDepthListIsOneLineError) {
     VXQ_REQUIRE_ASSET(kModelRel);
     for (const char* bad : {"1,,2", "-5", "x", "0,-8", "8,", "1e3", "0,0"}) {

@@ -573,10 +573,11 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 #endif
 }
 
-// The batch-1 ternary GEMV: the stream kernel (ternary_stream_kernels.cuh; the default where its
-// ring fits) against the group kernel (set_gemv_ternary_stream(false)) on issue 14's shapes scaled
-// and whole: the same integer dot per 64 weights times d_w d_x, float sums in another order (the
-// bound of CudaGemv). Shapes the stream kernel does not take (TQ2_0 rows of an odd number of
+// The batch-1 ternary GEMV: the lane-piece kernel (ternary_stream_kernels.cuh;
+// set_gemv_ternary_lanes(true)) and the stream kernel (the default where its ring fits) against
+// the group kernel (set_gemv_ternary_stream(false)) on issue 14's shapes scaled and whole: the
+// same integer dots (per 32 or 64 weights) times d_w d_x, float sums in other orders (the bound of
+// CudaGemv). Shapes the stream kernel does not take (TQ2_0 rows of an odd number of
 // 256-blocks; rows too long for two stages per warp) say so in gemv_describe and run the group kernel.
 TEST(Cuda, TernaryStreamEqualsGroupKernel) {
     VXQ_REQUIRE_CUDA(cuda);
@@ -610,12 +611,16 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
             cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, row.data());
             for (int64_t c = 0; c < sc.cols; ++c) mag[size_t(r)] += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
         }
-        for (const int warps : {16, 32}) {  // the plans of 16 and of 32 warps a block
-            SCOPED_TRACE(testing::Message() << warps << " warps");
+        // The lane-piece kernel (where the stream path takes the matrix), then the stream
+        // kernel's plans of 16 and of 32 warps a block.
+        for (const auto& [lanes, warps] : {std::pair{true, 16}, std::pair{false, 16}, std::pair{false, 32}}) {
+            SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : "stream kernel") << ", " << warps << " warps");
+            cuda::set_gemv_ternary_lanes(lanes);
             cuda::set_gemv_ternary_stream_warps(warps);
-            EXPECT_EQ(cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto).find("ternary stream") != std::string::npos, sc.stream)
-                << cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
+            const std::string d = cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
+            EXPECT_EQ(d.find(lanes ? "ternary lanes" : "ternary stream") != std::string::npos, sc.stream) << d;
             cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
+            cuda::set_gemv_ternary_lanes(false);
             cuda::set_gemv_ternary_stream_warps(16);
             VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
             const std::vector<float> a = ys.download();
@@ -1867,6 +1872,45 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
             EXPECT_EQ(view.heads[g].v.fmt.scale, std::string(spec) == "fp8" ? 0x1p-7f : 1e-3f);
         }
     }
+}
+
+// The token-wise store's two forms of q8_0's and fp8's codes (cuda::set_kv_store_hw_convert: the
+// scalar steps, the default, and the conversion instructions cvt.rni.sat.s8 / cvt.rn.satfinite.e4m3x2,
+// kv_store_kernels.cuh) on values where the encoders have edge cases: NaN of both signs,
+// infinities, signed zeros, subnormals (a block whose amax is one: 127 / amax overflows),
+// fp8's ties, subnormal codes and saturation, values far past 448, all-zero blocks; through a
+// prompt, single tokens (the decode step's store) and a batch; the packed bytes equal the CPU
+// codec's. (q4_0 has no conversion instruction: its steps are the same in both; it runs here for
+// the edge values.)
+TEST(Cuda, TokenStoreBitExactOnEdgeValues) {
+    VXQ_REQUIRE_CUDA(be);
+#if VXQ_HAVE_CUDA
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    const float inf = std::numeric_limits<float>::infinity();
+    const float planted[] = {NAN,         -NAN,          inf,     -inf,      0.0f,    -0.0f,  1e-40f, -1e-45f,
+                             0x1p-10f,    3 * 0x1p-10f,  1.0625f, -1.1875f,  447.9f,  465.0f, 1e30f,  -3.5f};
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (const bool hw : {false, true}) {
+        cuda::set_kv_store_hw_convert(hw);
+        for (const char* spec : {"q8_0", "q4_0", "fp8", "fp8:scale=0.001"}) {
+            SCOPED_TRACE(testing::Message() << spec << (hw ? ", conversion instructions" : ", scalar steps") << ", seed " << seed);
+            std::vector<int64_t> batches{40};
+            batches.insert(batches.end(), 10, 1);
+            batches.push_back(33);
+            expect_store_equals_cpu(*be, spec, KvShape{1, 4, 2, 64, 256}, batches, [&](std::vector<float>& x, int64_t) {
+                for (size_t i = 0; i < x.size(); ++i) {
+                    const size_t blk = i / 32;
+                    x[i] = blk % 7 == 3   ? 0.0f
+                           : blk % 7 == 5 ? (i % 32 == 7 ? 1e-44f : 0.0f)
+                           : rng() % 3 == 0 ? planted[rng() % std::size(planted)]
+                                            : nd(rng);
+                }
+            });
+        }
+    }
+    cuda::set_kv_store_hw_convert(false);
+#endif
 }
 
 // TurboQuant, VecInfer and QJL on the device (rotated_kv.cuh, qjl_kv.cuh): the store writes the

@@ -271,8 +271,8 @@ TEST(TurboSimt, EmulatorReportsADivergentBarrier) {
 TEST(RotatedKvSimt, NeedsACudaBuild) {
     if (test::assets_required()) FAIL() << "CI=true but this build has no CUDA backend: the SIMT emulator's kernel tests did not run";
     GTEST_SKIP() << "\n*** SKIPPED: this build has no CUDA backend (VXQ_CUDA=OFF), so the TurboQuant, VecInfer and QJL kernels and "
-                    "the ternary stream GEMV are NOT verified by this run (tests/test_rotated_kv_simt.cpp, "
-                    "tests/test_qjl_kv_simt.cpp, tests/test_ternary_stream_simt.cpp) ***";
+                    "the ternary stream GEMV and the KV store are NOT verified by this run (tests/test_rotated_kv_simt.cpp, "
+                    "tests/test_qjl_kv_simt.cpp, tests/test_ternary_stream_simt.cpp, tests/test_kv_store_simt.cpp) ***";
 }
 #endif
 

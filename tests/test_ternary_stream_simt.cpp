@@ -1,24 +1,30 @@
-// The batch-1 ternary stream GEMV (kernels/cuda/ternary_stream_kernels.cuh) run on the CPU by the
-// SIMT emulator (support/simt.h), in every build that has the CUDA headers: TQ2_0 and TQ2_G128
-// rows (GGUF blocks split into the quant and scale planes the upload makes) against the CPU
-// backend's dot_kquant_q8_K on the same q8_K activations, for single matrices and stacks of
-// matrices that share x, odd row counts, 16 and 32 warps, ring depths 1-8 and both row counts a warp takes, with
-// stretches long enough that every warp's ring wraps. On a GPU, CudaGemv's TQ2_0 / TQ2_G128 shapes
-// at n = 1 run the same kernel as compiled for the device. A build without CUDA reports these
-// tests' absence in RotatedKvSimt.NeedsACudaBuild.
+// The batch-1 ternary GEMVs (kernels/cuda/ternary_stream_kernels.cuh: the stream kernel and the
+// lane-piece kernel) run on the CPU by the SIMT emulator (support/simt.h), in every build that has
+// the CUDA headers: TQ2_0 and TQ2_G128 rows (GGUF blocks split into the quant and scale planes the
+// upload makes) against the CPU backend's dot_kquant_q8_K on the same q8_K activations, for single
+// matrices and stacks of matrices that share x, odd row counts, 16 and 32 warps, ring depths 1-8
+// and both row counts a warp takes, with stretches long enough that every warp's ring wraps; the
+// lane-piece kernel with blocks of a partial warp (cols 256-768), several warps (4096: 128
+// pieces), batches of 16 rows cut short and stacks whose matrices change inside a batch. On a GPU,
+// CudaGemv's TQ2_0 / TQ2_G128 shapes at n = 1 and Cuda.TernaryStreamEqualsGroupKernel run the
+// same kernels as compiled for the device. A build without CUDA reports these tests' absence in
+// RotatedKvSimt.NeedsACudaBuild.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <random>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "core/fp16.h"
 #include "formats/ggml_types.h"
 #include "kernels/cpu/matmul_kquants.h"
+#include "support/guarded.h"
 #include "support/seed.h"
 
 #if VXQ_HAVE_CUDA
@@ -92,19 +98,29 @@ struct Case {
     int sms;                    // the SMs the launch is sized for (blocks = min(sms, rows))
 };
 
-// The kernel at W warps, R rows a warp and a ring of S, launched as gemv_ternary_stream does.
-// resid: the residual the kernel adds the one matrix's rows to (GemvFusion::resid), or nullptr.
-template <int W, int R, int S>
-void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
-                float* resid = nullptr) {
+// The kernels' parameters over ms, launched as gemv.cu does with c.sms blocks; each matrix's
+// quant and scale planes copied to the end of a page followed by an inaccessible one, so that a
+// read past a plane faults. resid: the residual the kernel adds the one matrix's rows to
+// (GemvFusion::resid), or nullptr.
+struct Launch {
     cuda::TernaryStreamParams p{};
+    int grid = 0;
+    std::vector<std::unique_ptr<test::GuardedBytes>> planes;
+};
+Launch launch_of(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                 float* resid) {
+    Launch l;
+    cuda::TernaryStreamParams& p = l.p;
     p.resid = resid;
     p.count = int(ms.size());
     y.assign(ms.size(), {});
     for (size_t i = 0; i < ms.size(); ++i) {
         y[i].assign(size_t(ms[i].rows), NAN);
-        p.w[i] = ms[i].quants.data();
-        p.scale[i] = reinterpret_cast<const __half*>(ms[i].scales.data());
+        l.planes.push_back(std::make_unique<test::GuardedBytes>(ms[i].quants));
+        p.w[i] = l.planes.back()->data();
+        l.planes.push_back(std::make_unique<test::GuardedBytes>(
+            std::span(reinterpret_cast<const uint8_t*>(ms[i].scales.data()), ms[i].scales.size() * sizeof(uint16_t))));
+        p.scale[i] = reinterpret_cast<const __half*>(l.planes.back()->data());
         p.y[i] = y[i].data();
         p.first_row[i + 1] = p.first_row[i] + int(ms[i].rows);
     }
@@ -116,18 +132,35 @@ void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& 
     const int total = p.first_row[p.count];
     const int blocks = std::min(c.sms, total);
     p.rows_per_block = (total + blocks - 1) / blocks;
-    const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
-    simt::launch(dim3(unsigned(grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(p.cols, p.scale_group, W, R, S)),
-                 [&] { cuda::ternary_stream_kernel<W, R, S>(p); });
+    l.grid = (total + p.rows_per_block - 1) / p.rows_per_block;
+    return l;
 }
 
-// The kernel's forms the tests run: both warp counts, both row counts a warp takes, rings of 1-8.
+// The stream kernel at W warps, R rows a warp and a ring of S.
+template <int W, int R, int S>
+void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                float* resid = nullptr) {
+    const Launch l = launch_of(c, ms, x, y, resid);
+    simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
+                 [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
+}
+
+// The lane-piece kernel (ternary_lanes_kernel).
+void run_lanes(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+               float* resid) {
+    const Launch l = launch_of(c, ms, x, y, resid);
+    simt::launch(dim3(unsigned(l.grid)), dim3(unsigned(cuda::ternary_lanes_threads(l.p.cols))), 0,
+                 [&] { cuda::ternary_lanes_kernel<cuda::kTlAhead>(l.p); });
+}
+
+// The kernel's forms the tests run: both warp counts, both row counts a warp takes, rings of 1-8;
+// and the lane-piece kernel.
 using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
 const std::pair<const char*, Run> kForms[] = {
     {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
     {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
     {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
-    {"W 32, R 1, S 4", run_stream<32, 1, 4>}};
+    {"W 32, R 1, S 4", run_stream<32, 1, 4>}, {"lanes", run_lanes}};
 
 // Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
 // the integers of 256 (TQ2_0) / 128 (TQ2_G128) and then in float: the same products, other float
@@ -162,6 +195,7 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         {GgmlType::TQ2_G128, 768, {50}, 3},           // a scale per 128 (6 a row)
         {GgmlType::TQ2_G128, 256, {130, 3}, 1},       // one block holds everything; a 3-row matrix
         {GgmlType::TQ2_0, 2560, {1}, 4},              // one row, 40 units a row (lanes 8..31 take 1)
+        {GgmlType::TQ2_0, 4096, {70, 9}, 2},         // lanes: 128 pieces, 40 rows a block (a batch of 32 and 8), a stack
     };
     for (const Case& c : cases) {
         std::vector<TernaryMatrix> ms;
@@ -185,7 +219,7 @@ TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
     const uint32_t seed = test::fresh_seed();
     SCOPED_TRACE(testing::Message() << "seed " << seed);
     std::mt19937 rng(seed);
-    const Case c{GgmlType::TQ2_0, 768, {75}, 3};
+    const Case c{GgmlType::TQ2_0, 1024, {75}, 3};  // (the stream kernel takes rows of an even number of scales)
     const std::vector<TernaryMatrix> ms{random_ternary(c.type, 75, c.cols, rng)};
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<float> xf(size_t(c.cols)), r0(75);

@@ -44,6 +44,45 @@ std::unique_ptr<Model> Model::load(const std::string& path, std::string_view bac
     return m;
 }
 
+void Model::fill_kv(Backend& be, KvCache& cache, std::span<const TokenId> tokens) const {
+    const ModelConfig& c = local_;
+    const int64_t n = int64_t(tokens.size());
+    const int64_t pos0 = cache.size();
+    VXQ_ASSERT(n > 0 && cache.shape().n_head_kv == c.n_head_kv);
+    check_batch(tokens, pos0, cache.shape().n_ctx);
+    if (cache.observes_attention()) {
+        fail("--depth-fill kv: this cache's observer or eviction policy reads the queries or the attention, which the fill does not run");
+    }
+    const auto width = activation_widths(c);
+    const auto buffer = [&](ActivationId id) { return be.activation_buffer(id, size_t(n * width[id])); };
+    float* x = buffer(kResidual);
+    float* cur = buffer(kNormed);
+    float* k = buffer(kK);
+    float* v = buffer(kV);
+    const RopeParams rope{c.n_rot, c.rope_freq_base, c.rope_style == RopeStyle::NeoX};
+    be.embed(w_.token_embd, tokens.data(), n, x);
+    for (int64_t il = 0; il < c.n_layer; ++il) {
+        if (cache.wants_attention_mass(il)) {
+            fail("--depth-fill kv: this cache's eviction scores tokens by the attention, which the fill does not run");
+        }
+        const LayerWeights& L = w_.layers[size_t(il)];
+        be.rms_norm(x, L.attn_norm, n, c.n_embd, c.rms_eps, cur);
+        be.matmul(L.wk, cur, n, k);
+        be.matmul(L.wv, cur, n, v);
+        if (c.attn_qkv_bias) {
+            be.add_bias(k, L.bk, n, c.kv_dim());
+            be.add_bias(v, L.bv, n, c.kv_dim());
+        }
+        if (c.attn_qk_norm) be.rms_norm(k, L.k_norm, n * c.n_head_kv, c.head_dim, c.rms_eps, k);
+        be.rope(k, n, c.n_head_kv, c.head_dim, pos0, rope);
+        be.kv_write(cache, il, pos0, k, v, n);
+    }
+    cache.commit(pos0 + n);
+    // The fill's work done before the caller times anything: a backend that records its ops (the
+    // CUDA backend's pass) runs them and waits when a value is read back.
+    be.to_host(v, 1, 0);
+}
+
 void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out,
                     float* logits) const {
     const ModelConfig& c = local_;  // this rank's heads and FFN width (the whole model's outside a group)

@@ -53,6 +53,14 @@ public:
     //   logits: [n_out, n_vocab]
     void forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out, float* logits) const;
 
+    // A cache of `tokens` for a decode benchmark's depth at the cost of two matmuls a layer (vxq
+    // bench --depth-fill kv): every layer stores the keys and values of the tokens at positions
+    // [cache.size(), + n) as if its input were the tokens' embeddings (the norm, the K / V
+    // projections, biases, k-norm, RoPE and kv_write of forward; no attention, no FFN), then the
+    // cache commits them. Layer 0's bytes are forward's; later layers' are of the same shape and
+    // scale, not the model's. vxq::Error for a cache whose eviction or observer reads attention.
+    void fill_kv(Backend& be, KvCache& cache, std::span<const TokenId> tokens) const;
+
     // vxq::Error unless forward() can take `tokens` after `cached` tokens in a cache of n_ctx: the
     // context has room and every id is in the vocabulary (what forward checks first; a
     // tensor-parallel group checks it once before its ranks start).

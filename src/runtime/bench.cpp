@@ -186,7 +186,12 @@ BenchReport run_bench(const std::vector<BenchConfig>& configs_in, const BenchPar
         // The depth prefix in batches of kDepthBatch tokens, as llama.cpp's ubatch: a device's
         // prefill attention holds a score row per (query, token) of a batch.
         for (size_t d0 = 0; d0 < depth; d0 += kDepthBatch) {
-            run.forward(std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0)), 1, out);
+            const auto part = std::span(prompt).subspan(d0, std::min(kDepthBatch, depth - d0));
+            if (p.fill_kv) {
+                run.fill_kv(part);
+            } else {
+                run.forward(part, 1, out);
+            }
         }
         const auto body = std::span(prompt).subspan(depth);
         const auto t0 = std::chrono::steady_clock::now();

@@ -35,6 +35,11 @@ struct BenchParams {
     int pool = 8;               // distinct prompts in the rotation
     uint64_t seed = 42;
     bool add_aa = true;         // add an A/A copy of the first configuration
+    // How a test's depth prefix enters the cache (untimed): through the model (llama-bench's -d),
+    // or, fill_kv, by Runner::fill_kv (each layer's keys and values of the tokens' embeddings,
+    // two matmuls a layer): a decode test then reads as many cached tokens of the same shape, for
+    // caches whose prefill is slow (the reader codecs at 32K and beyond).
+    bool fill_kv = false;
     // Tensor parallelism: every configuration runs on this group (its model must be every
     // configuration's model, group->model()) instead of on a backend made from `device`.
     TpGroup* group = nullptr;

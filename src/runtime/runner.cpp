@@ -8,6 +8,7 @@ namespace vxq {
 void SingleRunner::forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) {
     m_.forward(be_, cache_, tokens, n_out, logits);
 }
+void SingleRunner::fill_kv(std::span<const TokenId> tokens) { m_.fill_kv(be_, cache_, tokens); }
 void SingleRunner::truncate(int64_t n) { cache_.truncate(n); }
 int64_t SingleRunner::size() const { return cache_.size(); }
 int64_t SingleRunner::n_ctx() const { return cache_.shape().n_ctx; }

@@ -23,6 +23,9 @@ public:
     // Model::forward on every backend: n tokens at positions [size(), size() + n); logits
     // [n_out, n_vocab] for the last n_out tokens, in host memory.
     virtual void forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) = 0;
+    // Model::fill_kv on every backend: `tokens`' keys and values stored without running the model
+    // (a benchmark's depth; vxq::Error for caches that read the attention).
+    virtual void fill_kv(std::span<const TokenId> tokens) = 0;
     // Drops the cached tokens at positions >= n (KvCache::truncate) on every backend.
     virtual void truncate(int64_t n) = 0;
     virtual int64_t size() const = 0;    // tokens cached
@@ -45,6 +48,7 @@ public:
     SingleRunner(const Model& m, Backend& be, KvCache& cache) : m_(m), be_(be), cache_(cache) {}
     const Model& model() const override { return m_; }
     void forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) override;
+    void fill_kv(std::span<const TokenId> tokens) override;
     void truncate(int64_t n) override;
     int64_t size() const override;
     int64_t n_ctx() const override;

@@ -140,6 +140,11 @@ void TpRunner::forward(std::span<const TokenId> tokens, int64_t n_out, float* lo
     });
 }
 
+void TpRunner::fill_kv(std::span<const TokenId> tokens) {
+    g_.model().check_batch(tokens, size(), n_ctx());
+    g_.run([&](int r) { g_.rank_model(r).fill_kv(g_.backend(r), *caches_[size_t(r)], tokens); });
+}
+
 void TpRunner::truncate(int64_t n) {
     g_.run([&](int r) { caches_[size_t(r)]->truncate(n); });
 }

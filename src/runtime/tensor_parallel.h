@@ -86,6 +86,7 @@ public:
 
     const Model& model() const override { return g_.model(); }
     void forward(std::span<const TokenId> tokens, int64_t n_out, float* logits) override;
+    void fill_kv(std::span<const TokenId> tokens) override;  // each rank its own heads' (no collective)
     void truncate(int64_t n) override;
     int64_t size() const override { return caches_[0]->size(); }
     int64_t n_ctx() const override { return caches_[0]->shape().n_ctx; }

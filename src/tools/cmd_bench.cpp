@@ -33,6 +33,7 @@ struct BenchOptions {
     bool json = false;
     bool verbose = false;
     bool no_aa = false;
+    std::string depth_fill = "prefill";
     int tp = 1;
 };
 
@@ -105,6 +106,7 @@ void run_bench_cmd(BenchOptions o) {
         }
     }
     o.p.add_aa = !o.no_aa;
+    o.p.fill_kv = o.depth_fill == "kv";
     const bool tty = stderr_is_tty();
     const BenchReport rep = run_bench(
         configs, o.p, o.verbose ? std::function<void(const std::string&)>([](const std::string& s) { fmt::print(stderr, "{}\n", s); }) : nullptr,
@@ -131,6 +133,7 @@ void run_bench_cmd(BenchOptions o) {
         j["threads"] = o.p.threads;
         j["repetitions"] = o.p.reps;
         j["prompt_pool"] = o.p.pool;
+        j["depth_fill"] = o.depth_fill;
         for (const auto& r : rep.rows) {
             const BenchStats ratio = paired_ratio(r, *base[r.test]);
             j["rows"].push_back({{"config", r.label}, {"test", r.test}, {"depth", r.depth}, {"n_prompt", r.n_prompt},
@@ -153,8 +156,9 @@ void run_bench_cmd(BenchOptions o) {
         }
         return;
     }
-    fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts\n",
-               rep.machine, o.p.threads, rep.loadavg_1m, o.p.reps, o.p.pool);
+    fmt::print("machine: {} | threads: {} | load average at start: {:.2f} | {} reps interleaved, {} rotating prompts{}\n",
+               rep.machine, o.p.threads, rep.loadavg_1m, o.p.reps, o.p.pool,
+               o.p.fill_kv ? " | depth: keys and values stored without the model (--depth-fill kv)" : "");
     fmt::print("backend: {} | {} (KV bytes per row)\n", rep.backend, memory_summary(rep.memory));
     for (size_t r = 0; r < rep.rank_memory.size(); ++r) fmt::print("  rank {}: {}\n", r, memory_summary(rep.rank_memory[r]));
     fmt::print("\n");
@@ -194,6 +198,10 @@ void add_bench(CLI::App& app, int& rc) {
     sub->add_flag("--flash-attn", o->flash_attn, "-fa: f16 caches through the fused kernel");
     sub->add_option("--pool", o->p.pool, "distinct prompts in the rotation")->check(CLI::Range(2, 1000));
     sub->add_flag("--no-aa", o->no_aa, "do not add the A/A copy of the baseline");
+    sub->add_option("--depth-fill", o->depth_fill,
+                    "how the depth enters the cache: prefill (the model, as llama-bench -d) or kv (each layer's keys and "
+                    "values of the tokens' embeddings, no attention: for caches whose prefill is slow)")
+        ->check(CLI::IsMember({"prefill", "kv"}));
     auto* csv = sub->add_flag("--csv", o->csv, "CSV output");
     sub->add_flag("--json", o->json, "JSON output")->excludes(csv);
     sub->add_flag("-v,--verbose", o->verbose, "trace every timed run: order, configuration, prompt");

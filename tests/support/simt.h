@@ -13,6 +13,7 @@
 // the kernels rely on (IEEE f32 / f64 ops, fmaf, fp16 conversion) is the host's, which is IEEE.
 #pragma once
 
+#define VXQ_SIMT 1  // headers with device code compile it for the emulator too (kv_codes.cuh)
 #define __shared__ static
 #define __launch_bounds__(...)
 

@@ -71,131 +71,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_f16_kernel(F16Atten
     }
 }
 
-// Block (token t, head g): its key and value rows into the new slot, in the pages' formats.
-__global__ void store_kv_kernel(KvStoreParams p) {
-    const int64_t t = blockIdx.x / p.n_head_kv, g = blockIdx.x % p.n_head_kv;
-    const KvHeadDev h = p.heads[g];
-    const int hd = int(p.head_dim);
-    const int64_t slot = h.n_tokens + t, row = (t * p.n_head_kv + g) * p.head_dim;
-    kv_store_row(p.k_code, p.k + row, reinterpret_cast<uint8_t*>(h.k) + slot * kv_token_bytes(p.k_code, hd), hd,
-                 threadIdx.x, blockDim.x, h.k_scale);
-    kv_store_row(p.v_code, p.v + row, reinterpret_cast<uint8_t*>(h.v) + slot * kv_token_bytes(p.v_code, hd), hd,
-                 threadIdx.x, blockDim.x, h.v_scale);
-}
-
-// The store of many rows (head_dim a multiple of 4, rows 16-byte aligned): a warp per kStoreRows
-// rows (row w: token w / 2 / n_head_kv, head (w / 2) % n_head_kv, keys for even w, values for odd),
-// each row's 16-byte loads issued before any is encoded; lane l takes values 4l .. 4l + 3 of each
-// 128-value stretch. f16: one 8-byte store per lane; fp8: one 4-byte store; q8_0 / q4_0: 8 lanes
-// per 32-block (the block's amax, or its first value of largest magnitude, by 3 shuffles), the
-// same arithmetic as kv_encode_q8_0 / kv_encode_q4_0 (the same bytes), codes stored 4 at a time.
-// A block per row and a thread per value wrote 2048 tokens at 14-35 % of the copy bandwidth on
-// the H200, a warp per row with one load in flight at 24-63 % (docs/gpu.md).
-constexpr int kStoreWarps = 8, kStoreRows = 4;
-// Element i of a 4-vector (float4, uint4).
-template <class V4>
-__device__ __forceinline__ auto at4(const V4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-__device__ __forceinline__ void store_u32_at2(uint8_t* p, unsigned w) {  // 2-byte aligned
-    reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
-    reinterpret_cast<uint16_t*>(p)[1] = uint16_t(w >> 16);
-}
-// Values c .. c + 3 (v; in: c < head_dim) of token t's keys (is_v false) or values at KV head g
-// into its slot; every lane of the warp calls.
-__device__ __forceinline__ void store_row_stretch(const KvStoreParams& p, bool is_v, int t, int g, int c, bool in, const float4& v) {
-    const int lane = threadIdx.x & 31, li = lane & 7;
-    const KvHeadDev h = p.heads[g];
-    const int hd = int(p.head_dim);
-    const KvCode code = is_v ? p.v_code : p.k_code;
-    uint8_t* dst = reinterpret_cast<uint8_t*>(is_v ? h.v : h.k) + (h.n_tokens + t) * kv_token_bytes(code, hd);
-    if (code == KvCode::F16) {
-        if (in) {
-            const uint2 hw{kv_half_bits(v.x) | (unsigned(kv_half_bits(v.y)) << 16),
-                           kv_half_bits(v.z) | (unsigned(kv_half_bits(v.w)) << 16)};
-            *reinterpret_cast<uint2*>(dst + 2 * c) = hw;
-        }
-        return;
-    }
-    if (code == KvCode::FP8) {  // hd % 16 == 0 (kv_code_fits): 4-byte aligned
-        const float sc = is_v ? h.v_scale : h.k_scale, inv = kv_pow2_inverse(sc);
-        if (in) {
-            const unsigned lo = unsigned(kv_fp8_code(v.x, sc, inv)) | (unsigned(kv_fp8_code(v.y, sc, inv)) << 8);
-            const unsigned hi = unsigned(kv_fp8_code(v.z, sc, inv)) | (unsigned(kv_fp8_code(v.w, sc, inv)) << 8);
-            *reinterpret_cast<unsigned*>(dst + c) = lo | (hi << 16);
-        }
-        return;
-    }
-    uint8_t* blk = dst + (c / kQBlock) * (code == KvCode::Q8_0 ? kKvQ8BlockBytes : kKvQ4BlockBytes);
-    if (code == KvCode::Q8_0) {
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float id = kv_q8_inv_scale(amax);
-        unsigned q = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q |= unsigned(kv_q8_code(at4(v, i), id)) << (8 * i);
-        if (in) {
-            store_u32_at2(blk + 2 + 4 * li, q);
-            if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
-        }
-    } else {
-        // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
-        float best = -1.0f;
-        int at = 4 * li;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float a = kv_q4_magnitude(at4(v, i));
-            if (a > best) {
-                best = a;
-                at = 4 * li + i;
-            }
-        }
-        first_max_lanes<4>(best, at);  // the block's 8 lanes
-        const float vm = __shfl_sync(0xffffffffu, at4(v, at & 3), (lane & ~7) | (at >> 2));
-        const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
-        unsigned q = 0;  // this lane's four codes, a byte each
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
-        const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
-        if (in && li < 4) {
-            store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
-            if (li == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
-        }
-    }
-}
-__global__ void __launch_bounds__(kStoreWarps * 32) store_kv_rows_kernel(KvStoreParams p) {
-    pdl_wait();
-    pdl_launch_dependents();  // the next kernel's blocks may take the SMs this grid leaves
-    const int lane = threadIdx.x & 31;
-    // 32-bit indices (store_kv: n * n_head_kv < 2^29) and one division a warp: its rows are
-    // (token t0, head g0) keys and values, then the next head's (on a 2048-token write the 64-bit
-    // division per row was about a third of the f16 store's instructions).
-    const int rows = int(2 * p.n * p.n_head_kv), nh = int(p.n_head_kv), hd = int(p.head_dim);
-    const int w0 = (int(blockIdx.x) * kStoreWarps + int(threadIdx.x >> 5)) * kStoreRows;
-    if (w0 >= rows) return;  // whole warps: the shuffles see every lane
-    const int r0 = w0 >> 1, t0 = int(unsigned(r0) / unsigned(nh)), g0 = r0 - t0 * nh;
-    int tk[kStoreRows / 2], gk[kStoreRows / 2];
-#pragma unroll
-    for (int k = 0; k < kStoreRows / 2; ++k) {
-        tk[k] = k ? tk[k - 1] : t0;
-        gk[k] = k ? gk[k - 1] + 1 : g0;
-        if (gk[k] == nh) gk[k] = 0, ++tk[k];
-    }
-    for (int c0 = 0; c0 < hd; c0 += 128) {
-        const int c = c0 + 4 * lane;
-        const bool in = c < hd;  // a 32-block is all in or all out (hd % 32 == 0 for the block formats)
-        float4 v[kStoreRows];
-#pragma unroll
-        for (int u = 0; u < kStoreRows; ++u) {
-            const float* src = ((u & 1) ? p.v : p.k) + (int64_t(r0) + (u >> 1)) * hd;
-            v[u] = in && w0 + u < rows ? *reinterpret_cast<const float4*>(src + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int u = 0; u < kStoreRows; ++u) {
-            if (w0 + u < rows) store_row_stretch(p, u & 1, tk[u >> 1], gk[u >> 1], c, in, v[u]);
-        }
-    }
-}
-
 // ---- decode with -fa: split-K ------------------------------------------------------------------
 
 constexpr int kSplitThreads = 128;
@@ -1969,7 +1844,7 @@ __global__ void __launch_bounds__(kSplitThreads, kSplitMinBlocks<REP, KC, VC>) a
 }
 
 // Block (token, head) over the q heads then the k heads; thread e < n_rot / 2 rotates pair e as
-// rope_kernel does; then a k head's threads store its rows of k and v as store_kv_kernel does.
+// rope_kernel does; then a k head's threads store its rows of k and v as store_kv does (kv_store.cu).
 __global__ void rope_store_kernel(const RopeStoreParams p) {
     pdl_wait();
     pdl_launch_dependents();
@@ -2041,24 +1916,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
-// Threads per block of a kernel that stores rows of head_dim (kv_store_row: a multiple of 32).
-int row_threads(int64_t head_dim) { return int(std::clamp<int64_t>((head_dim + 31) / 32 * 32, 32, 256)); }
 
 }  // namespace
-
-void store_kv(const KvStoreParams& p, cudaStream_t st) {
-    const int64_t rows = p.n * p.n_head_kv;
-    if (rows == 0) return;
-    const auto aligned16 = [](const void* a) { return reinterpret_cast<uintptr_t>(a) % 16 == 0; };
-    // The pages: whole 16-byte granules (attention.cuh); the rows kernel's indices are 32-bit.
-    if (p.head_dim % 4 == 0 && aligned16(p.k) && aligned16(p.v) && rows < (int64_t(1) << 29)) {
-        constexpr int64_t per_block = int64_t(kStoreWarps) * kStoreRows;
-        launch_pdl(store_kv_rows_kernel, dim3(unsigned((2 * rows + per_block - 1) / per_block)), dim3(kStoreWarps * 32), 0, st, p);
-    } else {
-        store_kv_kernel<<<unsigned(rows), row_threads(p.head_dim), 0, st>>>(p);
-    }
-    VXQ_CUDA_CHECK_LAUNCH();
-}
 
 void attention_f16(const F16AttentionParams& p, cudaStream_t st) {
     if (p.n_q * p.n_head == 0) return;
@@ -2262,7 +2121,7 @@ bool attention_split_q8_fits(const SplitAttentionParams& p) { return p.n_q == 1 
 void rope_store_kv(const RopeStoreParams& p, cudaStream_t st) {
     const int64_t blocks = p.n * (p.n_head + p.n_head_kv);
     if (blocks == 0) return;
-    launch_pdl(rope_store_kernel, dim3(unsigned(blocks)), dim3(row_threads(p.head_dim)), 0, st, p);
+    launch_pdl(rope_store_kernel, dim3(unsigned(blocks)), dim3(kv_row_threads(p.head_dim)), 0, st, p);
 }
 
 AttnGemmLayout attn_gemm_layout(const F16AttentionGemmParams& p) {

@@ -55,8 +55,13 @@ struct KvStoreParams {
     int64_t n, n_head_kv, head_dim;
     KvCode k_code, v_code;
 };
-// Encodes as the CPU's codecs do (kv_codes.cuh): bit-exact.
+// Encodes as the CPU's codecs do (kv_codes.cuh): bit-exact. kv_store.cu.
 void store_kv(const KvStoreParams& p, cudaStream_t stream);
+// q8_0 and fp8 codes in store_kv by the hardware's conversions (cvt.rni.sat.s8,
+// cvt.rn.satfinite.e4m3x2: kv_store_kernels.cuh; the same bytes, fewer instructions) instead of
+// the scalar steps: off by default until timed and checked on a GPU (VXQ_CUDA_KV_STORE_CVT=1 at
+// start turns it on). For A/B measurements and tests.
+void set_kv_store_hw_convert(bool on);
 
 struct F16AttentionParams {
     const float* q;           // [n_q, n_head, head_dim] after RoPE (device)

@@ -9,6 +9,10 @@ namespace vxq::cuda {
 
 constexpr int kNormThreads = 256;  // the block size of every block_rms_scale caller
 
+// Element i of a 4-vector (float4, uint4, ...).
+template <class V4>
+__host__ __device__ __forceinline__ auto at4(const V4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
 // for c = threadIdx.x + k N below n (k = 0, 1, ...): f(c, load(c)), the loads of K values
 // issued before any f, in c's order, so that a thread has K loads in flight rather than what
 // the compiler overlaps of a plain strided loop (the batch-1 GEMV stages 14336 activations per

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdint>
@@ -1378,13 +1379,13 @@ void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int sme
     allow_smem(ternary_stream_kernel<W, R, S>, size_t(smem), configured);
     launch_pdl(ternary_stream_kernel<W, R, S>, dim3(unsigned(blocks)), dim3(W * 32), size_t(smem), st, p);
 }
-// The stream kernel over ws (n = 1), a block per SM over the stacked rows, x already quantized to
-// q8_K (xa: by the kernel before, which lets this one start at once); resid: the residual add of
-// one matrix, or nullptr.
-void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
-                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st) {
+// The stream and lane-piece kernels' parameters over ws (n = 1; x already quantized to q8_K in
+// xa, by the kernel before, which lets these start at once; resid: the residual add of one
+// matrix, or nullptr), the stacked rows split into `blocks` stretches; returns the grid.
+int ternary_params(TernaryStreamParams& p, const DeviceWeight* const* ws, float* const* ys, int count,
+                   const QuantX<Q8KScale>& xa, float* resid, int blocks) {
     const DeviceWeight& w = *ws[0];
-    TernaryStreamParams p{};
+    p = TernaryStreamParams{};
     p.count = count;
     for (int i = 0; i < count; ++i) {
         p.w[i] = static_cast<const uint8_t*>(ws[i]->data);
@@ -1399,9 +1400,46 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     p.evict_first = weight_evict_first_on() ? 1 : 0;
     p.resid = resid;
     const int total = p.first_row[count];
-    const int blocks = std::min(sm_count(), total);
+    blocks = std::max(1, std::min(blocks, total));
     p.rows_per_block = (total + blocks - 1) / blocks;
-    const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;
+    return (total + p.rows_per_block - 1) / p.rows_per_block;
+}
+// The lane-piece kernel (ternary_lanes_kernel) over ws where it takes them: rows of whole
+// 256-blocks and at most 18432 weights (a thread per 32 of them). Not the default until timed on
+// a GPU (VXQ_GEMV_TQ2_LANES=1 or set_gemv_ternary_lanes(true): on; vxq_gpu_gemv --ternary times
+// both).
+bool g_ternary_lanes = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_LANES");
+    return e && std::atoi(e) == 1;
+}();
+bool ternary_lanes_fits(const DeviceWeight& w) {
+    return g_ternary_lanes && g_ternary_stream && is_ternary(w.type) && w.cols % kQK_K == 0 && w.cols <= 32 * kTlMaxThreads &&
+           w.rows <= INT_MAX / 2;
+}
+// Blocks of ternary_lanes_kernel an SM holds at `threads` a block (the device's, found once).
+int ternary_lanes_blocks_per_sm(int threads) {
+    static std::atomic<int> known[kTlMaxThreads / 32 + 1];
+    std::atomic<int>& k = known[threads / 32];
+    if (const int v = k.load(std::memory_order_relaxed)) return v;
+    int n = 0;
+    VXQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_lanes_kernel<kTlAhead>, threads, 0));
+    k.store(std::max(1, n), std::memory_order_relaxed);
+    return std::max(1, n);
+}
+void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int count, const QuantX<Q8KScale>& xa,
+                          float* resid, cudaStream_t st) {
+    const int threads = ternary_lanes_threads(int(ws[0]->cols));
+    TernaryStreamParams p;
+    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * ternary_lanes_blocks_per_sm(threads));
+    launch_pdl(ternary_lanes_kernel<kTlAhead>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
+}
+// The stream kernel over ws (n = 1), a block per SM over the stacked rows (the lane-piece kernel
+// instead where it takes them).
+void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
+                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st) {
+    if (ternary_lanes_fits(*ws[0])) return launch_ternary_lanes(ws, ys, count, xa, resid, st);
+    TernaryStreamParams p;
+    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1688,6 +1726,7 @@ GemvScratch::~GemvScratch() {
 void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
 void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
+void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
 void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
 
 void set_weight_evict_first(bool on) {
@@ -1758,6 +1797,12 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
         return line;
     }
     if (n == 1) {
+        if (ternary_stream_plan(w).R && ternary_lanes_fits(w)) {
+            const int threads = ternary_lanes_threads(int(w.cols));
+            std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d threads a block, %d blocks/SM, PDL %s", type,
+                          threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
+            return line;
+        }
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
             std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, PDL %s",
                           type, plan.W, plan.R, plan.S, plan.smem / 1024, pdl_enabled() ? "on" : "off");

@@ -126,6 +126,10 @@ void set_weight_evict_first(bool on);
 // The batch-1 ternary GEMV (TQ2_0, TQ2_G128 at n = 1): the stream kernel (ternary_stream_kernels.cuh,
 // the default) or the group kernel (false; VXQ_GEMV_TQ2_STREAM=0 at start). For A/B measurements.
 void set_gemv_ternary_stream(bool on);
+// Within the stream path: the lane-piece kernel where it takes the matrix (true;
+// VXQ_GEMV_TQ2_LANES=1 at start) or the stream kernel's ring (the default until the lane-piece
+// kernel is timed on a GPU). For A/B measurements and tests.
+void set_gemv_ternary_lanes(bool on);
 // The stream kernel's preferred warps a block: 16 (the default) or 32 (VXQ_GEMV_TS_WARPS=32).
 void set_gemv_ternary_stream_warps(int warps);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a

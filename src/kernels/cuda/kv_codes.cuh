@@ -21,12 +21,19 @@
 // a score or an output row, not per token.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/q8_act.cuh"
+#if defined(__CUDACC__) || defined(VXQ_SIMT)
+#include "kernels/cuda/device_math.cuh"
+#endif
+#if defined(VXQ_SIMT)
+#include "kv/formats/baseline.h"  // e4m3 values: the emulator's form of the fp8 conversion
+#endif
 
 namespace vxq::cuda {
 
@@ -70,7 +77,7 @@ void with_kv_codes(KvCode k, KvCode v, F&& f) {
     }
 }
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(VXQ_SIMT)  // device code (and the SIMT emulator: tests/support/simt.h)
 __device__ __forceinline__ uint16_t kv_half_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ unsigned u16_at(const uint8_t* p) { return *reinterpret_cast<const uint16_t*>(p); }
 __device__ __forceinline__ unsigned u32_at2(const uint8_t* p) { return u16_at(p) | (u16_at(p + 2) << 16); }  // 2-byte aligned
@@ -108,7 +115,10 @@ __device__ __forceinline__ KvQ4Scale kv_q4_scale(float m) {
     const float d = __fmul_rn(m, -0.125f);  // m / -8 bit for bit: the same real number, rounded once
     return KvQ4Scale{d, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f};
 }
-__device__ __forceinline__ int kv_q4_code(float v, float id) { return min(15, kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f))); }
+__device__ __forceinline__ int kv_q4_code(float v, float id) {
+    const int c = kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f));
+    return c < 15 ? c : 15;
+}
 
 // fp8: the e4m3fn code of x / scale, kvfmt::e4m3_encode's steps on the IEEE quotient. The sign
 // is x's (scale > 0): the host's division keeps a NaN's sign (x86 returns the NaN operand), the
@@ -137,9 +147,17 @@ __device__ __forceinline__ float kv_pow2_inverse(float scale) {
 __device__ __forceinline__ uint8_t kv_fp8_code(float x, float scale) { return kv_fp8_code(x, scale, kv_pow2_inverse(scale)); }
 // Two e4m3fn codes (the low byte first) as two fp16 numbers, exactly (sm_89+: one instruction).
 __device__ __forceinline__ unsigned kv_fp8x2_to_half2(unsigned codes) {
+#if defined(__CUDA_ARCH__)
     unsigned h;
     asm("{.reg .b16 c;\n cvt.u16.u32 c, %1;\n cvt.rn.f16x2.e4m3x2 %0, c;}" : "=r"(h) : "r"(codes));
     return h;
+#elif defined(VXQ_SIMT)
+    unsigned h = 0;
+    for (int i = 0; i < 2; ++i) h |= unsigned(kv_half_bits(kvfmt::e4m3_value(uint8_t(codes >> (8 * i))))) << (16 * i);
+    return h;
+#else
+    return codes;  // (host pass: not called)
+#endif
 }
 // Eight e4m3fn codes (two words, the low byte first) as four fp16 pairs, exactly.
 __device__ __forceinline__ uint4 kv_fp8x8_to_half8(unsigned lo, unsigned hi) {
@@ -147,7 +165,7 @@ __device__ __forceinline__ uint4 kv_fp8x8_to_half8(unsigned lo, unsigned hi) {
 }
 __device__ __forceinline__ float2 kv_fp8x2_to_float2(unsigned codes) {
     const unsigned h = kv_fp8x2_to_half2(codes);
-    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+    return make_float2(__half2float(__ushort_as_half(uint16_t(h))), __half2float(__ushort_as_half(uint16_t(h >> 16))));
 }
 
 // The butterfly over lanes xor kFirst, kFirst / 2, .., 1 (all 32 lanes call): the largest `best`,
@@ -184,6 +202,8 @@ __device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) 
     if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_half_bits(sc.d);
 }
 
+// Threads per block of a kernel that stores rows of head_dim with kv_store_row (a multiple of 32).
+constexpr int kv_row_threads(int64_t head_dim) { return int(std::clamp<int64_t>((head_dim + 31) / 32 * 32, 32, 256)); }
 // Row x[0, hd) into one token's bytes at dst, by all `nthreads` threads of a block (a multiple of
 // 32; every thread calls). f16, fp8 (its stream's `scale`): any hd; q8_0 / q4_0: hd % 32 == 0, a
 // warp per 32-block.

@@ -22,6 +22,7 @@
 // float, summed per lane over its units and then over the warp (butterfly).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 
@@ -254,6 +255,194 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
         issue(g + S);
     }
     ts_wait<0>();  // nothing left in flight at exit
+}
+
+// ---- the lane-piece form ------------------------------------------------------------------------
+// The stream kernel above runs at about half the copy bandwidth on the H100, bound by issue (docs/
+// gpu.md: ~5-6 M warp instructions a 5120 x 17408 call, 4 shared-memory loads of x a 16-byte
+// unit). Here nothing goes through shared memory but the final sums: thread j of a block owns
+// piece j (8 quant bytes, 32 weights) of every row of the block's stretch, so its 32 x values (four
+// 8-byte runs, one per quarter-run l) and their sum stay in registers, loaded once. A row costs a
+// lane one 8-byte load from global memory (a warp's 32 loads are 256 contiguous bytes; through L2
+// with the weights' policy, as the stream kernel's copies), the digits by shift and mask (14
+// instructions), 8 dp4a, its fp16 scale and 4 float operations. Loads run kTlAhead rows ahead
+// (the first ones issued before griddepcontrol.wait). Rows go 16 at a time: each lane's 16 partial
+// sums are reduced across the warp by a transposed butterfly (lanes i and i + 16 end with row i's
+// sum of the warp: 16 shuffles for 16 rows), then across the block's warps in shared memory.
+// Block: 32 ceil(P / 32) threads, P = cols / 32 pieces a row (<= kTlMaxThreads: ~100 registers a
+// thread); lanes past P load piece 0 and count zero x. Not yet run on a GPU (gemv.cu: off by
+// default until timed).
+constexpr int kTlBatch = 16, kTlAhead = 8, kTlMaxThreads = 576;
+// The block size for rows of `cols` (a multiple of 256, <= 32 kTlMaxThreads).
+__host__ __device__ constexpr int ternary_lanes_threads(int cols) { return (cols / 32 + 31) / 32 * 32; }
+
+// Sum of digit x value over a piece: byte k of w holds in bits 2 l the digit of quarter-run l,
+// whose 4-byte runs of x are x[2 l] (bytes 0-3 of the piece) and x[2 l + 1] (bytes 4-7).
+__device__ __forceinline__ int tl_dot(uint2 w, const int (&x)[8]) {
+    int s = 0;
+#pragma unroll
+    for (int l = 0; l < 4; ++l) {
+        s = ts_dp4a_us((w.x >> (2 * l)) & 0x03030303u, x[2 * l], s);
+        s = ts_dp4a_us((w.y >> (2 * l)) & 0x03030303u, x[2 * l + 1], s);
+    }
+    return s;
+}
+
+// (Not inlined on the device: its 24 inlined copies in the unrolled loops below spilled registers;
+// called where a row starts a matrix of the stack, once or twice a block.)
+#if defined(__CUDACC__)
+#define VXQ_TL_NOINLINE __noinline__
+#else
+#define VXQ_TL_NOINLINE
+#endif
+// The transposed butterfly over a batch's partial sums (all lanes call): after the step of S,
+// lane l's acc[i] (i < S) holds its pair's sum of row i + (l's bits S' >= S below kTlBatch); at
+// the end acc[0] is row l % kTlBatch's sum over l's half-warp (kTlBatch = 16).
+template <int S>
+__device__ __forceinline__ void tl_fold(float (&acc)[kTlBatch], int lane) {
+    if constexpr (S > 0) {
+        const bool up = (lane & S) != 0;
+#pragma unroll
+        for (int i = 0; i < S; ++i) {
+            const float send = up ? acc[i] : acc[i + S];
+            const float keep = up ? acc[i + S] : acc[i];
+            acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, S);
+        }
+        tl_fold<S / 2>(acc, lane);
+    }
+}
+
+// A piece (8 bytes) and a scale through L2 with the weights' policy (ts_policy); plain loads in
+// the emulator.
+__device__ __forceinline__ uint2 tl_load_piece(const uint8_t* p, [[maybe_unused]] uint64_t policy) {
+#if defined(__CUDA_ARCH__)
+    uint2 v;
+    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
+    return v;
+#else
+    return *reinterpret_cast<const uint2*>(p);
+#endif
+}
+__device__ __forceinline__ __half tl_load_scale(const __half* p, [[maybe_unused]] uint64_t policy) {
+#if defined(__CUDA_ARCH__)
+    unsigned short v;
+    asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(p), "l"(policy));
+    return __ushort_as_half(v);
+#else
+    return *p;
+#endif
+}
+
+// Where the next row to load is: its piece and its scale for this lane; `next` the first row of
+// the next matrix of the stack (where the addresses are found again).
+struct TlCursor {
+    const uint8_t* w;
+    const __half* s;
+    int next;
+};
+__device__ inline VXQ_TL_NOINLINE TlCursor tl_cursor(const TernaryStreamParams& p, int row, int piece, int sshift) {
+    const int m = ts_matrix(p, row);
+    const int64_t local = row - ts_pick(p.first_row, m);
+    const int next = m + 1 < p.count ? ts_pick(p.first_row, m + 1) : INT_MAX;
+    return TlCursor{ts_pick(p.w, m) + local * (p.cols / 4) + 8 * piece,
+                    ts_pick(p.scale, m) + local * (p.cols / p.scale_group) + (piece >> sshift), next};
+}
+
+// (A template, Ahead = kTlAhead, so that the header defines it in every file that includes it, the
+// emulator's tests and gemv.cu alike.)
+template <int Ahead>
+__global__ void __launch_bounds__(kTlMaxThreads) ternary_lanes_kernel(const TernaryStreamParams p) {
+    __shared__ float red[kTlMaxThreads / 32][kTlBatch + 1];  // [warp][row of the batch]
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, nwarps = ternary_lanes_threads(p.cols) >> 5;
+    const int cols = p.cols, pieces = cols / 32, rb = cols / 4, ns = cols / p.scale_group;
+    const int sshift = p.scale_group == 128 ? 2 : 3;  // pieces a scale: 4 (TQ2_G128) or 8 (TQ2_0)
+    const bool real = tid < pieces;
+    const int piece = real ? tid : 0;
+    const int first = int(blockIdx.x) * p.rows_per_block;
+    const int total = ts_pick(p.first_row, p.count);
+    const int end = total - first < p.rows_per_block ? total : first + p.rows_per_block;
+    if (first >= end) return;  // (the whole block)
+
+    // The first Ahead rows' pieces and scales, before the wait (no kernel writes the weights).
+    uint2 wb[Ahead];
+    __half sb[Ahead];
+    const uint64_t policy = ts_policy(p.evict_first);
+    TlCursor cur = tl_cursor(p, first, piece, sshift);
+    int loaded = first;  // the next row to load
+    const auto load_next = [&](int a) {
+        wb[a] = tl_load_piece(cur.w, policy);
+        sb[a] = tl_load_scale(cur.s, policy);
+        if (++loaded < end) {
+            if (loaded >= cur.next) {
+                cur = tl_cursor(p, loaded, piece, sshift);
+            } else {
+                cur.w += rb;
+                cur.s += ns;
+            }
+        }
+    };
+#pragma unroll
+    for (int a = 0; a < Ahead; ++a) {
+        if (loaded < end) load_next(a);
+    }
+
+    // x, once the kernel that wrote it is done: this piece's four 8-byte runs, their sum, d_x.
+    pdl_wait();
+    int x[8];
+    int xsum = 0;
+    float dx = 0.0f;
+    {
+        const int u = piece >> 1, h = piece & 1, b = u >> 2, c = u & 3;
+        const int8_t* xr = p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 8 * h;
+#pragma unroll
+        for (int l = 0; l < 4; ++l) {
+            const int2 v = real ? __ldg(reinterpret_cast<const int2*>(xr + 32 * l)) : make_int2(0, 0);
+            x[2 * l] = v.x;
+            x[2 * l + 1] = v.y;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) xsum = ts_dp4a_us(0x01010101u, x[i], xsum);
+        dx = real ? p.xs[b].d : 0.0f;
+    }
+    pdl_launch_dependents();
+
+    for (int base = first; base < end; base += kTlBatch) {
+        float acc[kTlBatch];
+        // A batch's rows; Guarded: the last batches, whose rows or loads may pass the stretch's
+        // end. (Past it the cursor stays on the last row and no one stores those rows' sums, so
+        // the unguarded form would give the same results: the guards skip work, not errors.)
+        const auto rows = [&]<bool Guarded>() {
+#pragma unroll
+            for (int i = 0; i < kTlBatch; ++i) {
+                const int a = i % Ahead;  // base - first is a multiple of kTlBatch: row base + i's slot
+                acc[i] = 0.0f;
+                if (!Guarded || base + i < end) {
+                    const uint2 w = wb[a];
+                    const float d = __half2float(sb[a]);
+                    if (!Guarded || loaded < end) load_next(a);
+                    acc[i] = float(tl_dot(w, x) - xsum) * (d * dx);
+                }
+            }
+        };
+        if (base + kTlBatch + Ahead <= end) {
+            rows.template operator()<false>();
+        } else {
+            rows.template operator()<true>();
+        }
+        tl_fold<kTlBatch / 2>(acc, lane);
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], 16);
+        if (lane < kTlBatch) red[warp][lane] = acc[0];
+        __syncthreads();
+        const int row = base + tid;
+        if (tid < kTlBatch && row < end) {
+            float v = 0.0f;
+            for (int w = 0; w < nwarps; ++w) v += red[w][tid];
+            const int m = ts_matrix(p, row);
+            ts_pick(p.y, m)[row - ts_pick(p.first_row, m)] = v;
+            if (p.resid) p.resid[row] += v;  // count == 1: row is the matrix's own
+        }
+        __syncthreads();  // red is read before the next batch writes it
+    }
 }
 
 }  // namespace vxq::cuda
