@@ -43,6 +43,8 @@
 #                    1024,4096,16384,32768: each depth is filled three times per format, ~1 min
 #                    per 128K fill with the flash prefill, more for KIVI's: docs/gpu.md)
 #   VXQ_GPU_KV_METHODS  the sweep's --kv list (default f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2)
+#   VXQ_GPU_READER_DEPTHS  depths of the reader codecs' decode (TurboQuant, VecInfer, QJL next to
+#                    f16; default 4096,32768; the depth stored by `vxq bench --depth-fill kv`); "" skips it
 #   VXQ_GPU_TP       tensor parallelism on a machine with 2+ GPUs (default: every power of two up to
 #                    the GPU count, from 2): vxq-llama-h64 perplexity and greedy text with --tp N
 #                    against --tp 1, and decode at VXQ_GPU_TP_DEPTH (32768) on a synthetic
@@ -175,6 +177,16 @@ if [ "$status_build" = ok ]; then
   # at their default splits and 32 / 128 splits, at VXQ_GPU_ROTATED_CONTEXTS (default 32K and 128K).
   "$BUILD/bench/vxq_gpu_attention" --formats turbo3,turbo2,vecinfer,qjl --turbo-splits 32,128 \
     ${VXQ_GPU_ROTATED_CONTEXTS:-32768 131072} | tee "$LOGS/attention_rotated.log" | grep -v '^{' || status_bench=FAIL
+  # The encoders (issue 11 item 3: >= 70 % of the copy at 2048 tokens): the token-wise store and
+  # KIVI's flush, then the store's q8_0 / fp8 codes by the conversion instructions
+  # (VXQ_CUDA_KV_STORE_CVT=1, kv_store_kernels.cuh), alternating twice.
+  for round in 1 2; do
+    for cvt in 0 1; do
+      echo "encoders, round $round, VXQ_CUDA_KV_STORE_CVT=$cvt"
+      VXQ_CUDA_KV_STORE_CVT=$cvt "$BUILD/bench/vxq_gpu_attention" --formats f16,q8_0,q4_0,fp8,kivi4,kivi2 --encode 512,2048,8192 0 |
+        tee "$LOGS/encode_cvt${cvt}_$round.log" | grep -v '^{' || status_bench=FAIL
+    done
+  done
   # The same shape through PyTorch's scaled_dot_product_attention (issue 11 compares f16 with it),
   # where the machine's Python has torch with CUDA.
   if python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
@@ -292,6 +304,21 @@ for r in json.load(open(sys.argv[1]))['rows']:
         tee "$LOGS/kv_sweep.md"
       "$BUILD/src/vxq" plot "$LOGS/kv_sweep.json" -o "$LOGS/gpu_decode_vs_context.svg" \
         --title "H200, synthetic Llama-3-8B Q4_0, tg64 vs depth per KV cache" >/dev/null 2>&1 || true
+      # The reader codecs (issue 12 item 5: decode at 32K per codec next to f16), their depth
+      # stored by --depth-fill kv (their prefill would read the cache hundreds of times; the
+      # timed decode is the same); VXQ_GPU_READER_DEPTHS (default 4096,32768), "" skips it.
+      RDEPTHS="${VXQ_GPU_READER_DEPTHS-4096,32768}"
+      if [ -n "$RDEPTHS" ]; then
+        step "decode per reader codec, depth stored by --depth-fill kv (depths $RDEPTHS)"
+        "$BUILD/src/vxq" bench -m "$m" --device cuda --flash-attn -p 0 -n 32 -d "$RDEPTHS" -r 2 --depth-fill kv \
+          --kv f16,turbo:bits=3,turbo:bits=2,turbo-prod:bits=3,vecinfer:calib=random,qjl --json >"$LOGS/reader_sweep.json" \
+          2>"$LOGS/reader_sweep.err" || { echo "reader sweep failed:"; tail -3 "$LOGS/reader_sweep.err"; status_e2e=FAIL; }
+        python3 -c "
+import json, sys
+for r in json.load(open(sys.argv[1]))['rows']:
+    print(f\"| vxq | {r['kv_format']} | {r['depth']} | {r['tps_median']:.1f} | {r['ratio_median']:.3f} | {r['kv_bytes'] / 1e9:.2f} GB |\")" \
+          "$LOGS/reader_sweep.json" | tee "$LOGS/reader_sweep.md"
+      fi
       if [ -n "${LLAMA_CPP_BIN:-}" ]; then
         # Both engines on the same file at the longest depth, in one script (rounds alternate them).
         VXQ="$BUILD/src/vxq" VXQ_KV_DEPTHS="${DEPTHS##*,}" VXQ_KV_METHODS="${VXQ_GPU_KV_METHODS:-f16,q8_0,q4_0,fp8,kivi:bits=4,kivi:bits=2}" \
@@ -371,5 +398,6 @@ echo "end to end: $status_e2e"
 [ -f "$LOGS/ab.md" ] && { echo "| weights | round | arm | tg64 t/s by depth |"; cat "$LOGS/ab.md"; }
 [ -f "$LOGS/attention.log" ] && grep '^|' "$LOGS/attention.log"
 [ -f "$LOGS/kv_sweep.md" ] && { echo "| engine | kv | depth | tg64 t/s | KV bytes |"; cat "$LOGS/kv_sweep.md"; }
+[ -f "$LOGS/reader_sweep.md" ] && { echo "| engine | kv (--depth-fill kv) | depth | tg32 t/s | vs f16 | KV bytes |"; cat "$LOGS/reader_sweep.md"; }
 [ -f "$LOGS/kv_vs_llamacpp.md" ] && grep -A12 '^### tg64' "$LOGS/kv_vs_llamacpp.md"
 [ "$status_build" = ok ] && { [ "$status_tests" = ok ] || [ "$status_tests" = skipped ]; } && [ "$status_bench" = ok ]

@@ -613,14 +613,18 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
         }
         // The lane-piece kernel (where the stream path takes the matrix), then the stream
         // kernel's plans of 16 and of 32 warps a block.
-        for (const auto& [lanes, warps] : {std::pair{true, 16}, std::pair{false, 16}, std::pair{false, 32}}) {
-            SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : "stream kernel") << ", " << warps << " warps");
-            cuda::set_gemv_ternary_lanes(lanes);
+        // (lanes: pieces a lane; 0: the stream kernel)
+        for (const auto& [lanes, warps] : {std::pair{1, 16}, std::pair{2, 16}, std::pair{0, 16}, std::pair{0, 32}}) {
+            SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : "stream kernel") << ", " << lanes << " pieces, "
+                                            << warps << " warps");
+            cuda::set_gemv_ternary_lanes(lanes > 0);
+            cuda::set_gemv_ternary_lanes_pieces(lanes);
             cuda::set_gemv_ternary_stream_warps(warps);
             const std::string d = cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
             EXPECT_EQ(d.find(lanes ? "ternary lanes" : "ternary stream") != std::string::npos, sc.stream) << d;
             cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
             cuda::set_gemv_ternary_lanes(false);
+            cuda::set_gemv_ternary_lanes_pieces(1);
             cuda::set_gemv_ternary_stream_warps(16);
             VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
             const std::vector<float> a = ys.download();

@@ -4,8 +4,9 @@
 // upload makes) against the CPU backend's dot_kquant_q8_K on the same q8_K activations, for single
 // matrices and stacks of matrices that share x, odd row counts, 16 and 32 warps, ring depths 1-8
 // and both row counts a warp takes, with stretches long enough that every warp's ring wraps; the
-// lane-piece kernel with blocks of a partial warp (cols 256-768), several warps (4096: 128
-// pieces), batches of 16 rows cut short and stacks whose matrices change inside a batch. On a GPU,
+// lane-piece kernel at 1 and 2 pieces a lane with blocks of a partial warp (cols 256-1024),
+// several warps (4096: 128 pieces), batches of 16 rows cut short and stacks whose matrices change
+// inside a batch; every weight plane ends at an inaccessible page (a read past it faults). On a GPU,
 // CudaGemv's TQ2_0 / TQ2_G128 shapes at n = 1 and Cuda.TernaryStreamEqualsGroupKernel run the
 // same kernels as compiled for the device. A build without CUDA reports these tests' absence in
 // RotatedKvSimt.NeedsACudaBuild.
@@ -145,12 +146,13 @@ void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& 
                  [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
 }
 
-// The lane-piece kernel (ternary_lanes_kernel).
+// The lane-piece kernel (ternary_lanes_kernel) at P pieces a lane.
+template <int P>
 void run_lanes(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                float* resid) {
     const Launch l = launch_of(c, ms, x, y, resid);
-    simt::launch(dim3(unsigned(l.grid)), dim3(unsigned(cuda::ternary_lanes_threads(l.p.cols))), 0,
-                 [&] { cuda::ternary_lanes_kernel<cuda::kTlAhead>(l.p); });
+    simt::launch(dim3(unsigned(l.grid)), dim3(unsigned(cuda::ternary_lanes_threads(l.p.cols, P))), 0,
+                 [&] { cuda::ternary_lanes_kernel<cuda::kTlAhead, P>(l.p); });
 }
 
 // The kernel's forms the tests run: both warp counts, both row counts a warp takes, rings of 1-8;
@@ -160,7 +162,7 @@ const std::pair<const char*, Run> kForms[] = {
     {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
     {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
     {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
-    {"W 32, R 1, S 4", run_stream<32, 1, 4>}, {"lanes", run_lanes}};
+    {"W 32, R 1, S 4", run_stream<32, 1, 4>}, {"lanes", run_lanes<1>}, {"lanes x2", run_lanes<2>}};
 
 // Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
 // the integers of 256 (TQ2_0) / 128 (TQ2_G128) and then in float: the same products, other float

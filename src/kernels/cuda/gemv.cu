@@ -1412,26 +1412,40 @@ bool g_ternary_lanes = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_LANES");
     return e && std::atoi(e) == 1;
 }();
+// Its pieces (32 weights) a lane: 1, or 2 (VXQ_GEMV_TQ2_LANES_PIECES=2 or set_gemv_ternary_lanes_pieces).
+int g_ternary_lanes_pieces = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_LANES_PIECES");
+    return e && std::atoi(e) == 2 ? 2 : 1;
+}();
 bool ternary_lanes_fits(const DeviceWeight& w) {
     return g_ternary_lanes && g_ternary_stream && is_ternary(w.type) && w.cols % kQK_K == 0 && w.cols <= 32 * kTlMaxThreads &&
            w.rows <= INT_MAX / 2;
 }
-// Blocks of ternary_lanes_kernel an SM holds at `threads` a block (the device's, found once).
+// Blocks of ternary_lanes_kernel<kTlAhead, P> an SM holds at `threads` a block (the device's,
+// found once).
+template <int P>
 int ternary_lanes_blocks_per_sm(int threads) {
     static std::atomic<int> known[kTlMaxThreads / 32 + 1];
     std::atomic<int>& k = known[threads / 32];
     if (const int v = k.load(std::memory_order_relaxed)) return v;
     int n = 0;
-    VXQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_lanes_kernel<kTlAhead>, threads, 0));
+    VXQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, ternary_lanes_kernel<kTlAhead, P>, threads, 0));
     k.store(std::max(1, n), std::memory_order_relaxed);
     return std::max(1, n);
 }
+int ternary_lanes_blocks_per_sm(int threads) {
+    return g_ternary_lanes_pieces == 2 ? ternary_lanes_blocks_per_sm<2>(threads) : ternary_lanes_blocks_per_sm<1>(threads);
+}
 void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int count, const QuantX<Q8KScale>& xa,
                           float* resid, cudaStream_t st) {
-    const int threads = ternary_lanes_threads(int(ws[0]->cols));
+    const int threads = ternary_lanes_threads(int(ws[0]->cols), g_ternary_lanes_pieces);
     TernaryStreamParams p;
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * ternary_lanes_blocks_per_sm(threads));
-    launch_pdl(ternary_lanes_kernel<kTlAhead>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
+    if (g_ternary_lanes_pieces == 2) {
+        launch_pdl(ternary_lanes_kernel<kTlAhead, 2>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
+    } else {
+        launch_pdl(ternary_lanes_kernel<kTlAhead, 1>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
+    }
 }
 // The stream kernel over ws (n = 1), a block per SM over the stacked rows (the lane-piece kernel
 // instead where it takes them).
@@ -1727,6 +1741,7 @@ void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
 void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
 void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
+void set_gemv_ternary_lanes_pieces(int pieces) { g_ternary_lanes_pieces = pieces == 2 ? 2 : 1; }
 void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
 
 void set_weight_evict_first(bool on) {
@@ -1798,9 +1813,9 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
     }
     if (n == 1) {
         if (ternary_stream_plan(w).R && ternary_lanes_fits(w)) {
-            const int threads = ternary_lanes_threads(int(w.cols));
-            std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d threads a block, %d blocks/SM, PDL %s", type,
-                          threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
+            const int threads = ternary_lanes_threads(int(w.cols), g_ternary_lanes_pieces);
+            std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d piece(s) a lane, %d threads a block, %d blocks/SM, PDL %s",
+                          type, g_ternary_lanes_pieces, threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
             return line;
         }
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {

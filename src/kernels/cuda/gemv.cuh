@@ -130,6 +130,9 @@ void set_gemv_ternary_stream(bool on);
 // VXQ_GEMV_TQ2_LANES=1 at start) or the stream kernel's ring (the default until the lane-piece
 // kernel is timed on a GPU). For A/B measurements and tests.
 void set_gemv_ternary_lanes(bool on);
+// The lane-piece kernel's pieces (32 weights each) a lane: 1 (the default) or 2 (a whole 16-byte
+// unit, VXQ_GEMV_TQ2_LANES_PIECES=2 at start). For A/B measurements and tests.
+void set_gemv_ternary_lanes_pieces(int pieces);
 // The stream kernel's preferred warps a block: 16 (the default) or 32 (VXQ_GEMV_TS_WARPS=32).
 void set_gemv_ternary_stream_warps(int warps);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a

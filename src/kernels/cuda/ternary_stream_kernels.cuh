@@ -25,6 +25,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -261,29 +262,36 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
 // The stream kernel above runs at about half the copy bandwidth on the H100, bound by issue (docs/
 // gpu.md: ~5-6 M warp instructions a 5120 x 17408 call, 4 shared-memory loads of x a 16-byte
 // unit). Here nothing goes through shared memory but the final sums: thread j of a block owns
-// piece j (8 quant bytes, 32 weights) of every row of the block's stretch, so its 32 x values (four
-// 8-byte runs, one per quarter-run l) and their sum stay in registers, loaded once. A row costs a
-// lane one 8-byte load from global memory (a warp's 32 loads are 256 contiguous bytes; through L2
-// with the weights' policy, as the stream kernel's copies), the digits by shift and mask (14
-// instructions), 8 dp4a, its fp16 scale and 4 float operations. Loads run kTlAhead rows ahead
-// (the first ones issued before griddepcontrol.wait). Rows go 16 at a time: each lane's 16 partial
-// sums are reduced across the warp by a transposed butterfly (lanes i and i + 16 end with row i's
-// sum of the warp: 16 shuffles for 16 rows), then across the block's warps in shared memory.
-// Block: 32 ceil(P / 32) threads, P = cols / 32 pieces a row (<= kTlMaxThreads: ~100 registers a
-// thread); lanes past P load piece 0 and count zero x. Not yet run on a GPU (gemv.cu: off by
-// default until timed).
+// pieces j P .. j P + P - 1 (a piece: 8 quant bytes, 32 weights; P = 1 or 2, a whole 16-byte unit)
+// of every row of the block's stretch, so its 32 P x values (four runs of 8 P bytes, one per
+// quarter-run l) and their sum stay in registers, loaded once. A row costs a lane one 8 P-byte
+// load from global memory (a warp's 32 loads are contiguous; through L2 with the weights' policy,
+// as the stream kernel's copies), the digits by shift and mask (7 instructions a 4-byte word),
+// 8 P dp4a, its fp16 scale and 4 float operations. Loads run Ahead rows ahead (the first ones
+// issued before griddepcontrol.wait). Rows go 16 at a time: each lane's 16 partial sums are
+// reduced across the warp by a transposed butterfly (lanes i and i + 16 end with row i's sum of
+// the warp: 16 shuffles for 16 rows), then across the block's warps in shared memory.
+// Block: 32 ceil(cols / (32 P) / 32) threads (<= kTlMaxThreads / P); lanes past the row's last
+// piece load piece 0 and count zero x. Not yet run on a GPU (gemv.cu: off by default until timed).
 constexpr int kTlBatch = 16, kTlAhead = 8, kTlMaxThreads = 576;
-// The block size for rows of `cols` (a multiple of 256, <= 32 kTlMaxThreads).
-__host__ __device__ constexpr int ternary_lanes_threads(int cols) { return (cols / 32 + 31) / 32 * 32; }
+// The block size for rows of `cols` (a multiple of 256, <= 32 kTlMaxThreads) at P pieces a lane.
+__host__ __device__ constexpr int ternary_lanes_threads(int cols, int P) { return (cols / (32 * P) + 31) / 32 * 32; }
 
-// Sum of digit x value over a piece: byte k of w holds in bits 2 l the digit of quarter-run l,
-// whose 4-byte runs of x are x[2 l] (bytes 0-3 of the piece) and x[2 l + 1] (bytes 4-7).
-__device__ __forceinline__ int tl_dot(uint2 w, const int (&x)[8]) {
+// A lane's P pieces of a row (8 P bytes) and their 4-byte words.
+template <int P>
+using TlWords = std::conditional_t<P == 1, uint2, uint4>;
+__device__ __forceinline__ unsigned tl_word(const uint2& w, int k) { return k == 0 ? w.x : w.y; }
+__device__ __forceinline__ unsigned tl_word(const uint4& w, int k) { return at4(w, k); }
+
+// Sum of digit x value over a lane's pieces: byte k of its 8 P bytes holds in bits 2 l the digit
+// of quarter-run l, whose x values at the same bytes are x[2 P l .. 2 P l + 2 P) (4 a word).
+template <int P>
+__device__ __forceinline__ int tl_dot(const TlWords<P>& w, const int (&x)[8 * P]) {
     int s = 0;
 #pragma unroll
     for (int l = 0; l < 4; ++l) {
-        s = ts_dp4a_us((w.x >> (2 * l)) & 0x03030303u, x[2 * l], s);
-        s = ts_dp4a_us((w.y >> (2 * l)) & 0x03030303u, x[2 * l + 1], s);
+#pragma unroll
+        for (int k = 0; k < 2 * P; ++k) s = ts_dp4a_us((tl_word(w, k) >> (2 * l)) & 0x03030303u, x[2 * P * l + k], s);
     }
     return s;
 }
@@ -312,16 +320,23 @@ __device__ __forceinline__ void tl_fold(float (&acc)[kTlBatch], int lane) {
     }
 }
 
-// A piece (8 bytes) and a scale through L2 with the weights' policy (ts_policy); plain loads in
-// the emulator.
-__device__ __forceinline__ uint2 tl_load_piece(const uint8_t* p, [[maybe_unused]] uint64_t policy) {
+// A lane's pieces (8 P bytes) and a scale through L2 with the weights' policy (ts_policy); plain
+// loads in the emulator.
+template <int P>
+__device__ __forceinline__ TlWords<P> tl_load_pieces(const uint8_t* p, [[maybe_unused]] uint64_t policy) {
+    TlWords<P> v;
 #if defined(__CUDA_ARCH__)
-    uint2 v;
-    asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
-    return v;
+    if constexpr (P == 1) {
+        asm("ld.global.nc.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(p), "l"(policy));
+    } else {
+        asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+            : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+            : "l"(p), "l"(policy));
+    }
 #else
-    return *reinterpret_cast<const uint2*>(p);
+    std::memcpy(&v, p, sizeof v);
 #endif
+    return v;
 }
 __device__ __forceinline__ __half tl_load_scale(const __half* p, [[maybe_unused]] uint64_t policy) {
 #if defined(__CUDA_ARCH__)
@@ -333,7 +348,7 @@ __device__ __forceinline__ __half tl_load_scale(const __half* p, [[maybe_unused]
 #endif
 }
 
-// Where the next row to load is: its piece and its scale for this lane; `next` the first row of
+// Where the next row to load is: this lane's first piece and its scale; `next` the first row of
 // the next matrix of the stack (where the addresses are found again).
 struct TlCursor {
     const uint8_t* w;
@@ -348,29 +363,29 @@ __device__ inline VXQ_TL_NOINLINE TlCursor tl_cursor(const TernaryStreamParams& 
                     ts_pick(p.scale, m) + local * (p.cols / p.scale_group) + (piece >> sshift), next};
 }
 
-// (A template, Ahead = kTlAhead, so that the header defines it in every file that includes it, the
-// emulator's tests and gemv.cu alike.)
-template <int Ahead>
-__global__ void __launch_bounds__(kTlMaxThreads) ternary_lanes_kernel(const TernaryStreamParams p) {
-    __shared__ float red[kTlMaxThreads / 32][kTlBatch + 1];  // [warp][row of the batch]
-    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, nwarps = ternary_lanes_threads(p.cols) >> 5;
-    const int cols = p.cols, pieces = cols / 32, rb = cols / 4, ns = cols / p.scale_group;
+// Ahead: rows of loads in flight (kTlAhead); P: pieces a lane. (A template also so that the
+// header defines it in every file that includes it, the emulator's tests and gemv.cu alike.)
+template <int Ahead, int P>
+__global__ void __launch_bounds__(kTlMaxThreads / P) ternary_lanes_kernel(const TernaryStreamParams p) {
+    __shared__ float red[kTlMaxThreads / P / 32][kTlBatch + 1];  // [warp][row of the batch]
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, nwarps = ternary_lanes_threads(p.cols, P) >> 5;
+    const int cols = p.cols, rb = cols / 4, ns = cols / p.scale_group;
     const int sshift = p.scale_group == 128 ? 2 : 3;  // pieces a scale: 4 (TQ2_G128) or 8 (TQ2_0)
-    const bool real = tid < pieces;
-    const int piece = real ? tid : 0;
+    const bool real = tid < cols / (32 * P);
+    const int piece = real ? tid * P : 0;  // this lane's first piece (P = 2: h = 0, a whole unit)
     const int first = int(blockIdx.x) * p.rows_per_block;
     const int total = ts_pick(p.first_row, p.count);
     const int end = total - first < p.rows_per_block ? total : first + p.rows_per_block;
     if (first >= end) return;  // (the whole block)
 
     // The first Ahead rows' pieces and scales, before the wait (no kernel writes the weights).
-    uint2 wb[Ahead];
+    TlWords<P> wb[Ahead];
     __half sb[Ahead];
     const uint64_t policy = ts_policy(p.evict_first);
     TlCursor cur = tl_cursor(p, first, piece, sshift);
     int loaded = first;  // the next row to load
     const auto load_next = [&](int a) {
-        wb[a] = tl_load_piece(cur.w, policy);
+        wb[a] = tl_load_pieces<P>(cur.w, policy);
         sb[a] = tl_load_scale(cur.s, policy);
         if (++loaded < end) {
             if (loaded >= cur.next) {
@@ -386,9 +401,9 @@ __global__ void __launch_bounds__(kTlMaxThreads) ternary_lanes_kernel(const Tern
         if (loaded < end) load_next(a);
     }
 
-    // x, once the kernel that wrote it is done: this piece's four 8-byte runs, their sum, d_x.
+    // x, once the kernel that wrote it is done: the pieces' four runs of 8 P bytes, their sum, d_x.
     pdl_wait();
-    int x[8];
+    int x[8 * P];
     int xsum = 0;
     float dx = 0.0f;
     {
@@ -396,12 +411,20 @@ __global__ void __launch_bounds__(kTlMaxThreads) ternary_lanes_kernel(const Tern
         const int8_t* xr = p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 8 * h;
 #pragma unroll
         for (int l = 0; l < 4; ++l) {
-            const int2 v = real ? __ldg(reinterpret_cast<const int2*>(xr + 32 * l)) : make_int2(0, 0);
-            x[2 * l] = v.x;
-            x[2 * l + 1] = v.y;
+            if constexpr (P == 1) {  // 8-byte aligned (16 for P = 2: whole units)
+                const int2 v = real ? __ldg(reinterpret_cast<const int2*>(xr + 32 * l)) : make_int2(0, 0);
+                x[2 * l] = v.x;
+                x[2 * l + 1] = v.y;
+            } else {
+                const int4 v = real ? __ldg(reinterpret_cast<const int4*>(xr + 32 * l)) : make_int4(0, 0, 0, 0);
+                x[4 * l] = v.x;
+                x[4 * l + 1] = v.y;
+                x[4 * l + 2] = v.z;
+                x[4 * l + 3] = v.w;
+            }
         }
 #pragma unroll
-        for (int i = 0; i < 8; ++i) xsum = ts_dp4a_us(0x01010101u, x[i], xsum);
+        for (int i = 0; i < 8 * P; ++i) xsum = ts_dp4a_us(0x01010101u, x[i], xsum);
         dx = real ? p.xs[b].d : 0.0f;
     }
     pdl_launch_dependents();
@@ -417,10 +440,10 @@ __global__ void __launch_bounds__(kTlMaxThreads) ternary_lanes_kernel(const Tern
                 const int a = i % Ahead;  // base - first is a multiple of kTlBatch: row base + i's slot
                 acc[i] = 0.0f;
                 if (!Guarded || base + i < end) {
-                    const uint2 w = wb[a];
+                    const TlWords<P> w = wb[a];
                     const float d = __half2float(sb[a]);
                     if (!Guarded || loaded < end) load_next(a);
-                    acc[i] = float(tl_dot(w, x) - xsum) * (d * dx);
+                    acc[i] = float(tl_dot<P>(w, x) - xsum) * (d * dx);
                 }
             }
         };
