@@ -19,6 +19,7 @@
 #include "kv/kv_cache.h"
 #include "model/model.h"
 #include "runtime/memory_check.h"
+#include "support/forwarding_backend.h"
 #include "support/text.h"
 #include "support/tiny_model.h"
 
@@ -169,9 +170,9 @@ TEST(ActivationBuffers, ReusedAcrossForwardPassesWithUnchangedResults) {
 
 // Model::fill_kv (vxq bench --depth-fill kv): the cache holds the tokens afterwards, layer 0's
 // keys and values are exactly what the forward pass stores (its input is the embedding in both;
-// f16, f32 and KIVI-2 caches),
-// the later layers' differ (their input stays the embedding), decoding after it runs, and a cache
-// whose eviction scores tokens by the attention is refused by name.
+// f16, f32 and KIVI-2 caches), the later layers' differ (their input stays the embedding),
+// decoding after it runs, the fill ends by Backend::sync, and a cache whose eviction scores
+// tokens by the attention is refused by name.
 TEST(FillKv, StoresLayerZeroAsForwardDoesAndRefusesAttentionScoredEviction) {
     const test::TinyModel tm = test::build_tiny_model(test::TinyModelSpec{});
     const auto model = Model::load(tm.path);
@@ -208,6 +209,27 @@ TEST(FillKv, StoresLayerZeroAsForwardDoesAndRefusesAttentionScoredEviction) {
         EXPECT_EQ(filled->size(), int64_t(tokens.size()) + 1);
         EXPECT_TRUE(std::isfinite(logits[0]));
     }
+    // The fill reads nothing back, so it must end by Backend::sync (a backend that records its
+    // ops, the CUDA one, would otherwise run them inside the first timed step): once, after its
+    // last store.
+    struct Watch : test::ForwardingBackend {
+        using ForwardingBackend::ForwardingBackend;
+        int writes = 0, syncs = 0, writes_at_sync = -1;
+        void kv_write(KvCache& cache, int64_t layer, int64_t pos0, const float* k, const float* v, int64_t n) override {
+            ++writes;
+            ForwardingBackend::kv_write(cache, layer, pos0, k, v, n);
+        }
+        void sync() override {
+            ++syncs;
+            writes_at_sync = writes;
+            ForwardingBackend::sync();
+        }
+    } watch(make_backend("cpu", 1));
+    auto watched = make_kv_cache(shape, KvSpec::parse("f16"));
+    model->fill_kv(watch, *watched, tokens);
+    EXPECT_EQ(watch.writes, c.n_layer);
+    EXPECT_EQ(watch.syncs, 1);
+    EXPECT_EQ(watch.writes_at_sync, c.n_layer);
     KvCacheOptions o;
     o.evict = EvictSpec::parse("h2o:budget=32,sink=2,window=8");
     auto h2o = make_kv_cache(shape, KvSpec::parse("f16"), o);

@@ -63,6 +63,9 @@ public:
     // (0, 1, ...). The forward pass hands the KV cache (host storage) its new keys and values, and
     // the observers their queries and outputs, through this.
     virtual const float* to_host(const float* x, size_t n, int slot) = 0;
+    // Runs what the backend has recorded and not yet run, and waits for it: the ops of a pass that
+    // reads nothing back (Model::fill_kv) are done when it returns. A no-op where ops run as called.
+    virtual void sync() {}
 
     // y = x W^T.  x: [n, w.cols]; y: [n, w.rows]
     virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;

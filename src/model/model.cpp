@@ -78,9 +78,7 @@ void Model::fill_kv(Backend& be, KvCache& cache, std::span<const TokenId> tokens
         be.kv_write(cache, il, pos0, k, v, n);
     }
     cache.commit(pos0 + n);
-    // The fill's work done before the caller times anything: a backend that records its ops (the
-    // CUDA backend's pass) runs them and waits when a value is read back.
-    be.to_host(v, 1, 0);
+    be.sync();  // the fill's work done before the caller times anything (nothing is read back)
 }
 
 void Model::forward(Backend& be, KvCache& cache, std::span<const TokenId> tokens, int64_t n_out,

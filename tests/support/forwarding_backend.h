@@ -33,6 +33,7 @@ public:
     size_t activation_bytes() const override { return in_->activation_bytes(); }
     float* output_buffer(size_t n) override { return in_->output_buffer(n); }
     const float* to_host(const float* x, size_t n, int slot) override { return in_->to_host(x, n, slot); }
+    void sync() override { in_->sync(); }
     void matmul(const WeightView& w, const float* x, int64_t n, float* y) override { in_->matmul(w, x, n, y); }
     void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
         in_->embed(table, ids, n, out);

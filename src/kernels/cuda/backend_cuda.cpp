@@ -361,6 +361,7 @@ public:
         for (const DeviceArray<float>& b : activations_) bytes += b.size * sizeof(float);
         return bytes;
     }
+    void sync() override { drain(); }
     const float* to_host(const float* x, size_t n, int slot) override {
         if (!is_device(x)) return x;
         VXQ_ASSERT(slot >= 0);
@@ -732,7 +733,10 @@ private:
             p.k_code = codes.k;
             p.v_code = codes.v;
             p.splits = attention_splits(n_q, view.n_head_kv, codes.k);
-            p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, p.splits));
+            // The splits' partials, sized once and before any step input is put (a reallocation
+            // drains the pass): room for the bulk-copy kernel's own plan too, where it may be taken below.
+            const int64_t most_splits = n_q == 1 && attn_tma_ > 0 ? std::max(p.splits, attention_stream_tma_splits(view.n_head_kv)) : p.splits;
+            p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, most_splits));
             p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
             attention_inputs(p, view, q, n_q, pos0, dev_out);
             p.tile = attn_tile_;
@@ -756,10 +760,7 @@ private:
                 t.short_tokens = 0;
                 t.tma_stages = attn_tma_;
                 t.splits = attention_stream_tma_splits(view.n_head_kv);
-                if (attention_stream_tma_fits(t)) {
-                    t.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, t.splits));
-                    p = t;
-                }
+                if (attention_stream_tma_fits(t)) p = t;  // (its partials: room made above)
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
             const RopeStoreRec& rs = rope_store_;
