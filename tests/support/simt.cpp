@@ -49,6 +49,7 @@ struct Block {
     std::vector<int> warp_arrived, warp_live;  // per warp: threads at its barrier, threads not done
     int block_arrived = 0, block_live = 0;
     std::vector<std::array<uint64_t, 32>> slots;
+    std::vector<std::array<uint8_t, 32 * 64>> gathered;  // per warp: warp_gather's bytes
     std::vector<uint8_t> smem;
     const std::function<void()>* body = nullptr;
     const void* sched_bottom = nullptr;  // the scheduler's stack, as a fiber learns it (AddressSanitizer)
@@ -122,6 +123,15 @@ uint64_t exchange(uint64_t bits, int src) {
     return r;
 }
 
+void warp_gather(const void* mine, size_t bytes, void* all) {
+    if (bytes > 64) throw std::runtime_error("simt: warp_gather takes at most 64 bytes a lane");
+    const int w = g.current / 32, lane = g.current % 32;
+    std::memcpy(g.gathered[size_t(w)].data() + lane * bytes, mine, bytes);
+    sync_warp();
+    std::memcpy(all, g.gathered[size_t(w)].data(), 32 * bytes);
+    sync_warp();  // nobody writes again before every lane has read
+}
+
 void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
     const unsigned n = block.x * block.y * block.z;
     if (n == 0 || n % 32 != 0 || block.y != 1 || block.z != 1) throw std::runtime_error("simt: 1-D blocks of a multiple of 32 threads");
@@ -129,6 +139,7 @@ void launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& bod
     g.warp_arrived.assign(n / 32, 0);
     g.warp_live.assign(n / 32, 32);
     g.slots.assign(n / 32, {});
+    g.gathered.assign(n / 32, {});
     g.body = &body;
     for (unsigned bz = 0; bz < grid.z; ++bz) {
         for (unsigned by = 0; by < grid.y; ++by) {

@@ -26,6 +26,8 @@
 #include <cstring>
 #include <functional>
 
+#include <math.h>  // isnan, fabsf, rintf in the global namespace, as device code has them
+
 namespace vxq::simt {
 
 struct Dims {
@@ -37,6 +39,9 @@ void sync_warp();
 void sync_threads();
 // Every lane of the running thread's warp calls: returns lane `src`'s `bits`.
 uint64_t exchange(uint64_t bits, int src);
+// Every lane of the running thread's warp calls with `bytes` (at most 64) of its own: `all` gets
+// the 32 lanes' bytes in lane order (one exchange for a whole MMA's fragments).
+void warp_gather(const void* mine, size_t bytes, void* all);
 uint8_t* dynamic_smem();
 // Runs body() as every thread of every block of the grid (1-D blocks of a multiple of 32
 // threads), with `smem` bytes of dynamic shared memory (zeroed at each block).
@@ -73,6 +78,12 @@ T __shfl_down_sync(unsigned mask, T v, unsigned d) {
     return __shfl_sync(mask, v, int(lane + d < 32u ? lane + d : lane));
 }
 
+// The device's integer min / max (global, as CUDA declares them).
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
@@ -93,4 +104,33 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
 template <class T>
 T __ldg(const T* p) {
     return *p;
+}
+inline bool __any_sync(unsigned, bool pred) {
+    int all[32];
+    const int mine = pred;
+    ::vxq::simt::warp_gather(&mine, sizeof mine, all);
+    for (const int a : all) {
+        if (a) return true;
+    }
+    return false;
+}
+// Byte i of the result is byte (s >> 4 i) & 7 of y:x (x the low word), as the device's PRMT in its default mode.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t xy = (uint64_t(y) << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= unsigned((xy >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+// The dot of a's and b's four signed bytes, plus c.
+inline int __dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; ++i) c += int(int8_t(uint8_t(unsigned(a) >> (8 * i)))) * int(int8_t(uint8_t(unsigned(b) >> (8 * i))));
+    return c;
+}
+// The device's fast exponential (ex2.approx of x log2 e) is within a few ulps of exp: the host's.
+inline float __expf(float x) { return std::exp(x); }
+// Per byte, a - b modulo 256.
+inline unsigned __vsub4(unsigned a, unsigned b) {
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= ((((a >> (8 * i)) & 0xffu) - ((b >> (8 * i)) & 0xffu)) & 0xffu) << (8 * i);
+    return r;
 }

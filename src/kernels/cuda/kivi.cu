@@ -1026,11 +1026,11 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
             const float mn = fmaxf(m[nt], mx);
-            const float corr = expf(m[nt] - mn);
+            const float corr = __expf(m[nt] - mn);  // (__expf: as mma_tile_softmax, attention_tiles.cuh)
             float pv[4], sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                pv[j] = expf(s[j] - mn);
+                pv[j] = __expf(s[j] - mn);
                 sum += pv[j];
             }
             sum += __shfl_xor_sync(0xffffffffu, sum, 4);

@@ -21,21 +21,71 @@ namespace vxq::cuda {
 
 constexpr float kLoScale = 2048.0f, kLoInv = 1.0f / 2048.0f;
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(VXQ_SIMT)
+#if defined(VXQ_SIMT)
+// The SIMT emulator's MMAs (tests/support/simt.h): the warp's fragments gathered, each lane's four
+// accumulators computed from the whole A and B as the layouts above place them. fp16 products are
+// exact in f32; their sum is taken in double and rounded once (the device's adder keeps more than
+// f32 between the products of one MMA, in an order it does not document). int8: exact.
+namespace mma_simt {
+struct Regs {
+    unsigned a[4], b[2];
+};
+inline float half_of(unsigned reg, int hi) { return __half2float(__ushort_as_half(uint16_t(reg >> (16 * hi)))); }
+inline int s8_of(unsigned reg, int byte) { return int(int8_t(uint8_t(reg >> (8 * byte)))); }
+}  // namespace mma_simt
+#endif
+
 // c += A B, m16n8k16, fp16 operands, f32 accumulators.
 __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
                                         unsigned b1) {
+#if defined(VXQ_SIMT)
+    using namespace mma_simt;
+    const Regs mine{{a0, a1, a2, a3}, {b0, b1}};
+    Regs all[32];
+    ::vxq::simt::warp_gather(&mine, sizeof mine, all);
+    const int lane = int(threadIdx.x & 31u), gid = lane >> 2, tig = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
+        double sum = c[i];
+        for (int k = 0; k < 16; ++k) {
+            const Regs& ra = all[(row % 8) * 4 + (k % 8) / 2];
+            const Regs& rb = all[col * 4 + (k % 8) / 2];
+            sum += double(half_of(ra.a[(row >= 8) + 2 * (k >= 8)], k % 2)) * double(half_of(rb.b[k >= 8], k % 2));
+        }
+        c[i] = float(sum);
+    }
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
 }
-// c += A B, m16n8k32, int8 operands (A as its four registers), int32 accumulators.
+// c += A B, m16n8k32, int8 operands (A as its four registers: a.x rows gid, cols 4 tig .. + 3;
+// a.y rows gid + 8, same cols; a.z / a.w the same rows, cols 16 + 4 tig ..; B: b0 rows 4 tig .. + 3,
+// b1 rows 16 + 4 tig .., col gid), int32 accumulators.
 __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+#if defined(VXQ_SIMT)
+    using namespace mma_simt;
+    const Regs mine{{a.x, a.y, a.z, a.w}, {b0, b1}};
+    Regs all[32];
+    ::vxq::simt::warp_gather(&mine, sizeof mine, all);
+    const int lane = int(threadIdx.x & 31u), gid = lane >> 2, tig = lane & 3;
+    for (int i = 0; i < 4; ++i) {
+        const int row = gid + 8 * (i >> 1), col = 2 * tig + (i & 1);
+        for (int k = 0; k < 32; ++k) {
+            const Regs& ra = all[(row % 8) * 4 + (k % 16) / 4];
+            const Regs& rb = all[col * 4 + (k % 16) / 4];
+            c[i] += s8_of(ra.a[(row >= 8) + 2 * (k >= 16)], k % 4) * s8_of(rb.b[k >= 16], k % 4);
+        }
+    }
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+#endif
 }
 __device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
     return unsigned(__half_as_ushort(__float2half_rn(lo_index))) | (unsigned(__half_as_ushort(__float2half_rn(hi_index))) << 16);
