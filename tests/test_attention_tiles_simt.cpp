@@ -29,6 +29,7 @@
 #include "support/simt.h"
 // (after simt.h: it defines the device built-ins the kernel uses)
 #include "kernels/cuda/attention_tiles.cuh"
+#include "support/kv_code_cpu.h"
 #endif
 
 namespace vxq {
@@ -38,27 +39,9 @@ namespace {
 
 using cuda::KvCode;
 
-const char* name(KvCode c) {
-    return c == KvCode::F16 ? "f16" : c == KvCode::Q8_0 ? "q8_0" : c == KvCode::Q4_0 ? "q4_0" : "fp8";
-}
-void encode(KvCode c, const float* x, int64_t hd, uint8_t* out) {
-    switch (c) {
-        case KvCode::F16: kvfmt::F16::encode(x, hd, out, 1.0f); break;
-        case KvCode::Q8_0: kvfmt::Q8_0::encode(x, hd, out, 1.0f); break;
-        case KvCode::Q4_0: kvfmt::Q4_0::encode(x, hd, out, 1.0f); break;
-        case KvCode::FP8: kvfmt::FP8::encode(x, hd, out, 1.0f); break;
-    }
-}
-void decode(KvCode c, const uint8_t* tok, int64_t hd, float* x) {
-    for (int64_t c0 = 0; c0 < hd; c0 += 32) {  // (the block formats decode a 32-block a call)
-        switch (c) {
-            case KvCode::F16: kvfmt::F16::decode_range(tok, c0, 32, x + c0, 1.0f); break;
-            case KvCode::Q8_0: kvfmt::Q8_0::decode_range(tok, c0, 32, x + c0, 1.0f); break;
-            case KvCode::Q4_0: kvfmt::Q4_0::decode_range(tok, c0, 32, x + c0, 1.0f); break;
-            case KvCode::FP8: kvfmt::FP8::decode_range(tok, c0, 32, x + c0, 1.0f); break;
-        }
-    }
-}
+using test::kv_code_name;
+using test::kv_decode_cpu;
+using test::kv_encode_cpu;
 
 // What the warp computed: o [REP][HD] unnormalized (as the partial holds it), its max and sum per head.
 struct TileOut {
@@ -130,7 +113,7 @@ TileOut run_tiles(const std::vector<uint8_t>& keys, const std::vector<uint8_t>& 
 
 template <int REP, KvCode KC, KvCode VC, int HD>
 void check_case(int n, float value_size, std::mt19937& rng) {
-    SCOPED_TRACE(std::string(name(KC)) + "/" + name(VC) + " hd " + std::to_string(HD) + " rep " + std::to_string(REP) + " n " +
+    SCOPED_TRACE(std::string(kv_code_name(KC)) + "/" + kv_code_name(VC) + " hd " + std::to_string(HD) + " rep " + std::to_string(REP) + " n " +
                  std::to_string(n) + " values ~" + std::to_string(value_size));
     constexpr int ktb = int(cuda::kv_token_bytes(KC, HD)), vtb = int(cuda::kv_token_bytes(VC, HD));
     std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -145,10 +128,10 @@ void check_case(int n, float value_size, std::mt19937& rng) {
     std::vector<uint8_t> kb(size_t(n) * ktb), vb(size_t(n) * vtb);
     std::vector<float> kd(size_t(n) * HD), vd(size_t(n) * HD);
     for (int t = 0; t < n; ++t) {
-        encode(KC, &k[size_t(t) * HD], HD, &kb[size_t(t) * ktb]);
-        encode(VC, &v[size_t(t) * HD], HD, &vb[size_t(t) * vtb]);
-        decode(KC, &kb[size_t(t) * ktb], HD, &kd[size_t(t) * HD]);
-        decode(VC, &vb[size_t(t) * vtb], HD, &vd[size_t(t) * HD]);
+        kv_encode_cpu(KC, &k[size_t(t) * HD], HD, &kb[size_t(t) * ktb], 1.0f);
+        kv_encode_cpu(VC, &v[size_t(t) * HD], HD, &vb[size_t(t) * vtb], 1.0f);
+        kv_decode_cpu(KC, &kb[size_t(t) * ktb], HD, &kd[size_t(t) * HD], 1.0f);
+        kv_decode_cpu(VC, &vb[size_t(t) * vtb], HD, &vd[size_t(t) * HD], 1.0f);
     }
     // The block formats' query: q8_0 (codes and a scale per 32), as the kernel quantizes it.
     std::vector<int8_t> qc(REP * HD);

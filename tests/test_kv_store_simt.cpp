@@ -31,6 +31,7 @@
 #include "support/simt.h"
 // (after simt.h: it defines the device built-ins the kernel uses)
 #include "kernels/cuda/kv_store_kernels.cuh"
+#include "support/kv_code_cpu.h"
 #endif
 
 namespace vxq {
@@ -40,17 +41,8 @@ namespace {
 
 using cuda::KvCode;
 
-const char* name(KvCode c) {
-    return c == KvCode::F16 ? "f16" : c == KvCode::Q8_0 ? "q8_0" : c == KvCode::Q4_0 ? "q4_0" : "fp8";
-}
-void encode_cpu(KvCode c, const float* x, int64_t hd, uint8_t* out, float scale) {
-    switch (c) {
-        case KvCode::F16: kvfmt::F16::encode(x, hd, out, scale); break;
-        case KvCode::Q8_0: kvfmt::Q8_0::encode(x, hd, out, scale); break;
-        case KvCode::Q4_0: kvfmt::Q4_0::encode(x, hd, out, scale); break;
-        case KvCode::FP8: kvfmt::FP8::encode(x, hd, out, scale); break;
-    }
-}
+using test::kv_code_name;
+using test::kv_encode_cpu;
 
 // Rows of N(0, s) values, s per row from 1e-3 to 1e3, a third of the values replaced by one of
 // the planted ones; every 7th 32-block all zero, every 5th holding a value and its negation as
@@ -92,7 +84,7 @@ void expect_pages_equal(KvCode c, const std::vector<uint8_t>& got, const std::ve
 
 template <KvCode KC, KvCode VC, bool HwCvt>
 void expect_store_matches_cpu(int64_t n, int64_t n_head_kv, int64_t hd, std::mt19937& rng, uint32_t seed) {
-    SCOPED_TRACE(testing::Message() << name(KC) << "/" << name(VC) << (HwCvt ? " (conversion instructions)" : "") << " n "
+    SCOPED_TRACE(testing::Message() << kv_code_name(KC) << "/" << kv_code_name(VC) << (HwCvt ? " (conversion instructions)" : "") << " n "
                                     << n << " heads " << n_head_kv << " head_dim " << hd << " seed " << seed);
     const int64_t ktb = cuda::kv_token_bytes(KC, hd), vtb = cuda::kv_token_bytes(VC, hd);
     const int64_t cap = n + 9;  // slots a head's pages hold
@@ -127,8 +119,8 @@ void expect_store_matches_cpu(int64_t n, int64_t n_head_kv, int64_t hd, std::mt1
         std::vector<uint8_t> ek = expected_k[size_t(g)], ev = expected_v[size_t(g)];
         for (int64_t t = 0; t < n; ++t) {
             const size_t row = size_t((t * n_head_kv + g) * hd);
-            encode_cpu(KC, &k[row], hd, &ek[size_t((h.n_tokens + t) * ktb)], h.k_scale);
-            encode_cpu(VC, &v[row], hd, &ev[size_t((h.n_tokens + t) * vtb)], h.v_scale);
+            kv_encode_cpu(KC, &k[row], hd, &ek[size_t((h.n_tokens + t) * ktb)], h.k_scale);
+            kv_encode_cpu(VC, &v[row], hd, &ev[size_t((h.n_tokens + t) * vtb)], h.v_scale);
         }
         expect_pages_equal(KC, kp[size_t(g)], ek, ktb, "keys");
         expect_pages_equal(VC, vp[size_t(g)], ev, vtb, "values");

@@ -248,7 +248,7 @@ __device__ __forceinline__ void mma_tile_scores_q(const QBlockFrag<HD>& qf, cons
 __device__ __forceinline__ unsigned codes_half2(unsigned pair_bytes, unsigned sel, __half2 bias) {
     const unsigned h = __byte_perm(pair_bytes, 0x64646464u, sel);  // 0x64XX = 1024 + XX
     __half2 x;
-    memcpy(&x, &h, sizeof x);  // (register moves on the device; no type punning for the emulator's host compiler)
+    memcpy(static_cast<void*>(&x), &h, sizeof x);  // (register moves on the device; no type punning for the emulator's host compiler)
     const __half2 r = __hsub2(x, bias);
     unsigned u;
     memcpy(&u, &r, sizeof u);
