@@ -11,6 +11,8 @@
 // (shuffles exchange among all 32 lanes), and f32 rounding differences of the device's
 // intrinsics (`__fadd_rn` is `+` here; build the test with -ffp-contract=off). The arithmetic
 // the kernels rely on (IEEE f32 / f64 ops, fmaf, fp16 conversion) is the host's, which is IEEE.
+// Tensor-core MMAs (mma.cuh) run as their PTX fragment layouts say, each lane's accumulators
+// from the warp's gathered fragments (warp_gather); fp16 products summed in double, int8 exactly.
 #pragma once
 
 #define VXQ_SIMT 1  // headers with device code compile it for the emulator too (kv_codes.cuh)
