@@ -178,10 +178,10 @@ if [ "$status_build" = ok ]; then
   "$BUILD/bench/vxq_gpu_attention" --formats turbo3,turbo2,vecinfer,qjl --turbo-splits 32,128 \
     ${VXQ_GPU_ROTATED_CONTEXTS:-32768 131072} | tee "$LOGS/attention_rotated.log" | grep -v '^{' || status_bench=FAIL
   # The encoders (issue 11 item 3: >= 70 % of the copy at 2048 tokens): the token-wise store and
-  # KIVI's flush, then the store's q8_0 / fp8 codes by the conversion instructions
-  # (VXQ_CUDA_KV_STORE_CVT=1, kv_store_kernels.cuh), alternating twice.
+  # KIVI's flush, the store's q8_0 / fp8 codes by the conversion instructions (the default) and
+  # by the scalar steps (VXQ_CUDA_KV_STORE_CVT=0, kv_store_kernels.cuh), alternating twice.
   for round in 1 2; do
-    for cvt in 0 1; do
+    for cvt in 1 0; do
       echo "encoders, round $round, VXQ_CUDA_KV_STORE_CVT=$cvt"
       VXQ_CUDA_KV_STORE_CVT=$cvt "$BUILD/bench/vxq_gpu_attention" --formats f16,q8_0,q4_0,fp8,kivi4,kivi2 --encode 512,2048,8192 0 |
         tee "$LOGS/encode_cvt${cvt}_$round.log" | grep -v '^{' || status_bench=FAIL

@@ -1879,13 +1879,13 @@ TEST(Cuda, Fp8StoreBitExactOnTiesSaturationAndNaN) {
 }
 
 // The token-wise store's two forms of q8_0's and fp8's codes (cuda::set_kv_store_hw_convert: the
-// scalar steps, the default, and the conversion instructions cvt.rni.sat.s8 / cvt.rn.satfinite.e4m3x2,
-// kv_store_kernels.cuh) on values where the encoders have edge cases: NaN of both signs,
-// infinities, signed zeros, subnormals (a block whose amax is one: 127 / amax overflows),
-// fp8's ties, subnormal codes and saturation, values far past 448, all-zero blocks; through a
-// prompt, single tokens (the decode step's store) and a batch; the packed bytes equal the CPU
-// codec's. (q4_0 has no conversion instruction: its steps are the same in both; it runs here for
-// the edge values.)
+// conversion instructions cvt.rni.sat.s8 / cvt.rn.satfinite.e4m3x2, the default, and the scalar
+// steps, kv_store_kernels.cuh) on values where the encoders have edge cases: NaN of both signs,
+// infinities, signed zeros, subnormals (a block whose amax is one: 127 / amax overflows; blocks of
+// tiny subnormals: q4_0's 1 / d infinite or near it), fp8's ties, subnormal codes and saturation,
+// values far past 448, all-zero blocks; through a prompt, single tokens (the decode step's store)
+// and a batch; the packed bytes equal the CPU codec's. (q4_0 has no conversion instruction: its
+// steps are the same in both; it runs here for the edge values.)
 TEST(Cuda, TokenStoreBitExactOnEdgeValues) {
     VXQ_REQUIRE_CUDA(be);
 #if VXQ_HAVE_CUDA
@@ -1894,7 +1894,9 @@ TEST(Cuda, TokenStoreBitExactOnEdgeValues) {
     const float inf = std::numeric_limits<float>::infinity();
     const float planted[] = {NAN,         -NAN,          inf,     -inf,      0.0f,    -0.0f,  1e-40f, -1e-45f,
                              0x1p-10f,    3 * 0x1p-10f,  1.0625f, -1.1875f,  447.9f,  465.0f, 1e30f,  -3.5f};
+    const float tiny[] = {0x1p-149f, 0x1p-140f, 0x1p-126f, 0x1p-125f, 0x1.8p-124f};
     std::normal_distribution<float> nd(0.0f, 1.0f);
+    const bool by_default = cuda::set_kv_store_hw_convert(true);
     for (const bool hw : {false, true}) {
         cuda::set_kv_store_hw_convert(hw);
         for (const char* spec : {"q8_0", "q4_0", "fp8", "fp8:scale=0.001"}) {
@@ -1907,13 +1909,14 @@ TEST(Cuda, TokenStoreBitExactOnEdgeValues) {
                     const size_t blk = i / 32;
                     x[i] = blk % 7 == 3   ? 0.0f
                            : blk % 7 == 5 ? (i % 32 == 7 ? 1e-44f : 0.0f)
+                           : blk % 11 == 2 ? float(int(rng() % 15) - 7) * tiny[blk / 11 % std::size(tiny)]
                            : rng() % 3 == 0 ? planted[rng() % std::size(planted)]
                                             : nd(rng);
                 }
             });
         }
     }
-    cuda::set_kv_store_hw_convert(false);
+    cuda::set_kv_store_hw_convert(by_default);
 #endif
 }
 

@@ -1,17 +1,17 @@
-// The store of keys and values into token-wise pages (kernels/cuda/kv_store_kernels.cuh: f16,
-// q8_0, q4_0, fp8, every key / value pair) run on the CPU by the SIMT emulator (support/simt.h):
-// every stored byte against the CPU codec's encoder (kv/formats/baseline.h), on random rows with
-// planted values where the encoders have their edge cases (NaN of both signs, infinities, signed
-// zeros, subnormals, fp8's saturation and ties, all-zero blocks, q4_0's first value of largest
-// magnitude among equal ones of both signs), head_dim 64 / 96 / 128 / 256 (a lane's stretch
-// partly outside the row), odd token and head counts (a warp's pairs cut short), heads whose
-// slots start anywhere and input rows that end at an inaccessible page; both forms of q8_0's and
-// fp8's codes (the scalar steps, and the conversion instructions' form, whose two instructions
-// are here their PTX semantics in C++). The bytes around each written token must stay as they
-// were. On a GPU the same kernel as compiled for the device (the instructions themselves) is
-// checked by Cuda.TokenStoreBitExactOnEdgeValues and the caches' byte comparisons
-// (Cuda.CompressedKvMirrorsCpuInEveryLayer). A build without CUDA reports these tests' absence
-// in RotatedKvSimt.NeedsACudaBuild.
+// The store of keys and values into token-wise pages (kernels/cuda/kv_store_kernels.cuh: f16, q8_0,
+// q4_0, fp8, every key / value pair) run on the CPU by the SIMT emulator (support/simt.h): every
+// stored byte against the CPU codec's encoder (kv/formats/baseline.h), on random rows with planted
+// values where the encoders have their edge cases (NaN of both signs, infinities, signed zeros,
+// subnormals, fp8's saturation and ties, all-zero blocks, blocks of tiny subnormals (q4_0's 1 / d
+// infinite or near it), q4_0's first value of largest magnitude among equal ones of both signs),
+// head_dim 64 / 96 / 128 / 256 (a lane's stretch partly outside the row), odd token and head counts
+// (a warp's pairs cut short), heads whose slots start anywhere and input rows that end at an
+// inaccessible page; both forms of q8_0's and fp8's codes (the scalar steps, and the conversion
+// instructions' form, whose two instructions are here their PTX semantics in C++). The bytes around
+// each written token must stay as they were. On a GPU the same kernel as compiled for the device
+// (the instructions themselves) is checked by Cuda.TokenStoreBitExactOnEdgeValues and the caches'
+// byte comparisons (Cuda.CompressedKvMirrorsCpuInEveryLayer). A build without CUDA reports these
+// tests' absence in RotatedKvSimt.NeedsACudaBuild.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,6 +66,13 @@ std::vector<float> random_rows(size_t n, int64_t hd, std::mt19937& rng) {
             for (int j = 0; j < 32; ++j) blk[j] = std::isfinite(blk[j]) ? std::fmin(std::fabs(blk[j]), 4.0f) : 1.0f;
             blk[rng() % 32] = -8.0f;
             blk[rng() % 32] = 8.0f;
+        }
+        for (int64_t b = 0; b < hd / 32; ++b) {  // every 11th block of tiny numbers: q4_0's 1 / d overflows, or nearly
+            if ((r + size_t(b)) % 11 != 3) continue;
+            const float tiny[] = {0x1p-149f, 0x1p-140f, 0x1p-126f, 0x1p-125f, 0x1.8p-124f};
+            const float unit = tiny[rng() % std::size(tiny)];
+            float* blk = &x[r * size_t(hd) + size_t(32 * b)];
+            for (int j = 0; j < 32; ++j) blk[j] = float(int(rng() % 15) - 7) * unit;
         }
     }
     return x;

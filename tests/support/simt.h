@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <bit>
+#include <cfenv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -90,6 +91,15 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+// Rounded toward zero (add.rz.f32): the host's adder in that mode, volatile so that it runs here.
+inline float __fadd_rz(float a, float b) {
+    const int mode = std::fegetround();
+    std::fesetround(FE_TOWARDZERO);
+    volatile float s = a;
+    s = s + b;
+    std::fesetround(mode);
+    return s;
+}
 inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
 inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
 inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
@@ -116,6 +126,17 @@ inline bool __any_sync(unsigned, bool pred) {
     }
     return false;
 }
+// Bit l: lane l's pred.
+inline unsigned __ballot_sync(unsigned, bool pred) {
+    int all[32];
+    const int mine = pred;
+    ::vxq::simt::warp_gather(&mine, sizeof mine, all);
+    unsigned bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= all[l] ? 1u << l : 0u;
+    return bits;
+}
+// 1 + the lowest set bit's place, 0 for none.
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(unsigned(x)) + 1; }
 // Byte i of the result is byte (s >> 4 i) & 7 of y:x (x the low word), as the device's PRMT in its default mode.
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const uint64_t xy = (uint64_t(y) << 32) | x;

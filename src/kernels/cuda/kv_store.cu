@@ -26,12 +26,16 @@ __global__ void store_kv_kernel(KvStoreParams p) {
 
 bool g_hw_convert = [] {
     const char* e = std::getenv("VXQ_CUDA_KV_STORE_CVT");
-    return e && std::atoi(e) == 1;
+    return !(e && std::atoi(e) == 0);
 }();
 
 }  // namespace
 
-void set_kv_store_hw_convert(bool on) { g_hw_convert = on; }
+bool set_kv_store_hw_convert(bool on) {
+    const bool was = g_hw_convert;
+    g_hw_convert = on;
+    return was;
+}
 
 void store_kv(const KvStoreParams& p, cudaStream_t st) {
     const int64_t pairs = p.n * p.n_head_kv;

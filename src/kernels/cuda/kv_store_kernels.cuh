@@ -8,9 +8,10 @@
 // pairs' page addresses once (the head table read once a pair, not once a row and stretch), then
 // for each 128-value stretch of head_dim every row's 16-byte load issued before any row is encoded;
 // lane l takes values 4 l .. 4 l + 3 of the stretch. f16: one 8-byte store a lane; fp8: one 4-byte
-// store (two e4m3x2 conversions); q8_0 / q4_0: 8 lanes a 32-block (its amax, or its first value of
-// largest magnitude, by 3 shuffles), codes stored 4 at a time. The general kernel before this one
-// (the format a run-time switch inside the row loop, the head's table entry read for every row)
+// store (two e4m3x2 conversions); q8_0 / q4_0: 8 lanes a 32-block (its amax, or its first value
+// of largest magnitude, by 3 shuffles and a ballot), codes stored 4 at a time. The general kernel
+// before this one (the format a run-time switch inside the row loop, the head's table entry read
+// for every row)
 // executed 2.5 M (f16) to 6.8 M (fp8) warp instructions on a 2048-token write (Nsight Compute,
 // docs/gpu.md), more than the transfer's time: these encoders are bound by instructions.
 #pragma once
@@ -100,6 +101,46 @@ __device__ __forceinline__ unsigned kv_fp8_codes4(const float4& v, float scale, 
     return q;
 }
 
+// q4_0's m for a lane's four values v of a 32-block held by 8 lanes (li = lane % 8): the block's
+// largest |x| by a max butterfly (fmaxf drops NaN, which never wins; all zero or NaN: m = +0), then
+// its first place in the block's order (a ballot of the lanes holding it, each lane's first of
+// four), as kv_encode_q4_0's first value of largest magnitude; the scale from it (kv_q4_scale).
+// Every lane of the warp calls. (The pair (|x|, place) butterfly it replaces took 6 shuffles.)
+__device__ __forceinline__ KvQ4Scale kv_q4_block_scale(const float4& v, int li) {
+    float mx = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const bool has = fabsf(v.x) == mx || fabsf(v.y) == mx || fabsf(v.z) == mx || fabsf(v.w) == mx;
+    const float first = fabsf(v.x) == mx ? v.x : fabsf(v.y) == mx ? v.y : fabsf(v.z) == mx ? v.z : v.w;
+    const int base = int(threadIdx.x & 31) - li;  // the block's first lane
+    const unsigned lanes = (__ballot_sync(0xffffffffu, has) >> base) & 0xffu;
+    const float vm = __shfl_sync(0xffffffffu, first, base + (lanes != 0 ? __ffs(int(lanes)) - 1 : 0));
+    return kv_q4_scale(mx > 0.0f ? vm : 0.0f);
+}
+
+// q4_0's codes of a lane's four values (kv_q4_code's, the low byte first) from the block's scale.
+// Where the block's 1 / d is finite every x = v id + 8.5 is in [0.49, 16.51] or NaN (|v| <= m,
+// and d = m / -8 is exact but for subnormals, rounded there by < 2^-21 where 1 / d does not
+// overflow; an infinite v makes m infinite and id -0), so the code is trunc(min(max(x, 0), 15.5))
+// (NaN -> 0 as x86's conversion gives): 2^23 + that, added toward zero, holds it in its low
+// mantissa bits, and byte permutations pack the four. An infinite id (d below 2^-128: a block of
+// tiny subnormals) takes the scalar steps.
+__device__ __forceinline__ unsigned kv_q4_codes4(const float4& v, const KvQ4Scale& sc) {
+    if (fabsf(sc.id) < INFINITY) {
+        unsigned b[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float x = __fadd_rn(__fmul_rn(at4(v, i), sc.id), 8.5f);
+            b[i] = __float_as_uint(__fadd_rz(fminf(fmaxf(x, 0.0f), 15.5f), 8388608.0f));  // 0x4b00000c
+        }
+        return __byte_perm(__byte_perm(b[0], b[1], 0x1140u), __byte_perm(b[2], b[3], 0x4011u), 0x7610u);
+    }
+    unsigned q = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
+    return q;
+}
+
 // Values c .. c + 3 (v) of one row into its token's bytes at dst (in: c < head_dim); every lane
 // of the warp calls (the block formats' shuffles). scale / inv: fp8's stream scale and
 // kv_pow2_inverse of it.
@@ -126,24 +167,8 @@ __device__ __forceinline__ void kv_store_stretch(uint8_t* dst, int c, bool in, c
         }
     } else {
         uint8_t* blk = dst + (c / kQBlock) * kKvQ4BlockBytes;
-        // The first value of largest magnitude (NaN never wins; all zero: m = +0), as kv_encode_q4_0.
-        float best = -1.0f;
-        int at = 4 * li;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float a = kv_q4_magnitude(at4(v, i));
-            if (a > best) {
-                best = a;
-                at = 4 * li + i;
-            }
-        }
-        first_max_lanes<4>(best, at);  // the block's 8 lanes
-        const int lane = int(threadIdx.x & 31);
-        const float vm = __shfl_sync(0xffffffffu, at4(v, at & 3), (lane & ~7) | (at >> 2));
-        const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
-        unsigned q = 0;  // this lane's four codes, a byte each
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q |= unsigned(kv_q4_code(at4(v, i), sc.id) & 0x0f) << (8 * i);
+        const KvQ4Scale sc = kv_q4_block_scale(v, li);
+        const unsigned q = kv_q4_codes4(v, sc);  // this lane's four codes, a byte each
         const unsigned hi = __shfl_down_sync(0xffffffffu, q, 4);  // values 16 + 4 li .. of lanes 4-7
         if (in && li < 4) {
             kv_store_u32_at2(blk + 2 + 4 * li, q | (hi << 4));
@@ -155,8 +180,8 @@ __device__ __forceinline__ void kv_store_stretch(uint8_t* dst, int c, bool in, c
 // Pairs q = (token t, head g) = (q / n_head_kv, q % n_head_kv) of the batch, keys p.k[q] and values
 // p.v[q] (rows of head_dim, 16-byte aligned, head_dim % 4 == 0), into slot n_tokens + t of head g.
 // 32-bit indices (store_kv: pairs < 2^29) and one division a warp. HwCvt: q8_0 and fp8 codes by
-// the conversion instructions above (the same bytes; not yet run on a GPU, so not the default:
-// set_kv_store_hw_convert, attention.cuh).
+// the conversion instructions above (the same bytes, fewer instructions: the default since their
+// run on the H100, docs/gpu.md 2026-12-06; set_kv_store_hw_convert, attention.cuh).
 template <KvCode KC, KvCode VC, bool HwCvt>
 __global__ void __launch_bounds__(kKvStoreWarps * 32) kv_store_rows_kernel(const KvStoreParams p) {
     pdl_wait();
