@@ -378,8 +378,9 @@ TEST(KiviParity, RangeOfPartsEqualsTheLoop) {
 // The device encoders' reciprocal form (kernels/cuda/kivi_code.h: codes from (x - z) * (1 / s),
 // the division only near a half-integer) against the codec's division, on fp16 values at, next
 // to and between the half-integers of random groups (zeros in [-4, 4], scales 2^-12 .. 2^6, the
-// neighbouring fp16 bit patterns of each target), for every width the format takes. The
-// near-tie branch must be taken, or the crafted values missed what the test is about.
+// neighbouring fp16 bit patterns of each target; and infinities and NaN), for every width the
+// format takes. The near-tie branch must be taken, or the crafted values missed what the test is
+// about.
 TEST(KiviParity, ReciprocalCodeEqualsDivision) {
     std::mt19937 rng(20261204);
     std::uniform_real_distribution<float> zero(-4.0f, 4.0f), log2_scale(-12.0f, 6.0f);
@@ -399,10 +400,16 @@ TEST(KiviParity, ReciprocalCodeEqualsDivision) {
                         const float t = (x - z) / s;  // kivi::quantize_group's code
                         const auto want = unsigned(std::nearbyint(t >= 0.0f ? std::min(t, qmax) : 0.0f));
                         wrong += cuda::kivi_code_rcp(x, z, s, inv, qmax) != want;
-                        near += cuda::kivi_code_near_tie((x - z) * inv);
+                        const float c = cuda::kivi_code_clamp((x - z) * inv, qmax);
+                        near += cuda::kivi_code_near_tie(c, cuda::kivi_round_biased(c));
                         ++cases;
                     }
                 }
+            }
+            for (const float x : {INFINITY, -INFINITY, NAN}) {  // the quotient's ends: qmax, 0, 0
+                const float t = (x - z) / s;
+                wrong += cuda::kivi_code_rcp(x, z, s, inv, qmax) != unsigned(std::nearbyint(t >= 0.0f ? std::min(t, qmax) : 0.0f));
+                ++cases;
             }
         }
         EXPECT_EQ(wrong, 0) << "of " << cases;
