@@ -329,7 +329,8 @@ template <int D, int KB, int VB>
 __global__ void __launch_bounds__(kStoreThreads) kivi_flush_kernel(KiviStoreParams p) {
     pdl_wait();
     // The window kernel may launch once every block has started (the last wave), its blocks
-    // waiting on the SMs this grid's finished blocks leave: the gap between the two shrinks.
+    // waiting on the SMs this grid's finished blocks leave (a 2048-token flush measured no faster
+    // for it on the H100, 2026-12-06, nor slower).
     pdl_launch_dependents();
     constexpr int G = kFlushGroup, Q = kFlushQuarters<D>;
     const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x / Q) * G;
