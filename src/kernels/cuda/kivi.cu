@@ -243,7 +243,6 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_encode_kernel(KiviStorePar
 // before it takes most of the time: docs/gpu.md, 2026-12-05).
 __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     pdl_wait();
-    pdl_launch_dependents();  // one small wave: the next kernel's blocks may take the SMs it leaves
     const int role = int(blockIdx.z);
     const int64_t g = blockIdx.y, d = p.head_dim, j0 = first + int64_t(blockIdx.x) * kWindowTokens;
     const KvWindowWrite w = p.plan[role];
@@ -328,10 +327,9 @@ constexpr int kFlushQuarters = kFlushParts * D / kStoreThreads;
 template <int D, int KB, int VB>
 __global__ void __launch_bounds__(kStoreThreads) kivi_flush_kernel(KiviStoreParams p) {
     pdl_wait();
-    // The window kernel may launch once every block has started (the last wave), its blocks
-    // waiting on the SMs this grid's finished blocks leave (a 2048-token flush measured no faster
-    // for it on the H100, 2026-12-06, nor slower).
-    pdl_launch_dependents();
+    // (No early pdl_launch_dependents: with one here and in the window kernel the 2048-token flush
+    // measured 2 % slower on the H100, 2026-12-06, the window kernel's blocks likely taking slots
+    // in this grid's last wave.)
     constexpr int G = kFlushGroup, Q = kFlushQuarters<D>;
     const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x / Q) * G;
     const int e = int(blockIdx.x % Q) * kStoreThreads + threadIdx.x, part = e % kFlushParts;
