@@ -1896,7 +1896,7 @@ TEST(Cuda, TokenStoreBitExactOnEdgeValues) {
                              0x1p-10f,    3 * 0x1p-10f,  1.0625f, -1.1875f,  447.9f,  465.0f, 1e30f,  -3.5f};
     const float tiny[] = {0x1p-149f, 0x1p-140f, 0x1p-126f, 0x1p-125f, 0x1.8p-124f};
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    const bool by_default = cuda::set_kv_store_hw_convert(true);
+    const bool by_default = cuda::set_kv_store_hw_convert(true);  // (what to restore at the end)
     for (const bool hw : {false, true}) {
         cuda::set_kv_store_hw_convert(hw);
         for (const char* spec : {"q8_0", "q4_0", "fp8", "fp8:scale=0.001"}) {

@@ -75,17 +75,22 @@ VXQ_KIVI_CODE_FN unsigned kivi_code(float x, float z, float s, float qmax) {
 // 2^23 + c rounded to nearest even (rintf's rounding; c <= 255), held in the sum's low mantissa
 // bits, and c's distance to the nearest half-integer is 0.5 - |c - rint(c)|, exactly (where
 // floorf and a conversion instruction took five more instructions a code).
+constexpr float kKiviRoundBias = 8388608.0f;         // 2^23: 2^23 + c holds rint(c) in its low mantissa bits
+constexpr unsigned kKiviRoundBiasBits = 0x4B000000u;  // its f32 bits
+#if !defined(__CUDA_ARCH__)
+static_assert(std::bit_cast<unsigned>(kKiviRoundBias) == kKiviRoundBiasBits);
+#endif
 VXQ_KIVI_CODE_FN float kivi_code_clamp(float q, float qmax) { return fminf(fmaxf(q, 0.0f), qmax); }  // NaN -> 0
-VXQ_KIVI_CODE_FN float kivi_round_biased(float c) { return kivi_add(c, 8388608.0f); }  // 2^23 + rint(c)
+VXQ_KIVI_CODE_FN float kivi_round_biased(float c) { return kivi_add(c, kKiviRoundBias); }  // 2^23 + rint(c)
 VXQ_KIVI_CODE_FN bool kivi_code_near_tie(float c, float biased) {
-    const float gap = 0.5f - fabsf(c - kivi_sub(biased, 8388608.0f));
+    const float gap = 0.5f - fabsf(c - kivi_sub(biased, kKiviRoundBias));
     return !(gap > fmaxf(c, 1.0f) * 1e-6f);
 }
 VXQ_KIVI_CODE_FN unsigned kivi_code_rcp(float x, float z, float s, float inv_s, float qmax) {
     const float c = kivi_code_clamp(kivi_mul(kivi_sub(x, z), inv_s), qmax);
     const float biased = kivi_round_biased(c);
     if (kivi_code_near_tie(c, biased)) return kivi_code(x, z, s, qmax);
-    return kivi_bits(biased) - 0x4B000000u;
+    return kivi_bits(biased) - kKiviRoundBiasBits;
 }
 
 // A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's

@@ -126,13 +126,14 @@ __device__ __forceinline__ KvQ4Scale kv_q4_block_scale(const float4& v, int li) 
 // (NaN -> 0 as x86's conversion gives): 2^23 + that, added toward zero, holds it in its low
 // mantissa bits, and byte permutations pack the four. An infinite id (d below 2^-128: a block of
 // tiny subnormals) takes the scalar steps.
+constexpr float kQ4TruncBias = 8388608.0f;  // 2^23: 2^23 + y added toward zero is 0x4b000000 + trunc(y)
 __device__ __forceinline__ unsigned kv_q4_codes4(const float4& v, const KvQ4Scale& sc) {
     if (fabsf(sc.id) < INFINITY) {
         unsigned b[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const float x = __fadd_rn(__fmul_rn(at4(v, i), sc.id), 8.5f);
-            b[i] = __float_as_uint(__fadd_rz(fminf(fmaxf(x, 0.0f), 15.5f), 8388608.0f));  // 0x4b00000c
+            b[i] = __float_as_uint(__fadd_rz(fminf(fmaxf(x, 0.0f), 15.5f), kQ4TruncBias));  // 0x4b00000c: the code in byte 0
         }
         return __byte_perm(__byte_perm(b[0], b[1], 0x1140u), __byte_perm(b[2], b[3], 0x4011u), 0x7610u);
     }
