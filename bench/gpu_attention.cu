@@ -85,7 +85,19 @@ struct Row {
     double us, us_min, us_max;  // median, min, max over the interleaved repetitions
     bool aa;                    // the default layout's second arm (A/A: the noise floor)
     bool dflt;                  // the backend's layout (either arm)
+    bool graph = false;         // the backend's layout again, its 40 calls replayed from a CUDA graph
 };
+
+// The backend's layout's 40 calls (f(i): call i) captured into a CUDA graph and replayed, as a
+// decode step runs it (no host launch cost, PDL edges kept), alternating with plain enqueues: a
+// row like `like` with the graph's timing.
+template <class F>
+Row graph_row(Row like, cudaStream_t st, F&& f) {
+    const vxq::bench::Timing t = vxq::bench::time_plain_and_graph(st, 40, f).second;
+    like.us = t.median * 1e3, like.us_min = t.min * 1e3, like.us_max = t.max * 1e3;
+    like.aa = false, like.graph = true;
+    return like;
+}
 
 // The formats timed: the --kv name and its device format (kv_codes.cuh), K and V alike.
 struct Format {
@@ -250,6 +262,14 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
                            ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, aa[a], dflts[a]});
     }
+    for (size_t a = 0; a < arms.size(); ++a) {
+        if (!dflts[a] || aa[a]) continue;
+        rows.push_back(graph_row(rows[a], st, [&](int i) {
+            cuda::SplitAttentionParams pl = arms[a];
+            pl.heads = tables + (i % layers) * kHeadsKv;
+            cuda::attention_split(pl, st);
+        }));
+    }
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial),
                       static_cast<void*>(pos0), static_cast<void*>(arrivals), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
@@ -311,15 +331,15 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     p.n_head_kv = kHeadsKv;
     p.head_dim = kHeadDim;
     p.scale = 1.0f / std::sqrt(float(kHeadDim));
-    const int64_t dflt = cuda::kivi_attention_splits(1, kHeadsKv);
+    p.kf = cuda::kivi_format(view0.heads[0].k);
+    p.vf = cuda::kivi_format(view0.heads[0].v);
+    const int64_t dflt = cuda::kivi_attention_splits(p);
     int64_t most = dflt;
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;
     cuda::KiviHeadDev* tables;
     VXQ_CUDA_CHECK(cudaMalloc(&q, size_t(kHeads * kHeadDim) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&out, size_t(kHeads * kHeadDim) * 4));
-    p.kf = cuda::kivi_format(view0.heads[0].k);
-    p.vf = cuda::kivi_format(view0.heads[0].v);
     p.splits = most;
     VXQ_CUDA_CHECK(cudaMalloc(&partial, cuda::kivi_attention_scratch_floats(p) * 4));
     VXQ_CUDA_CHECK(cudaMalloc(&tables, size_t(layers * kHeadsKv) * sizeof(cuda::KiviHeadDev)));
@@ -374,6 +394,7 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
         rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
                            ms[a].max * 1e3, a == 1, a < n_auto && arms[a] == dflt});
     }
+    rows.push_back(graph_row(rows[0], st, [&](int i) { cuda::kivi_attention(params(0, i % layers), st); }));
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
         VXQ_CUDA_CHECK(cudaFree(ptr));
     }
@@ -474,6 +495,7 @@ EncodeTiming run_kivi_encode(int bits, int64_t n, cudaStream_t st) {
     p.head_dim = kHeadDim;
     p.kf = {bits, kGroup, int32_t(kHeadDim), int32_t(kHeadDim * (4 + kGroup * bits / 8)), kResidual};
     p.vf = {bits, kGroup, int32_t(kHeadDim / kGroup), int32_t(kHeadDim / kGroup * (4 + kGroup * bits / 8)), kResidual + 1};
+    cuda::kivi_store_bounds(p, ww[0], ww[1]);  // nothing for the windows: no window kernel
     const auto ms = bench::time_plain_and_graph(st, kEncodeCalls, [&](int i) {
         cuda::KiviStoreParams pl = p;
         pl.k = reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(in) + size_t(i % copies) * 2 * in_bytes);
@@ -779,7 +801,7 @@ int main(int argc, char** argv) {
                                   r.tma > 0 ? r.tma : r.stream);
                     std::printf("| %s | %lld | %lld | %lld | %d x %d%s | %s | %.1f | %.1f (%.1f-%.1f) | %.0f | %.0f%% |\n",
                                 r.kv.c_str(), (long long)r.ctx, (long long)r.layers, (long long)r.splits, r.tile, r.stages,
-                                r.aa ? " A/A" : r.dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
+                                r.graph ? "* graph" : r.aa ? " A/A" : r.dflt ? "*" : "", form, double(r.bytes) / 1e6, r.us, r.us_min, r.us_max, gbs,
                                 100.0 * gbs / copy_gbs);
                     std::fflush(stdout);
                     rows.push_back(r);
@@ -789,9 +811,10 @@ int main(int argc, char** argv) {
         for (const std::string& j : encode_json) std::printf("%s\n", j.c_str());
         for (const Row& r : rows) {
             std::printf("{\"bench\": \"decode_attention\", \"kv\": \"%s\", \"context\": %lld, \"splits\": %lld, "
-                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"mma\": %d, \"tma\": %d, \"aa\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
+                        "\"tile\": %d, \"stages\": %d, \"stream\": %d, \"mma\": %d, \"tma\": %d, \"aa\": %s, \"graph\": %s, \"us\": %.2f, \"us_min\": %.2f, \"us_max\": %.2f, "
                         "\"repeats\": %d, \"bytes\": %zu, \"copy_gbs\": %.0f}\n",
-                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.mma, r.tma, r.aa ? "true" : "false", r.us,
+                        r.kv.c_str(), (long long)r.ctx, (long long)r.splits, r.tile, r.stages, r.stream, r.mma, r.tma, r.aa ? "true" : "false",
+                        r.graph ? "true" : "false", r.us,
                         r.us_min, r.us_max, bench::kGpuRepeats, r.bytes, copy_gbs);
         }
         return 0;

@@ -338,43 +338,6 @@ TEST(KiviParity, Rule1RoundHalfEven) {
     }
 }
 
-// The KIVI flush (kernels/cuda/kivi.cu, kivi_flush_kernel) finds a group's range in 4 lanes of 8
-// values, each lane's own loop and then two butterfly steps (kivi_range_step, lane part's partner
-// part ^ 1, then ^ 2). Emulated here lane by lane, every lane must end with the sequential loop's
-// range: the same bits of the minimum and maximum (a -0 and a +0 are equal, the first stays) and
-// the same NaN flag, on groups drawn from {+0, -0, 1, -1, 0.25, 3, NaN}.
-TEST(KiviParity, RangeOfPartsEqualsTheLoop) {
-    using vxq::cuda::KiviRange;
-    std::mt19937 rng(20261204);
-    const float pool[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.25f, 3.0f, std::numeric_limits<float>::quiet_NaN()};
-    const auto bits_of = [](float f) { return std::bit_cast<uint32_t>(f); };
-    int64_t signed_zero_groups = 0;
-    for (int g = 0; g < 200000; ++g) {
-        float v[32];
-        const int nan_odds = g % 2 ? 7 : 1000;  // half the groups rarely hold a NaN
-        for (float& x : v) {
-            const uint32_t r = rng();
-            x = r % nan_odds == 0 ? pool[6] : pool[(r / 7) % 6];
-        }
-        const KiviRange want = vxq::cuda::kivi_range([&](int t) { return v[t]; }, 32);
-        KiviRange lane[4];
-        for (int p = 0; p < 4; ++p) lane[p] = vxq::cuda::kivi_range([&](int t) { return v[8 * p + t]; }, 8);
-        for (int o = 1; o < 4; o <<= 1) {
-            KiviRange next[4];
-            for (int p = 0; p < 4; ++p) next[p] = vxq::cuda::kivi_range_step(lane[p], lane[p ^ o], p, o);
-            std::copy(next, next + 4, lane);
-        }
-        for (int p = 0; p < 4; ++p) {
-            ASSERT_EQ(lane[p].nan, want.nan) << "group " << g << " lane " << p;
-            if (want.nan) continue;  // zero and scale NaN: the codes do not read the range
-            ASSERT_EQ(bits_of(lane[p].mn), bits_of(want.mn)) << "group " << g << " lane " << p;
-            ASSERT_EQ(bits_of(lane[p].mx), bits_of(want.mx)) << "group " << g << " lane " << p;
-        }
-        signed_zero_groups += !want.nan && (want.mn == 0.0f || want.mx == 0.0f);
-    }
-    EXPECT_GT(signed_zero_groups, 100) << "too few groups whose range ends in a zero to test its sign";
-}
-
 // The device encoders' reciprocal form (kernels/cuda/kivi_code.h: codes from (x - z) * (1 / s),
 // the division only near a half-integer) against the codec's division, on fp16 values at, next
 // to and between the half-integers of random groups (zeros in [-4, 4], scales 2^-12 .. 2^6, the
@@ -416,6 +379,56 @@ TEST(KiviParity, ReciprocalCodeEqualsDivision) {
         EXPECT_GT(near, 0) << "no case went to the division";
         RecordProperty(fmt::format("bits{}_cases", bits), std::to_string(cases));
         RecordProperty(fmt::format("bits{}_near_ties", bits), std::to_string(near));
+    }
+}
+
+// The flush kernel's code from two fused multiply-adds (kivi_code.h, kivi_code_fma: min(rint(P),
+// qmax) unless near a half-integer, where the division decides) against the codec's division, on
+// values x >= z (z is the group's minimum) at, next to and between the half-integers up to 1.5
+// qmax + 1 (a scale rounded down to fp16 lets quotients pass qmax), random zeros and scales as
+// above, tiny subnormal scales, and infinite x (P NaN: the division). The near-tie branch must be
+// taken, and a threshold ten times too tight must be caught (the test can fail).
+TEST(KiviParity, FmaCodeEqualsDivision) {
+    std::mt19937 rng(20261206);
+    std::uniform_real_distribution<float> zero(-4.0f, 4.0f), log2_scale(-12.0f, 6.0f);
+    for (const int bits : {2, 4}) {
+        SCOPED_TRACE(::testing::Message() << "bits " << bits);
+        const float qmax = float((1 << bits) - 1);
+        int64_t cases = 0, near = 0, wrong = 0, wrong_tight = 0;
+        const auto fma_code = [&](float x, float z, float s, float inv, float gap) {
+            const cuda::KiviFmaCode c = cuda::kivi_code_fma(x - z, inv);
+            const float f = std::fma(x - z, inv, -(std::bit_cast<float>(c.biased_bits) - cuda::kKiviRoundBias));
+            if (gap != cuda::kKiviTieGap ? !(std::fabs(f) < gap) : c.near_tie) return cuda::kivi_code(x, z, s, qmax);
+            return std::min(c.biased_bits - cuda::kKiviRoundBiasBits, unsigned(qmax));
+        };
+        for (int g = 0; g < 40000 / (1 << bits); ++g) {
+            const float z = round_fp16(zero(rng));
+            const float s = g % 8 == 0 ? fp16_to_fp32(f16_t(1 + rng() % 4)) : round_fp16(std::exp2(log2_scale(rng)));
+            const float inv = 1.0f / s;
+            for (int k = 0; k <= int(1.5f * qmax) + 1; ++k) {
+                for (const float off : {0.5f, 0.49999f, 0.50001f, 0.4999f, 0.5001f, 0.0f, 0.25f, -0.25f}) {
+                    const f16_t h = fp32_to_fp16(z + (float(k) + off) * s);
+                    for (int dh = -2; dh <= 2; ++dh) {
+                        const float x = fp16_to_fp32(f16_t(h + dh));
+                        if (!std::isfinite(x) || x < z) continue;
+                        const float t = (x - z) / s;
+                        const auto want = unsigned(std::nearbyint(t >= 0.0f ? std::min(t, qmax) : 0.0f));
+                        wrong += fma_code(x, z, s, inv, cuda::kKiviTieGap) != want;
+                        wrong_tight += fma_code(x, z, s, inv, 0.5f - 1e-12f) != want;
+                        near += cuda::kivi_code_fma(x - z, inv).near_tie;
+                        ++cases;
+                    }
+                }
+            }
+            const float x = INFINITY, t = (x - z) / s;  // P = inf: no code from the sum
+            wrong += fma_code(x, z, s, inv, cuda::kKiviTieGap) != unsigned(std::nearbyint(t >= 0.0f ? std::min(t, qmax) : 0.0f));
+            ++cases;
+        }
+        EXPECT_EQ(wrong, 0) << "of " << cases;
+        EXPECT_GT(near, 0) << "no case went to the division";
+        EXPECT_GT(wrong_tight, 0) << "a gap of 1e-12 went uncaught: the crafted values miss the ties";
+        RecordProperty(fmt::format("fma_bits{}_cases", bits), std::to_string(cases));
+        RecordProperty(fmt::format("fma_bits{}_near_ties", bits), std::to_string(near));
     }
 }
 

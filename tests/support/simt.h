@@ -91,6 +91,8 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // Rounded toward zero (add.rz.f32): the host's adder in that mode, volatile so that it runs here.
 inline float __fadd_rz(float a, float b) {
     const int mode = std::fegetround();

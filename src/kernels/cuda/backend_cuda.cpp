@@ -1012,6 +1012,7 @@ private:
         a.head_dim = view.head_dim;
         a.kf = kivi_format(view.heads[0].k);
         a.vf = kivi_format(view.heads[0].v);
+        kivi_store_bounds(a, plan.k, plan.v);
         return a;
     }
 
@@ -1042,7 +1043,6 @@ private:
         attention_kivi_heads(view, n_q, pos0, "KIVI");
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         KiviAttentionParams p = zeroed<KiviAttentionParams>();
-        p.splits = kivi_attention_splits(n_q, view.n_head_kv);
         p.prefill_min = kivi_prefill_min_;
         p.n_q = n_q;
         p.n_head = view.n_head;
@@ -1051,6 +1051,7 @@ private:
         p.scale = 1.0f / std::sqrt(float(view.head_dim));
         p.kf = kivi_format(view.heads[0].k);
         p.vf = kivi_format(view.heads[0].v);
+        p.splits = kivi_attention_splits(p);
         p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});

@@ -14,6 +14,7 @@
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/flash_prefill.cuh"
 #include "kernels/cuda/kivi_code.h"
+#include "kernels/cuda/kivi_flush_kernels.cuh"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -266,149 +267,28 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     }
 }
 
-// The flush of a large write in the default layout (keys and values in groups of 32, 2 or 4
-// bits, head_dim D 64 or 128), without staging through shared memory: blocks (chunk of 32
-// write-local tokens, quarter q of the chunk's groups, KV head g, role), a group of 32 values
-// quantized by four adjacent lanes, 8 values each in registers: a group's first minimum and
-// maximum in order are each lane's (the sequential loop over its 8), then combined with its
-// neighbours' in the order of their values (lanes 2i + 1 after 2i, then pairs; equal values keep
-// the earlier one, so the group's first as in kivi::quantize_group's loop: a +0 and a -0 give the
-// same bits as on the CPU), each lane computing the group's zero and scale and its 8 codes, which
-// are one 16- or 32-bit run of the group's packed row. Keys: lanes (channel, part) load tokens
-// 8 part .. 8 part + 7 of their channel (a warp's load of a token: 8 adjacent channels); values:
-// lanes (token, row of 32 channels, part) load channels 8 part .. + 7 of the row (two 16-byte
-// loads of x or two 8-byte loads of the ring). A thread per group (32 values in turn, 128 threads a block)
-// measured 20.9 us for 2048 tokens of 8 heads on the H200, 21 % of the copy (docs/gpu.md): a
-// serial chain of ~700 instructions per thread at 4 warps a block.
-constexpr int kFlushGroup = 32, kFlushParts = 4, kFlushPer = kFlushGroup / kFlushParts;
-// The group's range from each of its 4 lanes' (lane % 4 = the stretch's place in the group): a
-// butterfly of kivi_range_step (kivi_code.h, where KiviParity.RangeOfPartsEqualsTheLoop checks the
-// same steps against the sequential loop on the host).
-__device__ __forceinline__ KiviRange kivi_range_of_parts(KiviRange r, int part) {
-#pragma unroll
-    for (int o = 1; o < kFlushParts; o <<= 1) {
-        const KiviRange other{__shfl_xor_sync(0xffffffffu, r.mn, o), __shfl_xor_sync(0xffffffffu, r.mx, o),
-                              __shfl_xor_sync(0xffffffffu, int(r.nan), o) != 0};
-        r = kivi_range_step(r, other, part, o);
-    }
-    return r;
-}
-// A lane's 8 values of a group: the group's zero and scale (written by part 0) and this lane's
-// codes, bits 8 part BITS .. of the group's packed row.
-template <int BITS>
-__device__ __forceinline__ void kivi_quantize_part(const float (&v)[kFlushPer], int part, bool store, uint8_t* zero,
-                                                   uint8_t* scale, uint8_t* codes) {
-    constexpr float qmax = float((1 << BITS) - 1);
-    const KiviRange g = kivi_range_of_parts(kivi_range([&](int t) { return v[t]; }, kFlushPer), part);
-    if (!store) return;
-    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
-    unsigned word = 0;
-#pragma unroll
-    for (int t = 0; t < kFlushPer; ++t) word |= zs.code(v[t]) << (t * BITS);
-    if (part == 0) {
-        *reinterpret_cast<uint16_t*>(zero) = zs.z16;
-        *reinterpret_cast<uint16_t*>(scale) = zs.s16;
-    }
-    if constexpr (BITS == 2) {
-        reinterpret_cast<uint16_t*>(codes)[part] = uint16_t(word);
-    } else {
-        reinterpret_cast<unsigned*>(codes)[part] = word;
-    }
-}
-// Write-local token i's slot in stream w's window (i < w.pending) or null (a row of x).
-__device__ __forceinline__ int kivi_flush_slot(const KvWindowWrite& w, int i) {
-    if (i >= int(w.pending)) return -1;
-    const int slot = int(w.head) + i;
-    return slot >= int(w.slots) ? slot - int(w.slots) : slot;
-}
-// Blocks per chunk and role: 4 lanes per group of 32, D groups of keys or 32 tokens x D / 32 rows of values.
-template <int D>
-constexpr int kFlushQuarters = kFlushParts * D / kStoreThreads;
-template <int D, int KB, int VB>
-__global__ void __launch_bounds__(kStoreThreads) kivi_flush_kernel(KiviStoreParams p) {
-    pdl_wait();
-    // (No early pdl_launch_dependents: with one here and in the window kernel the 2048-token flush
-    // measured 2 % slower on the H100, 2026-12-06, the window kernel's blocks likely taking slots
-    // in this grid's last wave.)
-    constexpr int G = kFlushGroup, Q = kFlushQuarters<D>;
-    const int g = blockIdx.y, role = blockIdx.z, i0 = int(blockIdx.x / Q) * G;
-    const int e = int(blockIdx.x % Q) * kStoreThreads + threadIdx.x, part = e % kFlushParts;
-    const KvWindowWrite w = p.plan[role];
-    const int cnt = min(G, int(w.encoded) - i0);
-    if (cnt <= 0) return;  // the whole block
-    const KiviHeadDev h = p.heads[g];
-    const int64_t stride = p.n_head_kv * D;
-    const float* x = (role ? p.v : p.k) + int64_t(g) * D;
-    const auto* ring = reinterpret_cast<const __half*>(role ? h.vw : h.kw);
-    float v[kFlushPer];
-    if (role == 0) {  // cnt == G: keys are encoded in whole blocks
-        const int c = e / kFlushParts;
-        uint8_t* blk = reinterpret_cast<uint8_t*>(h.k) + (w.packed / G + i0 / G) * int64_t(D * (4 + G * KB / 8));
-        const int t0 = i0 + part * kFlushPer;
-        if (t0 >= int(w.pending)) {  // all 8 from x (a prefill's write: no pending window tokens)
-            const float* src = x + int64_t(t0 - int(w.pending)) * stride + c;
-#pragma unroll
-            for (int j = 0; j < kFlushPer; ++j) v[j] = __half2float(__float2half_rn(src[j * stride]));
-        } else {
-#pragma unroll
-            for (int j = 0; j < kFlushPer; ++j) {
-                const int t = t0 + j, slot = kivi_flush_slot(w, t);
-                v[j] = slot >= 0 ? __half2float(ring[int64_t(slot) * D + c])
-                                 : __half2float(__float2half_rn(x[int64_t(t - int(w.pending)) * stride + c]));
-            }
-        }
-        kivi_quantize_part<KB>(v, part, true, blk + 2 * c, blk + 2 * D + 2 * c, blk + 4 * D + c * (G * KB / 8));
-        return;
-    }
-    constexpr int R = D / G, RB = G * VB / 8, TB = R * (4 + RB);  // value rows, bytes a row's codes, a token's block
-    const int t = e / (kFlushParts * R), r = e / kFlushParts - t * R;
-    const bool mine = t < cnt;  // the 4 lanes of a row alike
-    const int slot = mine ? kivi_flush_slot(w, i0 + t) : -1;
-    const int c0 = r * G + part * kFlushPer;
-    if (!mine) {
-#pragma unroll
-        for (int j = 0; j < kFlushPer; ++j) v[j] = 0.0f;
-    } else if (slot >= 0) {
-        const auto* src = reinterpret_cast<const uint2*>(ring + int64_t(slot) * D + c0);  // 8-byte aligned rows
-        const uint2 a = src[0], b = src[1];
-        const unsigned wd[4] = {a.x, a.y, b.x, b.y};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&wd[j]));
-            v[2 * j] = f.x, v[2 * j + 1] = f.y;
-        }
-    } else {
-        const auto* src = reinterpret_cast<const float4*>(x + int64_t(i0 + t - int(w.pending)) * stride + c0);
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-            const float4 f = src[j];
-            v[4 * j] = __half2float(__float2half_rn(f.x)), v[4 * j + 1] = __half2float(__float2half_rn(f.y));
-            v[4 * j + 2] = __half2float(__float2half_rn(f.z)), v[4 * j + 3] = __half2float(__float2half_rn(f.w));
-        }
-    }
-    uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + (w.packed + i0 + (mine ? t : 0)) * int64_t(TB);
-    kivi_quantize_part<VB>(v, part, mine, blk + 2 * r, blk + 2 * R + 2 * r, blk + 4 * R + r * RB);
-}
 // Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
 // tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes.
 bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
     return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
 }
-// Whether kivi_flush_kernel takes p's formats (the default layout above).
+// Whether kivi_flush_kernel (kivi_flush_kernels.cuh) takes p's formats: its default layout.
 bool kivi_flush_fits(const KiviStoreParams& p) {
     const bool aligned = (reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v)) % 16 == 0;  // float4 rows
     return aligned && (p.head_dim == 64 || p.head_dim == 128) && (p.kf.bits == 2 || p.kf.bits == 4) &&
            (p.vf.bits == 2 || p.vf.bits == 4) && kivi_group32(p.kf, p.head_dim) && kivi_group32(p.vf, p.head_dim / 32);
 }
+template <int D, int KB, int VB>
+void launch_flush(const KiviStoreParams& p, dim3 grid, cudaStream_t st) {
+    launch_pdl(kivi_flush_kernel<D, KB, VB>, grid, dim3(kFlushThreads), 0, st, p);
+}
 template <int D>
 void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
     const dim3 grid(chunks * unsigned(kFlushQuarters<D>), unsigned(p.n_head_kv), 2);
     if (p.kf.bits == 2) {
-        p.vf.bits == 2 ? launch_pdl(kivi_flush_kernel<D, 2, 2>, grid, dim3(kStoreThreads), 0, st, p)
-                       : launch_pdl(kivi_flush_kernel<D, 2, 4>, grid, dim3(kStoreThreads), 0, st, p);
+        p.vf.bits == 2 ? launch_flush<D, 2, 2>(p, grid, st) : launch_flush<D, 2, 4>(p, grid, st);
     } else {
-        p.vf.bits == 2 ? launch_pdl(kivi_flush_kernel<D, 4, 2>, grid, dim3(kStoreThreads), 0, st, p)
-                       : launch_pdl(kivi_flush_kernel<D, 4, 4>, grid, dim3(kStoreThreads), 0, st, p);
+        p.vf.bits == 2 ? launch_flush<D, 4, 2>(p, grid, st) : launch_flush<D, 4, 4>(p, grid, st);
     }
 }
 
@@ -421,7 +301,6 @@ void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
 // the attention's launch let go at once (this grid is one small block per KV head). On the H200
 // the store took 5.7-7.5 us from its wait to the attention's (VXQ_CUDA_PROFILE=timeline, 1K)
 // when it staged the value token and re-read the rotated k through global memory.
-constexpr int64_t kSmallWrite = 8;  // tokens a write may have for the one-kernel store
 constexpr int kMaxRopePairs = 128;  // head_dim <= 256 (kivi_attention_fits)
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
     extern __shared__ float4 store_smem4[];
@@ -1643,26 +1522,30 @@ void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     }
     const unsigned hk = unsigned(p.n_head_kv);
     const size_t smem = kivi_store_smem(p);
-    if (p.n <= kSmallWrite) {
+    if (p.n <= kKiviSmallWrite) {
         static PerDevice small_smem;
         allow_smem(kivi_store_small_kernel, smem, small_smem);
         launch_pdl(kivi_store_small_kernel, dim3(hk), dim3(kStoreThreads), smem, st, p);
         return;
     }
     // At most slots - 1 pending tokens and the n new ones are encoded; at most `slots` new ones
-    // stay in a window.
+    // stay in a window, the last ones. Where the host passes the plan's bounds, no block past
+    // them: no encoder blocks past the tokens encoded, no window kernel when no new token goes
+    // into a window.
     const int64_t slots = std::max<int64_t>(p.kf.slots, p.vf.slots), T = kivi_store_chunk(p.kf.group);
-    const unsigned chunks = unsigned((slots - 1 + p.n + T - 1) / T);
-    if (kivi_flush_fits(p)) {
-        p.head_dim == 64 ? launch_flush<64>(p, chunks, st) : launch_flush<128>(p, chunks, st);
-    } else {
+    const bool bounds = p.plan_bounds != 0;
+    const int64_t chunks = bounds ? (p.encoded_most + T - 1) / T : (slots - 1 + p.n + T - 1) / T;
+    if (chunks > 0 && kivi_flush_fits(p)) {
+        p.head_dim == 64 ? launch_flush<64>(p, unsigned(chunks), st) : launch_flush<128>(p, unsigned(chunks), st);
+    } else if (chunks > 0) {
         static PerDevice encode_smem;
         allow_smem(kivi_encode_kernel, smem, encode_smem);
-        launch_pdl(kivi_encode_kernel, dim3(chunks, hk), dim3(kStoreThreads), smem, st, p);
+        launch_pdl(kivi_encode_kernel, dim3(unsigned(chunks), hk), dim3(kStoreThreads), smem, st, p);
     }
-    const int64_t nw = std::min<int64_t>(p.n, slots);
-    launch_pdl(kivi_window_kernel, dim3(unsigned((nw + kWindowTokens - 1) / kWindowTokens), hk, 2),
-               dim3(unsigned(std::min<int64_t>(p.head_dim, 128))), 0, st, p, p.n - nw);
+    const int64_t first = std::max<int64_t>(p.n - std::min<int64_t>(p.n, slots), bounds ? p.window_first : 0);
+    if (first >= p.n) return;
+    launch_pdl(kivi_window_kernel, dim3(unsigned((p.n - first + kWindowTokens - 1) / kWindowTokens), hk, 2),
+               dim3(unsigned(std::min<int64_t>(p.head_dim, 128))), 0, st, p, first);
 }
 
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
@@ -1670,8 +1553,21 @@ bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
            head_dim >= 32 && head_dim <= 256;
 }
 
-int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv) {
-    const int64_t want = std::max<int64_t>(1, 4 * sm_count() / std::max<int64_t>(1, n_head_kv * n_q));
+static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf);
+
+// One query on tensor cores at GQA <= 4 and head_dim <= 128 (4 blocks an SM): as many splits as
+// leave one wave with the tail's blocks (on 132 SMs, 8 KV heads and 5 tail splits: 61). The
+// power of two below (64 + 5 = 1.05 waves) measured on the H100 in the same run: kivi-2 at 4K /
+// 32K / 128K 17.6 / 32.3 / 81.7 us against 15.3 / 27.9 / 80.2 with 61, kivi-4 19.1 / 37.2 / 89.1
+// against 17.6 / 31.8 / 86.7 (docs/gpu.md, second session of 2026-12-06). Else a power of two
+// near 4 blocks an SM.
+int64_t kivi_attention_splits(const KiviAttentionParams& p) {
+    const int64_t fit = 4 * sm_count() / std::max<int64_t>(1, p.n_head_kv * p.n_q);  // blocks a (query, KV head) in one wave
+    if (p.n_q == 1 && kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv && p.head_dim <= 128) {
+        const int64_t s = fit - kivi_tail_splits(p.kf, p.vf);
+        if (s >= fit / 2) return std::min<int64_t>(s, kMaxSplits);
+    }
+    const int64_t want = std::max<int64_t>(1, fit);
     int64_t s = 1;
     while (s * 2 <= want && s < kMaxSplits) s *= 2;
     return s;

@@ -40,6 +40,7 @@
 // relative (other summation orders).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -97,7 +98,22 @@ struct KiviStoreParams {
     int64_t n, n_head_kv, head_dim;
     KiviFormatDev kf, vf;
     KiviRope rope;              // n == 1: the step's RoPE of q and k before the store (k before RoPE then); else q null
+    // The plan's bounds, where the host passes them (plan_bounds nonzero; kivi_store_bounds): the
+    // tokens encoded (the more of keys' and values'), the first new token a window takes (n:
+    // none). The store's grids then fit them; else grids for any plan (a captured decode step's
+    // plan changes from step to step in the step block, its parameters do not).
+    int64_t plan_bounds, encoded_most, window_first;
 };
+// Sets p's plan bounds from the plan the host wrote into p.plan (writes of more than
+// kKiviSmallWrite tokens: a decode step's store keeps parameters that do not change with it).
+constexpr int64_t kKiviSmallWrite = 8;  // tokens a write may have for the one-kernel store
+inline void kivi_store_bounds(KiviStoreParams& p, const KvWindowWrite& k, const KvWindowWrite& v) {
+    if (p.n <= kKiviSmallWrite) return;
+    const auto window_first = [&](const KvWindowWrite& w) { return std::max<int64_t>(0, w.encoded - w.pending); };
+    p.plan_bounds = 1;
+    p.encoded_most = std::max(k.encoded, v.encoded);
+    p.window_first = std::min(window_first(k), window_first(v));
+}
 void kivi_store(const KiviStoreParams& p, cudaStream_t stream);
 
 struct KiviAttentionParams {
@@ -114,8 +130,10 @@ struct KiviAttentionParams {
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-// Splits for n_q queries: about 4 blocks per SM for one query, fewer as queries add blocks.
-int64_t kivi_attention_splits(int64_t n_q, int64_t n_head_kv);
+// Splits for p's queries (p: n_q, n_head, n_head_kv, head_dim, kf, vf, simt set): one query on
+// tensor cores takes what leaves one wave of 4 blocks an SM with its tail splits; else about 4
+// blocks per SM for one query, fewer as queries add blocks.
+int64_t kivi_attention_splits(const KiviAttentionParams& p);
 // Whether kivi_attention takes the tensor-core form for these formats and head_dim (unless asked
 // for the SIMT form alone: p.simt).
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf);

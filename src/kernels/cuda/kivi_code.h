@@ -46,6 +46,13 @@ VXQ_KIVI_CODE_FN float kivi_mul(float a, float b) {
     return a * b;
 #endif
 }
+VXQ_KIVI_CODE_FN float kivi_fma(float a, float b, float c) {
+#ifdef __CUDA_ARCH__
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
 VXQ_KIVI_CODE_FN float kivi_div(float a, float b) {
 #ifdef __CUDA_ARCH__
     return __fdiv_rn(a, b);
@@ -93,6 +100,28 @@ VXQ_KIVI_CODE_FN unsigned kivi_code_rcp(float x, float z, float s, float inv_s, 
     return kivi_bits(biased) - kKiviRoundBiasBits;
 }
 
+// The flush kernel's form (kivi_flush_kernels.cuh), two fused multiply-adds a code: with d = x -
+// z (rounded, as above) and P = d inv_s exact, b = RN(P + 2^23) holds rint(P) in its low mantissa
+// bits (P < 2^22) and f = RN(P - rint(P)) is P's distance past that integer, within 2^-25. P is
+// within 2^-24 P of the real quotient D = d / s (inv_s is 1 / s correctly rounded) and the CPU's
+// quotient fl(D) within 2^-24 D of D, so |P - fl(D)| <= 2^-23 D. D is at most 1.5 qmax (s16 is
+// (mx - mn) / qmax rounded to fp16: at worst 2^-24 for a quotient just under 1.5 2^-24; within
+// 2^-11 relative where normal), so 2^-23 D < 2.7e-6 for qmax <= 15: where |f| < kKiviTieGap =
+// 0.5 - 1e-5, rint(P) = rint(fl(D)), and the code is min(rint(P), qmax) (clamping to the integer
+// bounds commutes with rint; d >= 0: z is the group's minimum). Elsewhere -- near a half-integer,
+// or P NaN (an infinite d or s: x or the group infinite) -- near_tie says the division decides
+// (kivi_code). KiviParity.FmaCodeEqualsDivision checks both on the host.
+constexpr float kKiviTieGap = 0.5f - 1e-5f;
+struct KiviFmaCode {
+    unsigned biased_bits;  // kKiviRoundBiasBits + rint(P) where !near_tie
+    bool near_tie;
+};
+VXQ_KIVI_CODE_FN KiviFmaCode kivi_code_fma(float d, float inv_s) {
+    const float b = kivi_fma(d, inv_s, kKiviRoundBias);
+    const float f = kivi_fma(d, inv_s, -kivi_sub(b, kKiviRoundBias));
+    return KiviFmaCode{kivi_bits(b), !(fabsf(f) < kKiviTieGap)};
+}
+
 // A group's first minimum and maximum in order, and whether it holds a NaN (kivi::quantize_group's
 // loop), of the n values get(0..n-1). (A -0 and a +0 compare equal: the first of them stays, and
 // its sign reaches the zero's fp16 bits.)
@@ -111,17 +140,6 @@ VXQ_KIVI_CODE_FN KiviRange kivi_range(Get get, int n) {
         r.nan |= x != x;
     }
     return r;
-}
-// The range of an earlier (a) and a later (b) stretch of one group, as the sequential loop leaves
-// it: b's minimum only where strictly below a's, likewise the maximum. (With a NaN in either the
-// codes do not depend on them: the group's zero and scale are NaN.)
-VXQ_KIVI_CODE_FN KiviRange kivi_range_then(const KiviRange& a, const KiviRange& b) {
-    return KiviRange{b.mn < a.mn ? b.mn : a.mn, b.mx > a.mx ? b.mx : a.mx, a.nan || b.nan};
-}
-// One step of a butterfly over a group's stretches (stretch `part` held by lane part, partner
-// part ^ o): the lanes of the later half take the partner's range first.
-VXQ_KIVI_CODE_FN KiviRange kivi_range_step(const KiviRange& mine, const KiviRange& other, int part, int o) {
-    return (part & o) ? kivi_range_then(other, mine) : kivi_range_then(mine, other);
 }
 
 }  // namespace vxq::cuda

@@ -113,7 +113,7 @@ struct KvQ4Scale {
 };
 __device__ __forceinline__ KvQ4Scale kv_q4_scale(float m) {
     const float d = __fmul_rn(m, -0.125f);  // m / -8 bit for bit: the same real number, rounded once
-    return KvQ4Scale{d, d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f};
+    return KvQ4Scale{d, d != 0.0f ? __frcp_rn(d) : 0.0f};  // 1 / d correctly rounded: __fdiv_rn(1, d)'s bits
 }
 __device__ __forceinline__ int kv_q4_code(float v, float id) {
     const int c = kv_int8_trunc_x86(__fadd_rn(__fmul_rn(v, id), 8.5f));

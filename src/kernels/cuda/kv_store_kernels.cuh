@@ -29,7 +29,11 @@
 
 namespace vxq::cuda {
 
-constexpr int kKvStoreWarps = 4, kKvStorePairs = 2;  // 4 warps: up to 72 registers, 7 blocks an SM
+// 4 warps of a (token, head) pair each: 40 registers, 12 blocks an SM. Two pairs a warp (its 4
+// rows' loads in flight at once, 63 registers, 8 blocks an SM) measured slower on the H100 at
+// every format and size: q4_0 at 2048 tokens 9.5 against 8.1 us, fp8 8.8 / 7.9, q8_0 9.3 / 8.8
+// (docs/gpu.md, second session of 2026-12-06).
+constexpr int kKvStoreWarps = 4, kKvStorePairs = 1;
 
 __device__ __forceinline__ void kv_store_u32_at2(uint8_t* p, unsigned w) {  // 2-byte aligned
     reinterpret_cast<uint16_t*>(p)[0] = uint16_t(w);
@@ -185,7 +189,7 @@ __device__ __forceinline__ void kv_store_stretch(uint8_t* dst, int c, bool in, c
 // the conversion instructions above (the same bytes, fewer instructions: the default since their
 // run on the H100, docs/gpu.md 2026-12-06; set_kv_store_hw_convert, attention.cuh).
 template <KvCode KC, KvCode VC, bool HwCvt>
-__global__ void __launch_bounds__(kKvStoreWarps * 32) kv_store_rows_kernel(const KvStoreParams p) {
+__global__ void __launch_bounds__(kKvStoreWarps * 32, 12) kv_store_rows_kernel(const KvStoreParams p) {
     pdl_wait();
     pdl_launch_dependents();  // the next kernel's blocks may take the SMs this grid leaves
     const int lane = int(threadIdx.x & 31);
