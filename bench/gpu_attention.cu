@@ -217,8 +217,10 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         }
     };
     // The backend's form for this format past the short form's context: the bulk-copy stream form where it fits.
-    p.splits = cuda::attention_stream_tma_splits(kHeadsKv);
-    p.tma_stages = cuda::kAttnTmaStages;
+    const int64_t tma_splits = cuda::attention_stream_tma_splits(kHeadsKv, f.code);
+    const int tma_stages = cuda::attention_stream_tma_stages(f.code);
+    p.splits = tma_splits;
+    p.tma_stages = tma_stages;
     const bool tma_default = cuda::attention_stream_tma_fits(p);
     for (const Config& c : configs) {
         p.splits = c.splits;
@@ -227,7 +229,7 @@ std::vector<Row> run_case(const Format& f, int64_t ctx, const std::vector<Config
         p.tma_stages = c.tma;
         if (c.tma > 0) {  // its own kernel: one arm per split count and ring depth
             if (!cuda::attention_stream_tma_fits(p)) continue;
-            add_arm(p, c.splits == cuda::attention_stream_tma_splits(kHeadsKv) && c.tma == cuda::kAttnTmaStages);
+            add_arm(p, c.splits == tma_splits && c.tma == tma_stages);
             continue;
         }
         p.stream_stages = 0;
@@ -672,7 +674,7 @@ int main(int argc, char** argv) {
             if (std::find(v.begin(), v.end(), x) == v.end()) v.push_back(x);
         };
         for (const Format& f : kFormats) add(split_counts, cuda::attention_splits(1, kHeadsKv, f.code));
-        add(split_counts, cuda::attention_stream_tma_splits(kHeadsKv));
+        for (const Format& f : kFormats) add(split_counts, cuda::attention_stream_tma_splits(kHeadsKv, f.code));
         add(tiles, cuda::kAttnSplitTile);
         add(stages, cuda::kAttnSplitStages);
         for (int64_t s : split_counts) {
@@ -701,7 +703,7 @@ int main(int argc, char** argv) {
                 for (int64_t s : split_counts)
                     for (int64_t sm : streams)
                         for (int64_t m : mmas) configs.push_back(Config{s, int(t), int(g), int(sm), int(m), 0});
-        add(tmas, cuda::kAttnTmaStages);  // the backend's ring depth
+        for (const Format& f : kFormats) add(tmas, cuda::attention_stream_tma_stages(f.code));  // the backend's ring depths
         for (int64_t tm : tmas) {
             if (tm < 0 || tm > 4) {
                 std::fprintf(stderr, "vxq_gpu_attention: --tma takes 1..4 (the bulk-copy stream form's ring depth; 0: none)\n");

@@ -1750,9 +1750,18 @@ int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
     return splits_for(per_sm, n_q * n_head_kv);
 }
 
-int64_t attention_stream_tma_splits(int64_t n_head_kv) {
+int64_t attention_stream_tma_splits(int64_t n_head_kv, KvCode k_code) {
     const int64_t forced = forced_blocks_per_sm();
+    if (k_code == KvCode::F16 && !forced) {  // a block per SM: the largest power of two that fits
+        int64_t s = 1;
+        while (2 * s * std::max<int64_t>(1, n_head_kv) <= sm_count() && s < kAttnSplitMaxSplits) s *= 2;
+        return s;
+    }
     return splits_for(forced ? forced : int64_t(kAttnTmaBlocksPerSm), n_head_kv);
+}
+
+int attention_stream_tma_stages(KvCode k_code) {
+    return k_code == KvCode::F16 || k_code == KvCode::Q8_0 ? 4 : kAttnTmaStages;
 }
 
 size_t attention_split_scratch_floats(int64_t n_q, int64_t n_head, int64_t head_dim, int64_t splits) {

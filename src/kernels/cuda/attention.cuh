@@ -268,15 +268,21 @@ inline bool attention_stream_mma_default(const SplitAttentionParams& p) {
 // Tiles of tokens stored by earlier steps are requested before the wait for the previous kernel. The RoPE + store, the
 // partials, the merge and the q8_0 output as the split kernel. The backend takes it for one query
 // once the context is past the short form's (p.short_tokens then 0: a step's graph changes form
-// once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth.
+// once); VXQ_CUDA_ATTN_TMA=0 turns it off, =N sets the ring's depth for every format.
 constexpr int kAttnTmaStages = 3;
-// Its splits: about kAttnTmaBlocksPerSm blocks per SM (a power of two, at most kAttnSplitMaxSplits;
-// VXQ_CUDA_ATTN_BLOCKS_PER_SM=N overrides it as for the other forms), for every format: 32 splits
-// for 8 KV heads on 132 SMs (256 blocks, one wave at two an SM). On the H100 (docs/gpu.md,
-// 2026-12-05, sixth session) q4_0 pages at 32K / 128K tokens took 29.7 / 75.7 us with 32 splits
-// against 39.8 / 86.7 with the split kernel's q4_0 plan of 64, q8_0 39.0 / 120.9 against 49.8 / 145.5.
+// Its plan by the keys' format. q4_0 / fp8: rings of kAttnTmaStages, about kAttnTmaBlocksPerSm
+// blocks per SM (a power of two, at most kAttnSplitMaxSplits): 32 splits for 8 KV heads on 132
+// SMs (256 blocks, one wave at two an SM). On the H100 (docs/gpu.md, 2026-12-05, sixth session)
+// q4_0 pages at 32K / 128K tokens took 29.7 / 75.7 us with 32 splits against 39.8 / 86.7 with the
+// split kernel's q4_0 plan of 64, q8_0 39.0 / 120.9 against 49.8 / 145.5. q8_0: the same splits,
+// rings of 4 (34.6 / 108.6 us against 37.8 / 115.6 with 3). f16: rings of 4 and a block per SM
+// (the largest power of two of splits whose blocks the SMs hold one each: 16 for 8 KV heads),
+// 51.1 / 179.0 us against 53.6 / 184.1 with 32 splits and rings of 3, which leave some SMs two
+// blocks and others one (H100, second session of 2026-12-06). VXQ_CUDA_ATTN_BLOCKS_PER_SM=N
+// overrides the splits as for the other forms.
 constexpr int kAttnTmaBlocksPerSm = 1;
-int64_t attention_stream_tma_splits(int64_t n_head_kv);
+int64_t attention_stream_tma_splits(int64_t n_head_kv, KvCode k_code);
+int attention_stream_tma_stages(KvCode k_code);
 // The page formats and head sizes the bulk-copy kernel has instances for (f16 / fp8 keys and
 // values, or q8_0 / q4_0 keys and values; head_dim 64 / 128); attention_stream_tma_fits checks them
 // and the rest of p.

@@ -640,7 +640,7 @@ public:
         // Past the short form, one query over f16 / fp8 or q8_0 / q4_0 pages (both sides of one kind) at head_dim 64 / 128:
         // the bulk-copy stream form.
         const auto tma_path = [&](KvCodes c) -> std::string_view {
-            const bool takes = attn_tma_ > 0 && attention_stream_tma_formats(c.k, c.v, view.head_dim);
+            const bool takes = attn_tma_ != 0 && attention_stream_tma_formats(c.k, c.v, view.head_dim);
             return takes ? "; more: per-warp rings of TMA bulk copies on tensor cores, a kernel of its own" : "";
         };
         if (codes.k != KvCode::F16 || codes.v != KvCode::F16) {
@@ -735,7 +735,8 @@ private:
             p.splits = attention_splits(n_q, view.n_head_kv, codes.k);
             // The splits' partials, sized once and before any step input is put (a reallocation
             // drains the pass): room for the bulk-copy kernel's own plan too, where it may be taken below.
-            const int64_t most_splits = n_q == 1 && attn_tma_ > 0 ? std::max(p.splits, attention_stream_tma_splits(view.n_head_kv)) : p.splits;
+            const int64_t most_splits =
+                n_q == 1 && attn_tma_ != 0 ? std::max(p.splits, attention_stream_tma_splits(view.n_head_kv, codes.k)) : p.splits;
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, most_splits));
             p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
             attention_inputs(p, view, q, n_q, pos0, dev_out);
@@ -755,11 +756,11 @@ private:
             }
             // Past the short form's context, one query over f16 / fp8 or q8_0 / q4_0 pages: the bulk-copy stream
             // form (its own kernel, no short form: the graph changes once, at that depth).
-            if (n_q == 1 && attn_tma_ > 0 && max_tokens > p.short_tokens) {
+            if (n_q == 1 && attn_tma_ != 0 && max_tokens > p.short_tokens) {
                 SplitAttentionParams t = p;
                 t.short_tokens = 0;
-                t.tma_stages = attn_tma_;
-                t.splits = attention_stream_tma_splits(view.n_head_kv);
+                t.tma_stages = attn_tma_ > 0 ? attn_tma_ : attention_stream_tma_stages(codes.k);
+                t.splits = attention_stream_tma_splits(view.n_head_kv, codes.k);
                 if (attention_stream_tma_fits(t)) p = t;  // (its partials: room made above)
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
@@ -1861,7 +1862,7 @@ private:
     // default (-1) where a side is fp8 (on the H200 1.4-1.6x faster than the ring at 32K-128K; an
     // f16 cache 3 % slower than the ring: docs/gpu.md, 2026-12-04, fifth session).
     int attn_stream_mma_ = -1;
-    int attn_tma_ = kAttnTmaStages;  // VXQ_CUDA_ATTN_TMA: the bulk-copy stream form's ring depth (0: off)
+    int attn_tma_ = -1;  // VXQ_CUDA_ATTN_TMA: the bulk-copy stream form's ring depth (0: off; -1: the format's plan)
     DeviceArray<uint8_t> q8_handoff_buf_;   // q8_handoff's buffer
     int64_t q8_handoff_cols_ = 0;
     int64_t scores_stride_ = 0;
