@@ -387,7 +387,8 @@ TEST(KiviParity, ReciprocalCodeEqualsDivision) {
 // values x >= z (z is the group's minimum) at, next to and between the half-integers up to 1.5
 // qmax + 1 (a scale rounded down to fp16 lets quotients pass qmax), random zeros and scales as
 // above, tiny subnormal scales, and infinite x (P NaN: the division). The near-tie branch must be
-// taken, and a threshold ten times too tight must be caught (the test can fail).
+// taken, and the same form without the margin (a gap of 1e-12) must give wrong codes here (the
+// test can fail).
 TEST(KiviParity, FmaCodeEqualsDivision) {
     std::mt19937 rng(20261206);
     std::uniform_real_distribution<float> zero(-4.0f, 4.0f), log2_scale(-12.0f, 6.0f);
