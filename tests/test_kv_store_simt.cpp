@@ -10,7 +10,8 @@
 // instructions' form, whose two instructions are here their PTX semantics in C++). The bytes around
 // each written token must stay as they were. On a GPU the same kernel as compiled for the device
 // (the instructions themselves) is checked by Cuda.TokenStoreBitExactOnEdgeValues and the caches'
-// byte comparisons (Cuda.CompressedKvMirrorsCpuInEveryLayer). A build without CUDA reports these
+// byte comparisons (Cuda.CompressedKvMirrorsCpuInEveryLayer). Also kv_store_row, the per-row store
+// of other head sizes and of the split kernel's fused RoPE + store. A build without CUDA reports these
 // tests' absence in RotatedKvSimt.NeedsACudaBuild.
 #include <gtest/gtest.h>
 
@@ -161,6 +162,31 @@ TEST(KvStoreSimt, EveryFormatPairBitExactWithCpuEncoders) {
     shapes<KvCode::Q4_0, KvCode::Q8_0>(true, rng, seed);
     shapes<KvCode::FP8, KvCode::Q4_0>(true, rng, seed);
     shapes<KvCode::Q8_0, KvCode::FP8>(true, rng, seed);
+}
+
+// kv_store_row (kv_codes.cuh: the store of other head sizes and the split kernel's fused RoPE +
+// store take a row through it, a warp per q8_0 / q4_0 block, kv_encode_q8_0 / kv_encode_q4_0) on
+// the same rows: every byte against the CPU codec's, at head_dim 32 .. 256 with 64 or 128 threads.
+TEST(KvStoreSimt, RowStoreBitExactWithCpuEncoders) {
+    const uint32_t seed = test::fresh_seed();
+    std::mt19937 rng(seed);
+    for (const KvCode c : {KvCode::F16, KvCode::Q8_0, KvCode::Q4_0, KvCode::FP8}) {
+        for (const int64_t hd : {32, 64, 96, 128, 256}) {
+            for (const int threads : {64, 128}) {
+                SCOPED_TRACE(testing::Message() << kv_code_name(c) << " head_dim " << hd << " threads " << threads << " seed " << seed);
+                const int64_t rows = 9, tb = cuda::kv_token_bytes(c, hd);
+                const std::vector<float> x = random_rows(size_t(rows), hd, rng);
+                std::vector<uint8_t> got(size_t(rows * tb), uint8_t(0xa5)), want = got;
+                const float scale = c == KvCode::FP8 ? 0x1p-7f : 1.0f;
+                simt::launch(dim3(unsigned(rows)), dim3(unsigned(threads)), 0, [&] {
+                    const int64_t r = blockIdx.x;
+                    cuda::kv_store_row(c, &x[size_t(r * hd)], &got[size_t(r * tb)], int(hd), int(threadIdx.x), threads, scale);
+                });
+                for (int64_t r = 0; r < rows; ++r) kv_encode_cpu(c, &x[size_t(r * hd)], hd, &want[size_t(r * tb)], scale);
+                expect_pages_equal(c, got, want, tb, "rows");
+            }
+        }
+    }
 }
 
 #endif

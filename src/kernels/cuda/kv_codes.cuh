@@ -169,7 +169,7 @@ __device__ __forceinline__ float2 kv_fp8x2_to_float2(unsigned codes) {
 }
 
 // The butterfly over lanes xor kFirst, kFirst / 2, .., 1 (all 32 lanes call): the largest `best`,
-// ties to the lowest `at` (q4_0's first value of largest magnitude).
+// ties to the lowest `at` (a KIVI group's first minimum and maximum, kivi.cu).
 template <int kFirst>
 __device__ __forceinline__ void first_max_lanes(float& best, int& at) {
 #pragma unroll
@@ -190,11 +190,12 @@ __device__ __forceinline__ void kv_encode_q8_0(float v, uint8_t* blk, int lane) 
     if (lane == 0) *reinterpret_cast<uint16_t*>(blk) = kv_q8_scale_bits(amax);
 }
 __device__ __forceinline__ void kv_encode_q4_0(float v, uint8_t* blk, int lane) {
-    // The first lane of largest |v| (NaN never wins; all zero: m = +0 as the reference's start).
-    float best = kv_q4_magnitude(v);
-    int at = lane;
-    first_max_lanes<16>(best, at);
-    const float vm = __shfl_sync(0xffffffffu, v, at);
+    // The first lane of largest |v| (NaN never wins; all zero or NaN: m = +0 as the reference's
+    // start): the largest magnitude by a max butterfly, its first lane by a ballot, as the rows
+    // store's kv_q4_block_scale (kv_store_kernels.cuh). The ballot is never empty: best is a lane's.
+    const float mag = kv_q4_magnitude(v), best = warp_max(mag);
+    const unsigned holders = __ballot_sync(0xffffffffu, mag == best);
+    const float vm = __shfl_sync(0xffffffffu, v, __ffs(int(holders)) - 1);
     const KvQ4Scale sc = kv_q4_scale(best > 0.0f ? vm : 0.0f);
     const int q = kv_q4_code(v, sc.id);
     const int hi = __shfl_down_sync(0xffffffffu, q, 16);
