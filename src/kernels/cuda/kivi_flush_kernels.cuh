@@ -23,7 +23,8 @@
 // The earlier form (a sequential loop over each lane's 8 values, then the lanes' first minimum
 // and maximum in order by shuffles, and ~20 instructions a code) issued 6.2 M warp instructions
 // for the flush of 2048 tokens x 8 heads (Nsight Compute on the H100, docs/gpu.md, 2026-12-06):
-// about as long as the transfer at full issue rate.
+// about as long as the transfer at full issue rate. This one: 4.1 M, 32 registers (was 40), 12.2 ->
+// 10.2 us (the window kernel's launch included; 8.2 us without it, kivi_store_bounds).
 #pragma once
 
 #include <cstdint>
