@@ -12,9 +12,10 @@
 // of largest magnitude, by 3 shuffles and a ballot), codes stored 4 at a time. The general kernel
 // before this one (the format a run-time switch inside the row loop, the head's table entry read
 // for every row) executed 2.5 M (f16) to 6.8 M (fp8) warp instructions on a 2048-token write
-// (Nsight Compute, docs/gpu.md), more than the transfer's time. This one waits on memory latency
-// more than it issues (q4_0 on the H100: no warp eligible in 47 % of cycles at 8 blocks an SM,
-// 2026-12-06); a loop over items that loads the next one's rows first measured slower.
+// (Nsight Compute, docs/gpu.md), more than the transfer's time. Its form with two pairs a warp
+// waited on memory latency more than it issued (q4_0 on the H100: no warp eligible in 47 % of
+// cycles at 8 blocks an SM, 2026-12-06); one pair a warp holds 12 blocks an SM and is 5-15 %
+// faster; a loop over items that loads the next one's rows first measured slower.
 #pragma once
 
 #include <cstdint>
