@@ -122,8 +122,7 @@ void expect_flush_matches_cpu(int64_t n, int64_t n_head_kv, const StreamCase (&s
     for (int role = 0; role < 2; ++role) {
         const StreamCase& c = sc[role];
         const int bits = role ? VB : KB;
-        x[role].assign(size_t(n * n_head_kv * D), 0.0f);
-        for (float& e : x[role]) e = 7.0f;  // rows not encoded: any value
+        x[role].assign(size_t(n * n_head_kv * D), 7.0f);  // rows not encoded: any value
         for (int64_t g = 0; g < n_head_kv; ++g) {
             std::vector<float> logical(size_t(c.encoded * D));
             if (role == 0) {
