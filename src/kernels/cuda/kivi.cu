@@ -759,12 +759,19 @@ private:
         return *reinterpret_cast<const unsigned*>(&x);
     }
 };
-// The hi (part 0) or lo (part 1) half pair of (x0, x1) (mma.cuh's split).
-__device__ __forceinline__ unsigned kivi_split_part(float x0, float x1, int part) {
-    unsigned hi, lo;
-    split_pair(x0, x1, hi, lo);
-    return part ? lo : hi;
-}
+// The hi (part 0) or lo (part 1) half pair of (x0, x1), as mma.cuh's split_pair makes them, by one
+// sequence for both parts (8 instructions a pair; split_pair and a select took ~11): fp16(y) with
+// y = x sc + fp16(x) nsc, (sc, nsc) = (1, 0) for hi and (2^11, -2^11) for lo, where 2^11 (x -
+// fp16(x)) is exact in f32 as split_pair's (x - hi) 2^11 is: the same bits.
+struct KiviPart {
+    float sc, nsc;
+    __device__ __forceinline__ explicit KiviPart(int part) : sc(part ? kLoScale : 1.0f), nsc(part ? -kLoScale : 0.0f) {}
+    __device__ __forceinline__ unsigned operator()(float x0, float x1) const {
+        const float2 h = __half22float2(__floats2half2_rn(x0, x1));
+        const __half2 y = __floats2half2_rn(fmaf(h.x, nsc, x0 * sc), fmaf(h.y, nsc, x1 * sc));
+        return *reinterpret_cast<const unsigned*>(&y);
+    }
+};
 
 // Warp w takes every 4th 32-token tile of [t_begin, t_end) (whole tiles, kivi_tc_tokens) with
 // m16n8k16 MMAs (mma.cuh's fragments; gid = lane / 4, tig = lane % 4). An n-tile's 8 columns are
@@ -789,11 +796,11 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     const int stage_bytes = kivi_stage_bytes(D, B, vbb);
     float* p_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);  // [4 NT heads][32 tokens]
     const KiviCodeLane<B> cl(gid);
+    const KiviPart split(part);
     const float sscale = cl.unscale * p.scale;  // scores: the codes' scale undone, times 1 / sqrt(D)
 
     float o[MT][NT][4], m[NT], l[NT], bias[NT][2];
-    float zs[NT];  // sum_c q z of the key block in bq, times p.scale
-    unsigned bq[MT][NT][2];
+    float zs[NT];  // sum_c q z of the key block `block`, times p.scale
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         m[nt] = -INFINITY;
@@ -805,24 +812,14 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             for (int j = 0; j < 4; ++j) o[mt][nt][j] = 0.0f;
         }
     }
-    int block = -1;  // the key block whose B fragments are in bq
+    int block = -1;  // the key block whose sum_c q z is in zs
 
     kivi_tiles<D>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
         const int kb = KG == kKiviTile ? int(t0) >> 5 : int(t0) / KG;
-        if (kb != block) {  // a new key block: q * s as B fragments, sum_c q z per head
+        if (kb != block) {  // a new key block: sum_c q z per head
             block = kb;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float* qh = q_s + (4 * nt + hq) * D;
-#pragma unroll
-                for (int kk = 0; kk < MT; ++kk) {
-                    const int c = 16 * kk + 2 * tig;
-                    const float2 qa = *reinterpret_cast<const float2*>(qh + c), qb = *reinterpret_cast<const float2*>(qh + c + 8);
-                    const float2 sa = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c));
-                    const float2 sb = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c + 16));
-                    bq[kk][nt][0] = kivi_split_part(qa.x * sa.x, qa.y * sa.y, part);
-                    bq[kk][nt][1] = kivi_split_part(qb.x * sb.x, qb.y * sb.y, part);
-                }
                 // Head tig's sum over the 8 lanes gid: channels 4 u .. 4 u + 3 for u = ((gid + 2 tig)
                 // mod 8) + 8 j (the rotation puts a quarter warp's q loads in distinct banks).
                 const float* qt = q_s + (4 * nt + tig) * D;
@@ -857,10 +854,25 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             }
         }
         const uint8_t* kc = stage + 4 * D;  // row c: the tile's 32 codes of channel c, 4 B bytes
+        // Each step's B fragments made where they are used: the hi / lo part of q_h(c) s(c), from
+        // the tile's key block's scales (at G = 32, the default, every tile has its own; holding
+        // the fragments of a block for its tiles saved nothing there). Unrolled: a rolled loop
+        // measured 1 % slower at 32K (docs/gpu.md, 2026-12-06, third session).
 #pragma unroll
         for (int kk = 0; kk < MT; ++kk) {
-            unsigned a[2][4];
+            unsigned a[2][4], bq[NT][2];
             const int c = 16 * kk + 2 * tig;
+            {
+                const float2 sa = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c));
+                const float2 sb = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c + 16));
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const float* qh = q_s + (4 * nt + hq) * D;
+                    const float2 qa = *reinterpret_cast<const float2*>(qh + c), qb = *reinterpret_cast<const float2*>(qh + c + 8);
+                    bq[nt][0] = split(qa.x * sa.x, qa.y * sa.y);
+                    bq[nt][1] = split(qb.x * sb.x, qb.y * sb.y);
+                }
+            }
             if constexpr (B == 2) {
                 // Rows c, c + 1 (and c + 8, c + 9): 8 bytes each, word mt = tokens 16 mt .. + 15
                 // (token gid in the low half, gid + 8 in the high half).
@@ -890,7 +902,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) mma_f16(sacc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bq[kk][nt][0], bq[kk][nt][1]);
+                for (int nt = 0; nt < NT; ++nt) mma_f16(sacc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], bq[nt][0], bq[nt][1]);
             }
         }
 
@@ -920,12 +932,16 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             sum += __shfl_xor_sync(0xffffffffu, sum, 16);
             l[nt] = l[nt] * corr + sum;
             m[nt] = mn;
-            bias[nt][0] *= corr;
-            bias[nt][1] *= corr;
+            // The state's rescale, where a lane's maximum moved (else corr = e^0 = 1: the same bits);
+            // past the first tiles it seldom does.
+            if (__any_sync(0xffffffffu, corr != 1.0f)) {
+                bias[nt][0] *= corr;
+                bias[nt][1] *= corr;
 #pragma unroll
-            for (int mt = 0; mt < MT; ++mt) {
+                for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) o[mt][nt][j] *= corr;
+                    for (int j = 0; j < 4; ++j) o[mt][nt][j] *= corr;
+                }
             }
             float* ph = p_s + (4 * nt + tig) * kKiviTile;
             ph[gid] = pv[0];
@@ -974,8 +990,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    mma_f16(zt[nt], za, 0u, zb, 0u, kivi_split_part(pp[nt][0], pp[nt][1], part),
-                            kivi_split_part(pp[nt][2], pp[nt][3], part));
+                    mma_f16(zt[nt], za, 0u, zb, 0u, split(pp[nt][0], pp[nt][1]), split(pp[nt][2], pp[nt][3]));
                 }
             }
             unsigned bp[NT][2];
@@ -987,8 +1002,8 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                     const float s0 = kv_half_at(t0b + so), s1 = kv_half_at(t1b + so), s8 = kv_half_at(t8b + so), s9 = kv_half_at(t9b + so);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        bp[nt][0] = kivi_split_part(pp[nt][0] * s0, pp[nt][1] * s1, part);
-                        bp[nt][1] = kivi_split_part(pp[nt][2] * s8, pp[nt][3] * s9, part);
+                        bp[nt][0] = split(pp[nt][0] * s0, pp[nt][1] * s1);
+                        bp[nt][1] = split(pp[nt][2] * s8, pp[nt][3] * s9);
                     }
                 }
                 const int off = 4 * vrows + r * vrb + (16 * mt) % VG * B / 8;
