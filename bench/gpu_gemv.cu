@@ -280,10 +280,14 @@ int main(int argc, char** argv) {
                     check_finite(y, size_t(n * rows), what);
                     ternary_rows.push_back({what, gemv_describe(copies.front(), n, path), rows, cols, n, copies.front().bytes, ms * 1e3});
                 };
-                // n = 1: the stream kernel (the default), the lane-piece kernel at 1 and 2 pieces a
-                // lane, the stream kernel's 32-warp plan, and the group kernel, in the same process.
+                // n = 1: the stream kernel (the default, x quantized in it), the same after the
+                // quantize kernel, the lane-piece kernel at 1 and 2 pieces a lane, the stream
+                // kernel's 32-warp plan, and the group kernel, in the same process.
                 const auto forms = [&](const std::string& t) {
                     run(t.c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_quantize_in_kernel(false);
+                    run((t + " quantize kernel").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_quantize_in_kernel(true);
                     set_gemv_ternary_lanes(true);
                     run((t + " lanes").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_lanes_pieces(2);

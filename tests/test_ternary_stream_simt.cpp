@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -138,12 +139,19 @@ Launch launch_of(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K&
 }
 
 // The stream kernel at W warps, R rows a warp and a ring of S.
+// xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or nullptr.
+template <int W, int R, int S>
+void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                     float* resid, const float* xf) {
+    Launch l = launch_of(c, ms, x, y, resid);
+    if (xf) l.p.xq = nullptr, l.p.xs = nullptr, l.p.xf = xf;
+    simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
+                 [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
+}
 template <int W, int R, int S>
 void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                 float* resid = nullptr) {
-    const Launch l = launch_of(c, ms, x, y, resid);
-    simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
-                 [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
+    run_stream_with<W, R, S>(c, ms, x, y, resid, nullptr);
 }
 
 // The lane-piece kernel (ternary_lanes_kernel) at P pieces a lane.
@@ -234,6 +242,72 @@ TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
         run(c, ms, x, y, resid.data());
         expect_rows_match(c, ms, x, y, form);
         for (size_t r = 0; r < r0.size(); ++r) ASSERT_EQ(resid[r], r0[r] + y[0][r]) << form << ", row " << r;
+    }
+}
+
+// x in f32, quantized to q8_K by the stream kernel's own blocks (TernaryStreamParams::xf, the
+// default where x comes in f32): every row equal bit for bit to the same kernel reading the CPU's
+// q8_K (quantize_row_q8_K), so every quant, scale and quarter sum the blocks make is the CPU's.
+// x holds a zero 256-block, values on exact half steps of iscale (ties to even), blocks whose
+// largest magnitude comes twice with both signs (which one is the maximum flips q and d together,
+// so y cannot tell: a planted last-of-equals choice passes, as it should) and random values; three
+// forms of the ring, a stack, both scale groups, one to five 256-blocks a warp (W 16 at 17408
+// columns: 68 blocks, the loop's batches of four cut short). Planted bugs caught: the quants'
+// byte offset in a unit, truncation for round-to-nearest, a quarter sum's lanes.
+TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
+    const uint32_t seed = test::fresh_seed();
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    const Case cases[] = {
+        {GgmlType::TQ2_0, 1024, {5, 17, 40}, 7},
+        {GgmlType::TQ2_G128, 768, {50}, 3},
+        {GgmlType::TQ2_0, 17408, {9}, 4},
+        {GgmlType::TQ2_0, 5120, {33}, 2},
+    };
+    using Fused = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, const float*, std::vector<std::vector<float>>&);
+    const std::pair<const char*, Fused> forms[] = {
+        {"W 16, R 1, S 2", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
+             run_stream_with<16, 1, 2>(c, ms, x, y, nullptr, xf);
+         }},
+        {"W 16, R 2, S 4", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
+             run_stream_with<16, 2, 4>(c, ms, x, y, nullptr, xf);
+         }},
+        {"W 32, R 1, S 1", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
+             run_stream_with<32, 1, 1>(c, ms, x, y, nullptr, xf);
+         }},
+    };
+    for (const Case& c : cases) {
+        std::vector<TernaryMatrix> ms;
+        for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));
+        std::vector<float> xf(size_t(c.cols));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& v : xf) v = nd(rng);
+        const int64_t nb = c.cols / kQK_K;
+        std::fill_n(xf.begin(), kQK_K, 0.0f);  // block 0: zero
+        if (nb > 1) {  // block 1: the largest magnitude twice, negative first; and values 127 k / 254 of it
+            float* b1 = xf.data() + kQK_K;
+            b1[rng() % 64] = -4.0f;
+            b1[128 + rng() % 64] = 4.0f;
+            for (int k = 0; k < 16; ++k) b1[64 + k] = 4.0f * float(2 * k + 1) / 254.0f;  // iscale x = (2 k + 1) / 2
+        }
+        if (nb > 2) {  // block 2: the largest magnitude twice, positive first
+            float* b2 = xf.data() + 2 * kQK_K;
+            b2[rng() % 128] = 3.0f;
+            b2[128 + rng() % 128] = -3.0f;
+        }
+        const Q8K x = quantize_x(xf);
+        std::vector<std::vector<float>> want, got;
+        run_stream<16, 1, 2>(c, ms, x, want);
+        expect_rows_match(c, ms, x, want, "reading the CPU's q8_K");
+        for (const auto& [form, run] : forms) {
+            run(c, ms, x, xf.data(), got);
+            for (size_t i = 0; i < ms.size(); ++i) {
+                for (size_t r = 0; r < got[i].size(); ++r) {
+                    ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
+                        << form << ": matrix " << i << " row " << r << ", cols " << c.cols << ": " << got[i][r] << " vs " << want[i][r];
+                }
+            }
+        }
     }
 }
 

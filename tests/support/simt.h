@@ -92,6 +92,7 @@ inline float __fsub_rn(float a, float b) { return a - b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
+inline int __float2int_rn(float a) { return int(std::nearbyint(a)); }  // the default mode: to nearest, ties to even
 inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
 // Rounded toward zero (add.rz.f32): the host's adder in that mode, volatile so that it runs here.
 inline float __fadd_rz(float a, float b) {
@@ -118,6 +119,13 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
 template <class T>
 T __ldg(const T* p) {
     return *p;
+}
+inline int __reduce_add_sync(unsigned, int v) {
+    int all[32];
+    ::vxq::simt::warp_gather(&v, sizeof v, all);
+    int sum = 0;
+    for (const int a : all) sum += a;
+    return sum;
 }
 inline bool __any_sync(unsigned, bool pred) {
     int all[32];

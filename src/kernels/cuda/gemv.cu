@@ -400,54 +400,16 @@ int tq2_rows() {
     return v;
 }
 
-// q8_K activations (ggml's quantize_row_q8_K, as the CPU backend computes them): per 256-block the
-// signed value of largest magnitude (the first of equals), iscale = -127 / max, q = min(127,
-// round-to-nearest-even(iscale * x)), d = 1 / iscale; all zero for a zero block. One warp per
-// block, lane l holding values 8 l .. 8 l + 7 (which lie in quarter 2 (l / 16) + (l % 4) / 2).
-// One 256-block b by a warp, lane l holding its values 8 l .. 8 l + 7 (every lane calls).
+// q8_K activations (ternary_stream_kernels.cuh's q8k_quantize_block): one warp per 256-block b,
+// lane l holding its values 8 l .. 8 l + 7 (every lane calls); the quants to qs, the scale and
+// quarter sums to s[b].
 __device__ __forceinline__ void quantize_block_q8_K(const float (&v)[8], int64_t b, int lane, int8_t* __restrict__ qs,
                                                     Q8KScale* __restrict__ s) {
-    float amax = 0.0f, mx = 0.0f;
-    int at = INT_MAX;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (fabsf(v[j]) > amax) {
-            amax = fabsf(v[j]);
-            mx = v[j];
-            at = 8 * lane + j;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
-        if (a2 > amax || (a2 == amax && at2 < at)) {
-            amax = a2;
-            mx = m2;
-            at = at2;
-        }
-    }
-    const float iscale = amax != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
-    int sum = 0;
-    char4 q[2];
-    int8_t* qv = reinterpret_cast<int8_t*>(q);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int qj = amax != 0.0f ? min(127, __float2int_rn(__fmul_rn(iscale, v[j]))) : 0;
-        qv[j] = int8_t(qj);
-        sum += qj;
-    }
-    *reinterpret_cast<int2*>(qs + b * kQK_K + 8 * lane) = *reinterpret_cast<const int2*>(q);
-    const int quarter = 2 * (lane / 16) + (lane % 4) / 2;
-    int sums[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) sums[c] = __reduce_add_sync(0xffffffffu, quarter == c ? sum : 0);
-    if (lane == 0) {
-        Q8KScale r;
-        r.d = amax != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
-        for (int c = 0; c < 4; ++c) r.sum[c] = sums[c];
-        s[b] = r;
-    }
+    int2 q;
+    Q8KScale r;
+    q8k_quantize_block(v, lane, q, r);
+    *reinterpret_cast<int2*>(qs + b * kQK_K + 8 * lane) = q;
+    if (lane == 0) s[b] = r;
 }
 
 __global__ void quantize_q8_K_kernel(const float* __restrict__ x, int8_t* __restrict__ qs, Q8KScale* __restrict__ s,
@@ -1448,12 +1410,14 @@ void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int c
     }
 }
 // The stream kernel over ws (n = 1), a block per SM over the stacked rows (the lane-piece kernel
-// instead where it takes them).
+// instead where it takes them). xf: x in f32, which each block quantizes itself (xa unused), or
+// nullptr (x in xa, quantized by the kernel before).
 void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
-                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st) {
+                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st, const float* xf = nullptr) {
     if (ternary_lanes_fits(*ws[0])) return launch_ternary_lanes(ws, ys, count, xa, resid, st);
     TernaryStreamParams p;
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
+    if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1470,11 +1434,22 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     }
 }
 
-// ws[0..count) share x (n = 1): x quantized to q8_K, then the stream kernel.
+// Whether the stream kernel quantizes x itself where x comes in f32 (gemv_ternary_stream): by
+// default (VXQ_GEMV_TS_QUANT=0 or set_gemv_ternary_quantize_in_kernel(false): the quantize kernel
+// before it, for A/B).
+bool g_ternary_quantize_in_kernel = [] {
+    const char* e = std::getenv("VXQ_GEMV_TS_QUANT");
+    return !(e && std::atoi(e) == 0);
+}();
+bool ternary_quantizes_x(const DeviceWeight& w) { return g_ternary_quantize_in_kernel && !ternary_lanes_fits(w); }
+
+// ws[0..count) share x (n = 1): the stream kernel, which quantizes x to q8_K itself (every block
+// into its shared memory: one kernel and one boundary fewer a call), or after the quantize kernel.
 void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
                          const float* x, GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
     const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
+    if (ternary_quantizes_x(w)) return launch_ternary_stream(plan, ws, ys, count, xa, nullptr, st, x);
     const int64_t nb = w.cols / kQK_K;
     launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
     launch_ternary_stream(plan, ws, ys, count, xa, nullptr, st);
@@ -1740,6 +1715,7 @@ GemvScratch::~GemvScratch() {
 void set_gemv1_x_in_registers(bool on) { g_gemv1_x_regs = on; }
 
 void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
+void set_gemv_ternary_quantize_in_kernel(bool on) { g_ternary_quantize_in_kernel = on; }
 void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
 void set_gemv_ternary_lanes_pieces(int pieces) { g_ternary_lanes_pieces = pieces == 2 ? 2 : 1; }
 void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
@@ -1819,8 +1795,9 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             return line;
         }
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
-            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, PDL %s",
-                          type, plan.W, plan.R, plan.S, plan.smem / 1024, pdl_enabled() ? "on" : "off");
+            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, x quantized %s, PDL %s",
+                          type, plan.W, plan.R, plan.S, plan.smem / 1024, ternary_quantizes_x(w) ? "in the kernel" : "before",
+                          pdl_enabled() ? "on" : "off");
             return line;
         }
         G1Params p;

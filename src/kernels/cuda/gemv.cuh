@@ -126,6 +126,9 @@ void set_weight_evict_first(bool on);
 // The batch-1 ternary GEMV (TQ2_0, TQ2_G128 at n = 1): the stream kernel (ternary_stream_kernels.cuh,
 // the default) or the group kernel (false; VXQ_GEMV_TQ2_STREAM=0 at start). For A/B measurements.
 void set_gemv_ternary_stream(bool on);
+// Within the stream kernel, where x comes in f32: quantized to q8_K by the kernel's own blocks (the
+// default) or by the quantize kernel before it (false; VXQ_GEMV_TS_QUANT=0 at start). For A/B.
+void set_gemv_ternary_quantize_in_kernel(bool on);
 // Within the stream path: the lane-piece kernel where it takes the matrix (true;
 // VXQ_GEMV_TQ2_LANES=1 at start) or the stream kernel's ring (the default until the lane-piece
 // kernel is timed on a GPU). For A/B measurements and tests.

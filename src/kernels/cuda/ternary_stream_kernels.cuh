@@ -61,6 +61,8 @@ struct TernaryStreamParams {
     int rows_per_block;                  // a block's stretch of the stacked rows
     const int8_t* xq;                    // q8_K activations [cols]
     const Q8KScale* xs;                  // [cols / 256]
+    const float* xf;                     // or f32 activations [cols], which every block of the stream kernel
+                                         // quantizes to q8_K itself (then xq, xs unused); nullptr: none
     int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
     int pad;
     float* resid;                        // one matrix: resid[r] += y[r] as y is stored (cuda::add's order), or nullptr
@@ -134,6 +136,48 @@ __device__ __forceinline__ T ts_pick(const T (&a)[N], int m) {
 #pragma unroll
     for (int i = 1; i < N; ++i) v = m == i ? a[i] : v;
     return v;
+}
+
+// q8_K of one 256-block by a warp (ggml's quantize_row_q8_K, as the CPU backend computes it): the
+// signed value of largest magnitude (the first of equals), iscale = -127 / max, q = min(127,
+// round-to-nearest-even(iscale x)), d = 1 / iscale; all zero for a zero block. Lane l holds values
+// 8 l .. 8 l + 7 (in quarter 2 (l / 16) + (l % 4) / 2); it gets their quants (8 bytes) and, as
+// every lane, the block's scale and quarter sums. Every lane calls.
+__device__ __forceinline__ void q8k_quantize_block(const float (&v)[8], int lane, int2& quants, Q8KScale& r) {
+    float amax = 0.0f, mx = 0.0f;
+    int at = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        if (fabsf(v[j]) > amax) {
+            amax = fabsf(v[j]);
+            mx = v[j];
+            at = 8 * lane + j;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
+        if (a2 > amax || (a2 == amax && at2 < at)) {
+            amax = a2;
+            mx = m2;
+            at = at2;
+        }
+    }
+    const float iscale = amax != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
+    int sum = 0;
+    uint32_t word[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int qj = amax != 0.0f ? min(127, __float2int_rn(__fmul_rn(iscale, v[j]))) : 0;
+        word[j / 4] |= uint32_t(uint8_t(int8_t(qj))) << (8 * (j % 4));
+        sum += qj;
+    }
+    quants = make_int2(int(word[0]), int(word[1]));
+    const int quarter = 2 * (lane / 16) + (lane % 4) / 2;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) r.sum[c] = __reduce_add_sync(0xffffffffu, quarter == c ? sum : 0);
+    r.d = amax != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
 }
 
 // a . b over four byte pairs plus c, a's bytes unsigned and b's signed (dp4a.u32.s32).
@@ -211,11 +255,42 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
 
     // x, once the kernel that wrote it is done: unit u's quarter-run l (16 bytes) at xu[l units + u].
     pdl_wait();
-    for (int e = tid; e < 4 * units; e += kThreads) {
-        const int l = e / units, u = e - l * units, b = u >> 2, c = u & 3;
-        xu[e] = __ldg(reinterpret_cast<const int4*>(p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 32 * l));
+    if (p.xf) {
+        // Quantized here (no quantize kernel and boundary before this one): warp w takes 256-blocks
+        // w, w + W, ..., kQ of them with their loads in flight at once. Lane l's values 8 l .. 8 l
+        // + 7 of block b are bytes 8 (l % 2) .. of quarter-run (l % 16) / 4 of unit 4 b + 2 (l / 16)
+        // + (l % 4) / 2 (the layout above).
+        constexpr int kQ = 4;
+        const int nb = cols / kQK_K;
+        const int c = 2 * (lane / 16) + (lane % 4) / 2, l = (lane % 16) / 4;
+        for (int b0 = warp; b0 < nb; b0 += kQ * W) {
+            float v[kQ][8];
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) {
+                const int b = b0 + k * W;
+                const float4* src = reinterpret_cast<const float4*>(p.xf + (b < nb ? b : 0) * kQK_K + 8 * lane);
+                const float4 a = src[0], e = src[1];
+                v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
+                v[k][4] = e.x, v[k][5] = e.y, v[k][6] = e.z, v[k][7] = e.w;
+            }
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) {
+                const int b = b0 + k * W;
+                if (b >= nb) break;  // warp-uniform
+                int2 q;
+                Q8KScale r;
+                q8k_quantize_block(v[k], lane, q, r);
+                *reinterpret_cast<int2*>(smem + (l * units + 4 * b + c) * 16 + 8 * (lane % 2)) = q;
+                if (lane == 0) xsc[b] = r;
+            }
+        }
+    } else {
+        for (int e = tid; e < 4 * units; e += kThreads) {
+            const int l = e / units, u = e - l * units, b = u >> 2, c = u & 3;
+            xu[e] = __ldg(reinterpret_cast<const int4*>(p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 32 * l));
+        }
+        for (int b = tid; b < cols / kQK_K; b += kThreads) xsc[b] = p.xs[b];
     }
-    for (int b = tid; b < cols / kQK_K; b += kThreads) xsc[b] = p.xs[b];
     __syncthreads();
     pdl_launch_dependents();
 
