@@ -139,12 +139,14 @@ Launch launch_of(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K&
 }
 
 // The stream kernel at W warps, R rows a warp and a ring of S.
-// xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or nullptr.
+// xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or nullptr; with it
+// norm_w: the RMSNorm first (eps), the normalized x also written to x_out.
 template <int W, int R, int S>
 void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
-                     float* resid, const float* xf) {
+                     float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
     Launch l = launch_of(c, ms, x, y, resid);
     if (xf) l.p.xq = nullptr, l.p.xs = nullptr, l.p.xf = xf;
+    l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
                  [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
 }
@@ -306,6 +308,68 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
                     ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
                         << form << ": matrix " << i << " row " << r << ", cols " << c.cols << ": " << got[i][r] << " vs " << want[i][r];
                 }
+            }
+        }
+    }
+}
+
+// rms_norm's scale as block_rms_scale (device_math.cuh) sums: thread t < 256 sums x[t + 256 k]^2
+// in double in k's order, partials folded at 128 and 64, then within warp 0 by p[t] + p[t + 32] and
+// shuffles down 16 .. 1; the mean rounded to float before eps.
+float rms_scale_as_device(const std::vector<float>& x, float eps) {
+    std::vector<double> p(256, 0.0);
+    for (size_t c = 0; c < x.size(); ++c) p[c % 256] += double(x[c] * x[c]);
+    for (int s = 128; s > 32; s >>= 1) {
+        for (int t = 0; t < s; ++t) p[size_t(t)] += p[size_t(t + s)];
+    }
+    double v[32];
+    for (int t = 0; t < 32; ++t) v[t] = p[size_t(t)] + p[size_t(t + 32)];
+    for (int s = 16; s > 0; s >>= 1) {
+        double next[32];
+        for (int t = 0; t < 32; ++t) next[t] = v[t] + (t + s < 32 ? v[t + s] : v[t]);
+        std::copy(next, next + 32, v);
+    }
+    const float mean = float(v[0] / double(x.size()));
+    return 1.0f / std::sqrt(mean + eps);
+}
+
+// The RMSNorm before the matmul in the stream kernel's own quantize (GemvFusion's norm at n = 1):
+// y equal bit for bit to the kernel reading the q8_K of x normalized on the host as rms_norm does
+// (rms_scale_as_device, then x s w rounded after each product), and the normalized x written out
+// equal to it, every 256-block by some block (grids of 1-7 blocks over 2-68 256-blocks); a stack.
+// Planted bugs caught: only block 0 writing, x w s for x s w, every value with block 0's weights.
+TEST(TernaryStreamSimt, RmsNormBeforeTheQuantizeEqualsNormalizingFirst) {
+    const uint32_t seed = test::fresh_seed();
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    const Case cases[] = {
+        {GgmlType::TQ2_0, 1024, {5, 17, 40}, 7},
+        {GgmlType::TQ2_G128, 512, {50}, 1},
+        {GgmlType::TQ2_0, 17408, {9}, 3},
+    };
+    for (const Case& c : cases) {
+        std::vector<TernaryMatrix> ms;
+        for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<float> in(size_t(c.cols)), w(size_t(c.cols));
+        for (float& v : in) v = 3.0f * nd(rng);
+        for (float& v : w) v = 1.0f + 0.25f * nd(rng);
+        const float eps = 1e-5f;
+        const float scale = rms_scale_as_device(in, eps);
+        std::vector<float> normed(in.size());
+        for (size_t i = 0; i < in.size(); ++i) normed[i] = (in[i] * scale) * w[i];
+        const Q8K x = quantize_x(normed);
+        std::vector<std::vector<float>> want, got;
+        run_stream<16, 1, 2>(c, ms, x, want);
+        std::vector<float> out(in.size(), NAN);
+        run_stream_with<16, 2, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
+        for (size_t i = 0; i < in.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "normalized x[" << i << "], cols " << c.cols;
+        }
+        for (size_t i = 0; i < ms.size(); ++i) {
+            for (size_t r = 0; r < got[i].size(); ++r) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
+                    << "matrix " << i << " row " << r << ", cols " << c.cols;
             }
         }
     }

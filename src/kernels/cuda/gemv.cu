@@ -1412,12 +1412,15 @@ void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int c
 // The stream kernel over ws (n = 1), a block per SM over the stacked rows (the lane-piece kernel
 // instead where it takes them). xf: x in f32, which each block quantizes itself (xa unused), or
 // nullptr (x in xa, quantized by the kernel before).
+// With xf, f: its RMSNorm prologue (norm_in is then xf; the normalized x written to x too).
 void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
-                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st, const float* xf = nullptr) {
+                           const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st, const float* xf = nullptr,
+                           const GemvFusion* f = nullptr, float* x = nullptr) {
     if (ternary_lanes_fits(*ws[0])) return launch_ternary_lanes(ws, ys, count, xa, resid, st);
     TernaryStreamParams p;
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
     if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
+    if (xf && f && f->norm_weight) p.norm_w = f->norm_weight, p.norm_eps = f->norm_eps, p.x_out = x;
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1480,6 +1483,11 @@ void gemv_q8k_fused(const DeviceWeight* const* ws, float* const* ys, int count, 
     const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
     const int64_t nb = w.cols / kQK_K;
     const float* in = f.norm_weight ? f.norm_in : x;
+    // The stream kernel's own quantize takes the RMSNorm and the residual add, not the SwiGLU: x =
+    // silu(x) * up is written back over the x that every block reads.
+    if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R && !f.swiglu_up && ternary_quantizes_x(w)) {
+        return launch_ternary_stream(plan, ws, ys, count, xa, f.resid, st, in, &f, x);
+    }
     const unsigned blocks = unsigned((nb + kQuantFusedThreads / 32 - 1) / (kQuantFusedThreads / 32));
     launch_pdl(quantize_q8_K_fused_kernel, dim3(blocks), dim3(kQuantFusedThreads), 0, st, in, f.norm_weight, f.norm_eps,
                f.swiglu_up, x, w.cols, xa.qs, xa.s);

@@ -63,6 +63,10 @@ struct TernaryStreamParams {
     const Q8KScale* xs;                  // [cols / 256]
     const float* xf;                     // or f32 activations [cols], which every block of the stream kernel
                                          // quantizes to q8_K itself (then xq, xs unused); nullptr: none
+    const float* norm_w;                 // with xf: x = rms_norm(xf) * norm_w first (GemvFusion's RMSNorm:
+    float norm_eps;                      //   the same bits as cuda::rms_norm), or nullptr
+    float* x_out;                        // with norm_w: where the normalized x is written too (the blocks
+                                         //   share the 256-blocks out), or nullptr
     int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
     int pad;
     float* resid;                        // one matrix: resid[r] += y[r] as y is stored (cuda::add's order), or nullptr
@@ -260,23 +264,42 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
         // w, w + W, ..., kQ of them with their loads in flight at once. Lane l's values 8 l .. 8 l
         // + 7 of block b are bytes 8 (l % 2) .. of quarter-run (l % 16) / 4 of unit 4 b + 2 (l / 16)
         // + (l % 4) / 2 (the layout above).
+        // With the RMSNorm first: its scale by the block (block_rms_scale: the first 256 threads
+        // sum in rms_norm's order, every thread meets its barriers), then each value as
+        // rms_apply; block b % grid writes 256-block b of the normalized x out.
         constexpr int kQ = 4;
         const int nb = cols / kQK_K;
         const int c = 2 * (lane / 16) + (lane % 4) / 2, l = (lane % 16) / 4;
+        __shared__ double rms_partial[kNormThreads];
+        const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;  // the launch's blocks
+        const float scale = p.norm_w ? block_rms_scale(p.xf, cols, p.norm_eps, rms_partial) : 1.0f;
+        const auto load8 = [&](const float* base, int b, float (&v)[8]) {
+            const float4* src = reinterpret_cast<const float4*>(base + b * kQK_K + 8 * lane);
+            const float4 a = src[0], e = src[1];
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+            v[4] = e.x, v[5] = e.y, v[6] = e.z, v[7] = e.w;
+        };
         for (int b0 = warp; b0 < nb; b0 += kQ * W) {
-            float v[kQ][8];
+            float v[kQ][8], nw[kQ][8];
 #pragma unroll
             for (int k = 0; k < kQ; ++k) {
-                const int b = b0 + k * W;
-                const float4* src = reinterpret_cast<const float4*>(p.xf + (b < nb ? b : 0) * kQK_K + 8 * lane);
-                const float4 a = src[0], e = src[1];
-                v[k][0] = a.x, v[k][1] = a.y, v[k][2] = a.z, v[k][3] = a.w;
-                v[k][4] = e.x, v[k][5] = e.y, v[k][6] = e.z, v[k][7] = e.w;
+                const int b = b0 + k * W < nb ? b0 + k * W : 0;
+                load8(p.xf, b, v[k]);
+                if (p.norm_w) load8(p.norm_w, b, nw[k]);
             }
 #pragma unroll
             for (int k = 0; k < kQ; ++k) {
                 const int b = b0 + k * W;
                 if (b >= nb) break;  // warp-uniform
+                if (p.norm_w) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) v[k][j] = rms_apply(v[k][j], scale, nw[k][j]);
+                    if (p.x_out && b % grid == int(blockIdx.x)) {
+                        float4* dst = reinterpret_cast<float4*>(p.x_out + b * kQK_K + 8 * lane);
+                        dst[0] = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+                        dst[1] = make_float4(v[k][4], v[k][5], v[k][6], v[k][7]);
+                    }
+                }
                 int2 q;
                 Q8KScale r;
                 q8k_quantize_block(v[k], lane, q, r);
