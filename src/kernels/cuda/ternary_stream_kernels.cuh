@@ -12,9 +12,12 @@
 // groups per warp are issued before griddepcontrol.wait, so the weights stream while the kernel
 // before (the quantize, or whatever wrote x) finishes: on those shapes the ring holds 82-97 % of a
 // block's rows, so most of the matrix is in flight at once. Then x (q8_K, cols bytes and the
-// blocks' scales) is copied into shared memory, laid out [quarter-run l][unit] so that a warp's 32
-// lanes read 32 consecutive 16-byte units (no bank conflicts), and each warp walks its groups: wait
-// for stage g, a unit (64 weights, 16 bytes) per lane per row, issue group g + S into the slot.
+// blocks' scales: copied from the quantize kernel's output, or, by default where x comes in f32,
+// quantized by the block itself, after the decode step's RMSNorm where one is fused; 2026-12-06:
+// one kernel and boundary fewer a matmul, +7 % TQ2_0 decode) goes into shared memory, laid out
+// [quarter-run l][unit] so that a warp's 32 lanes read 32 consecutive 16-byte units (no bank
+// conflicts), and each warp walks its groups: wait for stage g, a unit (64 weights, 16 bytes) per
+// lane per row, issue group g + S into the slot.
 //
 // Numerics: TQ2Format's in gemv.cu. Unit u of a row holds in bits 2 l of byte k the digit t + 1 of
 // value 128 (c / 2) + 32 l + 16 (c % 2) + k of 256-block u / 4 (c = u % 4); the integer sum of
