@@ -760,9 +760,9 @@ private:
     }
 };
 // The hi (part 0) or lo (part 1) half pair of (x0, x1), as mma.cuh's split_pair makes them, by one
-// sequence for both parts (8 instructions a pair; split_pair and a select took ~11): fp16(y) with
-// y = x sc + fp16(x) nsc, (sc, nsc) = (1, 0) for hi and (2^11, -2^11) for lo, where 2^11 (x -
-// fp16(x)) is exact in f32 as split_pair's (x - hi) 2^11 is: the same bits.
+// sequence for both parts (split_pair made both and a select kept one): fp16(y) with y = x sc +
+// fp16(x) nsc, (sc, nsc) = (1, 0) for hi and (2^11, -2^11) for lo, where 2^11 (x - fp16(x)) is
+// exact in f32 as split_pair's (x - hi) 2^11 is: the same bits.
 struct KiviPart {
     float sc, nsc;
     __device__ __forceinline__ explicit KiviPart(int part) : sc(part ? kLoScale : 1.0f), nsc(part ? -kLoScale : 0.0f) {}
