@@ -7,7 +7,7 @@
 
 namespace vxq::cuda {
 
-constexpr int kNormThreads = 256;  // the block size of every block_rms_scale caller
+constexpr int kNormThreads = 256;  // the threads that sum in block_rms_scale (its callers have at least this many)
 
 // Element i of a 4-vector (float4, uint4, ...).
 template <class V4>
