@@ -7,7 +7,7 @@
 
 namespace vxq::cuda {
 
-constexpr int kNormThreads = 256;  // the threads that sum in block_rms_scale (its callers have at least this many)
+constexpr int kNormThreads = 256;  // the threads that sum in block_rms_scale (a caller's block: at least as many)
 
 // Element i of a 4-vector (float4, uint4, ...).
 template <class V4>
@@ -36,10 +36,11 @@ __device__ __forceinline__ void strided_batches(int64_t n, Load load, F f) {
 }
 
 // 1 / sqrt(mean(x^2) + eps) of x[0, dim), by the whole block (all of its threads calling: the
-// first kNormThreads sum, any others only meet the barriers). The sum of squares is accumulated in double as ggml (ggml_float) and the CPU
-// backend do; the order is a fixed tree (thread t sums x[t + 256 k] in k's order, then partial
-// t takes partial t + s for s = 128, 64, ..., 1: the last five levels as shuffles within warp 0,
-// the same additions), so every caller gets the same bits, and the CPU's value to rounding.
+// first kNormThreads sum, any others only meet the barriers). The sum of squares is accumulated
+// in double as ggml (ggml_float) and the CPU backend do; the order is a fixed tree (thread t sums
+// x[t + 256 k] in k's order, then partial t takes partial t + s for s = 128, 64, ..., 1: the last
+// five levels as shuffles within warp 0, the same additions), so every caller gets the same bits,
+// and the CPU's value to rounding.
 // `partial`: kNormThreads doubles of shared memory. Ends with the block synchronized (partial
 // may be reused after it).
 __device__ __forceinline__ float block_rms_scale(const float* x, int64_t dim, float eps, double* partial) {
