@@ -150,6 +150,8 @@ void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const 
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
                  [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
 }
+using RunWith = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*,
+                         const float*, const float*, float, float*);
 template <int W, int R, int S>
 void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                 float* resid = nullptr) {
@@ -247,6 +249,19 @@ TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
     }
 }
 
+// Every row of every matrix in got equal bit for bit to want's.
+void expect_rows_bit_equal(const Case& c, const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
+                           const char* form) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_EQ(got[i].size(), want[i].size());
+        for (size_t r = 0; r < got[i].size(); ++r) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
+                << form << ": matrix " << i << " row " << r << ", cols " << c.cols << ": " << got[i][r] << " vs " << want[i][r];
+        }
+    }
+}
+
 // x in f32, quantized to q8_K by the stream kernel's own blocks (TernaryStreamParams::xf, the
 // default where x comes in f32): every row equal bit for bit to the same kernel reading the CPU's
 // q8_K (quantize_row_q8_K), so every quant, scale and quarter sum the blocks make is the CPU's.
@@ -266,18 +281,8 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
         {GgmlType::TQ2_0, 17408, {9}, 4},
         {GgmlType::TQ2_0, 5120, {33}, 2},
     };
-    using Fused = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, const float*, std::vector<std::vector<float>>&);
-    const std::pair<const char*, Fused> forms[] = {
-        {"W 16, R 1, S 2", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
-             run_stream_with<16, 1, 2>(c, ms, x, y, nullptr, xf);
-         }},
-        {"W 16, R 2, S 4", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
-             run_stream_with<16, 2, 4>(c, ms, x, y, nullptr, xf);
-         }},
-        {"W 32, R 1, S 1", [](const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, const float* xf, std::vector<std::vector<float>>& y) {
-             run_stream_with<32, 1, 1>(c, ms, x, y, nullptr, xf);
-         }},
-    };
+    const std::pair<const char*, RunWith> forms[] = {
+        {"W 16, R 1, S 2", run_stream_with<16, 1, 2>}, {"W 16, R 2, S 4", run_stream_with<16, 2, 4>}, {"W 32, R 1, S 1", run_stream_with<32, 1, 1>}};
     for (const Case& c : cases) {
         std::vector<TernaryMatrix> ms;
         for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));
@@ -302,13 +307,8 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
         run_stream<16, 1, 2>(c, ms, x, want);
         expect_rows_match(c, ms, x, want, "reading the CPU's q8_K");
         for (const auto& [form, run] : forms) {
-            run(c, ms, x, xf.data(), got);
-            for (size_t i = 0; i < ms.size(); ++i) {
-                for (size_t r = 0; r < got[i].size(); ++r) {
-                    ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
-                        << form << ": matrix " << i << " row " << r << ", cols " << c.cols << ": " << got[i][r] << " vs " << want[i][r];
-                }
-            }
+            run(c, ms, x, got, nullptr, xf.data(), nullptr, 0.0f, nullptr);
+            expect_rows_bit_equal(c, got, want, form);
         }
     }
 }
@@ -366,12 +366,7 @@ TEST(TernaryStreamSimt, RmsNormBeforeTheQuantizeEqualsNormalizingFirst) {
         for (size_t i = 0; i < in.size(); ++i) {
             ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "normalized x[" << i << "], cols " << c.cols;
         }
-        for (size_t i = 0; i < ms.size(); ++i) {
-            for (size_t r = 0; r < got[i].size(); ++r) {
-                ASSERT_EQ(std::bit_cast<uint32_t>(got[i][r]), std::bit_cast<uint32_t>(want[i][r]))
-                    << "matrix " << i << " row " << r << ", cols " << c.cols;
-            }
-        }
+        expect_rows_bit_equal(c, got, want, "the RMSNorm in the kernel");
     }
 }
 
