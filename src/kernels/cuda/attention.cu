@@ -1731,10 +1731,16 @@ int64_t forced_blocks_per_sm() {
     }();
     return forced;
 }
-// About per_sm blocks per SM for `rows` (query group, KV head) pairs: splits a power of two, at most kAttnSplitMaxSplits.
-int64_t splits_for(int64_t per_sm, int64_t rows) {
-    const int64_t want = (per_sm * sm_count() + rows - 1) / std::max<int64_t>(1, rows);
+// About per_sm blocks per SM for `rows` (query group, KV head) pairs: splits a power of two, at most kAttnSplitMaxSplits,
+// the smallest whose blocks reach per_sm an SM, or (within) the largest whose blocks the SMs hold at per_sm each.
+int64_t splits_for(int64_t per_sm, int64_t rows, bool within = false) {
+    const int64_t room = per_sm * sm_count();
     int64_t s = 1;
+    if (within) {
+        while (2 * s * std::max<int64_t>(1, rows) <= room && s < kAttnSplitMaxSplits) s *= 2;
+        return s;
+    }
+    const int64_t want = (room + rows - 1) / std::max<int64_t>(1, rows);
     while (s < want && s < kAttnSplitMaxSplits) s *= 2;
     return s;
 }
@@ -1752,11 +1758,7 @@ int64_t attention_splits(int64_t n_q, int64_t n_head_kv, KvCode k_code) {
 
 int64_t attention_stream_tma_splits(int64_t n_head_kv, KvCode k_code) {
     const int64_t forced = forced_blocks_per_sm();
-    if (k_code == KvCode::F16 && !forced) {  // a block per SM: the largest power of two that fits
-        int64_t s = 1;
-        while (2 * s * std::max<int64_t>(1, n_head_kv) <= sm_count() && s < kAttnSplitMaxSplits) s *= 2;
-        return s;
-    }
+    if (k_code == KvCode::F16 && !forced) return splits_for(1, n_head_kv, true);  // a block per SM
     return splits_for(forced ? forced : int64_t(kAttnTmaBlocksPerSm), n_head_kv);
 }
 
