@@ -11,9 +11,10 @@
 //     to win (kGemmMinTokensDense / kGemmMinTokensQuant in gemv.cuh).
 //   Boundary, F16 and Q4_0 at n = 1: 8 back-to-back GEMVs of 8 distinct matrices against one
 //     GEMV of all their rows (same bytes): what each kernel boundary of a decode step costs.
-//   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 and 4, TQ2_G128 at 1
-//     (q8_K quantize + GEMV) against F16 through the batch-1 kernel and through cuBLAS (GemmEx,
-//     n = 1), GB/s of the weight bytes against the copy.
+//   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 (every
+//     kernel) and 4 (the group kernel; the tensor-core kernel at 4 and 8), TQ2_G128 at 1 against
+//     F16 through the batch-1 kernel and through cuBLAS (GemmEx, n = 1), GB/s of the weight bytes
+//     against the copy.
 // Every line names the kernels that ran (gemv_describe).
 //
 //   vxq_gpu_gemv            prints four markdown tables, the copy first
@@ -258,10 +259,10 @@ int main(int argc, char** argv) {
         }
         for (const auto& [rows, cols] : ternary_shapes) {
             float *x, *y;
-            VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(4 * cols) * sizeof(float)));
-            VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(4 * rows) * sizeof(float)));
+            VXQ_CUDA_CHECK(cudaMalloc(&x, size_t(8 * cols) * sizeof(float)));
+            VXQ_CUDA_CHECK(cudaMalloc(&y, size_t(8 * rows) * sizeof(float)));
             {
-                std::vector<float> xh(size_t(4 * cols));
+                std::vector<float> xh(size_t(8 * cols));
                 std::normal_distribution<float> nd;
                 for (float& v : xh) v = nd(rng);
                 VXQ_CUDA_CHECK(cudaMemcpy(x, xh.data(), xh.size() * sizeof(float), cudaMemcpyHostToDevice));
@@ -280,14 +281,33 @@ int main(int argc, char** argv) {
                     check_finite(y, size_t(n * rows), what);
                     ternary_rows.push_back({what, gemv_describe(copies.front(), n, path), rows, cols, n, copies.front().bytes, ms * 1e3});
                 };
-                // n = 1: the stream kernel (the default, x quantized in it), the same after the
-                // quantize kernel, the lane-piece kernel at 1 and 2 pieces a lane, the stream
+                // n = 1: the default kernel (x quantized in it), the same after the quantize
+                // kernel, the tensor-core kernel (TQ2_0: with and without the quantize kernel), the
+                // stream kernel, the lane-piece kernel at 1 and 2 pieces a lane, the stream
                 // kernel's 32-warp plan, and the group kernel, in the same process.
                 const auto forms = [&](const std::string& t) {
                     run(t.c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_quantize_in_kernel(false);
                     run((t + " quantize kernel").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_quantize_in_kernel(true);
+                    if (type == GgmlType::TQ2_0) {  // the tensor-core kernel, on and off whatever the default
+                        set_gemv_ternary_mma(true);
+                        run((t + " mma").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_quantize_in_kernel(false);
+                        run((t + " mma quantize kernel").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_quantize_in_kernel(true);
+                        set_gemv_ternary_mma_depth(2);
+                        run((t + " mma depth 2").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_mma_depth(4);
+                        set_gemv_ternary_mma_prefetch(true);
+                        run((t + " mma L2 prefetch").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_mma_prefetch(false);
+                        set_gemv_ternary_mma_share(false);
+                        run((t + " mma x by every block").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_mma_share(true);
+                        set_gemv_ternary_mma(false);  // (and for the stream kernel's arms below)
+                        run((t + " stream").c_str(), 1, MatmulPath::Auto);
+                    }
                     set_gemv_ternary_lanes(true);
                     run((t + " lanes").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_lanes_pieces(2);
@@ -303,7 +323,11 @@ int main(int argc, char** argv) {
                 };
                 if (type == GgmlType::TQ2_0) {
                     forms("tq2_0");
-                    run("tq2_0", 4, MatmulPath::Auto);
+                    run("tq2_0 group", 4, MatmulPath::Auto);
+                    set_gemv_ternary_mma(true);  // the tensor-core kernel's batch form
+                    run("tq2_0 mma", 4, MatmulPath::Auto);
+                    run("tq2_0 mma", 8, MatmulPath::Auto);
+                    set_gemv_ternary_mma(false);
                 } else if (type == GgmlType::TQ2_G128) {
                     forms("tq2_g128");
                 } else {

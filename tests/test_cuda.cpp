@@ -574,7 +574,8 @@ TEST(Cuda, GemvGroupEqualsSeparateGemvs) {
 }
 
 // The batch-1 ternary GEMV: the lane-piece kernel (ternary_stream_kernels.cuh;
-// set_gemv_ternary_lanes(true)) and the stream kernel (the default where its ring fits) against
+// set_gemv_ternary_lanes(true)), the tensor-core kernel (ternary_mma_kernels.cuh,
+// set_gemv_ternary_mma(true): TQ2_0, per 256) and the stream kernel (where its ring fits) against
 // the group kernel (set_gemv_ternary_stream(false)) on issue 14's shapes scaled and whole: the
 // same integer dots (per 32 or 64 weights) times d_w d_x, float sums in other orders (the bound of
 // CudaGemv). Shapes the stream kernel does not take (TQ2_0 rows of an odd number of
@@ -611,21 +612,27 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
             cpu->embed(w.view(), std::vector<int32_t>{int32_t(r)}.data(), 1, row.data());
             for (int64_t c = 0; c < sc.cols; ++c) mag[size_t(r)] += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
         }
-        // The lane-piece kernel (where the stream path takes the matrix), then the stream
-        // kernel's plans of 16 and of 32 warps a block.
-        // (lanes: pieces a lane; 0: the stream kernel)
-        for (const auto& [lanes, warps] : {std::pair{1, 16}, std::pair{2, 16}, std::pair{0, 16}, std::pair{0, 32}}) {
-            SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : "stream kernel") << ", " << lanes << " pieces, "
-                                            << warps << " warps");
+        // The lane-piece kernel (where the stream path takes the matrix), the stream kernel's
+        // plans of 16 and of 32 warps a block, and the tensor-core kernel (TQ2_0; G128 stays on
+        // the stream kernel) at both depths.
+        struct Form { int lanes, warps, mma_depth; };  // lanes: pieces a lane (0: none); mma_depth 0: not the tensor-core kernel
+        for (const auto& [lanes, warps, mma_depth] : {Form{1, 16, 0}, Form{2, 16, 0}, Form{0, 16, 0}, Form{0, 32, 0}, Form{0, 16, 4}, Form{0, 16, 2}}) {
+            SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : mma_depth ? "tensor-core kernel" : "stream kernel") << ", "
+                                            << lanes << " pieces, " << warps << " warps, depth " << mma_depth);
             cuda::set_gemv_ternary_lanes(lanes > 0);
             cuda::set_gemv_ternary_lanes_pieces(lanes);
             cuda::set_gemv_ternary_stream_warps(warps);
+            cuda::set_gemv_ternary_mma(mma_depth > 0);
+            cuda::set_gemv_ternary_mma_depth(mma_depth);
             const std::string d = cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
-            EXPECT_EQ(d.find(lanes ? "ternary lanes" : "ternary stream") != std::string::npos, sc.stream) << d;
+            const char* want = lanes ? "ternary lanes" : mma_depth && sc.type == GgmlType::TQ2_0 ? "ternary mma" : "ternary stream";
+            EXPECT_EQ(d.find(want) != std::string::npos, sc.stream) << d;
             cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
             cuda::set_gemv_ternary_lanes(false);
             cuda::set_gemv_ternary_lanes_pieces(1);
             cuda::set_gemv_ternary_stream_warps(16);
+            cuda::set_gemv_ternary_mma(false);
+            cuda::set_gemv_ternary_mma_depth(4);
             VXQ_CUDA_CHECK(cudaStreamSynchronize(st.s));
             const std::vector<float> a = ys.download();
             for (int64_t r = 0; r < sc.rows; ++r) {

@@ -1,5 +1,6 @@
 // The batch-1 ternary GEMVs (kernels/cuda/ternary_stream_kernels.cuh: the stream kernel and the
-// lane-piece kernel) run on the CPU by the SIMT emulator (support/simt.h), in every build that has
+// lane-piece kernel; ternary_mma_kernels.cuh: the tensor-core kernel, TQ2_0, its int8 MMAs as the
+// emulator's mma.cuh computes them) run on the CPU by the SIMT emulator (support/simt.h), in every build that has
 // the CUDA headers: TQ2_0 and TQ2_G128 rows (GGUF blocks split into the quant and scale planes the
 // upload makes) against the CPU backend's dot_kquant_q8_K on the same q8_K activations, for single
 // matrices and stacks of matrices that share x, odd row counts, 16 and 32 warps, ring depths 1-8
@@ -20,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,6 +34,7 @@
 #if VXQ_HAVE_CUDA
 #include "support/simt.h"
 // (after simt.h: it defines the device built-ins the kernel uses)
+#include "kernels/cuda/ternary_mma_kernels.cuh"
 #include "kernels/cuda/ternary_stream_kernels.cuh"
 #endif
 
@@ -167,14 +170,57 @@ void run_lanes(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x
                  [&] { cuda::ternary_lanes_kernel<cuda::kTlAhead, P>(l.p); });
 }
 
-// The kernel's forms the tests run: both warp counts, both row counts a warp takes, rings of 1-8;
-// and the lane-piece kernel.
+// The tensor-core kernel (ternary_mma_kernel, TQ2_0 only) at W warps and D pairs in flight a
+// warp, with the stream kernel's arguments (run_stream_with).
+template <int W, int D>
+void run_mma_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                  float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
+    Launch l = launch_of(c, ms, x, y, resid);
+    if (xf) l.p.xq = nullptr, l.p.xs = nullptr, l.p.xf = xf;
+    l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
+    simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block)),
+                 [&] { cuda::ternary_mma_kernel<W, D, 1>(l.p); });
+}
+// The same with x's quantization shared by the blocks (kShare: each block quantizes its 256-blocks
+// into a global q8_K, a grid barrier, every block copies all of it), as two launches: every
+// block's share first (kShareQuantizeOnly), then the copies and the matmul (kShareCopyOnly); the
+// barrier between them runs on the device only.
+template <int W, int D>
+void run_mma_shared(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                    float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
+    Launch l = launch_of(c, ms, x, y, resid);
+    std::vector<int8_t> xq(size_t(c.cols), int8_t(0x55));
+    std::vector<cuda::Q8KScale> xs(size_t(c.cols / kQK_K), cuda::Q8KScale{NAN, {-1, -1, -1, -1}});
+    l.p.xf = xf, l.p.xq = xq.data(), l.p.xs = xs.data();
+    l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
+    const size_t smem = size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block));
+    for (const int share : {cuda::kShareQuantizeOnly, cuda::kShareCopyOnly}) {
+        l.p.x_share = share;
+        simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), smem, [&] { cuda::ternary_mma_kernel<W, D, 1>(l.p); });
+    }
+}
+template <int W, int D>
+void run_mma(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+             float* resid = nullptr) {
+    run_mma_with<W, D>(c, ms, x, y, resid, nullptr);
+}
+
+// The kernels' forms the tests run: the stream kernel at both warp counts, both row counts a warp
+// takes, rings of 1-8; the lane-piece kernel; the tensor-core kernel (TQ2_0 only) at 16 warps
+// (gemv.cu's) and at 4 and 8 warps with rings of 2 and 3 (warps that take many pairs, across tiles).
 using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
-const std::pair<const char*, Run> kForms[] = {
-    {"W 16, R 2, S 2", run_stream<16, 2, 2>}, {"W 16, R 1, S 2", run_stream<16, 1, 2>},
-    {"W 16, R 2, S 4", run_stream<16, 2, 4>}, {"W 16, R 1, S 8", run_stream<16, 1, 8>},
-    {"W 32, R 1, S 1", run_stream<32, 1, 1>}, {"W 32, R 2, S 1", run_stream<32, 2, 1>},
-    {"W 32, R 1, S 4", run_stream<32, 1, 4>}, {"lanes", run_lanes<1>}, {"lanes x2", run_lanes<2>}};
+struct Form {
+    const char* name;
+    Run run;
+    bool tq2_0_only;
+};
+const Form kForms[] = {
+    {"W 16, R 2, S 2", run_stream<16, 2, 2>, false}, {"W 16, R 1, S 2", run_stream<16, 1, 2>, false},
+    {"W 16, R 2, S 4", run_stream<16, 2, 4>, false}, {"W 16, R 1, S 8", run_stream<16, 1, 8>, false},
+    {"W 32, R 1, S 1", run_stream<32, 1, 1>, false}, {"W 32, R 2, S 1", run_stream<32, 2, 1>, false},
+    {"W 32, R 1, S 4", run_stream<32, 1, 4>, false}, {"lanes", run_lanes<1>, false},
+    {"lanes x2", run_lanes<2>, false},                {"mma W 16, D 4", run_mma<16, 4>, true},
+    {"mma W 4, D 2", run_mma<4, 2>, true},            {"mma W 8, D 3", run_mma<8, 3>, true}};
 
 // Every row against dot_kquant_q8_K. The kernel sums per 64 weights in float where the CPU sums
 // the integers of 256 (TQ2_0) / 128 (TQ2_G128) and then in float: the same products, other float
@@ -220,7 +266,8 @@ TEST(TernaryStreamSimt, EqualsCpuDotOnEveryRowFormAndStack) {
         xf[size_t(rng() % c.cols)] = 0.0f;
         const Q8K x = quantize_x(xf);
         std::vector<std::vector<float>> y;
-        for (const auto& [form, run] : kForms) {
+        for (const auto& [form, run, tq2_0_only] : kForms) {
+            if (tq2_0_only && c.type != GgmlType::TQ2_0) continue;
             run(c, ms, x, y, nullptr);
             expect_rows_match(c, ms, x, y, form);
         }
@@ -241,7 +288,7 @@ TEST(TernaryStreamSimt, ResidualAddIsResidPlusEveryRow) {
     for (float& v : r0) v = nd(rng);
     const Q8K x = quantize_x(xf);
     std::vector<std::vector<float>> y;
-    for (const auto& [form, run] : kForms) {
+    for (const auto& [form, run, tq2_0_only] : kForms) {
         std::vector<float> resid = r0;
         run(c, ms, x, y, resid.data());
         expect_rows_match(c, ms, x, y, form);
@@ -310,6 +357,18 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
             run(c, ms, x, got, nullptr, xf.data(), nullptr, 0.0f, nullptr);
             expect_rows_bit_equal(c, got, want, form);
         }
+        if (c.type == GgmlType::TQ2_0) {  // the tensor-core kernel's own quantize (its x layout) against it reading the CPU's
+            const std::pair<const char*, RunWith> mma_forms[] = {{"mma W 16, D 4", run_mma_with<16, 4>}, {"mma W 8, D 3", run_mma_with<8, 3>}};
+            for (const auto& [form, run] : mma_forms) {
+                run(c, ms, x, want, nullptr, nullptr, nullptr, 0.0f, nullptr);
+                expect_rows_match(c, ms, x, want, form);
+                run(c, ms, x, got, nullptr, xf.data(), nullptr, 0.0f, nullptr);
+                expect_rows_bit_equal(c, got, want, form);
+            }
+            run_mma_with<16, 4>(c, ms, x, want, nullptr, nullptr);
+            run_mma_shared<16, 4>(c, ms, x, got, nullptr, xf.data());  // x quantized once, by the blocks' shares
+            expect_rows_bit_equal(c, got, want, "mma W 16, D 4, x shared");
+        }
     }
 }
 
@@ -367,6 +426,86 @@ TEST(TernaryStreamSimt, RmsNormBeforeTheQuantizeEqualsNormalizingFirst) {
             ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "normalized x[" << i << "], cols " << c.cols;
         }
         expect_rows_bit_equal(c, got, want, "the RMSNorm in the kernel");
+        if (c.type == GgmlType::TQ2_0) {  // the same in the tensor-core kernel
+            run_mma<16, 4>(c, ms, x, want);
+            std::fill(out.begin(), out.end(), NAN);
+            for (const bool shared : {false, true}) {
+                std::fill(out.begin(), out.end(), NAN);
+                if (shared) {
+                    run_mma_shared<16, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
+                } else {
+                    run_mma_with<16, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
+                }
+                for (size_t i = 0; i < in.size(); ++i) {
+                    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "mma: normalized x[" << i << "], shared " << shared;
+                }
+                expect_rows_bit_equal(c, got, want, shared ? "the RMSNorm in the tensor-core kernel, x shared" : "the RMSNorm in the tensor-core kernel");
+            }
+        }
+    }
+}
+
+// The tensor-core kernel's batch form (NB = 8 columns): n = 2..8 tokens of x in one pass over the
+// weights, y [n, rows] of each matrix, every token's rows against dot_kquant_q8_K on that token's
+// q8_K; stacks, rows that end inside a tile, warps with pairs of several tiles (W 4, D 2), and
+// tokens with a zero x. Planted bugs caught: every column reading token 0's x, one token's scales
+// for both of a lane's columns, matrix 0's rows as every matrix's token stride (writes past y),
+// only tokens 0 and 1 flushed.
+TEST(TernaryStreamSimt, MmaBatchFormTakesUpToEightTokens) {
+    const uint32_t seed = test::fresh_seed();
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    std::mt19937 rng(seed);
+    struct BatchCase {
+        Case c;
+        int n;
+    };
+    const BatchCase cases[] = {
+        {{GgmlType::TQ2_0, 1024, {5, 17, 40}, 7}, 3},
+        {{GgmlType::TQ2_0, 512, {200}, 2}, 8},
+        {{GgmlType::TQ2_0, 4096, {70, 9}, 2}, 2},
+        {{GgmlType::TQ2_0, 2560, {33}, 3}, 5},
+    };
+    for (const auto& [c, n] : cases) {
+        std::vector<TernaryMatrix> ms;
+        for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        std::vector<Q8K> xs;
+        Q8K all;  // the n tokens' q8_K one after another, as the quantize kernel writes [n] rows
+        for (int t = 0; t < n; ++t) {
+            std::vector<float> xf(size_t(c.cols));
+            for (float& v : xf) v = t == 1 ? 0.0f : nd(rng);  // token 1: zero
+            xs.push_back(quantize_x(xf));
+            all.qs.insert(all.qs.end(), xs.back().qs.begin(), xs.back().qs.end());
+            all.scales.insert(all.scales.end(), xs.back().scales.begin(), xs.back().scales.end());
+        }
+        for (const auto& [form, W] : {std::pair<const char*, int>{"mma batch W 16, D 4", 16}, std::pair<const char*, int>{"mma batch W 4, D 2", 4}}) {
+            std::vector<std::vector<float>> y;
+            Launch l = launch_of(c, ms, all, y, nullptr);
+            l.p.n = n;
+            for (size_t i = 0; i < ms.size(); ++i) {
+                y[i].assign(size_t(n * ms[i].rows), NAN);
+                l.p.y[i] = y[i].data();
+            }
+            const size_t smem = size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block, cuda::kTmMaxTokens, n));
+            if (W == 16) {
+                simt::launch(dim3(unsigned(l.grid)), dim3(16 * 32), smem, [&] { cuda::ternary_mma_kernel<16, 4, cuda::kTmMaxTokens>(l.p); });
+            } else {
+                simt::launch(dim3(unsigned(l.grid)), dim3(4 * 32), smem, [&] { cuda::ternary_mma_kernel<4, 2, cuda::kTmMaxTokens>(l.p); });
+            }
+            for (int t = 0; t < n; ++t) {
+                std::vector<std::vector<float>> yt(ms.size());
+                for (size_t i = 0; i < ms.size(); ++i) {
+                    yt[i].assign(y[i].begin() + t * ms[i].rows, y[i].begin() + (t + 1) * ms[i].rows);
+                }
+                SCOPED_TRACE(testing::Message() << form << ", token " << t << " of " << n);
+                expect_rows_match(c, ms, xs[size_t(t)], yt, form);
+                if (t == 1) {
+                    for (const auto& v : yt) {
+                        for (const float f : v) ASSERT_EQ(f, 0.0f);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ternary_mma_kernels.cuh"
 #include "kernels/cuda/ternary_stream_kernels.cuh"
 
 namespace vxq::cuda {
@@ -1409,9 +1410,67 @@ void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int c
         launch_pdl(ternary_lanes_kernel<kTlAhead, 1>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
     }
 }
-// The stream kernel over ws (n = 1), a block per SM over the stacked rows (the lane-piece kernel
-// instead where it takes them). xf: x in f32, which each block quantizes itself (xa unused), or
-// nullptr (x in xa, quantized by the kernel before).
+// The tensor-core TQ2_0 GEMV (ternary_mma_kernels.cuh) in place of the stream kernel where it
+// takes the matrix: not yet by default, until timed on a GPU (VXQ_GEMV_TQ2_MMA=1 or
+// set_gemv_ternary_mma(true): on).
+bool g_ternary_mma = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA");
+    return e && std::atoi(e) == 1;
+}();
+constexpr int kTmWarps = 16;  // its block
+// (tile, block) pairs in flight a warp: 4 (128 registers, no spills) or 2 (VXQ_GEMV_TQ2_MMA_DEPTH=2 or
+// set_gemv_ternary_mma_depth(2): for A/B).
+int g_ternary_mma_depth = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_DEPTH");
+    return e && std::atoi(e) == 2 ? 2 : 4;
+}();
+// Whether its blocks ask L2 for their whole stretch of weights at the start: not by default (it
+// measured slower, docs/gpu.md, 2026-12-06, fourth session; VXQ_GEMV_TQ2_MMA_PREFETCH=1 or
+// set_gemv_ternary_mma_prefetch(true): on, for A/B).
+bool g_ternary_mma_prefetch = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_PREFETCH");
+    return e && std::atoi(e) == 1;
+}();
+// Its blocks quantize x once for the launch, each its share, and meet at a grid barrier (kShare;
+// VXQ_GEMV_TQ2_MMA_SHARE=0 or set_gemv_ternary_mma_share(false): every block quantizes all of x, for A/B).
+bool g_ternary_mma_share = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_SHARE");
+    return !(e && std::atoi(e) == 0);
+}();
+int64_t stacked_rows(const DeviceWeight* const* ws, int count) {
+    int64_t total = 0;
+    for (int i = 0; i < count; ++i) total += ws[i]->rows;
+    return total;
+}
+// Its shared memory for n tokens over a block per SM (0: it does not take the matrix: a type
+// other than TQ2_0, n above kTmMaxTokens, or more than the device's shared memory).
+int ternary_mma_smem(const DeviceWeight& w, int64_t total_rows, int64_t n) {
+    if (!g_ternary_mma || w.type != GgmlType::TQ2_0 || w.cols % kQK_K != 0 || n < 1 || n > kTmMaxTokens ||
+        ternary_lanes_fits(w) || w.cols > (int64_t(1) << 20) || total_rows > INT_MAX / 2) {
+        return 0;
+    }
+    const int64_t per_block = (total_rows + sm_count() - 1) / sm_count();
+    const int64_t bytes = tm_x_bytes(int(w.cols), int(n)) + tm_tiles(int(per_block)) * int64_t(kTmWarps) *
+                                                                (n > 1 ? kTmMaxTokens : 1) * kTmRows * int64_t(sizeof(float));
+    return bytes <= smem_optin() ? int(bytes) : 0;
+}
+template <int D, int NB>
+void launch_ternary_mma_d(const TernaryStreamParams& p, int grid, int smem, cudaStream_t st) {
+    static PerDevice configured;
+    allow_smem(ternary_mma_kernel<kTmWarps, D, NB>, size_t(smem), configured);
+    launch_pdl(ternary_mma_kernel<kTmWarps, D, NB>, dim3(unsigned(grid)), dim3(kTmWarps * 32), size_t(smem), st, p);
+}
+// The tensor-core kernel over p (p.n tokens) at the chosen depth.
+void launch_ternary_mma(TernaryStreamParams p, int grid, int smem, cudaStream_t st) {
+    p.l2_prefetch = g_ternary_mma_prefetch ? 1 : 0;
+    if (p.n > 1) return g_ternary_mma_depth == 2 ? launch_ternary_mma_d<2, kTmMaxTokens>(p, grid, smem, st)
+                                                 : launch_ternary_mma_d<4, kTmMaxTokens>(p, grid, smem, st);
+    return g_ternary_mma_depth == 2 ? launch_ternary_mma_d<2, 1>(p, grid, smem, st) : launch_ternary_mma_d<4, 1>(p, grid, smem, st);
+}
+
+// The stream kernel over ws (n = 1), a block per SM over the stacked rows (the tensor-core or
+// lane-piece kernel instead where they take them). xf: x in f32, which each block quantizes itself
+// (xa unused), or nullptr (x in xa, quantized by the kernel before).
 // With xf, f: its RMSNorm prologue (norm_in is then xf; the normalized x written to x too).
 void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* const* ws, float* const* ys, int count,
                            const QuantX<Q8KScale>& xa, float* resid, cudaStream_t st, const float* xf = nullptr,
@@ -1419,8 +1478,13 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     if (ternary_lanes_fits(*ws[0])) return launch_ternary_lanes(ws, ys, count, xa, resid, st);
     TernaryStreamParams p;
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
-    if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
     if (xf && f && f->norm_weight) p.norm_w = f->norm_weight, p.norm_eps = f->norm_eps, p.x_out = x;
+    if (const int smem = ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1)) {
+        // x quantized once for the launch into xa's scratch (kShare; every block of the grid resident at once: a block an SM)
+        if (xf) p.xf = xf, p.x_share = g_ternary_mma_share ? kShare : kEach;
+        return launch_ternary_mma(p, grid, smem, st);
+    }
+    if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1504,6 +1568,12 @@ void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return gemv_ternary_stream(plan, ws, ys, count, x, s, st);
     }
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
+    if (const int smem = n > 1 && ternary_stream_plan(w).R ? ternary_mma_smem(w, stacked_rows(ws, count), n) : 0) {
+        TernaryStreamParams p;  // the tensor-core kernel's batch form: up to 8 tokens in one pass over the weights
+        const int grid = ternary_params(p, ws, ys, count, xa, nullptr, sm_count());
+        p.n = int(n);
+        return launch_ternary_mma(p, grid, smem, st);
+    }
     launch_q8k_group(ws, ys, count, xa, n, nullptr, st);
 }
 
@@ -1727,6 +1797,10 @@ void set_gemv_ternary_quantize_in_kernel(bool on) { g_ternary_quantize_in_kernel
 void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
 void set_gemv_ternary_lanes_pieces(int pieces) { g_ternary_lanes_pieces = pieces == 2 ? 2 : 1; }
 void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
+void set_gemv_ternary_mma(bool on) { g_ternary_mma = on; }
+void set_gemv_ternary_mma_share(bool on) { g_ternary_mma_share = on; }
+void set_gemv_ternary_mma_prefetch(bool on) { g_ternary_mma_prefetch = on; }
+void set_gemv_ternary_mma_depth(int depth) { g_ternary_mma_depth = depth == 2 ? 2 : 4; }
 
 void set_weight_evict_first(bool on) {
     g_weight_evict_first = on;
@@ -1802,6 +1876,13 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                           type, g_ternary_lanes_pieces, threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
             return line;
         }
+        if (const int smem = ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, 1) : 0) {
+            std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %d warps, %d pairs in flight a warp, L2 prefetch %s, %d KB smem, x quantized %s, PDL %s",
+                          type, kTmWarps, g_ternary_mma_depth, g_ternary_mma_prefetch ? "on" : "off", smem / 1024,
+                          !ternary_quantizes_x(w) ? "before" : g_ternary_mma_share ? "once in the kernel (blocks' shares, grid barrier)" : "by every block",
+                          pdl_enabled() ? "on" : "off");
+            return line;
+        }
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
             std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, x quantized %s, PDL %s",
                           type, plan.W, plan.R, plan.S, plan.smem / 1024, ternary_quantizes_x(w) ? "in the kernel" : "before",
@@ -1816,6 +1897,11 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                           (p.n_items + grid - 1) / grid, p.rows_per_item, pdl_enabled() ? "on" : "off");
             return line;
         }
+    }
+    if (const int smem = n > 1 && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, n) : 0) {
+        std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %lld tokens a pass, %d warps, %d pairs in flight a warp, %d KB smem, PDL %s",
+                      type, (long long)n, kTmWarps, g_ternary_mma_depth, smem / 1024, pdl_enabled() ? "on" : "off");
+        return line;
     }
     int64_t units = 0, per_iter = 0;
     const int rows_per_warp = w.type == GgmlType::Q4_0 ? q4_rows() : is_ternary(w.type) ? tq2_rows() : kGemvRowsPerWarp;

@@ -64,8 +64,10 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], unsigned a0, unsigned a1,
 }
 // c += A B, m16n8k32, int8 operands (A as its four registers: a.x rows gid, cols 4 tig .. + 3;
 // a.y rows gid + 8, same cols; a.z / a.w the same rows, cols 16 + 4 tig ..; B: b0 rows 4 tig .. + 3,
-// b1 rows 16 + 4 tig .., col gid), int32 accumulators.
-__device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
+// b1 rows 16 + 4 tig .., col gid), int32 accumulators; A's bytes signed (mma_s8) or unsigned
+// (mma_u8s8), B's signed.
+template <bool kUnsignedA>
+__device__ __forceinline__ void mma_i8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) {
 #if defined(VXQ_SIMT)
     using namespace mma_simt;
     const Regs mine{{a.x, a.y, a.z, a.w}, {b0, b1}};
@@ -77,14 +79,37 @@ __device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0,
         for (int k = 0; k < 32; ++k) {
             const Regs& ra = all[(row % 8) * 4 + (k % 16) / 4];
             const Regs& rb = all[col * 4 + (k % 16) / 4];
-            c[i] += s8_of(ra.a[(row >= 8) + 2 * (k >= 16)], k % 4) * s8_of(rb.b[k >= 16], k % 4);
+            const unsigned areg = ra.a[(row >= 8) + 2 * (k >= 16)];
+            const int av = kUnsignedA ? int((areg >> (8 * (k % 4))) & 0xffu) : s8_of(areg, k % 4);
+            c[i] += av * s8_of(rb.b[k >= 16], k % 4);
         }
     }
 #else
+    if constexpr (kUnsignedA) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+            : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+    }
+#endif
+}
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) { mma_i8<false>(c, a, b0, b1); }
+__device__ __forceinline__ void mma_u8s8(int (&c)[4], const uint4& a, unsigned b0, unsigned b1) { mma_i8<true>(c, a, b0, b1); }
+// d = A B (u8 x s8 as mma_u8s8, the accumulators' input zero: no registers to clear first).
+__device__ __forceinline__ void mma_u8s8_first(int (&d)[4], const uint4& a, unsigned b0, unsigned b1) {
+#if defined(VXQ_SIMT)
+    d[0] = d[1] = d[2] = d[3] = 0;
+    mma_i8<true>(d, a, b0, b1);
+#else
     asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0));
 #endif
 }
 __device__ __forceinline__ unsigned pack_half2(float lo_index, float hi_index) {
