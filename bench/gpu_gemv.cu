@@ -299,12 +299,6 @@ int main(int argc, char** argv) {
                         set_gemv_ternary_mma_depth(2);
                         run((t + " mma depth 2").c_str(), 1, MatmulPath::Auto);
                         set_gemv_ternary_mma_depth(4);
-                        set_gemv_ternary_mma_prefetch(true);
-                        run((t + " mma L2 prefetch").c_str(), 1, MatmulPath::Auto);
-                        set_gemv_ternary_mma_prefetch(false);
-                        set_gemv_ternary_mma_share(false);
-                        run((t + " mma x by every block").c_str(), 1, MatmulPath::Auto);
-                        set_gemv_ternary_mma_share(true);
                         set_gemv_ternary_mma(false);  // (and for the stream kernel's arms below)
                         run((t + " stream").c_str(), 1, MatmulPath::Auto);
                     }
@@ -323,11 +317,11 @@ int main(int argc, char** argv) {
                 };
                 if (type == GgmlType::TQ2_0) {
                     forms("tq2_0");
+                    set_gemv_ternary_mma_batch(false);
                     run("tq2_0 group", 4, MatmulPath::Auto);
-                    set_gemv_ternary_mma(true);  // the tensor-core kernel's batch form
+                    set_gemv_ternary_mma_batch(true);  // the tensor-core kernel's batch form (the default)
                     run("tq2_0 mma", 4, MatmulPath::Auto);
                     run("tq2_0 mma", 8, MatmulPath::Auto);
-                    set_gemv_ternary_mma(false);
                 } else if (type == GgmlType::TQ2_G128) {
                     forms("tq2_g128");
                 } else {

@@ -181,24 +181,6 @@ void run_mma_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block)),
                  [&] { cuda::ternary_mma_kernel<W, D, 1>(l.p); });
 }
-// The same with x's quantization shared by the blocks (kShare: each block quantizes its 256-blocks
-// into a global q8_K, a grid barrier, every block copies all of it), as two launches: every
-// block's share first (kShareQuantizeOnly), then the copies and the matmul (kShareCopyOnly); the
-// barrier between them runs on the device only.
-template <int W, int D>
-void run_mma_shared(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
-                    float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
-    Launch l = launch_of(c, ms, x, y, resid);
-    std::vector<int8_t> xq(size_t(c.cols), int8_t(0x55));
-    std::vector<cuda::Q8KScale> xs(size_t(c.cols / kQK_K), cuda::Q8KScale{NAN, {-1, -1, -1, -1}});
-    l.p.xf = xf, l.p.xq = xq.data(), l.p.xs = xs.data();
-    l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
-    const size_t smem = size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block));
-    for (const int share : {cuda::kShareQuantizeOnly, cuda::kShareCopyOnly}) {
-        l.p.x_share = share;
-        simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), smem, [&] { cuda::ternary_mma_kernel<W, D, 1>(l.p); });
-    }
-}
 template <int W, int D>
 void run_mma(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
              float* resid = nullptr) {
@@ -365,9 +347,7 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
                 run(c, ms, x, got, nullptr, xf.data(), nullptr, 0.0f, nullptr);
                 expect_rows_bit_equal(c, got, want, form);
             }
-            run_mma_with<16, 4>(c, ms, x, want, nullptr, nullptr);
-            run_mma_shared<16, 4>(c, ms, x, got, nullptr, xf.data());  // x quantized once, by the blocks' shares
-            expect_rows_bit_equal(c, got, want, "mma W 16, D 4, x shared");
+
         }
     }
 }
@@ -429,18 +409,11 @@ TEST(TernaryStreamSimt, RmsNormBeforeTheQuantizeEqualsNormalizingFirst) {
         if (c.type == GgmlType::TQ2_0) {  // the same in the tensor-core kernel
             run_mma<16, 4>(c, ms, x, want);
             std::fill(out.begin(), out.end(), NAN);
-            for (const bool shared : {false, true}) {
-                std::fill(out.begin(), out.end(), NAN);
-                if (shared) {
-                    run_mma_shared<16, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
-                } else {
-                    run_mma_with<16, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
-                }
-                for (size_t i = 0; i < in.size(); ++i) {
-                    ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "mma: normalized x[" << i << "], shared " << shared;
-                }
-                expect_rows_bit_equal(c, got, want, shared ? "the RMSNorm in the tensor-core kernel, x shared" : "the RMSNorm in the tensor-core kernel");
+            run_mma_with<16, 4>(c, ms, x, got, nullptr, in.data(), w.data(), eps, out.data());
+            for (size_t i = 0; i < in.size(); ++i) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(normed[i])) << "mma: normalized x[" << i << "]";
             }
+            expect_rows_bit_equal(c, got, want, "the RMSNorm in the tensor-core kernel");
         }
     }
 }

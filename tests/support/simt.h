@@ -120,10 +120,6 @@ template <class T>
 T __ldg(const T* p) {
     return *p;
 }
-template <class T>
-T __ldcg(const T* p) {
-    return *p;
-}
 inline int __reduce_add_sync(unsigned, int v) {
     int all[32];
     ::vxq::simt::warp_gather(&v, sizeof v, all);

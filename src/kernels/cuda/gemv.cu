@@ -1410,12 +1410,18 @@ void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int c
         launch_pdl(ternary_lanes_kernel<kTlAhead, 1>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
     }
 }
-// The tensor-core TQ2_0 GEMV (ternary_mma_kernels.cuh) in place of the stream kernel where it
-// takes the matrix: not yet by default, until timed on a GPU (VXQ_GEMV_TQ2_MMA=1 or
-// set_gemv_ternary_mma(true): on).
+// The tensor-core TQ2_0 GEMV (ternary_mma_kernels.cuh): at n = 1 in place of the stream kernel
+// not by default (it measured no faster end to end, docs/gpu.md, fourth session of 2026-12-06;
+// VXQ_GEMV_TQ2_MMA=1 or set_gemv_ternary_mma(true): on); its batch form, 8 tokens a pass, for
+// n > 1 in place of the group kernel by default (2x faster at n = 4 there; VXQ_GEMV_TQ2_MMA_BATCH=0
+// or set_gemv_ternary_mma_batch(false): the group kernel).
 bool g_ternary_mma = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_MMA");
     return e && std::atoi(e) == 1;
+}();
+bool g_ternary_mma_batch = [] {
+    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_BATCH");
+    return !(e && std::atoi(e) == 0);
 }();
 constexpr int kTmWarps = 16;  // its block
 // (tile, block) pairs in flight a warp: 4 (128 registers, no spills) or 2 (VXQ_GEMV_TQ2_MMA_DEPTH=2 or
@@ -1423,19 +1429,6 @@ constexpr int kTmWarps = 16;  // its block
 int g_ternary_mma_depth = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_DEPTH");
     return e && std::atoi(e) == 2 ? 2 : 4;
-}();
-// Whether its blocks ask L2 for their whole stretch of weights at the start: not by default (it
-// measured slower, docs/gpu.md, 2026-12-06, fourth session; VXQ_GEMV_TQ2_MMA_PREFETCH=1 or
-// set_gemv_ternary_mma_prefetch(true): on, for A/B).
-bool g_ternary_mma_prefetch = [] {
-    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_PREFETCH");
-    return e && std::atoi(e) == 1;
-}();
-// Its blocks quantize x once for the launch, each its share, and meet at a grid barrier (kShare;
-// VXQ_GEMV_TQ2_MMA_SHARE=0 or set_gemv_ternary_mma_share(false): every block quantizes all of x, for A/B).
-bool g_ternary_mma_share = [] {
-    const char* e = std::getenv("VXQ_GEMV_TQ2_MMA_SHARE");
-    return !(e && std::atoi(e) == 0);
 }();
 int64_t stacked_rows(const DeviceWeight* const* ws, int count) {
     int64_t total = 0;
@@ -1445,7 +1438,7 @@ int64_t stacked_rows(const DeviceWeight* const* ws, int count) {
 // Its shared memory for n tokens over a block per SM (0: it does not take the matrix: a type
 // other than TQ2_0, n above kTmMaxTokens, or more than the device's shared memory).
 int ternary_mma_smem(const DeviceWeight& w, int64_t total_rows, int64_t n) {
-    if (!g_ternary_mma || w.type != GgmlType::TQ2_0 || w.cols % kQK_K != 0 || n < 1 || n > kTmMaxTokens ||
+    if (w.type != GgmlType::TQ2_0 || w.cols % kQK_K != 0 || n < 1 || n > kTmMaxTokens ||
         ternary_lanes_fits(w) || w.cols > (int64_t(1) << 20) || total_rows > INT_MAX / 2) {
         return 0;
     }
@@ -1461,8 +1454,7 @@ void launch_ternary_mma_d(const TernaryStreamParams& p, int grid, int smem, cuda
     launch_pdl(ternary_mma_kernel<kTmWarps, D, NB>, dim3(unsigned(grid)), dim3(kTmWarps * 32), size_t(smem), st, p);
 }
 // The tensor-core kernel over p (p.n tokens) at the chosen depth.
-void launch_ternary_mma(TernaryStreamParams p, int grid, int smem, cudaStream_t st) {
-    p.l2_prefetch = g_ternary_mma_prefetch ? 1 : 0;
+void launch_ternary_mma(const TernaryStreamParams& p, int grid, int smem, cudaStream_t st) {
     if (p.n > 1) return g_ternary_mma_depth == 2 ? launch_ternary_mma_d<2, kTmMaxTokens>(p, grid, smem, st)
                                                  : launch_ternary_mma_d<4, kTmMaxTokens>(p, grid, smem, st);
     return g_ternary_mma_depth == 2 ? launch_ternary_mma_d<2, 1>(p, grid, smem, st) : launch_ternary_mma_d<4, 1>(p, grid, smem, st);
@@ -1479,12 +1471,8 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     TernaryStreamParams p;
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
     if (xf && f && f->norm_weight) p.norm_w = f->norm_weight, p.norm_eps = f->norm_eps, p.x_out = x;
-    if (const int smem = ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1)) {
-        // x quantized once for the launch into xa's scratch (kShare; every block of the grid resident at once: a block an SM)
-        if (xf) p.xf = xf, p.x_share = g_ternary_mma_share ? kShare : kEach;
-        return launch_ternary_mma(p, grid, smem, st);
-    }
     if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
+    if (const int smem = g_ternary_mma ? ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1) : 0) return launch_ternary_mma(p, grid, smem, st);
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1559,8 +1547,9 @@ void gemv_q8k_fused(const DeviceWeight* const* ws, float* const* ys, int count, 
     launch_q8k_group(ws, ys, count, xa, 1, f.resid, st);
 }
 
-// ws[0..count) share x (TQ2_0, TQ2_G128 or Q6_K): x quantized to q8_K once, then one launch. No
-// GEMM path: every batch takes this kernel, 8 tokens per pass over the weights.
+// ws[0..count) share x (TQ2_0, TQ2_G128 or Q6_K): x quantized to q8_K once, then the group kernel
+// (one launch) or, TQ2_0 at n > 1, the tensor-core kernel's batch form (a launch per 8 tokens).
+// No GEMM path: every batch takes these kernels, 8 tokens per pass over the weights.
 void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, const float* x, int64_t n,
                     GemvScratch& s, cudaStream_t st) {
     const DeviceWeight& w = *ws[0];
@@ -1568,11 +1557,20 @@ void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return gemv_ternary_stream(plan, ws, ys, count, x, s, st);
     }
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
-    if (const int smem = n > 1 && ternary_stream_plan(w).R ? ternary_mma_smem(w, stacked_rows(ws, count), n) : 0) {
-        TernaryStreamParams p;  // the tensor-core kernel's batch form: up to 8 tokens in one pass over the weights
+    const int64_t pass = std::min<int64_t>(n, kTmMaxTokens);
+    if (const int smem = n > 1 && g_ternary_mma_batch && ternary_stream_plan(w).R ? ternary_mma_smem(w, stacked_rows(ws, count), pass) : 0) {
+        // The tensor-core kernel's batch form: up to 8 tokens a pass over the weights.
+        TernaryStreamParams p;
         const int grid = ternary_params(p, ws, ys, count, xa, nullptr, sm_count());
-        p.n = int(n);
-        return launch_ternary_mma(p, grid, smem, st);
+        for (int64_t t0 = 0; t0 < n; t0 += kTmMaxTokens) {
+            TernaryStreamParams q = p;
+            q.n = int(std::min<int64_t>(kTmMaxTokens, n - t0));
+            q.xq = xa.qs + t0 * w.cols;
+            q.xs = xa.s + t0 * (w.cols / kQK_K);
+            for (int i = 0; i < count; ++i) q.y[i] = ys[i] + t0 * ws[i]->rows;
+            launch_ternary_mma(q, grid, smem, st);
+        }
+        return;
     }
     launch_q8k_group(ws, ys, count, xa, n, nullptr, st);
 }
@@ -1798,8 +1796,7 @@ void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
 void set_gemv_ternary_lanes_pieces(int pieces) { g_ternary_lanes_pieces = pieces == 2 ? 2 : 1; }
 void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
 void set_gemv_ternary_mma(bool on) { g_ternary_mma = on; }
-void set_gemv_ternary_mma_share(bool on) { g_ternary_mma_share = on; }
-void set_gemv_ternary_mma_prefetch(bool on) { g_ternary_mma_prefetch = on; }
+void set_gemv_ternary_mma_batch(bool on) { g_ternary_mma_batch = on; }
 void set_gemv_ternary_mma_depth(int depth) { g_ternary_mma_depth = depth == 2 ? 2 : 4; }
 
 void set_weight_evict_first(bool on) {
@@ -1876,10 +1873,9 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                           type, g_ternary_lanes_pieces, threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
             return line;
         }
-        if (const int smem = ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, 1) : 0) {
-            std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %d warps, %d pairs in flight a warp, L2 prefetch %s, %d KB smem, x quantized %s, PDL %s",
-                          type, kTmWarps, g_ternary_mma_depth, g_ternary_mma_prefetch ? "on" : "off", smem / 1024,
-                          !ternary_quantizes_x(w) ? "before" : g_ternary_mma_share ? "once in the kernel (blocks' shares, grid barrier)" : "by every block",
+        if (const int smem = g_ternary_mma && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, 1) : 0) {
+            std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %d warps, %d pairs in flight a warp, %d KB smem, x quantized %s, PDL %s",
+                          type, kTmWarps, g_ternary_mma_depth, smem / 1024, ternary_quantizes_x(w) ? "in the kernel" : "before",
                           pdl_enabled() ? "on" : "off");
             return line;
         }
@@ -1898,9 +1894,10 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             return line;
         }
     }
-    if (const int smem = n > 1 && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, n) : 0) {
-        std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %lld tokens a pass, %d warps, %d pairs in flight a warp, %d KB smem, PDL %s",
-                      type, (long long)n, kTmWarps, g_ternary_mma_depth, smem / 1024, pdl_enabled() ? "on" : "off");
+    if (const int smem = n > 1 && g_ternary_mma_batch && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, std::min<int64_t>(n, kTmMaxTokens)) : 0) {
+        std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %lld tokens in %lld pass(es), %d warps, %d pairs in flight a warp, %d KB smem, PDL %s",
+                      type, (long long)n, (long long)((n + kTmMaxTokens - 1) / kTmMaxTokens), kTmWarps, g_ternary_mma_depth, smem / 1024,
+                      pdl_enabled() ? "on" : "off");
         return line;
     }
     int64_t units = 0, per_iter = 0;

@@ -138,17 +138,14 @@ void set_gemv_ternary_lanes(bool on);
 void set_gemv_ternary_lanes_pieces(int pieces);
 // The stream kernel's preferred warps a block: 16 (the default) or 32 (VXQ_GEMV_TS_WARPS=32).
 void set_gemv_ternary_stream_warps(int warps);
-// Within the stream path, TQ2_0: the tensor-core kernel (ternary_mma_kernels.cuh; true,
-// VXQ_GEMV_TQ2_MMA=1 at start) or the stream kernel's ring (false: the default until the
-// tensor-core kernel is timed on a GPU). For A/B and tests.
+// TQ2_0 at n = 1: the tensor-core kernel (ternary_mma_kernels.cuh; true, VXQ_GEMV_TQ2_MMA=1 at
+// start) or the stream kernel (false: the default). For A/B and tests.
 void set_gemv_ternary_mma(bool on);
+// TQ2_0 at n > 1: the tensor-core kernel's batch form, 8 tokens a pass (true: the default), or the
+// group kernel (false; VXQ_GEMV_TQ2_MMA_BATCH=0 at start). For A/B and tests.
+void set_gemv_ternary_mma_batch(bool on);
 // The tensor-core kernel's (tile, block) pairs in flight a warp: 4 (the default) or 2. For A/B.
 void set_gemv_ternary_mma_depth(int depth);
-// Whether its blocks ask L2 for their whole stretch of weights at the start (true) or not (the default). For A/B.
-void set_gemv_ternary_mma_prefetch(bool on);
-// Whether its blocks quantize x once for the launch, each its share, meeting at a grid barrier (the
-// default), or every block all of x. For A/B.
-void set_gemv_ternary_mma_share(bool on);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a
 // fused norm, rows of 256 or 512 units) instead of staged in shared memory by the block (gemv.cu,
 // gemv1_kernel's XM). Same bits. On by default (F16 8B decode +8 % on the H200, docs/gpu.md);

@@ -1,12 +1,15 @@
-// The batch-1 TQ2_0 GEMV on the tensor cores (y = W x, x in q8_K): int8 MMAs on the weights'
+// The TQ2_0 GEMV on the tensor cores (y = W x, x in q8_K, 1-8 tokens): int8 MMAs on the weights'
 // 2-bit digits as they are stored, masked in place. Apart from gemv.cu (which launches it) so that
 // the SIMT emulator's tests run it on the CPU (tests/support/simt.h), as the stream kernel's.
 //
 // Why: the stream kernel (ternary_stream_kernels.cuh) spends ~195 warp instructions a KB of
 // weights (dp4a on masked digits, 4 shared-memory loads of x a 16-byte unit, the weights through a
 // shared-memory ring) and runs at ~50 % of the copy bandwidth, bound by issuing them (docs/gpu.md).
-// An m16n8k32 MMA (u8 x s8) takes 16 rows x 32 weights: here ~80 instructions a KB, the weights
-// straight from global memory into registers.
+// An m16n8k32 MMA (u8 x s8) takes 16 rows x 32 weights: here ~125 instructions a KB (SASS), the
+// weights straight from global memory into registers. Measured (H100, docs/gpu.md, fourth session
+// of 2026-12-06): at one token no faster than the stream kernel (every block quantizes all of x
+// first, ~2/3 of its instructions at 17408 columns), so gemv.cu takes it at n = 1 only on request;
+// for 2-8 tokens (B's columns) about the time of one, 2x the group kernel at 4: the default there.
 //
 // A tile is 16 stacked rows x one 256-block (64 bytes a row): lane (gid, tig) loads unit tig (16
 // bytes) of rows gid and gid + 8. Byte k of unit c holds in bits 2 l the digit (t + 1, 0..2) of
@@ -23,8 +26,8 @@
 // stream kernel), tiles of 16 rows (the last cut short: its rows past the stretch load the last
 // row and are not stored); the stretch's (tile, 256-block) pairs are dealt to the W warps in turn,
 // each warp keeping D pairs' loads in flight in registers (the first D issued before the wait for
-// x, which ts_stage_x quantizes once for the launch, block b its share, kShare, and copies into shared memory, laid out [256-block][l][unit] so that a warp's
-// 4 distinct 16-byte reads of a run are one conflict-free wavefront). A lane sums its rows'
+// x, which ts_stage_x quantizes into shared memory, laid out [256-block][l][unit] so that the 4
+// distinct 16-byte reads of a run, one a tig, are 64 consecutive bytes). A lane sums its rows'
 // block products in float in its pairs' order; each warp's per-tile sums go to shared memory, and
 // the block adds them in warp order: the same bits every run.
 #pragma once
@@ -81,22 +84,6 @@ __device__ __forceinline__ TmRows tm_rows(const TernaryStreamParams& p, int firs
     return r;
 }
 
-// Bytes [p, p + bytes) asked of L2 (cp.async.bulk.prefetch: no registers, no completion to wait
-// for; p and bytes 16-byte multiples), in pieces of 32 KB dealt to the block's warps (lane 0 of
-// each). Nothing in the emulator.
-template <int W>
-__device__ __forceinline__ void tm_prefetch_l2([[maybe_unused]] const void* p, [[maybe_unused]] int64_t bytes,
-                                               [[maybe_unused]] int warp, [[maybe_unused]] int lane) {
-#if defined(__CUDA_ARCH__)
-    constexpr int64_t kPiece = 32 * 1024;
-    if (lane != 0) return;
-    for (int64_t o = int64_t(warp) * kPiece; o < bytes; o += W * kPiece) {
-        const unsigned size = unsigned(bytes - o < kPiece ? bytes - o : kPiece);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const uint8_t*>(p) + o), "r"(size) : "memory");
-    }
-#endif
-}
-
 // A row's integer dot over a 256-block from run l's accumulators (4^l times its digit sums) less
 // x's quant sum.
 __device__ __forceinline__ int tm_block_dot(const int (&acc)[4][4], int e, int xsum) {
@@ -122,20 +109,6 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_mma_kernel(const TernaryStr
     auto* red = reinterpret_cast<float*>(smem + tm_x_bytes(cols, n));  // [tiles][W][NB][16]
     const uint64_t policy = ts_policy(p.evict_first);
 
-    // The stretch's weights and scales, matrix by matrix, on their way to L2 at once (l2_prefetch):
-    // DRAM streams at its rate from the start, whatever the pace of the loads below.
-    if (p.l2_prefetch) {
-        for (int m = 0; m < p.count; ++m) {
-            const int a = max(first, ts_pick(p.first_row, m)) - ts_pick(p.first_row, m);
-            const int b = min(end, ts_pick(p.first_row, m + 1)) - ts_pick(p.first_row, m);
-            if (a >= b) continue;
-            tm_prefetch_l2<W>(ts_pick(p.w, m) + int64_t(a) * (cols / 4), int64_t(b - a) * (cols / 4), warp, lane);
-            const int64_t s0 = int64_t(a) * nkb * 2, s1 = int64_t(b) * nkb * 2;  // scales: the 16-byte multiples within
-            const int64_t lo = (s0 + 15) & ~int64_t(15), hi = s1 & ~int64_t(15);
-            if (lo < hi) tm_prefetch_l2<W>(reinterpret_cast<const uint8_t*>(ts_pick(p.scale, m)) + lo, hi - lo, (warp + W / 2) % W, lane);
-        }
-    }
-
     // Pair j of this warp is warp + j W: tile t, block kb. The issue cursor walks them.
     const int mine = pairs > warp ? (pairs - warp + W - 1) / W : 0;
     int it = warp / nkb, ikb = warp - it * nkb, rows_tile = -1;
@@ -160,7 +133,6 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_mma_kernel(const TernaryStr
 
     for (int i = tid; i < tiles * W * NB * kTmRows; i += W * 32) red[i] = 0.0f;
     ts_stage_x<W, 1>(p, total, smem, xsc, [](int b, int c, int l) { return b * kQK_K + 64 * l + 16 * c; }, n);
-    if (p.xf && p.x_share == kShareQuantizeOnly) return;  // (the emulator's first half of kShare)
     __syncthreads();
     pdl_launch_dependents();
     for (int i = tid; i < n * nkb; i += W * 32) xt[i] = TmXBlock{xsc[i].d, (xsc[i].sum[0] + xsc[i].sum[1]) + (xsc[i].sum[2] + xsc[i].sum[3])};

@@ -73,9 +73,7 @@ struct TernaryStreamParams {
     int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
     int n;                               // tokens (x's rows, y's [n, rows_i]; 0 means 1): above 1 only in the
                                          //   tensor-core kernel's batch form, with xq / xs and no resid
-    int l2_prefetch;                     // the tensor-core kernel: the block's whole stretch of weights and
-                                         //   scales asked of L2 at its start (bulk prefetches)
-    int x_share;                         // with xf: TsXShare (how the blocks share x's quantization)
+    int pad;
     float* resid;                        // one matrix: resid[r] += y[r] as y is stored (cuda::add's order), or nullptr
 };
 
@@ -220,44 +218,6 @@ __device__ __forceinline__ int ts_dot_unit(const int4& w, const int4 (&x)[4]) {
     return t[0] + (t[1] >> 2) + (t[2] >> 4) + (t[3] >> 6);
 }
 
-// How the blocks of a launch get x's q8_K where x comes in f32 (TernaryStreamParams::x_share):
-//   kEach:  every block quantizes all of x itself (the stream kernel; no cross-block step);
-//   kShare: block b quantizes the 256-blocks b, b + grid, ... into xq / xs (global scratch), the
-//           blocks meet at a grid barrier (ts_grid_barrier: every block of the launch resident at
-//           once, one launch at a time on the device), then each copies all of x from there: one
-//           quantization of x in all, not one a block (gemv.cu: at 17408 columns that was ~2/3 of
-//           the tensor-core kernel's instructions);
-//   kShareQuantizeOnly, kShareCopyOnly: kShare's two halves without the barrier, as two launches
-//           (the SIMT emulator runs blocks one after another, where a grid barrier cannot be met).
-enum TsXShare : int { kEach = 0, kShare = 1, kShareQuantizeOnly = 2, kShareCopyOnly = 3 };
-
-#if defined(__CUDACC__) && !defined(VXQ_SIMT)
-// The grid barrier's state (one per device: a launch's blocks arrive, the last resets the count
-// and moves the generation on). A later launch's blocks start only after every block of this one
-// passed it (pdl_launch_dependents comes after), so launches on one stream never meet here.
-static __device__ unsigned ts_sync_arrive = 0, ts_sync_gen = 0;
-#endif
-// Every block of the launch reaches this before any leaves it; the global writes before it are
-// visible to every block after it (read them with ld.global.cg, not the non-coherent path).
-__device__ __forceinline__ void ts_grid_barrier() {
-#if defined(__CUDACC__) && !defined(VXQ_SIMT)
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned gen = atomicAdd(&ts_sync_gen, 0u);
-        if (atomicAdd(&ts_sync_arrive, 1u) == gridDim.x - 1) {
-            atomicExch(&ts_sync_arrive, 0u);
-            __threadfence();
-            atomicAdd(&ts_sync_gen, 1u);
-        } else {
-            while (atomicAdd(&ts_sync_gen, 0u) == gen) __nanosleep(64);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-#endif
-}
-
 // x into a block's shared memory as q8_K, once the kernel that wrote it is done (pdl_wait): the
 // 16 bytes of 256-block b's quarter-run l of unit c (values 128 (c / 2) + 16 (c % 2) + 32 l + j,
 // j < 16) at xs + run(b, c, l), the blocks' Q8KScale at xsc[b]. Where x comes in f32 (p.xf) it is
@@ -275,8 +235,7 @@ __device__ __forceinline__ void ts_stage_x(const TernaryStreamParams& p, int tot
                                            int tokens = 1) {
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, cols = p.cols, nb = cols / kQK_K;
     pdl_wait();
-    const int share = p.xf ? p.x_share : kEach;
-    if (p.xf && share != kShareCopyOnly) {
+    if (p.xf) {
         const int c = 2 * (lane / 16) + (lane % 4) / 2, l = (lane % 16) / 4;
         __shared__ double rms_partial[kNormThreads];
         const int grid = (total + p.rows_per_block - 1) / p.rows_per_block;  // the launch's blocks
@@ -287,75 +246,35 @@ __device__ __forceinline__ void ts_stage_x(const TernaryStreamParams& p, int tot
             v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
             v[4] = e.x, v[5] = e.y, v[6] = e.z, v[7] = e.w;
         };
-        if (share != kEach) {
-            // This block's share, a 256-block a warp: lane l's quants at xq[256 b + 8 l] (q8_K's
-            // own layout, as the quantize kernel writes it; xq is the launch's scratch here).
-            for (int b = int(blockIdx.x) + warp * grid; b < nb; b += W * grid) {
-                float v[8], nw[8];
-                load8(p.xf, b, v);
-                if (p.norm_w) {
-                    load8(p.norm_w, b, nw);
+        for (int b0 = warp; b0 < nb; b0 += kQ * W) {
+            float v[kQ][8], nw[kQ][8];
 #pragma unroll
-                    for (int j = 0; j < 8; ++j) v[j] = rms_apply(v[j], scale, nw[j]);
-                    if (p.x_out) {
+            for (int k = 0; k < kQ; ++k) {
+                const int b = b0 + k * W < nb ? b0 + k * W : 0;
+                load8(p.xf, b, v[k]);
+                if (p.norm_w) load8(p.norm_w, b, nw[k]);
+            }
+#pragma unroll
+            for (int k = 0; k < kQ; ++k) {
+                const int b = b0 + k * W;
+                if (b >= nb) break;  // warp-uniform
+                if (p.norm_w) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) v[k][j] = rms_apply(v[k][j], scale, nw[k][j]);
+                    if (p.x_out && b % grid == int(blockIdx.x)) {
                         float4* dst = reinterpret_cast<float4*>(p.x_out + b * kQK_K + 8 * lane);
-                        dst[0] = make_float4(v[0], v[1], v[2], v[3]);
-                        dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+                        dst[0] = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
+                        dst[1] = make_float4(v[k][4], v[k][5], v[k][6], v[k][7]);
                     }
                 }
                 int2 q;
                 Q8KScale r;
-                q8k_quantize_block(v, lane, q, r);
-                *reinterpret_cast<int2*>(const_cast<int8_t*>(p.xq) + b * kQK_K + 8 * lane) = q;
-                if (lane == 0) const_cast<Q8KScale*>(p.xs)[b] = r;
-            }
-            if (share == kShareQuantizeOnly) return;
-            ts_grid_barrier();
-        } else {
-            for (int b0 = warp; b0 < nb; b0 += kQ * W) {
-                float v[kQ][8], nw[kQ][8];
-#pragma unroll
-                for (int k = 0; k < kQ; ++k) {
-                    const int b = b0 + k * W < nb ? b0 + k * W : 0;
-                    load8(p.xf, b, v[k]);
-                    if (p.norm_w) load8(p.norm_w, b, nw[k]);
-                }
-#pragma unroll
-                for (int k = 0; k < kQ; ++k) {
-                    const int b = b0 + k * W;
-                    if (b >= nb) break;  // warp-uniform
-                    if (p.norm_w) {
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) v[k][j] = rms_apply(v[k][j], scale, nw[k][j]);
-                        if (p.x_out && b % grid == int(blockIdx.x)) {
-                            float4* dst = reinterpret_cast<float4*>(p.x_out + b * kQK_K + 8 * lane);
-                            dst[0] = make_float4(v[k][0], v[k][1], v[k][2], v[k][3]);
-                            dst[1] = make_float4(v[k][4], v[k][5], v[k][6], v[k][7]);
-                        }
-                    }
-                    int2 q;
-                    Q8KScale r;
-                    q8k_quantize_block(v[k], lane, q, r);
-                    *reinterpret_cast<int2*>(xs + run(b, c, l) + 8 * (lane % 2)) = q;
-                    if (lane == 0) xsc[b] = r;
-                }
+                q8k_quantize_block(v[k], lane, q, r);
+                *reinterpret_cast<int2*>(xs + run(b, c, l) + 8 * (lane % 2)) = q;
+                if (lane == 0) xsc[b] = r;
             }
         }
-    }
-    if (share != kEach) {  // x from the blocks' shares (written in this launch: through L2, not the non-coherent path)
-        for (int e = tid; e < 16 * nb; e += W * 32) {
-            const int b = e >> 4, c = (e >> 2) & 3, l = e & 3;
-            *reinterpret_cast<int4*>(xs + run(b, c, l)) =
-                __ldcg(reinterpret_cast<const int4*>(p.xq + b * kQK_K + 128 * (c >> 1) + 16 * (c & 1) + 32 * l));
-        }
-        for (int b = tid; b < nb; b += W * 32) {
-            const int* src = reinterpret_cast<const int*>(p.xs + b);
-            Q8KScale r;
-            r.d = __int_as_float(__ldcg(src));
-            for (int q = 0; q < 4; ++q) r.sum[q] = __ldcg(src + 1 + q);
-            xsc[b] = r;
-        }
-    } else if (!p.xf) {
+    } else {
         for (int e = tid; e < tokens * 16 * nb; e += W * 32) {
             const int t = e / (16 * nb), r = e - t * 16 * nb, b = r >> 4, c = (r >> 2) & 3, l = r & 3;
             *reinterpret_cast<int4*>(xs + t * cols + run(b, c, l)) =
