@@ -144,12 +144,19 @@ Launch launch_of(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K&
 // The stream kernel at W warps, R rows a warp and a ring of S.
 // xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or nullptr; with it
 // norm_w: the RMSNorm first (eps), the normalized x also written to x_out.
-template <int W, int R, int S>
-void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
-                     float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
+// launch_of with x in f32 for the kernel to quantize itself where xf is given (x's q8_K then not
+// passed) and the RMSNorm's arguments.
+Launch launch_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                   float* resid, const float* xf, const float* norm_w, float eps, float* x_out) {
     Launch l = launch_of(c, ms, x, y, resid);
     if (xf) l.p.xq = nullptr, l.p.xs = nullptr, l.p.xf = xf;
     l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
+    return l;
+}
+template <int W, int R, int S>
+void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
+                     float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
+    const Launch l = launch_with(c, ms, x, y, resid, xf, norm_w, eps, x_out);
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
                  [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
 }
@@ -175,9 +182,7 @@ void run_lanes(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x
 template <int W, int D>
 void run_mma_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                   float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
-    Launch l = launch_of(c, ms, x, y, resid);
-    if (xf) l.p.xq = nullptr, l.p.xs = nullptr, l.p.xf = xf;
-    l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
+    const Launch l = launch_with(c, ms, x, y, resid, xf, norm_w, eps, x_out);
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::tm_smem_bytes(l.p.cols, W, l.p.rows_per_block)),
                  [&] { cuda::ternary_mma_kernel<W, D, 1>(l.p); });
 }

@@ -1435,17 +1435,20 @@ int64_t stacked_rows(const DeviceWeight* const* ws, int count) {
     for (int i = 0; i < count; ++i) total += ws[i]->rows;
     return total;
 }
-// Its shared memory for n tokens over a block per SM (0: it does not take the matrix: a type
-// other than TQ2_0, n above kTmMaxTokens, or more than the device's shared memory).
+// Its shared memory for n tokens (n > 8: a pass of 8) over a block per SM, or 0 where it does not
+// take the matrix: switched off for n (g_ternary_mma at n = 1, g_ternary_mma_batch above), a type
+// other than TQ2_0, rows the stream kernel's plan refuses (an odd number of 256-blocks), or more
+// than the device's shared memory.
 int ternary_mma_smem(const DeviceWeight& w, int64_t total_rows, int64_t n) {
-    if (w.type != GgmlType::TQ2_0 || w.cols % kQK_K != 0 || n < 1 || n > kTmMaxTokens ||
-        ternary_lanes_fits(w) || w.cols > (int64_t(1) << 20) || total_rows > INT_MAX / 2) {
+    if (!(n == 1 ? g_ternary_mma : g_ternary_mma_batch) || w.type != GgmlType::TQ2_0 || n < 1 || ternary_lanes_fits(w) ||
+        w.cols > (int64_t(1) << 20) || total_rows > INT_MAX / 2 || !ternary_stream_plan(w).R) {
         return 0;
     }
     const int64_t per_block = (total_rows + sm_count() - 1) / sm_count();
-    const int64_t bytes = tm_x_bytes(int(w.cols), int(n)) + tm_tiles(int(per_block)) * int64_t(kTmWarps) *
-                                                                (n > 1 ? kTmMaxTokens : 1) * kTmRows * int64_t(sizeof(float));
-    return bytes <= smem_optin() ? int(bytes) : 0;
+    if (per_block > (1 << 16)) return 0;  // (its per-tile sums alone past any shared memory; and int sizes below)
+    const int tokens = int(std::min<int64_t>(n, kTmMaxTokens));
+    const int bytes = tm_smem_bytes(int(w.cols), kTmWarps, int(per_block), n > 1 ? kTmMaxTokens : 1, tokens);
+    return bytes <= smem_optin() ? bytes : 0;
 }
 template <int D, int NB>
 void launch_ternary_mma_d(const TernaryStreamParams& p, int grid, int smem, cudaStream_t st) {
@@ -1472,7 +1475,7 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count());
     if (xf && f && f->norm_weight) p.norm_w = f->norm_weight, p.norm_eps = f->norm_eps, p.x_out = x;
     if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
-    if (const int smem = g_ternary_mma ? ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1) : 0) return launch_ternary_mma(p, grid, smem, st);
+    if (const int smem = ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1)) return launch_ternary_mma(p, grid, smem, st);
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1557,8 +1560,7 @@ void gemv_q8k_group(const DeviceWeight* const* ws, float* const* ys, int count, 
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) return gemv_ternary_stream(plan, ws, ys, count, x, s, st);
     }
     const QuantX<Q8KScale> xa = quantize_x(quantize_q8_K_kernel, x, n, w.cols, kQK_K, s, st);
-    const int64_t pass = std::min<int64_t>(n, kTmMaxTokens);
-    if (const int smem = n > 1 && g_ternary_mma_batch && ternary_stream_plan(w).R ? ternary_mma_smem(w, stacked_rows(ws, count), pass) : 0) {
+    if (const int smem = n > 1 ? ternary_mma_smem(w, stacked_rows(ws, count), n) : 0) {
         // The tensor-core kernel's batch form: up to 8 tokens a pass over the weights.
         TernaryStreamParams p;
         const int grid = ternary_params(p, ws, ys, count, xa, nullptr, sm_count());
@@ -1873,7 +1875,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
                           type, g_ternary_lanes_pieces, threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
             return line;
         }
-        if (const int smem = g_ternary_mma && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, 1) : 0) {
+        if (const int smem = ternary_mma_smem(w, w.rows, 1)) {
             std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %d warps, %d pairs in flight a warp, %d KB smem, x quantized %s, PDL %s",
                           type, kTmWarps, g_ternary_mma_depth, smem / 1024, ternary_quantizes_x(w) ? "in the kernel" : "before",
                           pdl_enabled() ? "on" : "off");
@@ -1894,7 +1896,7 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             return line;
         }
     }
-    if (const int smem = n > 1 && g_ternary_mma_batch && ternary_stream_plan(w).R ? ternary_mma_smem(w, w.rows, std::min<int64_t>(n, kTmMaxTokens)) : 0) {
+    if (const int smem = n > 1 ? ternary_mma_smem(w, w.rows, n) : 0) {
         std::snprintf(line, sizeof line, "ternary mma %s x q8_K m16n8k32 u8.s8, %lld tokens in %lld pass(es), %d warps, %d pairs in flight a warp, %d KB smem, PDL %s",
                       type, (long long)n, (long long)((n + kTmMaxTokens - 1) / kTmMaxTokens), kTmWarps, g_ternary_mma_depth, smem / 1024,
                       pdl_enabled() ? "on" : "off");

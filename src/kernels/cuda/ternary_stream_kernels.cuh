@@ -73,7 +73,6 @@ struct TernaryStreamParams {
     int evict_first;                     // the weights through L2 as evict-first (gemv.cu's policy)
     int n;                               // tokens (x's rows, y's [n, rows_i]; 0 means 1): above 1 only in the
                                          //   tensor-core kernel's batch form, with xq / xs and no resid
-    int pad;
     float* resid;                        // one matrix: resid[r] += y[r] as y is stored (cuda::add's order), or nullptr
 };
 
