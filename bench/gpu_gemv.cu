@@ -14,7 +14,9 @@
 //   Ternary, issue 14's shapes (5120 x 512, 5120 x 17408, 17408 x 5120): TQ2_0 at n = 1 (every
 //     kernel) and 4 (the group kernel; the tensor-core kernel at 4 and 8), TQ2_G128 at 1 against
 //     F16 through the batch-1 kernel and through cuBLAS (GemmEx, n = 1), GB/s of the weight bytes
-//     against the copy.
+//     against the copy; beside them the read floor (a kernel that only reads the same bytes: the
+//     best any kernel launched this way can do at that size) and the TQ2_0 kernels with x given as
+//     q8_K (no quantize in the timed calls: what they would take if the kernel before wrote it).
 // Every line names the kernels that ran (gemv_describe).
 //
 //   vxq_gpu_gemv            prints four markdown tables, the copy first
@@ -36,6 +38,7 @@
 #include "formats/ggml_types.h"
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "gpu_timing.cuh"
 
 namespace {
@@ -122,6 +125,70 @@ BoundaryRow time_boundary(GgmlType type, int64_t rows, int64_t cols, int k, cuda
     free_weight(big);
     for (DeviceWeight& w : parts) free_weight(w);
     return BoundaryRow{std::string(vxq::ggml_type_name(type)), rows, cols, k, one * 1e3, many * 1e3};
+}
+
+// The floor under any kernel that reads a matrix once: every byte of a copy read by 16-byte
+// loads, U of them in flight a thread, nothing computed but an xor of the words (written where it
+// equals a constant, so that the loads stay). Launched as the GEMVs are (PDL, the next launch
+// allowed at once, the write after pdl_wait), rotated over copies as the weights are.
+template <int U>
+__global__ void read_floor_kernel(const uint4* __restrict__ src, int64_t n16, unsigned* out) {
+    vxq::cuda::pdl_launch_dependents();
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + (U - 1) * stride < n16; i += U * stride) {
+        uint4 v[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n16; i += stride) {
+        const uint4 v = __ldcs(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    vxq::cuda::pdl_wait();
+    if (acc == 0x9e3779b9u) *out = acc;
+}
+
+// The fastest of the read floor's launch forms (blocks an SM 1 / 2 / 4 / 8 of 512 threads, 4 or 8
+// loads in flight a thread) for `bytes` a call, in us; `form` names it. pdl: launched as the GEMVs
+// are (a call's blocks may start while the previous call's drain), else one call after the other.
+double read_floor_us(size_t bytes, cudaStream_t st, bool pdl, std::string& form) {
+    using namespace vxq::cuda;
+    const size_t stride = (bytes + 255) / 256 * 256;
+    const size_t copies = std::max<size_t>(1, (kMinWorkingSet + stride - 1) / stride);
+    uint8_t* buf;
+    unsigned* out;
+    VXQ_CUDA_CHECK(cudaMalloc(&buf, copies * stride));
+    VXQ_CUDA_CHECK(cudaMalloc(&out, sizeof(unsigned)));
+    VXQ_CUDA_CHECK(cudaMemset(buf, 0x5a, copies * stride));
+    const int64_t n16 = int64_t(bytes / 16);
+    double best = 1e30;
+    for (int per_sm : {1, 2, 4, 8}) {
+        for (int u : {4, 8}) {
+            const dim3 grid(unsigned(per_sm * sm_count()));
+            const double ms = time_calls(st, 100, [&](int i) {
+                const auto* src = reinterpret_cast<const uint4*>(buf + size_t(i) % copies * stride);
+                if (!pdl) {
+                    (u == 4 ? read_floor_kernel<4> : read_floor_kernel<8>)<<<grid, 512, 0, st>>>(src, n16, out);
+                } else if (u == 4) {
+                    launch_pdl(read_floor_kernel<4>, grid, dim3(512), 0, st, src, n16, out);
+                } else {
+                    launch_pdl(read_floor_kernel<8>, grid, dim3(512), 0, st, src, n16, out);
+                }
+            });
+            if (ms * 1e3 < best) {
+                best = ms * 1e3;
+                form = "read floor: 16-byte loads, " + std::to_string(per_sm) + " blocks of 512 an SM, " + std::to_string(u) +
+                       " in flight a thread (fastest of 8 forms), " + (pdl ? "PDL on" : "no PDL: calls one after the other");
+            }
+        }
+    }
+    VXQ_CUDA_CHECK(cudaFree(buf));
+    VXQ_CUDA_CHECK(cudaFree(out));
+    return best;
 }
 
 }  // namespace
@@ -295,6 +362,12 @@ int main(int argc, char** argv) {
                         run((t + " mma").c_str(), 1, MatmulPath::Auto);
                         set_gemv_ternary_quantize_in_kernel(false);
                         run((t + " mma quantize kernel").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_x_given(true);  // x's q8_K as the last call left it in the scratch
+                        run((t + " mma x given as q8_K").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_mma(false);
+                        run((t + " stream x given as q8_K").c_str(), 1, MatmulPath::Auto);
+                        set_gemv_ternary_mma(true);
+                        set_gemv_ternary_x_given(false);
                         set_gemv_ternary_quantize_in_kernel(true);
                         set_gemv_ternary_mma_depth(2);
                         run((t + " mma depth 2").c_str(), 1, MatmulPath::Auto);
@@ -316,6 +389,11 @@ int main(int argc, char** argv) {
                     set_gemv_ternary_stream(true);
                 };
                 if (type == GgmlType::TQ2_0) {
+                    for (const bool pdl : {true, false}) {
+                        std::string form;
+                        const double us = read_floor_us(copies.front().bytes, st, pdl, form);
+                        ternary_rows.push_back({pdl ? "read floor" : "read floor, no PDL", form, rows, cols, 1, copies.front().bytes, us});
+                    }
                     forms("tq2_0");
                     set_gemv_ternary_mma_batch(false);
                     run("tq2_0 group", 4, MatmulPath::Auto);

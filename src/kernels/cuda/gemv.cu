@@ -1500,6 +1500,9 @@ bool g_ternary_quantize_in_kernel = [] {
     return !(e && std::atoi(e) == 0);
 }();
 bool ternary_quantizes_x(const DeviceWeight& w) { return g_ternary_quantize_in_kernel && !ternary_lanes_fits(w); }
+// Benchmarks only (set_gemv_ternary_x_given): with the quantize kernel chosen, it is not launched
+// and the kernel reads x's q8_K as the scratch holds it, as if the kernel before had written it.
+bool g_ternary_x_given = false;
 
 // ws[0..count) share x (n = 1): the stream kernel, which quantizes x to q8_K itself (every block
 // into its shared memory: one kernel and one boundary fewer a call), or after the quantize kernel.
@@ -1509,7 +1512,7 @@ void gemv_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* cons
     const QuantX<Q8KScale> xa = quant_x_in<Q8KScale>(s, 1, w.cols, kQK_K);
     if (ternary_quantizes_x(w)) return launch_ternary_stream(plan, ws, ys, count, xa, nullptr, st, x);
     const int64_t nb = w.cols / kQK_K;
-    launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
+    if (!g_ternary_x_given) launch_pdl(quantize_q8_K_kernel, dim3(unsigned((nb * 32 + 255) / 256)), dim3(256), 0, st, x, xa.qs, xa.s, nb);
     launch_ternary_stream(plan, ws, ys, count, xa, nullptr, st);
 }
 
@@ -1800,6 +1803,7 @@ void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps =
 void set_gemv_ternary_mma(bool on) { g_ternary_mma = on; }
 void set_gemv_ternary_mma_batch(bool on) { g_ternary_mma_batch = on; }
 void set_gemv_ternary_mma_depth(int depth) { g_ternary_mma_depth = depth == 2 ? 2 : 4; }
+void set_gemv_ternary_x_given(bool on) { g_ternary_x_given = on; }
 
 void set_weight_evict_first(bool on) {
     g_weight_evict_first = on;

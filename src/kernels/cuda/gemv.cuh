@@ -146,6 +146,10 @@ void set_gemv_ternary_mma(bool on);
 void set_gemv_ternary_mma_batch(bool on);
 // The tensor-core kernel's (tile, block) pairs in flight a warp: 4 (the default) or 2. For A/B.
 void set_gemv_ternary_mma_depth(int depth);
+// Benchmarks only: where x is quantized before the ternary kernel (set_gemv_ternary_quantize_in_kernel
+// (false)), skip that quantize kernel and read x's q8_K as the previous call left it in the scratch
+// (the same x and scratch): the GEMV's time when the kernel before it writes x as q8_K.
+void set_gemv_ternary_x_given(bool on);
 // The batch-1 F32/F16/BF16 GEMV: x in registers (each thread converts its own units of x; with a
 // fused norm, rows of 256 or 512 units) instead of staged in shared memory by the block (gemv.cu,
 // gemv1_kernel's XM). Same bits. On by default (F16 8B decode +8 % on the H200, docs/gpu.md);

@@ -152,26 +152,21 @@ __device__ __forceinline__ T ts_pick(const T (&a)[N], int m) {
 // 8 l .. 8 l + 7 (in quarter 2 (l / 16) + (l % 4) / 2); it gets their quants (8 bytes) and, as
 // every lane, the block's scale and quarter sums. Every lane calls.
 __device__ __forceinline__ void q8k_quantize_block(const float (&v)[8], int lane, int2& quants, Q8KScale& r) {
-    float amax = 0.0f, mx = 0.0f;
-    int at = INT_MAX;
+    // The largest magnitude by a max butterfly (fmaxf passes over NaN as `>` does), then the first
+    // value holding it: the lowest lane with one (a ballot), its lowest j. (Before: a butterfly of
+    // (|x|, value, index) triples, ~3x the instructions.)
+    float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (fabsf(v[j]) > amax) {
-            amax = fabsf(v[j]);
-            mx = v[j];
-            at = 8 * lane + j;
-        }
-    }
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-        const int at2 = __shfl_xor_sync(0xffffffffu, at, o);
-        if (a2 > amax || (a2 == amax && at2 < at)) {
-            amax = a2;
-            mx = m2;
-            at = at2;
-        }
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float mine = 0.0f;
+    bool has = false;
+#pragma unroll
+    for (int j = 7; j >= 0; --j) {
+        if (fabsf(v[j]) == amax) mine = v[j], has = true;
     }
+    const float mx = __shfl_sync(0xffffffffu, mine, (__ffs(__ballot_sync(0xffffffffu, has)) - 1) & 31);
     const float iscale = amax != 0.0f ? __fdiv_rn(-127.0f, mx) : 0.0f;
     int sum = 0;
     uint32_t word[2] = {0, 0};
