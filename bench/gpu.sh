@@ -28,9 +28,13 @@
 #   VXQ_GPU_AB_ARMS  e.g. "VXQ_GEMV_Q4_ROWS=2;VXQ_CUDA_PDL=0": decode tg64 per arm (its environment),
 #                    interleaved over VXQ_GPU_AB_ROUNDS rounds (3) with the default first and last
 #                    (an A/A arm), at depths VXQ_GPU_AB_DEPTHS (0,4096); table ab.md
-#   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24, as prefill)
+#   VXQ_GPU_PPL_STREAM_CHUNKS  chunks of the stream-mode perplexity (default 24)
+#   VXQ_GPU_PPL_PREFILL_CHUNKS chunks of the prefill-mode perplexity (default 0: the whole file, 614
+#                    chunks: over 24, last-bit differences flipping 4-bit codes moved a q4_0 cache by
+#                    up to 0.2 %, over the file by 0.001 %; docs/gpu.md, fifth session of 2026-12-06)
 #   VXQ_GPU_SKIP_PPL=1  skip the perplexity comparison; VXQ_GPU_SKIP_SANITIZER=1 the memcheck
-#   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0 fp8")
+#   VXQ_GPU_PPL_KV   KV caches of the perplexity comparison on f16 weights (default "q8_0 q4_0 fp8
+#                    kivi:bits=2 kivi:bits=4 turbo-rvq")
 #   VXQ_GPU_ATTN_CONTEXTS  contexts of the decode-attention benchmark (default 1K..128K)
 #   VXQ_GPU_ROTATED_CONTEXTS  contexts of its TurboQuant / VecInfer cases (default 32768 131072)
 #   VXQ_GPU_ATTN_ARGS  its layouts (default "--splits 32,64 --stream 0,2 --mma 0,1": the stream form's
@@ -129,16 +133,18 @@ if [ "$status_build" = ok ]; then
 
   if [ "${VXQ_GPU_BENCH_ONLY:-}" != 1 ] && [ "${VXQ_GPU_SKIP_PPL:-}" != 1 ]; then
     STREAM_CHUNKS="${VXQ_GPU_PPL_STREAM_CHUNKS:-24}"
-    step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill 24 chunks, stream $STREAM_CHUNKS)"
+    PREFILL_CHUNKS="${VXQ_GPU_PPL_PREFILL_CHUNKS:-0}"
+    step "perplexity: --device cuda vs --device cpu (vxq-llama-h64, WikiText-2, -c 1024; prefill $([ "$PREFILL_CHUNKS" = 0 ] && echo all || echo "$PREFILL_CHUNKS") chunks, stream $STREAM_CHUNKS)"
     status_ppl=ok
     TEXT="$SHARED/assets/text/wikitext2_test.raw.crlf.txt"
-    # ppl_pair LABEL MODEL CHUNKS ARGS...: perplexity on the CPU and on CUDA, one line with both
+    # ppl_pair LABEL MODEL CHUNKS ARGS...: perplexity on the CPU and on CUDA (CHUNKS 0: the whole file), one line with both
     # and their relative difference (flagged beyond 0.1 %) into ppl.md.
     ppl_pair() {
-      local line="$1" m="$2" chunks="$3"
+      local line="$1" m="$2" chunks="$3" cargs=()
       shift 3
+      [ "$chunks" != 0 ] && cargs=(--chunks "$chunks")  # 0: the whole file
       for dev in cpu cuda; do
-        "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 --chunks "$chunks" "$@" --device "$dev" \
+        "$BUILD/src/vxq" perplexity -m "$m" -f "$TEXT" -c 1024 "${cargs[@]}" "$@" --device "$dev" \
           >"$LOGS/ppl.out" 2>"$LOGS/ppl.err" || { echo "perplexity $line $dev failed:"; tail -2 "$LOGS/ppl.err"; status_ppl=FAIL; }
         line="$line $dev $(grep -oE 'PPL = [0-9.]+' "$LOGS/ppl.out" | tail -1 | cut -d' ' -f3)"
       done
@@ -149,7 +155,7 @@ if [ "$status_build" = ok ]; then
       m="$SHARED/assets/models/vxq-llama-h64-$w.gguf"
       if [ ! -f "$m" ] || [ ! -f "$TEXT" ]; then echo "skipped: $m or $TEXT missing"; status_ppl="not run"; continue; fi
       for mode in prefill stream; do
-        chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
+        chunks=$PREFILL_CHUNKS; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
         for fa in "" "--flash-attn"; do
           ppl_pair "$w $mode ${fa:-(no -fa)}" "$m" $chunks --mode "$mode" $fa
         done
@@ -157,10 +163,10 @@ if [ "$status_build" = ok ]; then
     done
     # Compressed caches on the device (issue 11): f16 weights, -fa (the fused kernel on both backends).
     m="$SHARED/assets/models/vxq-llama-h64-f16.gguf"
-    for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0 fp8}; do
+    for kv in ${VXQ_GPU_PPL_KV-q8_0 q4_0 fp8 kivi:bits=2 kivi:bits=4 turbo-rvq}; do
       [ -f "$m" ] && [ -f "$TEXT" ] || break
       for mode in prefill stream; do
-        chunks=24; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
+        chunks=$PREFILL_CHUNKS; [ "$mode" = stream ] && chunks=$STREAM_CHUNKS
         ppl_pair "f16 --kv $kv $mode -fa" "$m" $chunks --mode "$mode" --flash-attn --kv "$kv"
       done
     done
