@@ -169,14 +169,13 @@ double read_floor_us(size_t bytes, cudaStream_t st, bool pdl, std::string& form)
     for (int per_sm : {1, 2, 4, 8}) {
         for (int u : {4, 8}) {
             const dim3 grid(unsigned(per_sm * sm_count()));
+            const auto kernel = u == 4 ? read_floor_kernel<4> : read_floor_kernel<8>;
             const double ms = time_calls(st, 100, [&](int i) {
                 const auto* src = reinterpret_cast<const uint4*>(buf + size_t(i) % copies * stride);
-                if (!pdl) {
-                    (u == 4 ? read_floor_kernel<4> : read_floor_kernel<8>)<<<grid, 512, 0, st>>>(src, n16, out);
-                } else if (u == 4) {
-                    launch_pdl(read_floor_kernel<4>, grid, dim3(512), 0, st, src, n16, out);
+                if (pdl) {
+                    launch_pdl(kernel, grid, dim3(512), 0, st, src, n16, out);
                 } else {
-                    launch_pdl(read_floor_kernel<8>, grid, dim3(512), 0, st, src, n16, out);
+                    kernel<<<grid, 512, 0, st>>>(src, n16, out);
                 }
             });
             if (ms * 1e3 < best) {

@@ -141,11 +141,8 @@ Launch launch_of(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K&
     return l;
 }
 
-// The stream kernel at W warps, R rows a warp and a ring of S.
-// xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or nullptr; with it
-// norm_w: the RMSNorm first (eps), the normalized x also written to x_out.
-// launch_of with x in f32 for the kernel to quantize itself where xf is given (x's q8_K then not
-// passed) and the RMSNorm's arguments.
+// launch_of with xf: x in f32 for the kernel to quantize itself (x's q8_K then not passed), or
+// nullptr; with it norm_w: the RMSNorm first (eps), the normalized x also written to x_out.
 Launch launch_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                    float* resid, const float* xf, const float* norm_w, float eps, float* x_out) {
     Launch l = launch_of(c, ms, x, y, resid);
@@ -153,6 +150,7 @@ Launch launch_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8
     l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
     return l;
 }
+// The stream kernel at W warps, R rows a warp and a ring of S (launch_with's arguments).
 template <int W, int R, int S>
 void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                      float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
@@ -352,7 +350,6 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
                 run(c, ms, x, got, nullptr, xf.data(), nullptr, 0.0f, nullptr);
                 expect_rows_bit_equal(c, got, want, form);
             }
-
         }
     }
 }

@@ -218,9 +218,10 @@ __device__ __forceinline__ int ts_dot_unit(const int4& w, const int4 (&x)[4]) {
 // quantized here (no quantize kernel and boundary before the GEMV): warp w takes 256-blocks w, w +
 // W, ..., kQ of them with their loads in flight at once (kQ: fewer where the caller holds loads in
 // registers across this); lane l's values 8 l .. 8 l + 7 of block b are bytes 8 (l % 2) .. of
-// quarter-run (l % 16) / 4 of unit 2 (l / 16) + (l % 4) / 2. With the RMSNorm first: its scale by the block (block_rms_scale: the first 256 threads sum in rms_norm's
-// order, every thread meets its barriers), then each value as rms_apply; block b % grid writes
-// 256-block b of the normalized x out. Else x's q8_K (p.xq, p.xs) is copied, for `tokens` rows of
+// quarter-run (l % 16) / 4 of unit 2 (l / 16) + (l % 4) / 2. With the RMSNorm first: its scale by
+// the block (block_rms_scale: the first 256 threads sum in rms_norm's order, every thread meets
+// its barriers), then each value as rms_apply; block b % grid writes 256-block b of the
+// normalized x out. Else x's q8_K (p.xq, p.xs) is copied, for `tokens` rows of
 // x (token t's runs at t cols bytes further, its Q8KScale at t cols / 256 further). Every thread
 // of the block (W warps) calls; x is not yet visible to the others at return (the caller's barrier).
 template <int W, int kQ = 4, class Run>
