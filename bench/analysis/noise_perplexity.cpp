@@ -12,8 +12,11 @@
 //   vxq_noise_ppl MODEL TEXT --kv SPEC [--ctx N] [--chunks N] [--mode prefill|stream]
 //                 [--seed S] [--threads T]
 // Prints one line: kv, mode, seed, chunks, PPL.
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -42,45 +45,56 @@ std::string read_text(const char* path) {
     return s.str();
 }
 
+// A whole decimal integer in [lo, hi], or vxq::Error naming the flag.
+template <class T>
+T parse_int(std::string_view flag, std::string_view v, T lo, T hi) {
+    T x{};
+    const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc{} || end != v.data() + v.size() || x < lo || x > hi) {
+        fail("{} '{}': an integer from {} to {}", flag, v, lo, hi);
+    }
+    return x;
+}
+
 int run(int argc, char** argv) {
     constexpr const char* kUsage =
         "usage: vxq_noise_ppl MODEL TEXT --kv SPEC [--ctx N] [--chunks N] [--mode prefill|stream] [--seed S] [--threads T]";
     if (argc < 3) fail("{}", kUsage);
     std::string kv = "f16", mode_name = "prefill";
-    int64_t n_ctx = 1024, n_chunks = -1;
-    long seed = 0;
+    int64_t n_ctx = 1024, n_chunks = -1;  // -1: every chunk of the text
+    uint32_t seed = 0;
     int threads = 2;
     for (int i = 3; i < argc; i += 2) {
         const std::string_view flag = argv[i];
         if (i + 1 >= argc) fail("{} needs a value; {}", flag, kUsage);
         const char* v = argv[i + 1];
         if (flag == "--kv") kv = v;
-        else if (flag == "--ctx") n_ctx = std::atoll(v);
-        else if (flag == "--chunks") n_chunks = std::atoll(v);
+        else if (flag == "--ctx") n_ctx = parse_int<int64_t>(flag, v, 2, int64_t(1) << 24);
+        else if (flag == "--chunks") n_chunks = parse_int<int64_t>(flag, v, 1, INT64_MAX);
         else if (flag == "--mode") mode_name = v;
-        else if (flag == "--seed") seed = std::atol(v);
-        else if (flag == "--threads") threads = std::atoi(v);
+        else if (flag == "--seed") seed = parse_int<uint32_t>(flag, v, 0, UINT32_MAX);
+        else if (flag == "--threads") threads = parse_int<int>(flag, v, 1, 256);
         else fail("unknown option '{}'; {}", flag, kUsage);
     }
     if (mode_name != "prefill" && mode_name != "stream") fail("--mode '{}': prefill or stream", mode_name);
-    if (n_ctx < 2 || seed < 0 || threads < 1) fail("--ctx >= 2, --seed >= 0, --threads >= 1");
     const PplMode mode = mode_name == "stream" ? PplMode::Stream : PplMode::Prefill;
 
     const KvSpec spec = KvSpec::parse(kv);
     const auto model = Model::load(argv[1], "cpu");
     const std::string text = read_text(argv[2]);
     std::unique_ptr<Backend> be = seed == 0 ? make_backend("cpu", threads)
-                                            : std::make_unique<test::LastBitNoiseBackend>(threads, uint32_t(seed));
+                                            : std::make_unique<test::LastBitNoiseBackend>(threads, seed);
     const ModelConfig& c = model->config();
     KvCacheOptions opts;
     opts.flash_attn = true;
     opts.memory = be->kv_memory();
     auto cache = make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, n_ctx}, spec, opts);
+    const bool tty = isatty(STDERR_FILENO) != 0;  // progress on a terminal only
     const PerplexityResult r =
-        perplexity(*model, *be, *cache, text, PerplexityParams{n_ctx, n_chunks, mode}, [](int64_t i, int64_t n, double ppl) {
-            fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
+        perplexity(*model, *be, *cache, text, PerplexityParams{n_ctx, n_chunks, mode}, [&](int64_t i, int64_t n, double ppl) {
+            if (tty) fmt::print(stderr, "\r[{}/{}] PPL {:.4f}   ", i + 1, n, ppl);
         });
-    fmt::print(stderr, "\n");
+    if (tty) fmt::print(stderr, "\n");
     fmt::print("kv {} | mode {} | seed {} | {} chunks x {} | PPL {:.4f} +/- {:.5f}\n", kv, mode_name, seed, r.n_chunks,
                n_ctx, r.ppl, r.ppl_err);
     return 0;
