@@ -7,6 +7,7 @@
 # then on the GPU machine (carry: ["devbin/a"]):
 #   devbin/a/unpack.sh        # -> devbin/a/bin/<name>, devbin/a/lib, models/shared/assets/models/
 #   export LD_LIBRARY_PATH=$PWD/devbin/a/lib VXQ_SHARED_DIR=$PWD/models/shared
+#   export VXQ_CLI=$PWD/devbin/a/bin/vxq   # where vxq_tests' CLI tests find vxq, if it was packed
 # Only the models named are unpacked there (tests that need others skip, loudly and counted).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 extern char** environ;
 
@@ -17,7 +18,10 @@ CliResult run_cli(const std::vector<std::string>& args) {
     char err_tmpl[] = "/tmp/vxq_cli_err_XXXXXX";
     const int out_fd = mkstemp(out_tmpl);
     const int err_fd = mkstemp(err_tmpl);
-    std::vector<std::string> all{VXQ_CLI_PATH};
+    // The binary this build made, or $VXQ_CLI where the tests run elsewhere (a GPU machine that
+    // got vxq_tests and vxq packed by scripts/device_pack.sh, not the build tree).
+    const char* cli = std::getenv("VXQ_CLI");
+    std::vector<std::string> all{cli && *cli ? cli : VXQ_CLI_PATH};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
