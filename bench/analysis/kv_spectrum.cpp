@@ -22,14 +22,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fmt/core.h>
 
+#include "analysis_tool.h"
 #include "backend/backend.h"
 #include "core/eigen.h"
 #include "core/error.h"
@@ -40,16 +39,9 @@
 namespace {
 
 using namespace vxq;
+using analysis::read_text;
 
 constexpr int kMaxBits = 8;
-
-std::string read_text(const char* path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail("cannot open '{}'", path);
-    std::ostringstream s;
-    s << f.rdbuf();
-    return s.str();
-}
 
 double distortion(const std::vector<double>& lambda, const std::vector<int>& bits, size_t offset,
                   const std::vector<double>& c) {  // c: lloyd_max_mse by bits
@@ -135,11 +127,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "vxq: error: %s\n", e.what());
-        return 1;
-    }
-}
+int main(int argc, char** argv) { return vxq::analysis::tool_main(argc, argv, run); }

@@ -16,15 +16,13 @@
 
 #include <charconv>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <string_view>
 
 #include <fmt/core.h>
 
+#include "analysis_tool.h"
 #include "backend/backend.h"
 #include "core/error.h"
 #include "kv/kv_cache.h"
@@ -36,14 +34,7 @@
 namespace {
 
 using namespace vxq;
-
-std::string read_text(const char* path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) fail("cannot open '{}'", path);
-    std::ostringstream s;
-    s << f.rdbuf();
-    return s.str();
-}
+using analysis::read_text;
 
 // A whole decimal integer in [lo, hi], or vxq::Error naming the flag.
 template <class T>
@@ -102,11 +93,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-    try {
-        return run(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "vxq: error: %s\n", e.what());
-        return 1;
-    }
-}
+int main(int argc, char** argv) { return vxq::analysis::tool_main(argc, argv, run); }
