@@ -349,8 +349,8 @@ int main(int argc, char** argv) {
                 };
                 // n = 1: the default kernel (x quantized in it), the same after the quantize
                 // kernel, the tensor-core kernel (TQ2_0: with and without the quantize kernel), the
-                // stream kernel, the lane-piece kernel at 1 and 2 pieces a lane, the stream
-                // kernel's 32-warp plan, and the group kernel, in the same process.
+                // stream kernel, the half-SM forms, the lane-piece kernel at 1 and 2 pieces a lane,
+                // the stream kernel's 32-warp plan, and the group kernel, in the same process.
                 const auto forms = [&](const std::string& t) {
                     run(t.c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_quantize_in_kernel(false);
@@ -374,6 +374,26 @@ int main(int argc, char** argv) {
                         set_gemv_ternary_mma(false);  // (and for the stream kernel's arms below)
                         run((t + " stream").c_str(), 1, MatmulPath::Auto);
                     }
+                    // The half-SM form (room on every SM for the next call's blocks beside this
+                    // call's): the stream kernel at 16 and 8 warps, after the quantize kernel and
+                    // with x given, and the lane-piece kernel at half its blocks an SM.
+                    set_gemv_ternary_half(true);
+                    run((t + " half-SM").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream_warps(8);
+                    run((t + " half-SM 8 warps").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_stream_warps(16);
+                    set_gemv_ternary_quantize_in_kernel(false);
+                    run((t + " half-SM quantize kernel").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_x_given(true);  // x's q8_K as the call before left it in the scratch
+                    run((t + " half-SM x given as q8_K").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_x_given(false);
+                    set_gemv_ternary_quantize_in_kernel(true);
+                    set_gemv_ternary_lanes(true);
+                    set_gemv_ternary_lanes_pieces(2);
+                    run((t + " lanes x2 half-SM").c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_lanes_pieces(1);
+                    set_gemv_ternary_lanes(false);
+                    set_gemv_ternary_half(false);
                     set_gemv_ternary_lanes(true);
                     run((t + " lanes").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_lanes_pieces(2);

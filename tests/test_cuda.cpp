@@ -615,10 +615,15 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
         // The lane-piece kernel (where the stream path takes the matrix), the stream kernel's
         // plans of 16 and of 32 warps a block, and the tensor-core kernel (TQ2_0; G128 stays on
         // the stream kernel) at both depths.
-        struct Form { int lanes, warps, mma_depth; };  // lanes: pieces a lane (0: none); mma_depth 0: not the tensor-core kernel
-        for (const auto& [lanes, warps, mma_depth] : {Form{1, 16, 0}, Form{2, 16, 0}, Form{0, 16, 0}, Form{0, 32, 0}, Form{0, 16, 4}, Form{0, 16, 2}}) {
+        // The half-SM forms (set_gemv_ternary_half): the stream kernel at 16 and 8 warps, the
+        // lane-piece kernel.
+        struct Form { int lanes, warps, mma_depth; bool half; };  // lanes: pieces a lane (0: none); mma_depth 0: not the tensor-core kernel
+        for (const auto& [lanes, warps, mma_depth, half] :
+             {Form{1, 16, 0, false}, Form{2, 16, 0, false}, Form{0, 16, 0, false}, Form{0, 32, 0, false}, Form{0, 16, 4, false},
+              Form{0, 16, 2, false}, Form{0, 16, 0, true}, Form{0, 8, 0, true}, Form{2, 16, 0, true}}) {
             SCOPED_TRACE(testing::Message() << (lanes ? "lane-piece kernel" : mma_depth ? "tensor-core kernel" : "stream kernel") << ", "
-                                            << lanes << " pieces, " << warps << " warps, depth " << mma_depth);
+                                            << lanes << " pieces, " << warps << " warps, depth " << mma_depth << (half ? ", half-SM" : ""));
+            cuda::set_gemv_ternary_half(half);
             cuda::set_gemv_ternary_lanes(lanes > 0);
             cuda::set_gemv_ternary_lanes_pieces(lanes);
             cuda::set_gemv_ternary_stream_warps(warps);
@@ -627,7 +632,9 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
             const std::string d = cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
             const char* want = lanes ? "ternary lanes" : mma_depth && sc.type == GgmlType::TQ2_0 ? "ternary mma" : "ternary stream";
             EXPECT_EQ(d.find(want) != std::string::npos, sc.stream) << d;
+            if (half && sc.stream) EXPECT_NE(d.find("half-SM"), std::string::npos) << d;
             cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
+            cuda::set_gemv_ternary_half(false);
             cuda::set_gemv_ternary_lanes(false);
             cuda::set_gemv_ternary_lanes_pieces(1);
             cuda::set_gemv_ternary_stream_warps(16);

@@ -150,20 +150,21 @@ Launch launch_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8
     l.p.norm_w = norm_w, l.p.norm_eps = eps, l.p.x_out = x_out;
     return l;
 }
-// The stream kernel at W warps, R rows a warp and a ring of S (launch_with's arguments).
-template <int W, int R, int S>
+// The stream kernel at W warps, R rows a warp and a ring of S (launch_with's arguments); MinBlocks
+// 2: the half-SM form (its own quantize with 2 blocks in flight a warp).
+template <int W, int R, int S, int MinBlocks = 1>
 void run_stream_with(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                      float* resid, const float* xf, const float* norm_w = nullptr, float eps = 0.0f, float* x_out = nullptr) {
     const Launch l = launch_with(c, ms, x, y, resid, xf, norm_w, eps, x_out);
     simt::launch(dim3(unsigned(l.grid)), dim3(W * 32), size_t(cuda::ts_smem_bytes(l.p.cols, l.p.scale_group, W, R, S)),
-                 [&] { cuda::ternary_stream_kernel<W, R, S>(l.p); });
+                 [&] { cuda::ternary_stream_kernel<W, R, S, MinBlocks>(l.p); });
 }
 using RunWith = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*,
                          const float*, const float*, float, float*);
-template <int W, int R, int S>
+template <int W, int R, int S, int MinBlocks = 1>
 void run_stream(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, std::vector<std::vector<float>>& y,
                 float* resid = nullptr) {
-    run_stream_with<W, R, S>(c, ms, x, y, resid, nullptr);
+    run_stream_with<W, R, S, MinBlocks>(c, ms, x, y, resid, nullptr);
 }
 
 // The lane-piece kernel (ternary_lanes_kernel) at P pieces a lane.
@@ -191,7 +192,7 @@ void run_mma(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, 
 }
 
 // The kernels' forms the tests run: the stream kernel at both warp counts, both row counts a warp
-// takes, rings of 1-8; the lane-piece kernel; the tensor-core kernel (TQ2_0 only) at 16 warps
+// takes, rings of 1-8, and in its half-SM form at 8 and 16 warps; the lane-piece kernel; the tensor-core kernel (TQ2_0 only) at 16 warps
 // (gemv.cu's) and at 4 and 8 warps with rings of 2 and 3 (warps that take many pairs, across tiles).
 using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
 struct Form {
@@ -203,7 +204,8 @@ const Form kForms[] = {
     {"W 16, R 2, S 2", run_stream<16, 2, 2>, false}, {"W 16, R 1, S 2", run_stream<16, 1, 2>, false},
     {"W 16, R 2, S 4", run_stream<16, 2, 4>, false}, {"W 16, R 1, S 8", run_stream<16, 1, 8>, false},
     {"W 32, R 1, S 1", run_stream<32, 1, 1>, false}, {"W 32, R 2, S 1", run_stream<32, 2, 1>, false},
-    {"W 32, R 1, S 4", run_stream<32, 1, 4>, false}, {"lanes", run_lanes<1>, false},
+    {"W 32, R 1, S 4", run_stream<32, 1, 4>, false}, {"half-SM W 8, R 1, S 2", run_stream<8, 1, 2, 2>, false},
+    {"half-SM W 16, R 1, S 1", run_stream<16, 1, 1, 2>, false}, {"lanes", run_lanes<1>, false},
     {"lanes x2", run_lanes<2>, false},                {"mma W 16, D 4", run_mma<16, 4>, true},
     {"mma W 4, D 2", run_mma<4, 2>, true},            {"mma W 8, D 3", run_mma<8, 3>, true}};
 
@@ -300,8 +302,8 @@ void expect_rows_bit_equal(const Case& c, const std::vector<std::vector<float>>&
 // x holds a zero 256-block, values on exact half steps of iscale (ties to even), blocks whose
 // largest magnitude comes twice with both signs (which one is the maximum flips q and d together,
 // so y cannot tell: a planted last-of-equals choice passes, as it should) and random values; three
-// forms of the ring, a stack, both scale groups, one to five 256-blocks a warp (W 16 at 17408
-// columns: 68 blocks, the loop's batches of four cut short). Planted bugs caught: the quants'
+// forms of the ring and two half-SM forms (batches of two), a stack, both scale groups, one to
+// nine 256-blocks a warp (W 16 at 17408 columns: 68 blocks, the loop's batches of four cut short). Planted bugs caught: the quants'
 // byte offset in a unit, truncation for round-to-nearest, a quarter sum's lanes.
 TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
     const uint32_t seed = test::fresh_seed();
@@ -314,7 +316,8 @@ TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
         {GgmlType::TQ2_0, 5120, {33}, 2},
     };
     const std::pair<const char*, RunWith> forms[] = {
-        {"W 16, R 1, S 2", run_stream_with<16, 1, 2>}, {"W 16, R 2, S 4", run_stream_with<16, 2, 4>}, {"W 32, R 1, S 1", run_stream_with<32, 1, 1>}};
+        {"W 16, R 1, S 2", run_stream_with<16, 1, 2>}, {"W 16, R 2, S 4", run_stream_with<16, 2, 4>}, {"W 32, R 1, S 1", run_stream_with<32, 1, 1>},
+        {"half-SM W 8, R 2, S 4", run_stream_with<8, 2, 4, 2>}, {"half-SM W 16, R 1, S 1", run_stream_with<16, 1, 1, 2>}};
     for (const Case& c : cases) {
         std::vector<TernaryMatrix> ms;
         for (const int64_t rows : c.rows) ms.push_back(random_ternary(c.type, rows, c.cols, rng));

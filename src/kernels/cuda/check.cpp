@@ -3,6 +3,7 @@
 #include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/launch.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,13 @@ int sm_count() {
 int smem_optin() {
     static PerDevice bytes;
     return device_attribute_once(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+}
+
+int smem_half_sm() {
+    static PerDevice sm, reserved;
+    const int half = device_attribute_once(sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor) / 2 -
+                     device_attribute_once(reserved, cudaDevAttrReservedSharedMemoryPerBlock);
+    return std::min(half, smem_optin());
 }
 
 }  // namespace vxq::cuda

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
+#include <span>
 #include <type_traits>
 
 #include "kernels/cuda/check.cuh"
@@ -1308,39 +1309,62 @@ bool g_ternary_stream = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_STREAM");
     return !(e && std::atoi(e) == 0);
 }();
-// The warps of a block the plan prefers: 16 (VXQ_GEMV_TS_WARPS=32 or set_gemv_ternary_stream_warps:
-// 32, for A/B).
+// The warps of a block the plan prefers: 16 (VXQ_GEMV_TS_WARPS=32 or 8, or
+// set_gemv_ternary_stream_warps: 32, or 8 in the half-SM form; for A/B).
 int g_ternary_stream_warps = [] {
     const char* e = std::getenv("VXQ_GEMV_TS_WARPS");
-    return e && std::atoi(e) == 32 ? 32 : 16;
+    const int v = e ? std::atoi(e) : 16;
+    return v == 32 || v == 8 ? v : 16;
+}();
+// Half an SM a call (VXQ_GEMV_TS_HALF=1 or set_gemv_ternary_half(true)): the stream kernel's block
+// within half an SM's registers and shared memory, the lane-piece kernel's grid at half the blocks
+// an SM holds, so that the next call's blocks (PDL) start beside this call's. Off by default
+// until timed on a GPU.
+bool g_ternary_half = [] {
+    const char* e = std::getenv("VXQ_GEMV_TS_HALF");
+    return e && std::atoi(e) == 1;
 }();
 struct TernaryStreamPlan {
     int W = 0, R = 0, S = 0, smem = 0;  // R = 0: the stream kernel does not take the matrix
+    bool half = false;                  // the half-SM form (MinBlocks 2)
 };
 // Warps, rows a warp takes together and the depth of its ring: with 16 warps the deepest ring of
 // 2 rows, then of 1, of at least 2 stages; with 32 (preferred, or where no 16-warp ring fits) rings
-// down to one stage. The first that fits the device's shared memory (a block per SM).
+// down to one stage. The first that fits the device's shared memory (a block per SM). In the
+// half-SM form, 16 warps (or 8 preferred) within half an SM's shared memory, else as above.
 TernaryStreamPlan ternary_stream_plan(const DeviceWeight& w) {
     if (!g_ternary_stream || !is_ternary(w.type) || w.cols > (int64_t(1) << 24) || w.rows > INT_MAX / 2) return {};
     const int sg = w.type == GgmlType::TQ2_G128 ? kQG128 : kQK_K, cols = int(w.cols);
     if (cols % kQK_K != 0 || (cols / sg) % 2 != 0) return {};  // each row's scales a 4-byte multiple
-    constexpr int k16[][3] = {{16, 2, 8}, {16, 2, 4}, {16, 1, 8}, {16, 1, 4}, {16, 2, 2}, {16, 1, 2}};
-    constexpr int k32[][3] = {{32, 2, 4}, {32, 1, 4}, {32, 2, 2}, {32, 1, 2}, {32, 2, 1}, {32, 1, 1}};
-    const auto first_fit = [&](const int (&order)[6][3]) -> TernaryStreamPlan {
+    const auto first_fit = [&](std::span<const int[3]> order, int limit, bool half) -> TernaryStreamPlan {
         for (const auto& o : order) {
             const int bytes = ts_smem_bytes(cols, sg, o[0], o[1], o[2]);
-            if (bytes <= smem_optin()) return {o[0], o[1], o[2], bytes};
+            if (bytes <= limit) return {o[0], o[1], o[2], bytes, half};
         }
         return {};
     };
-    const TernaryStreamPlan a = first_fit(g_ternary_stream_warps == 32 ? k32 : k16);
-    return a.R ? a : first_fit(g_ternary_stream_warps == 32 ? k16 : k32);
+    if (g_ternary_half) {
+        const int half_limit = smem_half_sm() - kTsStaticSmem;
+        constexpr int h16[][3] = {{16, 2, 2}, {16, 1, 2}, {16, 1, 1}};
+        constexpr int h8[][3] = {{8, 2, 4}, {8, 1, 4}, {8, 2, 2}, {8, 1, 2}};
+        const bool w8 = g_ternary_stream_warps == 8;
+        const TernaryStreamPlan a = first_fit(w8 ? std::span<const int[3]>(h8) : std::span<const int[3]>(h16), half_limit, true);
+        if (a.R) return a;
+        if (const TernaryStreamPlan b = first_fit(w8 ? std::span<const int[3]>(h16) : std::span<const int[3]>(h8), half_limit, true);
+            b.R) {
+            return b;
+        }
+    }
+    constexpr int k16[][3] = {{16, 2, 8}, {16, 2, 4}, {16, 1, 8}, {16, 1, 4}, {16, 2, 2}, {16, 1, 2}};
+    constexpr int k32[][3] = {{32, 2, 4}, {32, 1, 4}, {32, 2, 2}, {32, 1, 2}, {32, 2, 1}, {32, 1, 1}};
+    const TernaryStreamPlan a = first_fit(g_ternary_stream_warps == 32 ? k32 : k16, smem_optin(), false);
+    return a.R ? a : first_fit(g_ternary_stream_warps == 32 ? k16 : k32, smem_optin(), false);
 }
-template <int W, int R, int S>
+template <int W, int R, int S, int MinBlocks = 1>
 void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int smem, cudaStream_t st) {
     static PerDevice configured;
-    allow_smem(ternary_stream_kernel<W, R, S>, size_t(smem), configured);
-    launch_pdl(ternary_stream_kernel<W, R, S>, dim3(unsigned(blocks)), dim3(W * 32), size_t(smem), st, p);
+    allow_smem(ternary_stream_kernel<W, R, S, MinBlocks>, size_t(smem), configured);
+    launch_pdl(ternary_stream_kernel<W, R, S, MinBlocks>, dim3(unsigned(blocks)), dim3(W * 32), size_t(smem), st, p);
 }
 // The stream and lane-piece kernels' parameters over ws (n = 1; x already quantized to q8_K in
 // xa, by the kernel before, which lets these start at once; resid: the residual add of one
@@ -1403,7 +1427,8 @@ void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int c
                           float* resid, cudaStream_t st) {
     const int threads = ternary_lanes_threads(int(ws[0]->cols), g_ternary_lanes_pieces);
     TernaryStreamParams p;
-    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * ternary_lanes_blocks_per_sm(threads));
+    const int per_sm = ternary_lanes_blocks_per_sm(threads);
+    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * (g_ternary_half ? std::max(1, per_sm / 2) : per_sm));
     if (g_ternary_lanes_pieces == 2) {
         launch_pdl(ternary_lanes_kernel<kTlAhead, 2>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
     } else {
@@ -1476,6 +1501,17 @@ void launch_ternary_stream(const TernaryStreamPlan& plan, const DeviceWeight* co
     if (xf && f && f->norm_weight) p.norm_w = f->norm_weight, p.norm_eps = f->norm_eps, p.x_out = x;
     if (xf) p.xq = nullptr, p.xs = nullptr, p.xf = xf;
     if (const int smem = ternary_mma_smem(*ws[0], stacked_rows(ws, count), 1)) return launch_ternary_mma(p, grid, smem, st);
+    if (plan.half) {
+        switch (plan.W * 256 + plan.R * 16 + plan.S) {
+            case 16 * 256 + 2 * 16 + 2: return launch_ternary_stream_wrs<16, 2, 2, 2>(p, grid, plan.smem, st);
+            case 16 * 256 + 1 * 16 + 2: return launch_ternary_stream_wrs<16, 1, 2, 2>(p, grid, plan.smem, st);
+            case 16 * 256 + 1 * 16 + 1: return launch_ternary_stream_wrs<16, 1, 1, 2>(p, grid, plan.smem, st);
+            case 8 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<8, 2, 4, 2>(p, grid, plan.smem, st);
+            case 8 * 256 + 1 * 16 + 4: return launch_ternary_stream_wrs<8, 1, 4, 2>(p, grid, plan.smem, st);
+            case 8 * 256 + 2 * 16 + 2: return launch_ternary_stream_wrs<8, 2, 2, 2>(p, grid, plan.smem, st);
+            default: return launch_ternary_stream_wrs<8, 1, 2, 2>(p, grid, plan.smem, st);
+        }
+    }
     switch (plan.W * 256 + plan.R * 16 + plan.S) {
         case 16 * 256 + 2 * 16 + 8: return launch_ternary_stream_wrs<16, 2, 8>(p, grid, plan.smem, st);
         case 16 * 256 + 2 * 16 + 4: return launch_ternary_stream_wrs<16, 2, 4>(p, grid, plan.smem, st);
@@ -1799,7 +1835,8 @@ void set_gemv_ternary_stream(bool on) { g_ternary_stream = on; }
 void set_gemv_ternary_quantize_in_kernel(bool on) { g_ternary_quantize_in_kernel = on; }
 void set_gemv_ternary_lanes(bool on) { g_ternary_lanes = on; }
 void set_gemv_ternary_lanes_pieces(int pieces) { g_ternary_lanes_pieces = pieces == 2 ? 2 : 1; }
-void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 ? 32 : 16; }
+void set_gemv_ternary_stream_warps(int warps) { g_ternary_stream_warps = warps == 32 || warps == 8 ? warps : 16; }
+void set_gemv_ternary_half(bool on) { g_ternary_half = on; }
 void set_gemv_ternary_mma(bool on) { g_ternary_mma = on; }
 void set_gemv_ternary_mma_batch(bool on) { g_ternary_mma_batch = on; }
 void set_gemv_ternary_mma_depth(int depth) { g_ternary_mma_depth = depth == 2 ? 2 : 4; }
@@ -1875,8 +1912,10 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (n == 1) {
         if (ternary_stream_plan(w).R && ternary_lanes_fits(w)) {
             const int threads = ternary_lanes_threads(int(w.cols), g_ternary_lanes_pieces);
-            std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d piece(s) a lane, %d threads a block, %d blocks/SM, PDL %s",
-                          type, g_ternary_lanes_pieces, threads, ternary_lanes_blocks_per_sm(threads), pdl_enabled() ? "on" : "off");
+            const int per_sm = ternary_lanes_blocks_per_sm(threads);
+            std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d piece(s) a lane, %d threads a block, %d blocks/SM%s, PDL %s",
+                          type, g_ternary_lanes_pieces, threads, g_ternary_half ? std::max(1, per_sm / 2) : per_sm,
+                          g_ternary_half ? " (half-SM)" : "", pdl_enabled() ? "on" : "off");
             return line;
         }
         if (const int smem = ternary_mma_smem(w, w.rows, 1)) {
@@ -1886,9 +1925,9 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             return line;
         }
         if (const TernaryStreamPlan plan = ternary_stream_plan(w); plan.R) {
-            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem, x quantized %s, PDL %s",
-                          type, plan.W, plan.R, plan.S, plan.smem / 1024, ternary_quantizes_x(w) ? "in the kernel" : "before",
-                          pdl_enabled() ? "on" : "off");
+            std::snprintf(line, sizeof line, "ternary stream %s x q8_K dp4a, %d warps, %d rows/warp, ring of %d, %d KB smem%s, x quantized %s, PDL %s",
+                          type, plan.W, plan.R, plan.S, plan.smem / 1024, plan.half ? " (half-SM: 2 blocks/SM fit)" : "",
+                          ternary_quantizes_x(w) ? "in the kernel" : "before", pdl_enabled() ? "on" : "off");
             return line;
         }
         G1Params p;

@@ -136,8 +136,13 @@ void set_gemv_ternary_lanes(bool on);
 // The lane-piece kernel's pieces (32 weights each) a lane: 1 (the default) or 2 (a whole 16-byte
 // unit, VXQ_GEMV_TQ2_LANES_PIECES=2 at start). For A/B measurements and tests.
 void set_gemv_ternary_lanes_pieces(int pieces);
-// The stream kernel's preferred warps a block: 16 (the default) or 32 (VXQ_GEMV_TS_WARPS=32).
+// The stream kernel's preferred warps a block: 16 (the default), 32 (VXQ_GEMV_TS_WARPS=32) or, in
+// the half-SM form, 8 (=8).
 void set_gemv_ternary_stream_warps(int warps);
+// The batch-1 ternary GEMV in half an SM (true; VXQ_GEMV_TS_HALF=1 at start): the stream kernel's
+// block within half an SM's registers and shared memory, the lane-piece kernel's grid at half its
+// blocks an SM, so that consecutive calls overlap (PDL). Off by default. For A/B and tests.
+void set_gemv_ternary_half(bool on);
 // TQ2_0 at n = 1: the tensor-core kernel (ternary_mma_kernels.cuh; true, VXQ_GEMV_TQ2_MMA=1 at
 // start) or the stream kernel (false: the default). For A/B and tests.
 void set_gemv_ternary_mma(bool on);

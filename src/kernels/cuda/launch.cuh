@@ -90,6 +90,9 @@ bool pdl_enabled();
 int sm_count();
 // The most dynamic shared memory a block may opt in to on the current device (read once per device).
 int smem_optin();
+// The dynamic shared memory each of two blocks on one SM may take on the current device: half the
+// SM's, less the runtime's reserve per block (read once per device).
+int smem_half_sm();
 
 template <class... Params, class... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Args&&... args) {

@@ -88,6 +88,8 @@ __host__ __device__ constexpr int ts_x_bytes(int cols) {
 __host__ __device__ constexpr int ts_smem_bytes(int cols, int scale_group, int W, int R, int S) {
     return ts_x_bytes(cols) + W * S * ts_stage_bytes(cols, scale_group, R);
 }
+// The stream kernel's static shared memory (ts_stage_x's RMSNorm partials), beside the dynamic.
+constexpr int kTsStaticSmem = int(sizeof(double)) * kNormThreads;
 
 // 16 and 4 bytes from global into shared memory, asynchronously on the device (cp.async; the
 // 16-byte copies with the weights' L2 policy); a copy in the emulator.
@@ -281,8 +283,13 @@ __device__ __forceinline__ void ts_stage_x(const TernaryStreamParams& p, int tot
 // Block b: stacked rows [b rows_per_block, + rows_per_block); warp w: its groups g = 0, 1, ...,
 // rows first + (g W + w) R + i (i < R) while below the stretch's end. S = 1: no ring (a warp waits
 // for its group, then issues the next; its neighbours' copies and products overlap it).
-template <int W, int R, int S>
-__global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const TernaryStreamParams p) {
+// MinBlocks = 2: the half-SM form (gemv.cu's plan keeps the shared memory within half an SM too),
+// so that the next call's blocks, launched by PDL, find room beside this call's on every SM and
+// put their rings in flight while this call's blocks compute and drain (a kernel that only reads
+// the same bytes takes 7.2 us so and 9.8 us one call after the other: docs/gpu.md, sixth session
+// of 2026-12-06).
+template <int W, int R, int S, int MinBlocks = 1>
+__global__ void __launch_bounds__(W * 32, MinBlocks) ternary_stream_kernel(const TernaryStreamParams p) {
     VXQ_DYNAMIC_SMEM(smem);
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int cols = p.cols, units = cols / 64, rb = cols / 4, ns = cols / p.scale_group;
@@ -322,7 +329,8 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
     for (int g = 0; g < S; ++g) issue(g);
 
     // x, once the kernel that wrote it is done: unit u's quarter-run l (16 bytes) at xu[l units + u].
-    ts_stage_x<W>(p, total, smem, xsc, [&](int b, int c, int l) { return (l * units + 4 * b + c) * 16; });
+    // (Half an SM: 2 of the quantize's 256-blocks in flight a warp, where 4 spilled at 64 registers.)
+    ts_stage_x<W, MinBlocks == 2 ? 2 : 4>(p, total, smem, xsc, [&](int b, int c, int l) { return (l * units + 4 * b + c) * 16; });
     __syncthreads();
     pdl_launch_dependents();
 
@@ -379,7 +387,8 @@ __global__ void __launch_bounds__(W * 32, 1) ternary_stream_kernel(const Ternary
 // reduced across the warp by a transposed butterfly (lanes i and i + 16 end with row i's sum of
 // the warp: 16 shuffles for 16 rows), then across the block's warps in shared memory.
 // Block: 32 ceil(cols / (32 P) / 32) threads (<= kTlMaxThreads / P); lanes past the row's last
-// piece load piece 0 and count zero x. Not yet run on a GPU (gemv.cu: off by default until timed).
+// piece load piece 0 and count zero x. Off by default (gemv.cu): timed on H100s since 2026-12-05,
+// no faster than the stream kernel.
 constexpr int kTlBatch = 16, kTlAhead = 8, kTlMaxThreads = 576;
 // The block size for rows of `cols` (a multiple of 256, <= 32 kTlMaxThreads) at P pieces a lane.
 __host__ __device__ constexpr int ternary_lanes_threads(int cols, int P) { return (cols / (32 * P) + 31) / 32 * 32; }
