@@ -1392,9 +1392,9 @@ int ternary_params(TernaryStreamParams& p, const DeviceWeight* const* ws, float*
     return (total + p.rows_per_block - 1) / p.rows_per_block;
 }
 // The lane-piece kernel (ternary_lanes_kernel) over ws where it takes them: rows of whole
-// 256-blocks and at most 18432 weights (a thread per 32 of them). Not the default until timed on
-// a GPU (VXQ_GEMV_TQ2_LANES=1 or set_gemv_ternary_lanes(true): on; vxq_gpu_gemv --ternary times
-// both).
+// 256-blocks and at most 18432 weights (a thread per 32 of them). Not the default: on H100s it
+// measured no faster than the stream kernel (docs/gpu.md; VXQ_GEMV_TQ2_LANES=1 or
+// set_gemv_ternary_lanes(true): on; vxq_gpu_gemv --ternary times both).
 bool g_ternary_lanes = [] {
     const char* e = std::getenv("VXQ_GEMV_TQ2_LANES");
     return e && std::atoi(e) == 1;

@@ -130,8 +130,8 @@ void set_gemv_ternary_stream(bool on);
 // default) or by the quantize kernel before it (false; VXQ_GEMV_TS_QUANT=0 at start). For A/B.
 void set_gemv_ternary_quantize_in_kernel(bool on);
 // Within the stream path: the lane-piece kernel where it takes the matrix (true;
-// VXQ_GEMV_TQ2_LANES=1 at start) or the stream kernel's ring (the default until the lane-piece
-// kernel is timed on a GPU). For A/B measurements and tests.
+// VXQ_GEMV_TQ2_LANES=1 at start) or the stream kernel's ring (the default: the lane-piece kernel
+// measured no faster on H100s). For A/B measurements and tests.
 void set_gemv_ternary_lanes(bool on);
 // The lane-piece kernel's pieces (32 weights each) a lane: 1 (the default) or 2 (a whole 16-byte
 // unit, VXQ_GEMV_TQ2_LANES_PIECES=2 at start). For A/B measurements and tests.
