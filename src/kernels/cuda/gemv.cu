@@ -1915,7 +1915,8 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
             const int per_sm = ternary_lanes_blocks_per_sm(threads);
             std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d piece(s) a lane, %d threads a block, %d blocks/SM%s, PDL %s",
                           type, g_ternary_lanes_pieces, threads, g_ternary_half ? std::max(1, per_sm / 2) : per_sm,
-                          g_ternary_half ? " (half-SM)" : "", pdl_enabled() ? "on" : "off");
+                          !g_ternary_half ? "" : per_sm >= 2 ? " (half-SM)" : " (half-SM asked: 1 fits an SM)",
+                          pdl_enabled() ? "on" : "off");
             return line;
         }
         if (const int smem = ternary_mma_smem(w, w.rows, 1)) {
