@@ -351,6 +351,14 @@ int main(int argc, char** argv) {
                 // kernel, the tensor-core kernel (TQ2_0: with and without the quantize kernel), the
                 // stream kernel, the half-SM forms, the lane-piece kernel at 1 and 2 pieces a lane,
                 // the stream kernel's 32-warp plan, and the group kernel, in the same process.
+                // The lane-piece kernel at `pieces` a lane, then the stream kernel again.
+                const auto run_lanes = [&](const std::string& what, int pieces) {
+                    set_gemv_ternary_lanes(true);
+                    set_gemv_ternary_lanes_pieces(pieces);
+                    run(what.c_str(), 1, MatmulPath::Auto);
+                    set_gemv_ternary_lanes_pieces(1);
+                    set_gemv_ternary_lanes(false);
+                };
                 const auto forms = [&](const std::string& t) {
                     run(t.c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_quantize_in_kernel(false);
@@ -388,18 +396,10 @@ int main(int argc, char** argv) {
                     run((t + " half-SM x given as q8_K").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_x_given(false);
                     set_gemv_ternary_quantize_in_kernel(true);
-                    set_gemv_ternary_lanes(true);
-                    set_gemv_ternary_lanes_pieces(2);
-                    run((t + " lanes x2 half-SM").c_str(), 1, MatmulPath::Auto);
-                    set_gemv_ternary_lanes_pieces(1);
-                    set_gemv_ternary_lanes(false);
+                    run_lanes(t + " lanes x2 half-SM", 2);
                     set_gemv_ternary_half(false);
-                    set_gemv_ternary_lanes(true);
-                    run((t + " lanes").c_str(), 1, MatmulPath::Auto);
-                    set_gemv_ternary_lanes_pieces(2);
-                    run((t + " lanes x2").c_str(), 1, MatmulPath::Auto);
-                    set_gemv_ternary_lanes_pieces(1);
-                    set_gemv_ternary_lanes(false);
+                    run_lanes(t + " lanes", 1);
+                    run_lanes(t + " lanes x2", 2);
                     set_gemv_ternary_stream_warps(32);
                     run((t + " 32 warps").c_str(), 1, MatmulPath::Auto);
                     set_gemv_ternary_stream_warps(16);

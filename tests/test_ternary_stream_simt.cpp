@@ -192,8 +192,9 @@ void run_mma(const Case& c, const std::vector<TernaryMatrix>& ms, const Q8K& x, 
 }
 
 // The kernels' forms the tests run: the stream kernel at both warp counts, both row counts a warp
-// takes, rings of 1-8, and in its half-SM form at 8 and 16 warps; the lane-piece kernel; the tensor-core kernel (TQ2_0 only) at 16 warps
-// (gemv.cu's) and at 4 and 8 warps with rings of 2 and 3 (warps that take many pairs, across tiles).
+// takes, rings of 1-8, and in its half-SM form at 8 and 16 warps; the lane-piece kernel; the
+// tensor-core kernel (TQ2_0 only) at 16 warps (gemv.cu's) and at 4 and 8 warps with rings of 2 and
+// 3 (warps that take many pairs, across tiles).
 using Run = void (*)(const Case&, const std::vector<TernaryMatrix>&, const Q8K&, std::vector<std::vector<float>>&, float*);
 struct Form {
     const char* name;
@@ -303,8 +304,9 @@ void expect_rows_bit_equal(const Case& c, const std::vector<std::vector<float>>&
 // largest magnitude comes twice with both signs (which one is the maximum flips q and d together,
 // so y cannot tell: a planted last-of-equals choice passes, as it should) and random values; three
 // forms of the ring and two half-SM forms (batches of two), a stack, both scale groups, one to
-// nine 256-blocks a warp (W 16 at 17408 columns: 68 blocks, the loop's batches of four cut short). Planted bugs caught: the quants'
-// byte offset in a unit, truncation for round-to-nearest, a quarter sum's lanes.
+// nine 256-blocks a warp (W 16 at 17408 columns: 68 blocks, the loop's batches of four cut short).
+// Planted bugs caught: the quants' byte offset in a unit, truncation for round-to-nearest, a
+// quarter sum's lanes.
 TEST(TernaryStreamSimt, QuantizingXInTheKernelEqualsTheCpuQuantsBitForBit) {
     const uint32_t seed = test::fresh_seed();
     SCOPED_TRACE(testing::Message() << "seed " << seed);

@@ -1343,22 +1343,19 @@ TernaryStreamPlan ternary_stream_plan(const DeviceWeight& w) {
         }
         return {};
     };
+    // The first fit of `usual`, or of `other` where the preferred warps are other's (or usual has none).
+    const auto fit = [&](std::span<const int[3]> usual, std::span<const int[3]> other, bool prefer_other, int limit, bool half) {
+        const TernaryStreamPlan a = first_fit(prefer_other ? other : usual, limit, half);
+        return a.R ? a : first_fit(prefer_other ? usual : other, limit, half);
+    };
     if (g_ternary_half) {
-        const int half_limit = smem_half_sm() - kTsStaticSmem;
         constexpr int h16[][3] = {{16, 2, 2}, {16, 1, 2}, {16, 1, 1}};
         constexpr int h8[][3] = {{8, 2, 4}, {8, 1, 4}, {8, 2, 2}, {8, 1, 2}};
-        const bool w8 = g_ternary_stream_warps == 8;
-        const TernaryStreamPlan a = first_fit(w8 ? std::span<const int[3]>(h8) : std::span<const int[3]>(h16), half_limit, true);
-        if (a.R) return a;
-        if (const TernaryStreamPlan b = first_fit(w8 ? std::span<const int[3]>(h16) : std::span<const int[3]>(h8), half_limit, true);
-            b.R) {
-            return b;
-        }
+        if (const TernaryStreamPlan a = fit(h16, h8, g_ternary_stream_warps == 8, smem_half_sm() - kTsStaticSmem, true); a.R) return a;
     }
     constexpr int k16[][3] = {{16, 2, 8}, {16, 2, 4}, {16, 1, 8}, {16, 1, 4}, {16, 2, 2}, {16, 1, 2}};
     constexpr int k32[][3] = {{32, 2, 4}, {32, 1, 4}, {32, 2, 2}, {32, 1, 2}, {32, 2, 1}, {32, 1, 1}};
-    const TernaryStreamPlan a = first_fit(g_ternary_stream_warps == 32 ? k32 : k16, smem_optin(), false);
-    return a.R ? a : first_fit(g_ternary_stream_warps == 32 ? k16 : k32, smem_optin(), false);
+    return fit(k16, k32, g_ternary_stream_warps == 32, smem_optin(), false);
 }
 template <int W, int R, int S, int MinBlocks = 1>
 void launch_ternary_stream_wrs(const TernaryStreamParams& p, int blocks, int smem, cudaStream_t st) {
@@ -1423,12 +1420,16 @@ int ternary_lanes_blocks_per_sm(int threads) {
 int ternary_lanes_blocks_per_sm(int threads) {
     return g_ternary_lanes_pieces == 2 ? ternary_lanes_blocks_per_sm<2>(threads) : ternary_lanes_blocks_per_sm<1>(threads);
 }
+// The blocks an SM its grid takes: all it holds, or half of them in the half-SM form (at least 1).
+int ternary_lanes_grid_per_sm(int threads) {
+    const int per_sm = ternary_lanes_blocks_per_sm(threads);
+    return g_ternary_half ? std::max(1, per_sm / 2) : per_sm;
+}
 void launch_ternary_lanes(const DeviceWeight* const* ws, float* const* ys, int count, const QuantX<Q8KScale>& xa,
                           float* resid, cudaStream_t st) {
     const int threads = ternary_lanes_threads(int(ws[0]->cols), g_ternary_lanes_pieces);
     TernaryStreamParams p;
-    const int per_sm = ternary_lanes_blocks_per_sm(threads);
-    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * (g_ternary_half ? std::max(1, per_sm / 2) : per_sm));
+    const int grid = ternary_params(p, ws, ys, count, xa, resid, sm_count() * ternary_lanes_grid_per_sm(threads));
     if (g_ternary_lanes_pieces == 2) {
         launch_pdl(ternary_lanes_kernel<kTlAhead, 2>, dim3(unsigned(grid)), dim3(unsigned(threads)), 0, st, p);
     } else {
@@ -1912,10 +1913,11 @@ std::string gemv_describe(const DeviceWeight& w, int64_t n, MatmulPath path) {
     if (n == 1) {
         if (ternary_stream_plan(w).R && ternary_lanes_fits(w)) {
             const int threads = ternary_lanes_threads(int(w.cols), g_ternary_lanes_pieces);
-            const int per_sm = ternary_lanes_blocks_per_sm(threads);
             std::snprintf(line, sizeof line, "ternary lanes %s x q8_K dp4a, %d piece(s) a lane, %d threads a block, %d blocks/SM%s, PDL %s",
-                          type, g_ternary_lanes_pieces, threads, g_ternary_half ? std::max(1, per_sm / 2) : per_sm,
-                          !g_ternary_half ? "" : per_sm >= 2 ? " (half-SM)" : " (half-SM asked: 1 fits an SM)",
+                          type, g_ternary_lanes_pieces, threads, ternary_lanes_grid_per_sm(threads),
+                          !g_ternary_half                              ? ""
+                          : ternary_lanes_blocks_per_sm(threads) >= 2 ? " (half-SM)"
+                                                                       : " (half-SM asked: 1 fits an SM)",
                           pdl_enabled() ? "on" : "off");
             return line;
         }
