@@ -336,7 +336,11 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     p.kf = cuda::kivi_format(view0.heads[0].k);
     p.vf = cuda::kivi_format(view0.heads[0].v);
     const int64_t dflt = cuda::kivi_attention_splits(p);
-    int64_t most = dflt;
+    cuda::KiviAttentionParams p5 = p;  // the tensor-core form at 5 blocks an SM, where it takes them
+    p5.blocks_per_sm = 5;
+    const bool five = cuda::kivi_blocks_per_sm(p5) == 5;
+    const int64_t dflt5 = cuda::kivi_attention_splits(p5);
+    int64_t most = std::max(dflt, five ? dflt5 : 0);
     for (int64_t s : splits) most = std::max(most, s);
     float *q, *out, *partial;
     cuda::KiviHeadDev* tables;
@@ -355,19 +359,26 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     p.q = q;
     p.out = out;
     p.partial = partial;
-    // Arms: the default form and splits (twice), the other splits, then the SIMT form at the
-    // default splits where the default is the tensor-core form.
-    std::vector<int64_t> arms = {dflt, dflt};
+    // Arms: the default form and splits (twice), the other splits, the tensor-core form at 5
+    // blocks an SM with its splits, then the SIMT form at the default splits where the default is
+    // the tensor-core form.
+    struct Arm {
+        int64_t splits, blocks;
+        bool simt;
+    };
+    std::vector<Arm> arms = {{dflt, 0, false}, {dflt, 0, false}};
     for (int64_t s : splits) {
-        if (s != dflt) arms.push_back(s);
+        if (s != dflt) arms.push_back({s, 0, false});
     }
     const bool tc = cuda::kivi_tensor_cores(p);
     const size_t n_auto = arms.size();
-    if (tc) arms.push_back(dflt);
+    if (five) arms.push_back({dflt5, 5, false});
+    if (tc) arms.push_back({dflt, 0, true});
     const auto params = [&](size_t arm, int64_t layer) {
         cuda::KiviAttentionParams pl = p;
-        pl.splits = arms[arm];
-        pl.simt = arm >= n_auto;
+        pl.splits = arms[arm].splits;
+        pl.blocks_per_sm = arms[arm].blocks;
+        pl.simt = arms[arm].simt;
         pl.heads = tables + layer * kHeadsKv;
         return pl;
     };
@@ -379,7 +390,7 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
         std::vector<float> o_tc(size_t(kHeads * kHeadDim)), o_simt(o_tc.size());
         cuda::kivi_attention(params(0, 0), st);
         VXQ_CUDA_CHECK(cudaMemcpyAsync(o_tc.data(), out, o_tc.size() * 4, cudaMemcpyDeviceToHost, st));
-        cuda::kivi_attention(params(n_auto, 0), st);
+        cuda::kivi_attention(params(arms.size() - 1, 0), st);
         VXQ_CUDA_CHECK(cudaMemcpyAsync(o_simt.data(), out, o_simt.size() * 4, cudaMemcpyDeviceToHost, st));
         VXQ_CUDA_CHECK(cudaStreamSynchronize(st));
         double diff = 0.0, peak = 0.0;
@@ -392,9 +403,9 @@ std::vector<Row> run_kivi_case(int bits, int64_t ctx, const std::vector<int64_t>
     }
     std::vector<Row> rows;
     for (size_t a = 0; a < arms.size(); ++a) {
-        const int form = a >= n_auto ? -3 : tc ? -2 : -3;
-        rows.push_back(Row{kv, ctx, layers, arms[a], 32, 1, form, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
-                           ms[a].max * 1e3, a == 1, a < n_auto && arms[a] == dflt});
+        const int form = arms[a].simt || !tc ? -3 : arms[a].blocks == 5 ? -5 : -2;
+        rows.push_back(Row{kv, ctx, layers, arms[a].splits, 32, 1, form, 0, 0, layer_bytes, ms[a].median * 1e3, ms[a].min * 1e3,
+                           ms[a].max * 1e3, a == 1, a < n_auto && arms[a].splits == dflt});
     }
     rows.push_back(graph_row(rows[0], st, [&](int i) { cuda::kivi_attention(params(0, i % layers), st); }));
     for (void* ptr : {static_cast<void*>(q), static_cast<void*>(out), static_cast<void*>(partial), static_cast<void*>(tables)}) {
@@ -797,6 +808,7 @@ int main(int argc, char** argv) {
                                   : r.stream == -2 ? "kivi tensor cores"
                                   : r.stream == -3 ? "kivi SIMT"
                                   : r.stream == -4 ? "reader SIMT"
+                                  : r.stream == -5 ? "kivi tensor cores 5/SM"
                                   : r.mma          ? "stream mma"
                                   : r.stream > 0   ? "stream x %d"
                                                    : "tensor cores",

@@ -632,7 +632,9 @@ TEST(Cuda, TernaryStreamEqualsGroupKernel) {
             const std::string d = cuda::gemv_describe(dw.w, 1, cuda::MatmulPath::Auto);
             const char* want = lanes ? "ternary lanes" : mma_depth && sc.type == GgmlType::TQ2_0 ? "ternary mma" : "ternary stream";
             EXPECT_EQ(d.find(want) != std::string::npos, sc.stream) << d;
-            if (half && sc.stream) EXPECT_NE(d.find("half-SM"), std::string::npos) << d;
+            if (half && sc.stream) {
+                EXPECT_NE(d.find("half-SM"), std::string::npos) << d;
+            }
             cuda::gemv(dw.w, xd.p, 1, ys.p, scratch, st.s);
             cuda::set_gemv_ternary_half(false);
             cuda::set_gemv_ternary_lanes(false);
@@ -1679,6 +1681,18 @@ TEST(Cuda, KiviAttentionFormAndPartsFollowTheFormats) {
     EXPECT_TRUE(cuda::kivi_tensor_cores(p));
     EXPECT_EQ(cuda::kivi_attention_parts(p), 70);
     EXPECT_EQ(cuda::kivi_attention_scratch_floats(p), size_t(3 * 32 * 70 * 130));
+    // 5 blocks an SM where asked and the form has one n-tile (GQA <= 4); else 4.
+    EXPECT_EQ(cuda::kivi_blocks_per_sm(p), 4);
+    {
+        cuda::KiviAttentionParams q = p;
+        q.blocks_per_sm = 5;
+        EXPECT_EQ(cuda::kivi_blocks_per_sm(q), 5);
+        q.n_head_kv = 4;  // GQA 8: two n-tiles, 128 registers
+        EXPECT_EQ(cuda::kivi_blocks_per_sm(q), 4);
+        q.n_head_kv = 8;
+        q.simt = 1;
+        EXPECT_EQ(cuda::kivi_blocks_per_sm(q), 4);
+    }
     p.head_dim = 64;
     EXPECT_TRUE(cuda::kivi_tensor_cores(p));
     // The SIMT form alone: everything else, and on request.
@@ -1802,6 +1816,15 @@ TEST(Cuda, KiviStoreBitExactAndAttentionMatchesCpu) {
         SCOPED_TRACE(testing::Message() << c.spec << " head_dim " << c.head_dim << " heads " << c.n_head << "/"
                                         << c.n_head_kv << " seed " << seed);
         expect_device_cache_equals_cpu(*be, rng, c.spec, c.spec, c.head_dim, c.n_head, c.n_head_kv, 517, 150, 37, true, false);
+    }
+    // The tensor-core form at 5 blocks an SM (VXQ_CUDA_KIVI_BLOCKS=5: 96 registers a thread, more
+    // splits) on the two cases that take it (GQA <= 4, head_dim 128 / 64, 2 / 4 bits).
+    setenv("VXQ_CUDA_KIVI_BLOCKS", "5", 1);
+    auto be5 = make_backend("cuda", 1);
+    unsetenv("VXQ_CUDA_KIVI_BLOCKS");
+    for (const Case& c : {cases[0], cases[1]}) {
+        SCOPED_TRACE(testing::Message() << c.spec << " head_dim " << c.head_dim << " at 5 blocks an SM, seed " << seed);
+        expect_device_cache_equals_cpu(*be5, rng, c.spec, c.spec, c.head_dim, c.n_head, c.n_head_kv, 517, 150, 37, true, false);
     }
 }
 

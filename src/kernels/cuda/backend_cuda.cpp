@@ -178,6 +178,7 @@ public:
         if (const char* sm = std::getenv("VXQ_CUDA_ATTN_STREAM_MMA")) attn_stream_mma_ = std::clamp(std::atoi(sm), 0, 1);
         if (const char* tm = std::getenv("VXQ_CUDA_ATTN_TMA")) attn_tma_ = std::clamp(std::atoi(tm), 0, 4);
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
+        if (const char* kb = std::getenv("VXQ_CUDA_KIVI_BLOCKS")) kivi_blocks_ = std::atoi(kb) == 5 ? 5 : 0;
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
@@ -1045,6 +1046,7 @@ private:
         const size_t n_out = size_t(n_q * view.n_head * view.head_dim);
         KiviAttentionParams p = zeroed<KiviAttentionParams>();
         p.prefill_min = kivi_prefill_min_;
+        p.blocks_per_sm = kivi_blocks_;
         p.n_q = n_q;
         p.n_head = view.n_head;
         p.n_head_kv = view.n_head_kv;
@@ -1856,6 +1858,7 @@ private:
     int attn_min_stretch_ = kAttnSplitMinStretch;                      // VXQ_CUDA_ATTN_MIN_STRETCH
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
     int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
+    int32_t kivi_blocks_ = 0;                                         // VXQ_CUDA_KIVI_BLOCKS=5: KiviAttentionParams::blocks_per_sm
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     // VXQ_CUDA_ATTN_STREAM_MMA: the stream form on tensor cores where it fits (1), never (0), or by

@@ -1228,9 +1228,11 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
 // of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
 // kivi_tc_tokens, splits `splits` .. parts - 1 the rest a tile each (kivi_tail_block). The warps'
 // states are merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where
-// one n-tile or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled.
-template <int D, int B, int NT, int VGS>
-__global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 || (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
+// one n-tile or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled; MB = 5
+// (one n-tile, p.blocks_per_sm) 96 registers: 20 warps an SM (ptxas: 0-28 bytes spilled; at 6
+// blocks, 80 registers, 344-388).
+template <int D, int B, int NT, int VGS, int MB = 4>
+__global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
     extern __shared__ float4 smem4[];
     auto* smem = reinterpret_cast<uint8_t*>(smem4);
     const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
@@ -1492,13 +1494,22 @@ void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
     launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kFlashWarps * 32), smem, st, p);
 }
 
-template <int D, int B, int NT, int VGS = 0>
+template <int D, int B, int NT, int VGS = 0, int MB = 4>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
+    if constexpr (NT == 1 && MB == 4) {
+        if (kivi_blocks_per_sm(p) == 5) return launch_attention<D, B, NT, VGS, 5>(p, st);
+    }
     const int gqa = int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
-    static PerDevice configured;  // the largest size set so far for this kernel, per device
-    allow_smem(kivi_attention_kernel<D, B, NT, VGS>, smem, configured);
-    launch_pdl(kivi_attention_kernel<D, B, NT, VGS>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
+    static PerDevice configured, carveout;  // the largest size set so far for this kernel, per device
+    allow_smem(kivi_attention_kernel<D, B, NT, VGS, MB>, smem, configured);
+    if constexpr (MB == 5) {  // 5 blocks of ~37 KB: the largest shared-memory carveout
+        once_per_device(carveout, [] {
+            VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D, B, NT, VGS, MB>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                int(cudaSharedmemCarveoutMaxShared)));
+        });
+    }
+    launch_pdl(kivi_attention_kernel<D, B, NT, VGS, MB>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
                dim3(kKiviWarps * 32), smem, st, p);
 }
 // The tensor-core form with B-bit codes: one or two n-tiles (GQA <= 4 or <= 8), the values' group
@@ -1577,10 +1588,12 @@ static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf
 // against 17.6 / 31.8 / 86.7 (docs/gpu.md, second session of 2026-12-06). Else a power of two
 // near 4 blocks an SM.
 int64_t kivi_attention_splits(const KiviAttentionParams& p) {
-    const int64_t fit = 4 * sm_count() / std::max<int64_t>(1, p.n_head_kv * p.n_q);  // blocks a (query, KV head) in one wave
+    const int64_t hq = std::max<int64_t>(1, p.n_head_kv * p.n_q);
+    const int64_t fit = 4 * sm_count() / hq;  // blocks a (query, KV head) in one wave
     if (p.n_q == 1 && kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv && p.head_dim <= 128) {
-        const int64_t s = fit - kivi_tail_splits(p.kf, p.vf);
-        if (s >= fit / 2) return std::min<int64_t>(s, kMaxSplits);
+        const int64_t wave = kivi_blocks_per_sm(p) * sm_count() / hq;
+        const int64_t s = wave - kivi_tail_splits(p.kf, p.vf);
+        if (s >= wave / 2) return std::min<int64_t>(s, kMaxSplits);
     }
     const int64_t want = std::max<int64_t>(1, fit);
     int64_t s = 1;
@@ -1603,6 +1616,10 @@ static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf) {
     return (head_dim == 64 || head_dim == 128) && kf.bits == vf.bits && (kf.bits == 2 || kf.bits == 4) &&
            kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
+}
+
+int kivi_blocks_per_sm(const KiviAttentionParams& p) {
+    return p.blocks_per_sm == 5 && kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv && !kivi_prefill(p) ? 5 : 4;
 }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {

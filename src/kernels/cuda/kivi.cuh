@@ -127,17 +127,22 @@ struct KiviAttentionParams {
     int64_t simt;               // nonzero: the SIMT form alone (the benchmark's comparison)
     int64_t prefill_min;        // queries from which a batch takes the prefill form (0: kKiviPrefillMinQueries)
     int64_t parts;              // partials per (query, head): set by kivi_attention
+    int64_t blocks_per_sm;      // the tensor-core form at GQA <= 4: 0 the default (4 blocks an SM at 128
+                                // registers a thread), 5 (96 registers: 20 warps an SM to issue from)
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
-// Splits for p's queries (p: n_q, n_head, n_head_kv, head_dim, kf, vf, simt set): one query on
-// tensor cores takes what leaves one wave of 4 blocks an SM with its tail splits; else about 4
-// blocks per SM for one query, fewer as queries add blocks.
+// Splits for p's queries (p: n_q, n_head, n_head_kv, head_dim, kf, vf, simt, blocks_per_sm set):
+// one query on tensor cores takes what leaves one wave of kivi_blocks_per_sm(p) blocks an SM with
+// its tail splits; else about 4 blocks per SM for one query, fewer as queries add blocks.
 int64_t kivi_attention_splits(const KiviAttentionParams& p);
 // Whether kivi_attention takes the tensor-core form for these formats and head_dim (unless asked
 // for the SIMT form alone: p.simt).
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf);
 inline bool kivi_tensor_cores(const KiviAttentionParams& p) { return !p.simt && kivi_tensor_cores(p.head_dim, p.kf, p.vf); }
+// Blocks an SM the attention kernel runs at for p: 5 where p.blocks_per_sm asks for it and p takes
+// the tensor-core form with one n-tile (GQA <= 4), else 4.
+int kivi_blocks_per_sm(const KiviAttentionParams& p);
 // Partials per (query, head): the splits, and the tensor-core form's tail splits (the windows and
 // a partial tile, a 32-token tile each). p: n_q, n_head, head_dim, splits, kf, vf, simt set.
 int64_t kivi_attention_parts(const KiviAttentionParams& p);
