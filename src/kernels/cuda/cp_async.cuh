@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_runtime.h>
 
@@ -55,6 +56,14 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 // Global memory written through the generic proxy (plain stores), then read by bulk copies: each
 // writing thread fences before the barrier that precedes the copy.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+#elif defined(VXQ_SIMT)
+// The SIMT emulator (tests/support/simt.h): the copies land at once (a thread's own copies are
+// complete at its wait; other threads' after the barrier that follows it, as on the device).
+inline void cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
+inline void cp_async8(void* smem, const void* gmem) { std::memcpy(smem, gmem, 8); }
+inline void cp_async_commit() {}
+template <int N>
+inline void cp_async_wait() {}
 #endif
 
 }  // namespace vxq::cuda
