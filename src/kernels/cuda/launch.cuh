@@ -14,9 +14,16 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <mutex>
 
 #include "kernels/cuda/check.cuh"
+
+// A kernel's dynamic shared memory, 16-byte aligned (the SIMT emulator, tests/support/simt.h,
+// defines its own before this header).
+#ifndef VXQ_DYNAMIC_SMEM
+#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
+#endif
 
 namespace vxq::cuda {
 

@@ -31,11 +31,6 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/reader_attention.cuh"
 
-// A kernel's dynamic shared memory (the emulator defines its own).
-#ifndef VXQ_DYNAMIC_SMEM
-#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
-#endif
-
 namespace vxq::cuda {
 namespace {
 

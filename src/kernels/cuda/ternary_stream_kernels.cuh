@@ -37,10 +37,6 @@
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 
-#ifndef VXQ_DYNAMIC_SMEM
-#define VXQ_DYNAMIC_SMEM(name) extern __shared__ __align__(16) uint8_t name[]
-#endif
-
 namespace vxq::cuda {
 
 // A q8_K activation block (256 values, TQ2_0's dot type) as the ternary GEMVs read it: the scale
