@@ -49,7 +49,7 @@ void run_attention(const cuda::KiviAttentionParams& p) {
     const size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
     const dim3 grid(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), block(cuda::kKiviWarps * 32);
     const auto launch = [&](auto kernel) { simt::launch(grid, block, smem, [&] { kernel(p); }); };
-    const bool group32 = p.vf.group == 32 && p.vf.rows == D / 32 && p.vf.block_bytes == (D / 32) * (4 + 4 * p.vf.bits);
+    const bool group32 = cuda::kivi_group32(p.vf, D / 32);
     if constexpr (D == 64 || D == 128) {
         if (cuda::kivi_tensor_cores(p)) {
             const bool two = gqa > 4, four = p.kf.bits == 4;

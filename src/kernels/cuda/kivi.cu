@@ -1,4 +1,5 @@
-// KIVI caches in device memory: the store (encoders + window write) and the split-K attention
+// KIVI caches in device memory: the store (encoders + window write), the prefill attention and
+// the launchers of the split-K decode attention, whose kernels are in kivi_attention_kernels.cuh
 // (kivi.cuh says what each does). The encoders follow kivi::quantize_group step for step
 // (kv/codecs/kivi.cpp): the same f32 operations, each rounded on its own (__f*_rn), so the bytes
 // are the CPU codec's.
@@ -261,11 +262,6 @@ __global__ void kivi_window_kernel(KiviStoreParams p, int64_t first) {
     }
 }
 
-// Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
-// tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes.
-bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
-    return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
-}
 // Whether kivi_flush_kernel (kivi_flush_kernels.cuh) takes p's formats: its default layout.
 bool kivi_flush_fits(const KiviStoreParams& p) {
     const bool aligned = (reinterpret_cast<uintptr_t>(p.k) | reinterpret_cast<uintptr_t>(p.v)) % 16 == 0;  // float4 rows

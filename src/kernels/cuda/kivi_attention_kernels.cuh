@@ -29,6 +29,13 @@ constexpr int kKiviMinStretch = 64;
 __host__ __device__ constexpr int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
+// tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes: the values'
+// group the tensor-core form takes at compile time (VGS = 32), and the flush's layout.
+inline bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
+    return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
+}
+
 // ---- attention --------------------------------------------------------------------------------
 
 // Shared memory: q of the group's heads [g4][D] f32 (heads past the group zero), then per warp two
