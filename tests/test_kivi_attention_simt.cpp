@@ -6,8 +6,9 @@
 // softmax and the weighted sum of the values. Every form the launcher takes: 2- and 4-bit codes on
 // tensor cores at head_dim 64 / 128, one n-tile (GQA <= 4) and two (GQA 8), the values' group of 32
 // at compile time or read from the formats (G = 64), keys in blocks of 32 or 64 tokens, contexts
-// from one window (no packed tile) to several splits' tiles, a window of 32; the SIMT form where
-// the codes need it (8 bits, G = 8, head_dim 96) and on request. Tolerance 2e-5 relative to the
+// from one window (no packed tile) to several splits' tiles, a window of 32, causal batches of a
+// few queries (each sees its own prefix); the SIMT form where the codes need it (8 bits, G = 8,
+// head_dim 96) and on request. Tolerance 2e-5 relative to the
 // largest |output| (the GPU tests' bound): the tensor-core form splits q s and p s into hi / lo
 // fp16 parts (~2^-22 each, mma.cuh), f32 sums in another order. On a GPU, Cuda.KiviStoreBitExact*
 // and Cuda.CompressedKv* check the same kernels as compiled for the device.
@@ -39,7 +40,8 @@ namespace {
 struct Case {
     const char* spec;
     int64_t d, n_head, n_head_kv, n_tokens, splits;
-    bool simt;  // the SIMT form on request
+    bool simt;        // the SIMT form on request
+    int64_t n_q = 1;  // the last n_q tokens' queries (a causal batch below the prefill form's size)
 };
 
 // The kernel for p's form, as kivi.cu's launcher picks it, then the merge.
@@ -70,12 +72,36 @@ void run_attention(const cuda::KiviAttentionParams& p) {
                  [&] { cuda::kivi_merge_kernel(p); });
 }
 
+// softmax(q k^T scale) v over the first n rows of the dequantized keys and values ([n][d]), in
+// double, into o[d]; returns max |o|.
+double attend(const std::vector<float>& k, const std::vector<float>& v, const float* q, int64_t n, int64_t d, float scale, double* o) {
+    std::vector<double> s(static_cast<size_t>(n));
+    double mx = -INFINITY;
+    for (int64_t t = 0; t < n; ++t) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < d; ++e) dot += double(q[e]) * k[size_t(t * d + e)];
+        s[size_t(t)] = dot * scale;
+        mx = std::max(mx, s[size_t(t)]);
+    }
+    double sum = 0.0;
+    for (double& x : s) sum += (x = std::exp(x - mx));
+    double peak = 0.0;
+    for (int64_t e = 0; e < d; ++e) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < n; ++t) acc += s[size_t(t)] * v[size_t(t * d + e)];
+        o[e] = acc / sum;
+        peak = std::max(peak, std::fabs(o[e]));
+    }
+    return peak;
+}
+
 void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
     const uint32_t seed = test::fresh_seed();
     std::mt19937 rng(seed);
     for (const Case& c : cases) {
         SCOPED_TRACE(testing::Message() << c.spec << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv << " tokens "
-                                        << c.n_tokens << " splits " << c.splits << (c.simt ? " SIMT" : "") << " seed " << seed);
+                                        << c.n_tokens << " splits " << c.splits << " n_q " << c.n_q << (c.simt ? " SIMT" : "")
+                                        << " seed " << seed);
         const KvShape shape{1, c.n_head, c.n_head_kv, c.d, 2048};
         KvCacheOptions opts;
         opts.flash_attn = true;
@@ -94,11 +120,11 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         const KvLayerView view = cache->view(0);
         std::vector<cuda::KiviHeadDev> heads;
         for (int64_t g = 0; g < c.n_head_kv; ++g) heads.push_back(cuda::kivi_head(view.heads[g]));
-        const auto q = test::random_floats(size_t(c.n_head * c.d), rng);
+        const auto q = test::random_floats(size_t(c.n_q * c.n_head * c.d), rng);
         cuda::KiviAttentionParams p{};
         p.q = q.data();
         p.heads = heads.data();
-        p.n_q = 1;
+        p.n_q = c.n_q;
         p.n_head = c.n_head;
         p.n_head_kv = c.n_head_kv;
         p.head_dim = c.d;
@@ -108,7 +134,8 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         p.vf = cuda::kivi_format(view.heads[0].v);
         p.simt = c.simt;
         p.parts = cuda::kivi_attention_parts(p);
-        std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), out(size_t(c.n_head * c.d), NAN);
+        ASSERT_FALSE(cuda::kivi_prefill(p));
+        std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), out(q.size(), NAN);
         p.partial = partial.data();
         p.out = out.data();
         switch (c.d) {
@@ -117,34 +144,24 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
             case 128: run_attention<128>(p); break;
             default: FAIL() << "head_dim " << c.d << " not in the test's list";
         }
-        // Dequantize-then-attend in double.
-        const int64_t gqa = c.n_head / c.n_head_kv, n = c.n_tokens;
+        // Dequantize-then-attend in double: query i sees the first n_tokens - n_q + i + 1 tokens.
+        const int64_t gqa = c.n_head / c.n_head_kv;
         std::vector<double> ref(out.size());
         double peak = 0.0;
         for (int64_t g = 0; g < c.n_head_kv; ++g) {
             std::vector<float> kd, vd;
-            cache->dequantize(0, g, n, kd, vd);
-            for (int64_t h = g * gqa; h < (g + 1) * gqa; ++h) {
-                std::vector<double> s(static_cast<size_t>(n));
-                double mx = -INFINITY;
-                for (int64_t t = 0; t < n; ++t) {
-                    double dot = 0.0;
-                    for (int64_t e = 0; e < c.d; ++e) dot += double(q[size_t(h * c.d + e)]) * kd[size_t(t * c.d + e)];
-                    s[size_t(t)] = dot * p.scale;
-                    mx = std::max(mx, s[size_t(t)]);
-                }
-                double sum = 0.0;
-                for (double& x : s) sum += (x = std::exp(x - mx));
-                for (int64_t e = 0; e < c.d; ++e) {
-                    double o = 0.0;
-                    for (int64_t t = 0; t < n; ++t) o += s[size_t(t)] * vd[size_t(t * c.d + e)];
-                    ref[size_t(h * c.d + e)] = o / sum;
-                    peak = std::max(peak, std::fabs(o / sum));
+            cache->dequantize(0, g, c.n_tokens, kd, vd);
+            for (int64_t i = 0; i < c.n_q; ++i) {
+                for (int64_t h = g * gqa; h < (g + 1) * gqa; ++h) {
+                    const int64_t row = (i * c.n_head + h) * c.d;
+                    const double m = attend(kd, vd, q.data() + row, c.n_tokens - c.n_q + i + 1, c.d, p.scale, ref.data() + row);
+                    peak = std::max(peak, m);
                 }
             }
         }
         for (size_t i = 0; i < out.size(); ++i) {
-            ASSERT_NEAR(out[i], ref[i], 2e-5 * peak) << "output " << i << " (head " << i / size_t(c.d) << ")";
+            ASSERT_NEAR(out[i], ref[i], 2e-5 * peak) << "output " << i << " (query " << i / size_t(c.n_head * c.d) << ", head "
+                                                     << i / size_t(c.d) % size_t(c.n_head) << ")";
         }
     }
 }
@@ -165,6 +182,9 @@ TEST(KiviSimt, TensorCoreAttentionEqualsDequantizeThenAttend) {
         // a window of 32, and a context inside one window (the tail alone)
         {"kivi:bits=2,group=32,residual=32", 128, 4, 1, 261, 2, false},
         {"kivi:bits=2", 128, 4, 1, 100, 2, false},
+        // a causal batch (speculative verification's shape): queries that see fewer tiles
+        {"kivi:bits=2", 128, 8, 2, 420, 2, false, 5},
+        {"kivi:bits=4", 64, 6, 2, 300, 3, false, 3},
     });
 }
 
@@ -174,6 +194,7 @@ TEST(KiviSimt, SimtAttentionEqualsDequantizeThenAttend) {
         {"kivi:bits=8,group=64,residual=128", 96, 8, 1, 400, 2, false},
         {"kivi:bits=4,group=8,residual=24", 64, 6, 6, 150, 2, false},
         {"kivi:bits=2", 128, 8, 2, 500, 3, true},
+        {"kivi:bits=4,group=8,residual=24", 64, 4, 2, 130, 2, false, 4},
     });
 }
 #else
