@@ -23,8 +23,8 @@
 // store, timed with the KIVI attention and its merge at its default split count and each of
 // --kivi-splits, the tensor-core form at 5 blocks an SM with its own splits (KiviAttentionParams::
 // blocks_per_sm; JSON "stream": -5, the default tensor-core form -2, SIMT -3), and the SIMT form
-// beside the tensor-core form (with the largest difference of their outputs on stderr); bytes = packed keys and values with their zeros and scales + the fp16
-// windows.
+// beside the tensor-core form (with the largest difference of their outputs on stderr); bytes =
+// packed keys and values with their zeros and scales + the fp16 windows.
 // turbo4 / turbo3 / turbo2 / vecinfer / qjl (not in the default list): a TurboQuant cache
 // (turbo:bits=4 / 3 / 2, Hadamard rotation), a VecInfer one (vecinfer:n=4,m=8 with seeded random
 // codebooks: 2 bits/element; rotated_kv.cuh) or a QJL one (qjl's defaults: qjl_kv.cuh) filled

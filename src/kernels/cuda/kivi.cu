@@ -615,6 +615,8 @@ bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim) {
 }
 
 static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf);
+// The tensor-core form with one n-tile (GQA <= 4; head_dim 64 / 128): 128 registers, 4 or 5 blocks an SM.
+static bool kivi_one_tile(const KiviAttentionParams& p) { return kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv; }
 
 // One query on tensor cores at GQA <= 4 and head_dim <= 128 (4 blocks an SM): as many splits as
 // leave one wave with the tail's blocks (on 132 SMs, 8 KV heads and 5 tail splits: 61). The
@@ -625,7 +627,7 @@ static int64_t kivi_tail_splits(const KiviFormatDev& kf, const KiviFormatDev& vf
 int64_t kivi_attention_splits(const KiviAttentionParams& p) {
     const int64_t hq = std::max<int64_t>(1, p.n_head_kv * p.n_q);
     const int64_t fit = 4 * sm_count() / hq;  // blocks a (query, KV head) in one wave
-    if (p.n_q == 1 && kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv && p.head_dim <= 128) {
+    if (p.n_q == 1 && kivi_one_tile(p)) {
         const int64_t wave = kivi_blocks_per_sm(p) * sm_count() / hq;
         const int64_t s = wave - kivi_tail_splits(p.kf, p.vf);
         if (s >= wave / 2) return std::min<int64_t>(s, kMaxSplits);
@@ -653,9 +655,7 @@ bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviForm
            kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
 }
 
-int kivi_blocks_per_sm(const KiviAttentionParams& p) {
-    return p.blocks_per_sm == 5 && kivi_tensor_cores(p) && p.n_head <= 4 * p.n_head_kv && !kivi_prefill(p) ? 5 : 4;
-}
+int kivi_blocks_per_sm(const KiviAttentionParams& p) { return p.blocks_per_sm == 5 && kivi_one_tile(p) && !kivi_prefill(p) ? 5 : 4; }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {
     return p.splits + (kivi_tensor_cores(p) ? kivi_tail_splits(p.kf, p.vf) : 0);
