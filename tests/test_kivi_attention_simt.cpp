@@ -42,13 +42,14 @@ struct Case {
     int64_t d, n_head, n_head_kv, n_tokens, splits;
     bool simt;        // the SIMT form on request
     int64_t n_q = 1;  // the last n_q tokens' queries (a causal batch below the prefill form's size)
+    float k_sd = 1.0f, v_sd = 1.0f;  // the keys' and values' spread (normal)
 };
 
 // The kernel for p's form, as kivi.cu's launcher picks it, then the merge.
 template <int D>
 void run_attention(const cuda::KiviAttentionParams& p) {
     const int gqa = int(p.n_head / p.n_head_kv);
-    const size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
+    const size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, cuda::kivi_tensor_cores(p));
     const dim3 grid(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), block(cuda::kKiviWarps * 32);
     const auto launch = [&](auto kernel) { simt::launch(grid, block, smem, [&] { kernel(p); }); };
     const bool group32 = cuda::kivi_group32(p.vf, D / 32);
@@ -112,7 +113,7 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         int64_t pos = 0;
         while (pos < c.n_tokens) {
             const int64_t n = pos == 0 ? prompt : 1;
-            const auto k = test::random_floats(size_t(n * kv), rng), v = test::random_floats(size_t(n * kv), rng);
+            const auto k = test::random_floats(size_t(n * kv), rng, c.k_sd), v = test::random_floats(size_t(n * kv), rng, c.v_sd);
             cache->write(0, pos, k.data(), v.data(), n);
             pos += n;
             cache->commit(pos);
@@ -185,6 +186,17 @@ TEST(KiviSimt, TensorCoreAttentionEqualsDequantizeThenAttend) {
         // a causal batch (speculative verification's shape): queries that see fewer tiles
         {"kivi:bits=2", 128, 8, 2, 420, 2, false, 5},
         {"kivi:bits=4", 64, 6, 2, 300, 3, false, 3},
+    });
+}
+
+// Keys or values of a range where the tensor-core form's fp16 parts of q scale s or p s overflow
+// (|x| past 255.9): the warps that meet one do their stretch again in the SIMT form.
+TEST(KiviSimt, TensorCoreAttentionFallsBackWhereItsPartsOverflow) {
+    expect_attention_equals_dequantized({
+        // values of spread 12000 (scales ~16000 at 2 bits): p s overflows where p > 0.016
+        {"kivi:bits=2,group=32,residual=32", 128, 4, 1, 200, 2, false, 1, 3.0f, 12000.0f},
+        // keys of spread 10000 (scales ~13000): every q scale s of |q| > 0.2 overflows
+        {"kivi:bits=4,group=32,residual=32", 64, 8, 2, 150, 1, false, 1, 10000.0f, 1.0f},
     });
 }
 

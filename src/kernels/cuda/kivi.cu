@@ -535,7 +535,7 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
         if (kivi_blocks_per_sm(p) == 5) return launch_attention<D, B, NT, VGS, 5>(p, st);
     }
     const int gqa = int(p.n_head / p.n_head_kv);
-    const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa);
+    const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, B != 0);
     static PerDevice configured, carveout;  // the largest size set so far for this kernel, per device
     allow_smem(kivi_attention_kernel<D, B, NT, VGS, MB>, smem, configured);
     if constexpr (MB == 5) {  // 5 blocks of ~37 KB: the largest shared-memory carveout

@@ -411,35 +411,59 @@ private:
         return *reinterpret_cast<const unsigned*>(&x);
     }
 };
-// The hi (part 0) or lo (part 1) half pair of (x0, x1), as mma.cuh's split_pair makes them, by one
-// sequence for both parts (split_pair made both and a select kept one): fp16(y) with y = x sc +
-// fp16(x) nsc, (sc, nsc) = (1, 0) for hi and (2^11, -2^11) for lo, where 2^11 (x - fp16(x)) is
-// exact in f32 as split_pair's (x - hi) 2^11 is: the same bits.
+// The tensor-core form's operands x = hi + lo / kKiviLo (hi = fp16(x), lo = fp16(kKiviLo (x - hi)),
+// mma.cuh's split at a scale of 2^8: lo stays a normal fp16 number for |x| >= 2^-11, and 2^8 |hi|
+// overflows fp16 only past |x| = 255.9, where kivi_tc_warp falls back to the SIMT form).
+constexpr float kKiviLo = 256.0f, kKiviLoInv = 1.0f / 256.0f;
+// The hi (part 0) or lo (part 1) half pair of f32 (x0, x1) by one sequence for both parts: fp16(y)
+// with y = x sc + fp16(x) nsc, (sc, nsc) = (1, 0) for hi and (2^8, -2^8) for lo (x - fp16(x) is
+// exact in f32); `hi` gets fp16(x) for both.
 struct KiviPart {
     float sc, nsc;
-    __device__ __forceinline__ explicit KiviPart(int part) : sc(part ? kLoScale : 1.0f), nsc(part ? -kLoScale : 0.0f) {}
-    __device__ __forceinline__ unsigned operator()(float x0, float x1) const {
-        const float2 h = __half22float2(__floats2half2_rn(x0, x1));
+    __device__ __forceinline__ explicit KiviPart(int part) : sc(part ? kKiviLo : 1.0f), nsc(part ? -kKiviLo : 0.0f) {}
+    __device__ __forceinline__ unsigned operator()(float x0, float x1, unsigned& hi) const {
+        const __half2 h2 = __floats2half2_rn(x0, x1);
+        hi = *reinterpret_cast<const unsigned*>(&h2);
+        const float2 h = __half22float2(h2);
         const __half2 y = __floats2half2_rn(fmaf(h.x, nsc, x0 * sc), fmaf(h.y, nsc, x1 * sc));
         return *reinterpret_cast<const unsigned*>(&y);
+    }
+};
+// The hi or lo part of x = y s for a pair of y given in parts (yh = fp16(y), a = the lane's part
+// of y: yh for hi, fp16(2^8 (y - yh)) for lo) and fp16 s, in fp16x2 arithmetic, 5 instructions a
+// pair where KiviPart on f32 products takes ~10: h = fp16(yh s) for both parts; for lo,
+// e = 2^8 yh s - 2^8 h (exact: an fp16 product's rounding error, scaled out of the subnormals for
+// |x| >= 2^-12) and lo = fp16(a s + e) = fp16(2^8 (y s - h)) within 2^-11 of itself. For hi the
+// constants are 0, so e = 0 and the result is fp16(yh s) = h. Together hi + lo / 2^8 is y s within
+// ~2^-21 |y s| (2^-33 absolutely below 2^-12). Past |h| = 255.9, 2^8 h overflows: the lo part is
+// then infinite or NaN, which the caller detects.
+struct KiviHalfPart {
+    unsigned k, nk;  // fp16x2 (2^8, 2^8) and (-2^8, -2^8) for lo, zeros for hi
+    __device__ __forceinline__ explicit KiviHalfPart(int part) : k(part ? 0x5C005C00u : 0u), nk(part ? 0xDC00DC00u : 0u) {}
+    __device__ __forceinline__ unsigned operator()(unsigned a, unsigned yh, unsigned s) const {
+        const unsigned h = h2_mul(yh, s);
+        return h2_fma(a, s, h2_fma(h2_mul(yh, k), s, h2_mul(h, nk)));
     }
 };
 
 // Warp w takes every 4th 32-token tile of [t_begin, t_end) (whole tiles, kivi_tc_tokens) with
 // m16n8k16 MMAs (mma.cuh's fragments; gid = lane / 4, tig = lane % 4). An n-tile's 8 columns are
 // 4 query heads x (hi, lo): column n is head 4 nt + n / 2, part n % 2.
-//   keys    S[32 tokens x 8] = codes[32 x D] B, B[c][n] = the hi / lo part of q_h(c) s(c) (the
-//           key block's scales, once per block), the codes exact fp16 numbers; s = (S_hi + S_lo /
-//           2^11 + sum_c q_h(c) z(c)) * scale. Thread (gid, tig) holds head tig's scores of tokens
-//           gid, gid + 8, 16 + gid, 24 + gid.
+//   keys    S[32 tokens x 8] = codes[32 x D] B, B[c][n] = the hi / lo part of q'_h(c) s(c) (q' = q
+//           scale, from the block's table q_tab in parts; the key block's scales), the codes
+//           exact fp16 numbers; s = S_hi + S_lo / 2^8 + scale sum_c q_h(c) z(c). Thread (gid, tig)
+//           holds head tig's scores of tokens gid, gid + 8, 16 + gid, 24 + gid.
 //   values  O[D x 8] += codes^T[D x 32 tokens] P', P'[t][n] = the part of p_h(t) s_t(r) for the
 //           channels' value row r, and sum_t p_h(t) z_t(r) per (head, row) on the side (lane (gid,
 //           tig): head tig, row gid), added when the state is written.
-// The tensor cores add in f32: dequantize-then-attend within ~1e-6 relative (mma.cuh).
+// B's parts are made in fp16x2 arithmetic (KiviHalfPart). Where a part overflows (|q' s| or |p s|
+// past 255.9: keys or values of a range beyond ~700 at 2 bits) a score or the state is not finite,
+// and the warp does its stretch again in the SIMT form. The tensor cores add in f32:
+// dequantize-then-attend within ~1e-6 relative (mma.cuh).
 // VGS: the values' group where it is known at compile time (32, the default: every value row's
 // offset in a token's block is then a constant), else 0 (read from p: a division per m-tile).
 template <int D, int B, int NT, int VGS>
-__device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, uint8_t* wbase,
+__device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, const uint4* q_tab, uint8_t* wbase,
                              int64_t t_begin, int64_t t_end, int warp, int lane, int gqa) {
     constexpr int MT = D / 16;                   // 16-channel steps (keys) / m-tiles (values)
     const int gid = lane >> 2, tig = lane & 3, hq = gid >> 1, part = gid & 1;
@@ -449,7 +473,8 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     float* p_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);  // [4 NT heads][32 tokens]
     const KiviCodeLane<B> cl(gid);
     const KiviPart split(part);
-    const float sscale = cl.unscale * p.scale;  // scores: the codes' scale undone, times 1 / sqrt(D)
+    const KiviHalfPart hpart(part);
+    bool bad = false;  // a score that is not finite: a B part overflowed
 
     float o[MT][NT][4], m[NT], l[NT], bias[NT][2];
     float zs[NT];  // sum_c q z of the key block `block`, times p.scale
@@ -506,7 +531,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             }
         }
         const uint8_t* kc = stage + 4 * D;  // row c: the tile's 32 codes of channel c, 4 B bytes
-        // Each step's B fragments made where they are used: the hi / lo part of q_h(c) s(c), from
+        // Each step's B fragments made where they are used: the hi / lo part of q'_h(c) s(c), from
         // the tile's key block's scales (at G = 32, the default, every tile has its own; holding
         // the fragments of a block for its tiles saved nothing there). Unrolled: a rolled loop
         // measured 1 % slower at 32K (docs/gpu.md, 2026-12-06, third session).
@@ -515,14 +540,14 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             unsigned a[2][4], bq[NT][2];
             const int c = 16 * kk + 2 * tig;
             {
-                const float2 sa = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c));
-                const float2 sb = __half22float2(*reinterpret_cast<const __half2*>(stage + 2 * D + 2 * c + 16));
+                const unsigned sa = *reinterpret_cast<const unsigned*>(stage + 2 * D + 2 * c);  // s(c), s(c + 1)
+                const unsigned sb = *reinterpret_cast<const unsigned*>(stage + 2 * D + 2 * c + 16);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
-                    const float* qh = q_s + (4 * nt + hq) * D;
-                    const float2 qa = *reinterpret_cast<const float2*>(qh + c), qb = *reinterpret_cast<const float2*>(qh + c + 8);
-                    bq[nt][0] = split(qa.x * sa.x, qa.y * sa.y);
-                    bq[nt][1] = split(qb.x * sb.x, qb.y * sb.y);
+                    const auto* e = reinterpret_cast<const uint2*>(q_tab + ((kk * 4 * NT + 4 * nt + hq) * 4 + tig));
+                    const uint2 qh = e[0], qa = e[part];
+                    bq[nt][0] = hpart(qa.x, qh.x, sa);
+                    bq[nt][1] = hpart(qa.y, qh.y, sb);
                 }
             }
             if constexpr (B == 2) {
@@ -564,9 +589,10 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             float s[4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kLoInv, sscale, zs[nt]);
-                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kLoInv, sscale, zs[nt]);
+                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kKiviLoInv, cl.unscale, zs[nt]);
+                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kKiviLoInv, cl.unscale, zs[nt]);
             }
+            bad |= !(fabsf(s[0]) + fabsf(s[1]) + fabsf(s[2]) + fabsf(s[3]) < INFINITY);
             float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
@@ -616,15 +642,15 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
             const int tk = 16 * ks + 2 * tig;  // this thread's tokens: tk, tk + 1, tk + 8, tk + 9
-            float pp[NT][4];
+            // p of head hq's tokens (tk, tk + 1) and (tk + 8, tk + 9) as fp16 pairs ph and the lane's
+            // parts pa (zt's B; KiviHalfPart's y for the values' B).
+            unsigned ph[NT][2], pa[NT][2];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-                const float* ph = p_s + (4 * nt + hq) * kKiviTile + tk;
-                const float2 x = *reinterpret_cast<const float2*>(ph), y = *reinterpret_cast<const float2*>(ph + 8);
-                pp[nt][0] = x.x;
-                pp[nt][1] = x.y;
-                pp[nt][2] = y.x;
-                pp[nt][3] = y.y;
+                const float* pr = p_s + (4 * nt + hq) * kKiviTile + tk;
+                const float2 x = *reinterpret_cast<const float2*>(pr), y = *reinterpret_cast<const float2*>(pr + 8);
+                pa[nt][0] = split(x.x, x.y, ph[nt][0]);
+                pa[nt][1] = split(y.x, y.y, ph[nt][1]);
             }
             const uint8_t* t0b = vstage + tk * vbb;
             const uint8_t* t1b = t0b + vbb;
@@ -641,9 +667,7 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                     zb = zh(t8b) | (zh(t9b) << 16);
                 }
 #pragma unroll
-                for (int nt = 0; nt < NT; ++nt) {
-                    mma_f16(zt[nt], za, 0u, zb, 0u, split(pp[nt][0], pp[nt][1]), split(pp[nt][2], pp[nt][3]));
-                }
+                for (int nt = 0; nt < NT; ++nt) mma_f16(zt[nt], za, 0u, zb, 0u, pa[nt][0], pa[nt][1]);
             }
             unsigned bp[NT][2] = {};  // set at each value row's first m-tile (VG a multiple of 16)
 #pragma unroll
@@ -651,11 +675,12 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 const int r = 16 * mt / VG;
                 if ((16 * mt) % VG == 0) {  // the first m-tile of row r: P' for it
                     const int so = 2 * vrows + 2 * r;
-                    const float s0 = kv_half_at(t0b + so), s1 = kv_half_at(t1b + so), s8 = kv_half_at(t8b + so), s9 = kv_half_at(t9b + so);
+                    const auto sh = [&](const uint8_t* tb) { return unsigned(*reinterpret_cast<const uint16_t*>(tb + so)); };
+                    const unsigned s01 = __byte_perm(sh(t0b), sh(t1b), 0x5410), s89 = __byte_perm(sh(t8b), sh(t9b), 0x5410);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
-                        bp[nt][0] = split(pp[nt][0] * s0, pp[nt][1] * s1);
-                        bp[nt][1] = split(pp[nt][2] * s8, pp[nt][3] * s9);
+                        bp[nt][0] = hpart(pa[nt][0], ph[nt][0], s01);
+                        bp[nt][1] = hpart(pa[nt][1], ph[nt][1], s89);
                     }
                 }
                 const int off = 4 * vrows + r * vrb + (16 * mt) % VG * B / 8;
@@ -685,24 +710,33 @@ __device__ void kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
         }
     });
 
-    // The state: o = hi + lo / 2^11 + the row's sum p z (from lane (row, tig)).
+    // The state: o = hi + lo / 2^8 + the row's sum p z (from lane (row, tig)).
     auto* ws = reinterpret_cast<float*>(wbase);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         const int h = 4 * nt + tig;
+        float sum = fabsf(l[nt]);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-            const float b = __shfl_sync(0xffffffffu, bias[nt][0] + bias[nt][1] * kLoInv, (16 * mt / VG) * 4 + tig);
+            const float b = __shfl_sync(0xffffffffu, bias[nt][0] + bias[nt][1] * kKiviLoInv, (16 * mt / VG) * 4 + tig);
+            const float x0 = fmaf(o[mt][nt][0] + o[mt][nt][1] * kKiviLoInv, cl.unscale, b);
+            const float x8 = fmaf(o[mt][nt][2] + o[mt][nt][3] * kKiviLoInv, cl.unscale, b);
+            sum += fabsf(x0) + fabsf(x8);
             if (h < gqa) {
-                ws[h * D + 16 * mt + gid] = fmaf(o[mt][nt][0] + o[mt][nt][1] * kLoInv, cl.unscale, b);
-                ws[h * D + 16 * mt + gid + 8] = fmaf(o[mt][nt][2] + o[mt][nt][3] * kLoInv, cl.unscale, b);
+                ws[h * D + 16 * mt + gid] = x0;
+                ws[h * D + 16 * mt + gid + 8] = x8;
             }
         }
+        bad |= !(sum < INFINITY);
         if (h < gqa && gid == 0) {
             ws[gqa * D + 2 * h] = m[nt];
             ws[gqa * D + 2 * h + 1] = l[nt];
         }
     }
+    // Whether a B part overflowed (scores or state not finite: each overflow gives an infinity or a
+    // NaN, which the MMAs' sums and the softmax carry; kivi_attention_kernel then does the stretch
+    // again in the SIMT form, whose f32 arithmetic has no such bound).
+    return __any_sync(0xffffffffu, bad);
 }
 
 // ---- the tensor-core form's tail: what lies past kivi_tc_tokens, by whole blocks ----
@@ -719,11 +753,14 @@ __host__ __device__ constexpr int kivi_tail_bytes(int d, int g4) {
     return 2 * kKiviTile * kivi_tail_ld(d) * 4 + kKiviWarps * (kKiviTile / kKiviWarps) * g4 * 4;
 }
 
-// The attention kernel's shared memory: q, then the warps' regions or the tail's tile.
-inline size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa) {
+// The attention kernel's first shared bytes: q [g4][D] f32, and for the tensor-core form (tc) its
+// table of q scale in fp16 parts, [D / 16 steps][g4 heads][4 tig] x 16 bytes (kivi_attention_kernel).
+__host__ __device__ constexpr int kivi_q_bytes(int d, int g4, bool tc) { return (tc ? 8 : 4) * g4 * d; }
+// The attention kernel's shared memory: q (and its table), then the warps' regions or the tail's tile.
+inline size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa, bool tc) {
     const int g4 = kivi_g4(gqa);
     const size_t warps = size_t(kKiviWarps) * size_t(kivi_warp_bytes(d, kbits, vbb, g4));
-    return size_t(4 * g4 * d) + std::max(warps, size_t(kivi_tail_bytes(d, g4)));
+    return size_t(kivi_q_bytes(d, g4, tc)) + std::max(warps, size_t(kivi_tail_bytes(d, g4)));
 }
 
 // Token t's key (role 0) or value (role 1) where it is in the fp16 window: its channels c .. c + 7
@@ -896,17 +933,44 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
     for (int idx = threadIdx.x; idx < g4 * D; idx += kKiviWarps * 32) q_s[idx] = idx < gqa * D ? qg[idx] : 0.0f;
     __syncthreads();
+    const int q_bytes = kivi_q_bytes(D, g4, B != 0);
     const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
-    uint8_t* wbase = smem + 4 * g4 * D + warp * warp_bytes;
+    uint8_t* wbase = smem + q_bytes + warp * warp_bytes;
     int64_t begin, end;
     if constexpr (B != 0) {
         const int64_t t_tc = kivi_tc_tokens(hd, n_vis);
         if (z < p.splits) {
+            // The keys' B parts of q' = q scale, once a block: entry (kk, h, tig) = the fp16 pairs
+            // q'h(c, c + 1), q'h(c + 8, c + 9), then q'l of the same (q'h = fp16(q'), q'l =
+            // fp16(2^8 (q' - q'h))), c = 16 kk + 2 tig: what lanes (head h, tig) of step kk read.
+            auto* q_tab = reinterpret_cast<uint4*>(smem + 4 * g4 * D);
+            for (int idx = threadIdx.x; idx < (D / 16) * g4 * 4; idx += kKiviWarps * 32) {
+                const int tg = idx & 3, h = (idx >> 2) % g4, kk = (idx >> 2) / g4;
+                const float* qc = q_s + h * D + 16 * kk + 2 * tg;
+                const KiviPart lo(1);
+                unsigned h01, h89;
+                const unsigned l01 = lo(qc[0] * p.scale, qc[1] * p.scale, h01), l89 = lo(qc[8] * p.scale, qc[9] * p.scale, h89);
+                q_tab[idx] = make_uint4(h01, h89, l01, l89);
+            }
+            __syncthreads();
             kivi_stretch(t_tc, p.splits, z, begin, end);
-            kivi_tc_warp<D, B, NT, VGS>(p, hd, q_s, wbase, begin, end, warp, lane, gqa);
+            if (kivi_tc_warp<D, B, NT, VGS>(p, hd, q_s, q_tab, wbase, begin, end, warp, lane, gqa)) {
+                // A B part overflowed: the warp's stretch again in the SIMT form (data that are not
+                // finite themselves come out as they would there). Its head is read again through a
+                // pointer the compiler cannot see through, so that nothing of the prologue's stays
+                // live across the tensor-core loop for this path (ptxas: no spills at 96 registers).
+                const KiviHeadDev* heads = p.heads;
+#if !defined(VXQ_SIMT)
+                asm volatile("" : "+l"(heads));
+#endif
+                const KiviHeadDev h2 = heads[g];
+                const int64_t n2 = h2.n_tokens - p.n_q + i + 1;
+                kivi_stretch(kivi_tc_tokens(h2, n2), p.splits, z, begin, end);
+                kivi_simt_warp<D>(p, h2, q_s, wbase, begin, end, warp, lane, gqa, g4);
+            }
         } else {
             kivi_stretch(n_vis - t_tc, p.parts - p.splits, z - p.splits, begin, end, kKiviTile);
-            kivi_tail_block<D, 4 * NT>(p, hd, q_s, smem + 4 * g4 * D, warp_bytes, t_tc + begin, t_tc + end, warp, lane, gqa, g4);
+            kivi_tail_block<D, 4 * NT>(p, hd, q_s, smem + q_bytes, warp_bytes, t_tc + begin, t_tc + end, warp, lane, gqa, g4);
         }
     } else {
         kivi_stretch(n_vis, p.splits, z, begin, end);
@@ -917,7 +981,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
 
     // The block's partial: the four warps' states merged with their log-sum-exp weights.
     const int wwords = warp_bytes / 4;
-    const auto* w0 = reinterpret_cast<const float*>(smem + 4 * g4 * D);
+    const auto* w0 = reinterpret_cast<const float*>(smem + q_bytes);
     for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += kKiviWarps * 32) {
         const int h = idx / (D + 2), c = idx - h * (D + 2);
         float mx = -INFINITY;

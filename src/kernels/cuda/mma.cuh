@@ -13,6 +13,7 @@
 // the summation order.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <cuda_fp16.h>
@@ -121,6 +122,35 @@ __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, uns
     const __half h0 = __float2half_rn(x0), h1 = __float2half_rn(x1);
     hi = unsigned(__half_as_ushort(h0)) | (unsigned(__half_as_ushort(h1)) << 16);
     lo = pack_half2((x0 - __half2float(h0)) * lo_scale, (x1 - __half2float(h1)) * lo_scale);
+}
+
+// fp16x2 arithmetic on raw registers, rounded to nearest even once (mul.rn and fma.rn: never
+// contracted or reassociated by the compiler). The emulator takes each half's product or fma in
+// double (an fp16 product is exact there) and rounds it to fp16; an fma whose exact value needs
+// more than double's 53 bits is rounded twice there, which can move a tie by one fp16 ulp.
+__device__ __forceinline__ unsigned h2_mul(unsigned a, unsigned b) {
+#if defined(VXQ_SIMT)
+    using mma_simt::half_of;
+    const auto one = [&](int hi) { return unsigned(__half_as_ushort(__double2half(double(half_of(a, hi)) * double(half_of(b, hi))))); };
+    return one(0) | (one(1) << 16);
+#else
+    unsigned d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+#endif
+}
+__device__ __forceinline__ unsigned h2_fma(unsigned a, unsigned b, unsigned c) {
+#if defined(VXQ_SIMT)
+    using mma_simt::half_of;
+    const auto one = [&](int hi) {
+        return unsigned(__half_as_ushort(__double2half(std::fma(double(half_of(a, hi)), double(half_of(b, hi)), double(half_of(c, hi))))));
+    };
+    return one(0) | (one(1) << 16);
+#else
+    unsigned d;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+#endif
 }
 #endif
 
