@@ -462,7 +462,7 @@ struct KiviHalfPart {
 // dequantize-then-attend within ~1e-6 relative (mma.cuh).
 // VGS: the values' group where it is known at compile time (32, the default: every value row's
 // offset in a token's block is then a constant), else 0 (read from p: a division per m-tile).
-template <int D, int B, int NT, int VGS>
+template <int D, int B, int NT, int VGS, int MB>
 __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, const uint4* q_tab, uint8_t* wbase,
                              int64_t t_begin, int64_t t_end, int warp, int lane, int gqa) {
     constexpr int MT = D / 16;                   // 16-channel steps (keys) / m-tiles (values)
@@ -652,52 +652,80 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 pa[nt][0] = split(x.x, x.y, ph[nt][0]);
                 pa[nt][1] = split(y.x, y.y, ph[nt][1]);
             }
-            const uint8_t* t0b = vstage + tk * vbb;
-            const uint8_t* t1b = t0b + vbb;
-            const uint8_t* t8b = t0b + 8 * vbb;
-            const uint8_t* t9b = t8b + vbb;
+            // This thread's token blocks: tokens tk, tk + 1, tk + 8, tk + 9.
+            const uint8_t* tb[4] = {vstage + tk * vbb, vstage + (tk + 1) * vbb, vstage + (tk + 8) * vbb, vstage + (tk + 9) * vbb};
+            // kRows (head_dim 128, the values' group 32 at compile time: blocks of 48 / 80 bytes, 4
+            // rows): a token's zeros and scales by one 16-byte load, its codes of a row (2 bits) or
+            // of 16 channels (4 bits) by one 8-byte load, where 2- and 4-byte loads took 2.4x (2
+            // bits) / 3x (4 bits) as many instructions. Not at 5 blocks an SM: in 96 registers the
+            // wider loads spilled (ptxas, this kernel without its SIMT fallback: ~100 bytes at 96
+            // registers, 16 / 64 without them; 0 (2 bits) / 24 (4 bits) at 128).
+            constexpr bool kRows = D == 128 && VGS == 32 && MB == 4;
+            uint4 zs[4];  // kRows: each token's zeros (rows 0..3), then its scales
+            if constexpr (kRows) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) zs[j] = *reinterpret_cast<const uint4*>(tb[j]);
+            }
+            // The fp16 pair of row r's zero (role 0) or scale (role 1) of tokens j, j + 1.
+            const auto pair = [&](int j, int role, int r) {
+                if constexpr (kRows) {  // (selects, not an index: r is the lane's for the zeros)
+                    const auto word = [&](const uint4& x) { return role ? (r < 2 ? x.z : x.w) : (r < 2 ? x.x : x.y); };
+                    return __byte_perm(word(zs[j]), word(zs[j + 1]), (r & 1) ? 0x7632u : 0x5410u);
+                } else {
+                    const int off = 2 * vrows * role + 2 * r;
+                    return unsigned(*reinterpret_cast<const uint16_t*>(tb[j] + off)) |
+                           (unsigned(*reinterpret_cast<const uint16_t*>(tb[j + 1] + off)) << 16);
+                }
+            };
             // sum_t p z per (value row, head) by an MMA too: A = the zeros [row gid][token] (exact
             // fp16; rows past vrows and 8.. zero), B = p's hi / lo parts; C row gid, columns
             // 2 tig, 2 tig + 1 = head tig's hi and lo, as the state below reads them.
             {
-                unsigned za = 0, zb = 0;
-                if (gid < vrows) {
-                    const auto zh = [&](const uint8_t* tb) { return unsigned(*reinterpret_cast<const uint16_t*>(tb + 2 * gid)); };
-                    za = zh(t0b) | (zh(t1b) << 16);
-                    zb = zh(t8b) | (zh(t9b) << 16);
-                }
+                const bool has = gid < vrows;
+                const unsigned za = has ? pair(0, 0, gid) : 0u, zb = has ? pair(2, 0, gid) : 0u;
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) mma_f16(zt[nt], za, 0u, zb, 0u, pa[nt][0], pa[nt][1]);
             }
             unsigned bp[NT][2] = {};  // set at each value row's first m-tile (VG a multiple of 16)
+            uint2 cw[4];              // kRows: each token's codes of row r (2 bits) or of m-tile mt (4 bits)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const int r = 16 * mt / VG;
                 if ((16 * mt) % VG == 0) {  // the first m-tile of row r: P' for it
-                    const int so = 2 * vrows + 2 * r;
-                    const auto sh = [&](const uint8_t* tb) { return unsigned(*reinterpret_cast<const uint16_t*>(tb + so)); };
-                    const unsigned s01 = __byte_perm(sh(t0b), sh(t1b), 0x5410), s89 = __byte_perm(sh(t8b), sh(t9b), 0x5410);
+                    const unsigned s01 = pair(0, 1, r), s89 = pair(2, 1, r);
 #pragma unroll
                     for (int nt = 0; nt < NT; ++nt) {
                         bp[nt][0] = hpart(pa[nt][0], ph[nt][0], s01);
                         bp[nt][1] = hpart(pa[nt][1], ph[nt][1], s89);
                     }
                 }
-                const int off = 4 * vrows + r * vrb + (16 * mt) % VG * B / 8;
+                if constexpr (kRows) {
+                    if (B == 4 || mt % 2 == 0) {
+#pragma unroll
+                        for (int j = 0; j < 4; ++j) cw[j] = *reinterpret_cast<const uint2*>(tb[j] + 16 + 8 * (B == 4 ? mt : r));
+                    }
+                }
+                // Word e of this m-tile's codes of token j.
+                const auto w = [&](int j, int e) {
+                    if constexpr (kRows) {
+                        return B == 2 ? ((mt & 1) ? cw[j].y : cw[j].x) : (e ? cw[j].y : cw[j].x);
+                    } else {
+                        return *reinterpret_cast<const unsigned*>(tb[j] + 4 * vrows + r * vrb + (16 * mt) % VG * B / 8 + 4 * e);
+                    }
+                };
                 unsigned a[4];
-                const auto w = [&](const uint8_t* tb, int e) { return *reinterpret_cast<const unsigned*>(tb + off + 4 * e); };
                 if constexpr (B == 2) {
                     // A token's 16 channels are one word: channel gid at bit 2 gid, gid + 8 at 2 gid + 16.
-                    a[0] = cl.lo(w(t0b, 0), w(t1b, 0));  // channel gid
-                    a[1] = cl.hi(w(t0b, 0), w(t1b, 0));  // channel gid + 8
-                    a[2] = cl.lo(w(t8b, 0), w(t9b, 0));
-                    a[3] = cl.hi(w(t8b, 0), w(t9b, 0));
+                    a[0] = cl.lo(w(0, 0), w(1, 0));  // channel gid
+                    a[1] = cl.hi(w(0, 0), w(1, 0));  // channel gid + 8
+                    a[2] = cl.lo(w(2, 0), w(3, 0));
+                    a[3] = cl.hi(w(2, 0), w(3, 0));
                 } else {
                     // Two words: channels 0..7 and 8..15, channel gid (+ 8) at bit 4 gid.
-                    a[0] = cl.lo(w(t0b, 0), w(t1b, 0));
-                    a[1] = cl.lo(w(t0b, 1), w(t1b, 1));
-                    a[2] = cl.lo(w(t8b, 0), w(t9b, 0));
-                    a[3] = cl.lo(w(t8b, 1), w(t9b, 1));
+                    a[0] = cl.lo(w(0, 0), w(1, 0));
+                    a[1] = cl.lo(w(0, 1), w(1, 1));
+                    a[2] = cl.lo(w(2, 0), w(3, 0));
+                    a[3] = cl.lo(w(2, 1), w(3, 1));
                 }
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) mma_f16(o[mt][nt], a[0], a[1], a[2], a[3], bp[nt][0], bp[nt][1]);
@@ -954,7 +982,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
             }
             __syncthreads();
             kivi_stretch(t_tc, p.splits, z, begin, end);
-            if (kivi_tc_warp<D, B, NT, VGS>(p, hd, q_s, q_tab, wbase, begin, end, warp, lane, gqa)) {
+            if (kivi_tc_warp<D, B, NT, VGS, MB>(p, hd, q_s, q_tab, wbase, begin, end, warp, lane, gqa)) {
                 // A B part overflowed: the warp's stretch again in the SIMT form (data that are not
                 // finite themselves come out as they would there). Its head is read again through a
                 // pointer the compiler cannot see through, so that nothing of the prologue's stays
