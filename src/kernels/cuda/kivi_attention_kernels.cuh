@@ -986,7 +986,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
                 // A B part overflowed: the warp's stretch again in the SIMT form (data that are not
                 // finite themselves come out as they would there). Its head is read again through a
                 // pointer the compiler cannot see through, so that nothing of the prologue's stays
-                // live across the tensor-core loop for this path (ptxas: no spills at 96 registers).
+                // live across the tensor-core loop for this path.
                 const KiviHeadDev* heads = p.heads;
 #if !defined(VXQ_SIMT)
                 asm volatile("" : "+l"(heads));
