@@ -467,7 +467,7 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                              int64_t t_begin, int64_t t_end, int warp, int lane, int gqa) {
     constexpr int MT = D / 16;                   // 16-channel steps (keys) / m-tiles (values)
     const int gid = lane >> 2, tig = lane & 3, hq = gid >> 1, part = gid & 1;
-    const int KG = p.kf.group, VG = VGS ? VGS : p.vf.group, vrows = VGS ? D / VGS : p.vf.rows, vrb = VG * B / 8;
+    const int VG = VGS ? VGS : p.vf.group, vrows = VGS ? D / VGS : p.vf.rows, vrb = VG * B / 8;
     const int vbb = VGS ? (D / VGS) * (4 + VGS * B / 8) : p.vf.block_bytes;
     const int stage_bytes = kivi_stage_bytes(D, B, vbb);
     float* p_s = reinterpret_cast<float*>(wbase + 2 * stage_bytes);  // [4 NT heads][32 tokens]
@@ -477,11 +477,10 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
     bool bad = false;  // a score that is not finite: a B part overflowed
 
     float o[MT][NT][4], m[NT], l[NT], bias[NT][2];
-    float zs[NT];  // sum_c q z of the key block `block`, times p.scale
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
         m[nt] = -INFINITY;
-        l[nt] = zs[nt] = 0.0f;
+        l[nt] = 0.0f;
         bias[nt][0] = bias[nt][1] = 0.0f;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -489,46 +488,18 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             for (int j = 0; j < 4; ++j) o[mt][nt][j] = 0.0f;
         }
     }
-    int block = -1;  // the key block whose sum_c q z is in zs
 
     kivi_tiles<D>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
-        const int kb = KG == kKiviTile ? int(t0) >> 5 : int(t0) / KG;
-        if (kb != block) {  // a new key block: sum_c q z per head
-            block = kb;
+        // Scores: two 16-token m-tiles, D / 16 steps over the channels; and sum_c q' z of the key
+        // block per head by an MMA on the same B parts (A = the zeros z(c), exact fp16, in every
+        // row, so each lane's row holds its head's sum: zacc[nt][0] hi, [1] lo). Each tile, as
+        // each tile of G = 32 has its own block (where a sum of 4 FMAs a channel, a conversion
+        // of z and a 3-shuffle reduction took ~47 instructions a head group, 8 MMAs and 16 loads).
+        float sacc[2][NT][4], zacc[NT][4];
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                // Head tig's sum over the 8 lanes gid: channels 4 u .. 4 u + 3 for u = ((gid + 2 tig)
-                // mod 8) + 8 j (the rotation puts a quarter warp's q loads in distinct banks).
-                const float* qt = q_s + (4 * nt + tig) * D;
-                float zsum = 0.0f;
+        for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
-                for (int j = 0; j < D / 32; ++j) {
-                    const int u = ((gid + 2 * tig) & 7) + 8 * j;
-                    const float4 qv = *reinterpret_cast<const float4*>(qt + 4 * u);
-                    const uint2 zr = *reinterpret_cast<const uint2*>(stage + 8 * u);
-                    const float2 za = __half22float2(*reinterpret_cast<const __half2*>(&zr.x));
-                    const float2 zb = __half22float2(*reinterpret_cast<const __half2*>(&zr.y));
-                    zsum = fmaf(qv.x, za.x, zsum);
-                    zsum = fmaf(qv.y, za.y, zsum);
-                    zsum = fmaf(qv.z, zb.x, zsum);
-                    zsum = fmaf(qv.w, zb.y, zsum);
-                }
-                zsum += __shfl_xor_sync(0xffffffffu, zsum, 4);
-                zsum += __shfl_xor_sync(0xffffffffu, zsum, 8);
-                zsum += __shfl_xor_sync(0xffffffffu, zsum, 16);
-                zs[nt] = zsum * p.scale;
-            }
-        }
-
-        // Scores: two 16-token m-tiles, D / 16 steps over the channels.
-        float sacc[2][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) sacc[mt][nt][j] = 0.0f;
-            }
+            for (int j = 0; j < 4; ++j) sacc[0][nt][j] = sacc[1][nt][j] = zacc[nt][j] = 0.0f;
         }
         const uint8_t* kc = stage + 4 * D;  // row c: the tile's 32 codes of channel c, 4 B bytes
         // Each step's B fragments made where they are used: the hi / lo part of q'_h(c) s(c), from
@@ -542,12 +513,15 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             {
                 const unsigned sa = *reinterpret_cast<const unsigned*>(stage + 2 * D + 2 * c);  // s(c), s(c + 1)
                 const unsigned sb = *reinterpret_cast<const unsigned*>(stage + 2 * D + 2 * c + 16);
+                const unsigned za = *reinterpret_cast<const unsigned*>(stage + 2 * c);  // z(c), z(c + 1)
+                const unsigned zb = *reinterpret_cast<const unsigned*>(stage + 2 * c + 16);
 #pragma unroll
                 for (int nt = 0; nt < NT; ++nt) {
                     const auto* e = reinterpret_cast<const uint2*>(q_tab + ((kk * 4 * NT + 4 * nt + hq) * 4 + tig));
                     const uint2 qh = e[0], qa = e[part];
                     bq[nt][0] = hpart(qa.x, qh.x, sa);
                     bq[nt][1] = hpart(qa.y, qh.y, sb);
+                    mma_f16(zacc[nt], za, za, zb, zb, qa.x, qa.y);
                 }
             }
             if constexpr (B == 2) {
@@ -586,11 +560,12 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
         // The online softmax of head 4 nt + tig over the tile: tokens gid, gid + 8, 16 + gid, 24 + gid here.
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
+            const float zs = zacc[nt][0] + zacc[nt][1] * kKiviLoInv;  // scale sum_c q z, head tig
             float s[4];
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
-                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kKiviLoInv, cl.unscale, zs[nt]);
-                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kKiviLoInv, cl.unscale, zs[nt]);
+                s[2 * mt] = fmaf(sacc[mt][nt][0] + sacc[mt][nt][1] * kKiviLoInv, cl.unscale, zs);
+                s[2 * mt + 1] = fmaf(sacc[mt][nt][2] + sacc[mt][nt][3] * kKiviLoInv, cl.unscale, zs);
             }
             bad |= !(fabsf(s[0]) + fabsf(s[1]) + fabsf(s[2]) + fabsf(s[3]) < INFINITY);
             float mx = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
@@ -687,7 +662,7 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 for (int nt = 0; nt < NT; ++nt) mma_f16(zt[nt], za, 0u, zb, 0u, pa[nt][0], pa[nt][1]);
             }
             unsigned bp[NT][2] = {};  // set at each value row's first m-tile (VG a multiple of 16)
-            uint2 cw[4];              // kRows: each token's codes of row r (2 bits) or of m-tile mt (4 bits)
+            uint2 cw[4] = {};         // kRows: each token's codes of row r (2 bits) or of m-tile mt (4 bits)
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const int r = 16 * mt / VG;
