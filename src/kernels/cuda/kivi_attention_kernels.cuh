@@ -950,9 +950,9 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
             for (int idx = threadIdx.x; idx < (D / 16) * g4 * 4; idx += kKiviWarps * 32) {
                 const int tg = idx & 3, h = (idx >> 2) % g4, kk = (idx >> 2) / g4;
                 const float* qc = q_s + h * D + 16 * kk + 2 * tg;
-                const KiviPart lo(1);
-                unsigned h01, h89;
-                const unsigned l01 = lo(qc[0] * p.scale, qc[1] * p.scale, h01), l89 = lo(qc[8] * p.scale, qc[9] * p.scale, h89);
+                unsigned h01, h89, l01, l89;
+                split_pair(qc[0] * p.scale, qc[1] * p.scale, h01, l01, kKiviLo);
+                split_pair(qc[8] * p.scale, qc[9] * p.scale, h89, l89, kKiviLo);
                 q_tab[idx] = make_uint4(h01, h89, l01, l89);
             }
             __syncthreads();

@@ -34,6 +34,11 @@ struct Regs {
 };
 inline float half_of(unsigned reg, int hi) { return __half2float(__ushort_as_half(uint16_t(reg >> (16 * hi)))); }
 inline int s8_of(unsigned reg, int byte) { return int(int8_t(uint8_t(reg >> (8 * byte)))); }
+// An fp16x2 register of f(0) (low half) and f(1) (high half), each rounded once from double.
+template <class F>
+unsigned each_half(F f) {
+    return unsigned(__half_as_ushort(__double2half(f(0)))) | (unsigned(__half_as_ushort(__double2half(f(1)))) << 16);
+}
 }  // namespace mma_simt
 #endif
 
@@ -131,8 +136,7 @@ __device__ __forceinline__ void split_pair(float x0, float x1, unsigned& hi, uns
 __device__ __forceinline__ unsigned h2_mul(unsigned a, unsigned b) {
 #if defined(VXQ_SIMT)
     using mma_simt::half_of;
-    const auto one = [&](int hi) { return unsigned(__half_as_ushort(__double2half(double(half_of(a, hi)) * double(half_of(b, hi))))); };
-    return one(0) | (one(1) << 16);
+    return mma_simt::each_half([&](int hi) { return double(half_of(a, hi)) * double(half_of(b, hi)); });
 #else
     unsigned d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
@@ -142,10 +146,7 @@ __device__ __forceinline__ unsigned h2_mul(unsigned a, unsigned b) {
 __device__ __forceinline__ unsigned h2_fma(unsigned a, unsigned b, unsigned c) {
 #if defined(VXQ_SIMT)
     using mma_simt::half_of;
-    const auto one = [&](int hi) {
-        return unsigned(__half_as_ushort(__double2half(std::fma(double(half_of(a, hi)), double(half_of(b, hi)), double(half_of(c, hi))))));
-    };
-    return one(0) | (one(1) << 16);
+    return mma_simt::each_half([&](int hi) { return std::fma(double(half_of(a, hi)), double(half_of(b, hi)), double(half_of(c, hi))); });
 #else
     unsigned d;
     asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
