@@ -11,7 +11,8 @@ of kivi.cu here, carried, then on the device
 
     python3 bench/gpu_sass_loops.py kivi.cubin kivi_attention_kernelILi128ELi2ELi1ELi32
 
-Usage: python3 bench/gpu_sass_loops.py BINARY PATTERN
+Usage: python3 bench/gpu_sass_loops.py BINARY PATTERN [--dump]
+(--dump: also each loop's instructions, one a line)
 """
 import re
 import subprocess
@@ -25,8 +26,9 @@ def opcode(text):
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit(__doc__.strip().splitlines()[-1])
+    dump = sys.argv[3:] == ['--dump']
+    if len(sys.argv) != 3 and not dump:
+        sys.exit(__doc__.strip().splitlines()[-2])
     sass = subprocess.run(['cuobjdump', '--dump-sass', sys.argv[1]], capture_output=True, text=True, check=True).stdout
     for func in re.split(r'\n\s+Function : ', sass)[1:]:
         name = func.split('\n', 1)[0].strip()
@@ -49,6 +51,9 @@ def main():
             loop = Counter(opcode(t) for _, t in ins[best[2]:best[3] + 1])
             mix = ', '.join(f'{op} {n}' for op, n in loop.most_common(24))
             print(f'  loop: {best[1]} instructions, {best[0]} MMAs, LDL {loop["LDL"]}, STL {loop["STL"]} | {mix}')
+            if dump:
+                for addr, text in ins[best[2]:best[3] + 1]:
+                    print(f'    {addr:05x}  {text}')
 
 
 if __name__ == '__main__':

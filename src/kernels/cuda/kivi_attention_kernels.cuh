@@ -629,13 +629,14 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             }
             // This thread's token blocks: tokens tk, tk + 1, tk + 8, tk + 9.
             const uint8_t* tb[4] = {vstage + tk * vbb, vstage + (tk + 1) * vbb, vstage + (tk + 8) * vbb, vstage + (tk + 9) * vbb};
-            // kRows (head_dim 128, the values' group 32 at compile time: blocks of 48 / 80 bytes, 4
-            // rows): a token's zeros and scales by one 16-byte load, its codes of a row (2 bits) or
-            // of 16 channels (4 bits) by one 8-byte load, where 2- and 4-byte loads took 2.4x (2
-            // bits) / 3x (4 bits) as many instructions. Not at 5 blocks an SM: in 96 registers the
-            // wider loads spilled (ptxas, this kernel without its SIMT fallback: ~100 bytes at 96
-            // registers, 16 / 64 without them; 0 (2 bits) / 24 (4 bits) at 128).
-            constexpr bool kRows = D == 128 && VGS == 32 && MB == 4;
+            // kRows (head_dim 128, 2 bits, the values' group 32 at compile time: blocks of 48
+            // bytes, 4 rows): a token's zeros and scales by one 16-byte load, its codes of a row by
+            // one 8-byte load, where 2- and 4-byte loads took 2.4x as many instructions. Not at 4
+            // bits: there the kernel spilled 112 / 152 bytes (36 / 36 without them; ptxas), 19
+            // loads and 10 stores of them inside the tile loop (SASS), and ran 10 % slower than
+            // the narrow loads (32.1 against 28.9 us at 32K on the H100; docs/gpu.md, third
+            // session of 2026-12-07). Not at 5 blocks an SM: in 96 registers they spilled more.
+            constexpr bool kRows = D == 128 && B == 2 && VGS == 32 && MB == 4;
             uint4 zs[4];  // kRows: each token's zeros (rows 0..3), then its scales
             if constexpr (kRows) {
 #pragma unroll
@@ -662,7 +663,7 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                 for (int nt = 0; nt < NT; ++nt) mma_f16(zt[nt], za, 0u, zb, 0u, pa[nt][0], pa[nt][1]);
             }
             unsigned bp[NT][2] = {};  // set at each value row's first m-tile (VG a multiple of 16)
-            uint2 cw[4] = {};         // kRows: each token's codes of row r (2 bits) or of m-tile mt (4 bits)
+            uint2 cw[4] = {};         // kRows: each token's codes of row r
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 const int r = 16 * mt / VG;
@@ -675,15 +676,15 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
                     }
                 }
                 if constexpr (kRows) {
-                    if (B == 4 || mt % 2 == 0) {
+                    if (mt % 2 == 0) {
 #pragma unroll
-                        for (int j = 0; j < 4; ++j) cw[j] = *reinterpret_cast<const uint2*>(tb[j] + 16 + 8 * (B == 4 ? mt : r));
+                        for (int j = 0; j < 4; ++j) cw[j] = *reinterpret_cast<const uint2*>(tb[j] + 16 + 8 * r);
                     }
                 }
                 // Word e of this m-tile's codes of token j.
                 const auto w = [&](int j, int e) {
                     if constexpr (kRows) {
-                        return B == 2 ? ((mt & 1) ? cw[j].y : cw[j].x) : (e ? cw[j].y : cw[j].x);
+                        return (mt & 1) ? cw[j].y : cw[j].x;
                     } else {
                         return *reinterpret_cast<const unsigned*>(tb[j] + 4 * vrows + r * vrb + (16 * mt) % VG * B / 8 + 4 * e);
                     }
