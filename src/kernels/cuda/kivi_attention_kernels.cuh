@@ -505,7 +505,8 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
         // Each step's B fragments made where they are used: the hi / lo part of q'_h(c) s(c), from
         // the tile's key block's scales (at G = 32, the default, every tile has its own; holding
         // the fragments of a block for its tiles saved nothing there). Unrolled: a rolled loop
-        // measured 1 % slower at 32K (docs/gpu.md, 2026-12-06, third session).
+        // measured 1 % slower at 32K (docs/gpu.md, 2026-12-06, third session), unrolled by 2 or 4
+        // no faster (third session of 2026-12-07).
 #pragma unroll
         for (int kk = 0; kk < MT; ++kk) {
             unsigned a[2][4], bq[NT][2];
