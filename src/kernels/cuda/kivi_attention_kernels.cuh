@@ -633,8 +633,8 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             // kRows (head_dim 128, 2 bits, the values' group 32 at compile time: blocks of 48
             // bytes, 4 rows): a token's zeros and scales by one 16-byte load, its codes of a row by
             // one 8-byte load, where 2- and 4-byte loads took 2.4x as many instructions. Not at 4
-            // bits: there the kernel spilled 112 / 152 bytes (36 / 36 without them; ptxas), 19
-            // loads and 10 stores of them inside the tile loop (SASS), and ran 10 % slower than
+            // bits: there the kernel spilled 112 / 152 bytes (stores / loads; 36 / 36 without them:
+            // ptxas), 10 stores and 19 loads inside the tile loop (SASS), and ran 10 % slower than
             // the narrow loads (32.1 against 28.9 us at 32K on the H100; docs/gpu.md, third
             // session of 2026-12-07). Not at 5 blocks an SM: in 96 registers they spilled more.
             constexpr bool kRows = D == 128 && B == 2 && VGS == 32 && MB == 4;
@@ -938,6 +938,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
     for (int idx = threadIdx.x; idx < g4 * D; idx += kKiviWarps * 32) q_s[idx] = idx < gqa * D ? qg[idx] : 0.0f;
     __syncthreads();
+    pdl_trace_mark(41);  // trace builds: block 0's q read (then its tiles: 42, its partial: 43)
     const int q_bytes = kivi_q_bytes(D, g4, B != 0);
     const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
     uint8_t* wbase = smem + q_bytes + warp * warp_bytes;
@@ -982,6 +983,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         kivi_simt_warp<D>(p, hd, q_s, wbase, begin, end, warp, lane, gqa, g4);
     }
     __syncthreads();
+    pdl_trace_mark(42);
     pdl_launch_dependents();
 
     // The block's partial: the four warps' states merged with their log-sum-exp weights.
@@ -1001,6 +1003,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         float* part = p.partial + ((i * p.n_head + g * gqa + h) * p.parts + z) * (D + 2);
         part[c] = c == D ? mx : sum;
     }
+    pdl_trace_mark(43);
 }
 
 // out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M). Block (row,
