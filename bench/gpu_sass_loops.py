@@ -19,6 +19,8 @@ import subprocess
 import sys
 from collections import Counter
 
+USAGE = 'usage: python3 bench/gpu_sass_loops.py BINARY PATTERN [--dump]'
+
 
 def opcode(text):
     text = re.sub(r'^@!?U?P\w+\s+', '', text)  # a predicate guard
@@ -28,7 +30,7 @@ def opcode(text):
 def main():
     dump = sys.argv[3:] == ['--dump']
     if len(sys.argv) != 3 and not dump:
-        sys.exit(__doc__.strip().splitlines()[-2])
+        sys.exit(USAGE)
     sass = subprocess.run(['cuobjdump', '--dump-sass', sys.argv[1]], capture_output=True, text=True, check=True).stdout
     for func in re.split(r'\n\s+Function : ', sass)[1:]:
         name = func.split('\n', 1)[0].strip()

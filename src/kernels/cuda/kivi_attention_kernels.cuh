@@ -494,7 +494,8 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
         // block per head by an MMA on the same B parts (A = the zeros z(c), exact fp16, in every
         // row, so each lane's row holds its head's sum: zacc[nt][0] hi, [1] lo). Each tile, as
         // each tile of G = 32 has its own block (where a sum of 4 FMAs a channel, a conversion
-        // of z and a 3-shuffle reduction took ~47 instructions a head group, 8 MMAs and 16 loads).
+        // of z and a 3-shuffle reduction took ~47 instructions a head group, 8 MMAs and 16 loads);
+        // at G = 64 a block's second tile computes the same sum again.
         float sacc[2][NT][4], zacc[NT][4];
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
