@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1856,6 +1857,79 @@ std::unique_ptr<KvCache> expect_store_equals_cpu(Backend& be, const char* spec, 
         if (testing::Test::HasFailure()) break;
     }
     return dev;
+}
+
+// A KIVI decode step's store inside the attention kernel (kivi.cuh: KiviFresh; the merge kernel
+// encoding the values' next token a step ahead): decode steps recorded as a model records them
+// (RoPE of q and k, the store, the attention, on device buffers), through a prompt and hundreds
+// of single tokens (steps whose keys flush take the store kernel, the others the fused form; the
+// first step after a prompt whose window is full encodes its value token in the store kernel),
+// (VXQ_CUDA_KIVI_FUSE=1) against the same steps with VXQ_CUDA_KIVI_FUSE=0 (the store kernel
+// every step): every step's output, q and k after RoPE, and the caches' packed bytes, bit for bit.
+TEST(Cuda, KiviFusedStoreEqualsStoreKernel) {
+    VXQ_REQUIRE_CUDA(cuda);
+    const uint32_t seed = fresh_seed();
+    std::mt19937 rng(seed);
+    struct Case { const char* spec; int64_t head_dim, n_head, n_head_kv, prompt, steps, n_rot; bool neox; };
+    const Case cases[] = {{"kivi:bits=2", 128, 32, 8, 100, 300, 128, false},
+                          {"kivi:bits=4,group=32,residual=32", 64, 12, 4, 300, 80, 64, true},
+                          {"kivi:bits=2", 128, 16, 2, 40, 120, 64, false},
+                          {"kivi:bits=4", 64, 8, 2, 1, 140, 64, true}};
+    for (const Case& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.spec << " head_dim " << c.head_dim << " heads " << c.n_head << "/" << c.n_head_kv
+                                        << " prompt " << c.prompt << " seed " << seed);
+        const int64_t qd = c.n_head * c.head_dim, kd = c.n_head_kv * c.head_dim, total = c.prompt + c.steps;
+        const auto pre = random_floats(size_t(c.prompt * kd), rng);
+        const auto q = random_floats(size_t(c.steps * qd), rng), k = random_floats(size_t(c.steps * kd), rng),
+                   v = random_floats(size_t(c.steps * kd), rng, 2.0f);
+        const RopeParams rp{c.n_rot, 10000.0f, c.neox};
+        std::vector<float> outs[2], qk[2];
+        std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> pages[2];
+        for (int fused = 0; fused < 2; ++fused) {
+            setenv("VXQ_CUDA_KIVI_FUSE", fused ? "1" : "0", 1);
+            auto be = make_backend("cuda", 1);
+            unsetenv("VXQ_CUDA_KIVI_FUSE");
+            const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, total};
+            KvCacheOptions opts;
+            opts.memory = be->kv_memory();
+            opts.flash_attn = true;
+            auto cache = make_kv_cache(shape, c.spec, c.spec, opts);
+            be->kv_write(*cache, 0, 0, pre.data(), pre.data(), c.prompt);
+            cache->commit(c.prompt);
+            float* qb = be->activation_buffer(0, size_t(qd));
+            float* kb = be->activation_buffer(1, size_t(kd));
+            float* vb = be->activation_buffer(2, size_t(kd));
+            float* ob = be->activation_buffer(3, size_t(qd));
+            const WeightView tq{GgmlType::F32, q.data(), c.steps, qd, size_t(qd) * sizeof(float)};
+            const WeightView tk{GgmlType::F32, k.data(), c.steps, kd, size_t(kd) * sizeof(float)};
+            const WeightView tv{GgmlType::F32, v.data(), c.steps, kd, size_t(kd) * sizeof(float)};
+            for (int32_t s = 0; s < int32_t(c.steps); ++s) {
+                const int64_t pos = c.prompt + s;
+                be->embed(tq, &s, 1, qb);
+                be->embed(tk, &s, 1, kb);
+                be->embed(tv, &s, 1, vb);
+                be->rope(qb, 1, c.n_head, c.head_dim, pos, rp);
+                be->rope(kb, 1, c.n_head_kv, c.head_dim, pos, rp);
+                be->kv_write(*cache, 0, pos, kb, vb, 1);
+                cache->commit(pos + 1);
+                be->attention(cache->view(0), qb, 1, pos, ob);
+                const float* ho = be->to_host(ob, size_t(qd), 0);
+                outs[fused].insert(outs[fused].end(), ho, ho + qd);
+                const float* hq = be->to_host(qb, size_t(qd), 1);
+                qk[fused].insert(qk[fused].end(), hq, hq + qd);
+                const float* hk = be->to_host(kb, size_t(kd), 2);
+                qk[fused].insert(qk[fused].end(), hk, hk + kd);
+            }
+            for (int64_t g = 0; g < c.n_head_kv; ++g) pages[fused].push_back(packed_bytes(*cache, 0, g));
+        }
+        ASSERT_EQ(outs[0].size(), outs[1].size());
+        for (size_t i = 0; i < outs[0].size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(outs[1][i]), std::bit_cast<uint32_t>(outs[0][i]))
+                << "step " << i / size_t(qd) << " output " << i % size_t(qd) << ": " << outs[1][i] << " vs " << outs[0][i];
+        }
+        EXPECT_EQ(qk[1], qk[0]) << "q and k after RoPE";
+        for (size_t g = 0; g < pages[0].size(); ++g) EXPECT_TRUE(pages[1][g] == pages[0][g]) << "packed bytes of head " << g;
+    }
 }
 
 // The store's ties and NaNs: inputs from {+0, -0, 1, -1, 0.25} (so a group's minimum or maximum

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -55,14 +56,16 @@ void run_attention(const cuda::KiviAttentionParams& p) {
     const bool group32 = cuda::kivi_group32(p.vf, D / 32);
     if constexpr (D == 64 || D == 128) {
         if (cuda::kivi_tensor_cores(p)) {
-            const bool two = gqa > 4, four = p.kf.bits == 4;
-#define VXQ_KIVI_TC(B, NT) group32 ? launch(cuda::kivi_attention_kernel<D, B, NT, 32>) : launch(cuda::kivi_attention_kernel<D, B, NT, 0>)
+            const bool two = gqa > 4, four = p.kf.bits == 4, fused = p.fresh.k != nullptr;  // (a fused store: its own instance)
+#define VXQ_KIVI_TCG(B, NT, G) fused ? launch(cuda::kivi_attention_kernel<D, B, NT, G, 4, true>) : launch(cuda::kivi_attention_kernel<D, B, NT, G>)
+#define VXQ_KIVI_TC(B, NT) group32 ? VXQ_KIVI_TCG(B, NT, 32) : VXQ_KIVI_TCG(B, NT, 0)
             if (four) {
                 two ? VXQ_KIVI_TC(4, 2) : VXQ_KIVI_TC(4, 1);
             } else {
                 two ? VXQ_KIVI_TC(2, 2) : VXQ_KIVI_TC(2, 1);
             }
 #undef VXQ_KIVI_TC
+#undef VXQ_KIVI_TCG
         } else {
             launch(cuda::kivi_attention_kernel<D, 0, 0, 0>);
         }
@@ -211,6 +214,126 @@ TEST(KiviSimt, SimtAttentionEqualsDequantizeThenAttend) {
         {"kivi:bits=2", 128, 8, 2, 500, 3, true},
         {"kivi:bits=4,group=8,residual=24", 64, 4, 2, 130, 2, false, 4},
     });
+}
+
+// A decode step's store inside the attention (KiviFresh): the heads' table after the store, the
+// new token's ring slots not yet written, q and the new key before RoPE. Against the same kernel
+// over the cache the CPU wrote the token into (its key rotated by the same RoPE arithmetic, the
+// CPU's fp16 rounding) with q rotated: the outputs bit for bit, and the ring slots the fused
+// kernel wrote equal the CPU's bytes. Steps whose keys flush nothing (the backend fuses no
+// other), with the values' window filling (no value token encoded) or full (one encoded, which
+// the CPU cache has encoded here as the step before's merge does on the device); RoPE adjacent
+// or NeoX, over all channels or some; GQA 4 and 8.
+struct FusedCase {
+    const char* spec;
+    int64_t d, n_head, n_head_kv, n_tokens, splits, n_rot;
+    bool neox;
+};
+
+TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
+    const uint32_t seed = test::fresh_seed();
+    std::mt19937 rng(seed);
+    const std::vector<FusedCase> cases = {
+        {"kivi:bits=2", 128, 8, 2, 700, 3, 128, false},   // the values' window full: a token encoded
+        {"kivi:bits=2", 128, 16, 2, 420, 2, 128, true},   // GQA 8, NeoX
+        {"kivi:bits=4", 64, 12, 3, 480, 2, 32, false},    // RoPE over half the channels
+        {"kivi:bits=4", 64, 4, 1, 90, 1, 64, true},       // the values' window filling: nothing encoded
+        {"kivi:bits=2,group=32,residual=32", 128, 4, 1, 250, 2, 128, false},
+    };
+    int encoding = 0, filling = 0;
+    for (const FusedCase& c : cases) {
+        SCOPED_TRACE(testing::Message() << c.spec << " d " << c.d << " heads " << c.n_head << "/" << c.n_head_kv << " tokens "
+                                        << c.n_tokens << " n_rot " << c.n_rot << (c.neox ? " neox" : "") << " seed " << seed);
+        const KvShape shape{1, c.n_head, c.n_head_kv, c.d, 2048};
+        KvCacheOptions opts;
+        opts.flash_attn = true;
+        auto cache = make_kv_cache(shape, c.spec, c.spec, opts);
+        const int64_t kv = c.n_head_kv * c.d, last = c.n_tokens - 1;
+        const auto prompt = test::random_floats(size_t((last - 7) * kv), rng), more = test::random_floats(size_t(7 * kv), rng);
+        cache->write(0, 0, prompt.data(), prompt.data(), last - 7);  // (keys and values alike: what matters is the layout)
+        cache->commit(last - 7);
+        for (int64_t pos = last - 7; pos < last; ++pos) {
+            cache->write(0, pos, more.data() + (pos - last + 7) * kv, more.data() + (pos - last + 7) * kv, 1);
+            cache->commit(pos + 1);
+        }
+        const int64_t k_packed = cache->view(0).heads[0].k.n_packed, v_packed = cache->view(0).heads[0].v.n_packed;
+
+        // The step: q, k (before RoPE) and v of token `last`, at position `last`.
+        const auto q = test::random_floats(size_t(c.n_head * c.d), rng), k = test::random_floats(size_t(kv), rng),
+                   v = test::random_floats(size_t(kv), rng);
+        const float theta_scale = std::pow(10000.0f, -2.0f / float(c.n_rot));
+        std::vector<float2> cs(size_t(c.n_rot / 2));
+        for (int64_t i = 0; i < c.n_rot / 2; ++i) cs[size_t(i)] = cuda::rope_angle(i, last, theta_scale);
+        const auto rotate = [&](const std::vector<float>& x, int64_t rows) {
+            std::vector<float> y(x.size());
+            for (int64_t r = 0; r < rows; ++r) {
+                for (int ch = 0; ch < int(c.d); ++ch) {
+                    y[size_t(r * c.d + ch)] = cuda::rope_channel(x.data() + r * c.d, ch, cs.data(), int(c.n_rot), c.neox);
+                }
+            }
+            return y;
+        };
+        const std::vector<float> q_rot = rotate(q, c.n_head), k_rot = rotate(k, c.n_head_kv);
+        cache->write(0, last, k_rot.data(), v.data(), 1);
+        cache->commit(c.n_tokens);
+        const KvLayerView view = cache->view(0);
+        ASSERT_EQ(view.heads[0].k.n_packed, k_packed) << "a step whose keys flush (the backend does not fuse it)";
+        (view.heads[0].v.n_packed != v_packed ? encoding : filling) += 1;
+
+        std::vector<cuda::KiviHeadDev> heads;
+        for (int64_t g = 0; g < c.n_head_kv; ++g) heads.push_back(cuda::kivi_head(view.heads[g]));
+        cuda::KiviAttentionParams p{};
+        p.heads = heads.data();
+        p.n_q = 1;
+        p.n_head = c.n_head;
+        p.n_head_kv = c.n_head_kv;
+        p.head_dim = c.d;
+        p.splits = c.splits;
+        p.scale = 1.0f / std::sqrt(float(c.d));
+        p.kf = cuda::kivi_format(view.heads[0].k);
+        p.vf = cuda::kivi_format(view.heads[0].v);
+        p.parts = cuda::kivi_attention_parts(p);
+        ASSERT_TRUE(cuda::kivi_tensor_cores(p));
+        std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), ref(q.size(), NAN), out(q.size(), NAN);
+        p.partial = partial.data();
+        const auto run = [&] { c.d == 64 ? run_attention<64>(p) : run_attention<128>(p); };
+        p.q = q_rot.data();
+        p.out = ref.data();
+        run();
+
+        // The new token's ring slots as the CPU wrote them, then overwritten (NaN halves).
+        std::vector<std::vector<uint16_t>> slots;
+        const auto slot_of = [&](const cuda::KiviHeadDev& h, int role) {
+            const int64_t packed = role ? h.v_packed : h.k_packed, n = role ? p.vf.slots : p.kf.slots;
+            const int64_t head = role ? h.v_head : h.k_head;
+            return reinterpret_cast<uint16_t*>(role ? h.vw : h.kw) + (head + last - packed) % n * c.d;
+        };
+        for (const cuda::KiviHeadDev& h : heads) {
+            for (int role = 0; role < 2; ++role) {
+                uint16_t* s = slot_of(h, role);
+                slots.emplace_back(s, s + c.d);
+                std::fill(s, s + c.d, uint16_t(0x7e00));
+            }
+        }
+        const int64_t pos = last;
+        std::vector<float> q_in = q, k_in = k;
+        p.q = q_in.data();
+        p.out = out.data();
+        p.fresh = cuda::KiviFresh{q_in.data(), k_in.data(), v.data(), &pos, c.n_rot, theta_scale, c.neox ? 1 : 0};
+        run();
+        for (size_t i = 0; i < out.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(ref[i])) << "output " << i << ": " << out[i] << " vs " << ref[i];
+        }
+        size_t at = 0;
+        for (const cuda::KiviHeadDev& h : heads) {
+            for (int role = 0; role < 2; ++role, ++at) {
+                const uint16_t* s = slot_of(h, role);
+                ASSERT_TRUE(std::equal(s, s + c.d, slots[at].begin())) << (role ? "value" : "key") << " ring slot of head " << at / 2;
+            }
+        }
+    }
+    EXPECT_GT(encoding, 0) << "no case whose step encodes a value token";
+    EXPECT_GT(filling, 0) << "no case whose values' window is still filling";
 }
 #else
 // A build without the CUDA backend (VXQ_CUDA=OFF, no nvcc) has not the CUDA headers the kernels

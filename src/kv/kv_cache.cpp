@@ -65,7 +65,11 @@ public:
             n_pending_ = total - w.encoded;
             head_ = (head_ + w.encoded) % window_;
         }
-        if (w.encoded > 0) pages_->grow_to((n_enc_ + w.encoded + page_tokens_ - 1) / page_tokens_);
+        // A stream that encodes one token a step (KIVI's values) keeps the page of the next token
+        // it will encode mapped too: a device backend encodes that token a step ahead
+        // (kernels/cuda/kivi.cuh, pack_ahead).
+        const int64_t ahead = window_ > 0 && codec_->flush_count() == 1 && n_pending_ > 0 ? 1 : 0;
+        if (w.encoded + ahead > 0) pages_->grow_to((n_enc_ + w.encoded + ahead + page_tokens_ - 1) / page_tokens_);
         n_enc_ += w.encoded;
         return w;
     }

@@ -179,6 +179,7 @@ public:
         if (const char* tm = std::getenv("VXQ_CUDA_ATTN_TMA")) attn_tma_ = std::clamp(std::atoi(tm), 0, 4);
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
         if (const char* kb = std::getenv("VXQ_CUDA_KIVI_BLOCKS")) kivi_blocks_ = std::atoi(kb) == 5 ? 5 : 0;
+        if (const char* kf = std::getenv("VXQ_CUDA_KIVI_FUSE")) kivi_fuse_ = std::atoi(kf) != 0;
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
@@ -1036,8 +1037,17 @@ private:
             drop_launch(rq.op);
             drop_launch(rk.op);
         }
+        // The stored tokens before this write; whether the step before encoded ahead the values'
+        // token this write encodes (then, for the attention's fused store, nothing is left to encode).
+        const int64_t before = plan.v.packed + plan.v.pending;
+        const auto ahead = kivi_ahead_.find(kivi_heads_[0].vw);
+        const bool was_ahead = ahead != kivi_ahead_.end() && ahead->second == before;
+        kivi_ahead_[kivi_heads_[0].vw] = -1;
         record(Op::KiviStore, a, [](const KiviStoreParams& a, cudaStream_t st) { kivi_store(a, st); });
         if (rope) labels_.back() = "kivi store (rope q, k)";
+        if (rope && plan.k.encoded == 0 && (plan.v.encoded == 0 || (plan.v.encoded == 1 && was_ahead))) {
+            kivi_store_ = KiviStoreRec{pending_.size() - 1, a, kivi_heads_[0].vw};
+        }
     }
 
     // A KIVI layer's attention: the queries are the last n_q stored tokens of every head.
@@ -1060,7 +1070,27 @@ private:
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
         p.heads = static_cast<const KiviHeadDev*>(step_put(kivi_heads_.data(), kivi_heads_.size() * sizeof(KiviHeadDev)));
+        // A decode step: its merge encodes the values' next token ahead, and the store recorded
+        // right before (this layer's, its short path, q and k rotated there) runs inside this
+        // kernel instead (KiviFresh): one kernel and its boundary fewer a layer.
+        const bool fuse = kivi_fuse_ && kivi_fused_store_fits(p);
+        const KiviStoreRec& ks = kivi_store_;
+        if (fuse && ks.op + 1 == pending_.size() && ks.ring == kivi_heads_[0].vw && ks.a.rope.q == p.q && ks.a.n == 1 &&
+            ks.a.n_head_kv == p.n_head_kv && ks.a.head_dim == p.head_dim && ks.a.rope.n_rot / 2 <= kKiviMaxRopePairs) {
+            p.fresh.q = ks.a.rope.q;
+            p.fresh.k = ks.a.rope.k;
+            p.fresh.v = ks.a.v;
+            p.fresh.pos0 = ks.a.rope.pos0;
+            p.fresh.n_rot = ks.a.rope.n_rot;
+            p.fresh.theta_scale = ks.a.rope.theta_scale;
+            p.fresh.neox = ks.a.rope.neox;
+            drop_launch(ks.op);
+        }
+        p.pack_ahead = fuse ? 1 : 0;
+        if (fuse) kivi_ahead_[kivi_heads_[0].vw] = kivi_heads_[0].n_tokens;
+        kivi_store_ = KiviStoreRec{};
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
+        if (p.fresh.k) labels_.back() = "kivi attention (rope q, k; store)";
         finish(o, p.out, n_out);
     }
 
@@ -1627,6 +1657,7 @@ private:
         swiglu_ = SwigluArgs{};
         ropes_[0] = ropes_[1] = RopeArgs{};
         rope_store_ = RopeStoreRec{};
+        kivi_store_ = KiviStoreRec{};
         attn_split_ = AttnSplitRec{};
         labels_.clear();
         pending_.clear();
@@ -1859,6 +1890,9 @@ private:
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
     int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
     int32_t kivi_blocks_ = 0;                                         // VXQ_CUDA_KIVI_BLOCKS=5: KiviAttentionParams::blocks_per_sm
+    // VXQ_CUDA_KIVI_FUSE=1: a decode step's KIVI store inside the attention kernel (kivi_attend);
+    // off by default until timed on a GPU.
+    bool kivi_fuse_ = false;
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     // VXQ_CUDA_ATTN_STREAM_MMA: the stream form on tensor cores where it fits (1), never (0), or by
@@ -1913,6 +1947,16 @@ private:
         RopeStoreParams f{};   // f.heads: the store's table in the step block (which layer's pages)
     };
     RopeStoreRec rope_store_;
+    struct KiviStoreRec {  // the last KIVI store recorded (a decode step's: a candidate for the attention's kernel)
+        size_t op = SIZE_MAX;
+        KiviStoreParams a{};
+        uint64_t ring = 0;   // its layer's values' ring (kivi_ahead_'s key)
+    };
+    KiviStoreRec kivi_store_;
+    // Per KIVI layer (its values' ring, which no other layer shares): the stored tokens after the
+    // last recorded decode step whose merge encoded the values' next token ahead (pack_ahead); -1
+    // after any other write.
+    std::unordered_map<uint64_t, int64_t> kivi_ahead_;
     GemvGroupArgs group_{};         // the matmul group being recorded (see group_gemv)
     size_t group_op_ = SIZE_MAX;    // its index in pending_
     // The pass being recorded.

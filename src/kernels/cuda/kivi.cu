@@ -291,10 +291,10 @@ void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
 // the attention's launch let go at once (this grid is one small block per KV head). On the H200
 // the store took 5.7-7.5 us from its wait to the attention's (VXQ_CUDA_PROFILE=timeline, 1K)
 // when it staged the value token and re-read the rotated k through global memory.
-constexpr int kMaxRopePairs = 128;  // head_dim <= 256 (kivi_attention_fits)
+
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
     extern __shared__ float4 store_smem4[];
-    __shared__ float2 rope_cs[kMaxRopePairs];
+    __shared__ float2 rope_cs[kKiviMaxRopePairs];
     const KiviRope& r = p.rope;
     const int half = r.q != nullptr ? int(r.n_rot / 2) : 0;
     const int64_t g = blockIdx.x, d = p.head_dim;
@@ -371,6 +371,45 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
     // would queue behind this kernel's on the SMs this kernel holds while it encodes.
     for (int role = 0; role < 2; ++role) {
         for (int64_t j = 0; j < p.n; ++j) window_token(p, role, g, j, threadIdx.x, kStoreThreads);
+    }
+}
+
+// The merge (kivi_merge_block) and, in blocks (n_q n_head + g, 0), KV head g's values' oldest
+// window token encoded ahead (KiviAttentionParams::pack_ahead) where the next step's store would
+// encode it: the window holds slots - 1 tokens. A warp a row from its ring slot, as the store's
+// short path encodes it. That needs nothing of this step (the slot was written steps ago, the
+// block is read from the next step on), so it comes before the wait. After a fused store
+// (p.fresh), these blocks then leave q's rows of g's query heads and k's row of g rotated in
+// place, as the store kernel does (the RoPE ops' results; the attention read them before RoPE):
+// after the wait, when no block of the attention reads them any more.
+__global__ void __launch_bounds__(kMergeThreads) kivi_merge_pack_kernel(KiviAttentionParams p) {
+    const int64_t rows = p.n_q * p.n_head;
+    if (int64_t(blockIdx.x) < rows) return kivi_merge_block(p);
+    const int64_t g = int64_t(blockIdx.x) - rows, d = p.head_dim;
+    if (blockIdx.y != 0 || g >= p.n_head_kv) return;
+    const KiviFresh& fr = p.fresh;
+    const int half = fr.k ? int(fr.n_rot / 2) : 0;
+    __shared__ float2 rope_cs[kKiviMaxRopePairs];
+    if (half > 0) {
+        const int64_t pos = *fr.pos0;
+        for (int i = threadIdx.x; i < half; i += kMergeThreads) rope_cs[i] = rope_angle(i, pos, fr.theta_scale);
+    }
+    const KiviHeadDev h = p.heads[g];
+    if (p.vf.slots > 1 && h.n_tokens - h.v_packed >= p.vf.slots - 1) {
+        const auto* tok = reinterpret_cast<const __half*>(h.vw) + h.v_head * d;
+        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + h.v_packed * p.vf.block_bytes;
+        for (int row = threadIdx.x / 32; row < p.vf.rows; row += kMergeWarps) {
+            quantize_value_row<true>(tok, int(d), row, p.vf, blk, threadIdx.x & 31);
+        }
+    }
+    if (half == 0) return;
+    __syncthreads();
+    pdl_wait();
+    const int gqa = int(p.n_head / p.n_head_kv);
+    for (int e = threadIdx.x; e < (gqa + 1) * half; e += kMergeThreads) {
+        const int row = e / half, i = e - row * half;
+        float* x = row < gqa ? fr.q + (g * gqa + row) * d : fr.k + g * d;
+        rope_rotate_pair(x, i, rope_cs[i], fr.n_rot, fr.neox != 0);
     }
 }
 
@@ -529,22 +568,25 @@ void launch_prefill(const KiviAttentionParams& p, cudaStream_t st) {
     launch_pdl(kivi_prefill_kernel<D>, dim3(unsigned((p.n_q + qb - 1) / qb), unsigned(p.n_head_kv)), dim3(kFlashWarps * 32), smem, st, p);
 }
 
-template <int D, int B, int NT, int VGS = 0, int MB = 4>
+template <int D, int B, int NT, int VGS = 0, int MB = 4, bool F = false>
 void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
-    if constexpr (NT == 1 && MB == 4) {
+    if constexpr (NT == 1 && MB == 4 && !F) {
         if (kivi_blocks_per_sm(p) == 5) return launch_attention<D, B, NT, VGS, 5>(p, st);
+    }
+    if constexpr (B != 0 && MB == 4 && !F) {
+        if (p.fresh.k) return launch_attention<D, B, NT, VGS, 4, true>(p, st);
     }
     const int gqa = int(p.n_head / p.n_head_kv);
     const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, B != 0);
     static PerDevice configured, carveout;  // the largest size set so far for this kernel, per device
-    allow_smem(kivi_attention_kernel<D, B, NT, VGS, MB>, smem, configured);
+    allow_smem(kivi_attention_kernel<D, B, NT, VGS, MB, F>, smem, configured);
     if constexpr (MB == 5) {  // 5 blocks of ~37 KB: the largest shared-memory carveout
         once_per_device(carveout, [] {
             VXQ_CUDA_CHECK(cudaFuncSetAttribute(kivi_attention_kernel<D, B, NT, VGS, MB>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                 int(cudaSharedmemCarveoutMaxShared)));
         });
     }
-    launch_pdl(kivi_attention_kernel<D, B, NT, VGS, MB>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
+    launch_pdl(kivi_attention_kernel<D, B, NT, VGS, MB, F>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
                dim3(kKiviWarps * 32), smem, st, p);
 }
 // The tensor-core form with B-bit codes: one or two n-tiles (GQA <= 4 or <= 8), the values' group
@@ -576,7 +618,7 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
 void kivi_store(const KiviStoreParams& p, cudaStream_t st) {
     if (p.n == 0) return;
     const KiviRope& r = p.rope;
-    if (r.q != nullptr && (p.n != 1 || r.n_rot <= 0 || r.n_rot % 2 != 0 || r.n_rot > p.head_dim || r.n_rot / 2 > kMaxRopePairs ||
+    if (r.q != nullptr && (p.n != 1 || r.n_rot <= 0 || r.n_rot % 2 != 0 || r.n_rot > p.head_dim || r.n_rot / 2 > kKiviMaxRopePairs ||
                            r.n_head % p.n_head_kv != 0)) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_store: RoPE with a write of one token, an even n_rot <= head_dim and whole GQA groups",
                          __FILE__, __LINE__);
@@ -655,6 +697,10 @@ bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviForm
            kf.group % kKiviTile == 0 && vf.group % 16 == 0 && kivi_tail_splits(kf, vf) <= kMaxTailSplits;
 }
 
+bool kivi_fused_store_fits(const KiviAttentionParams& p) {
+    return p.n_q == 1 && kivi_tensor_cores(p) && kivi_blocks_per_sm(p) == 4;
+}
+
 int kivi_blocks_per_sm(const KiviAttentionParams& p) { return p.blocks_per_sm == 5 && kivi_one_tile(p) && !kivi_prefill(p) ? 5 : 4; }
 
 int64_t kivi_attention_parts(const KiviAttentionParams& p) {
@@ -670,6 +716,16 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
     if (params.n_q == 0) return;
     if (params.splits < 1 || params.splits > kMaxSplits) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: splits must be 1..128", __FILE__, __LINE__);
+    }
+    const KiviFresh& fr = params.fresh;
+    if (fr.k != nullptr && !(kivi_fused_store_fits(params) && fr.v != nullptr && fr.q == params.q && fr.n_rot >= 0 &&
+                             fr.n_rot % 2 == 0 && fr.n_rot <= params.head_dim && (fr.n_rot == 0 || fr.pos0 != nullptr))) {
+        throw_cuda_error(cudaErrorInvalidValue,
+                         "kivi_attention: a fused store needs one query in the tensor-core form at 4 blocks an SM and an even n_rot <= head_dim",
+                         __FILE__, __LINE__);
+    }
+    if (params.pack_ahead && params.n_q != 1) {
+        throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: values encoded ahead in a decode step only", __FILE__, __LINE__);
     }
     KiviAttentionParams p = params;
     if (kivi_prefill(p)) {
@@ -692,7 +748,12 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
         case 256: launch_attention<256>(p, st); break;
         default: throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: head_dim not a multiple of 32 up to 256 (the caller checks kivi_attention_fits)", __FILE__, __LINE__);
     }
-    launch_pdl(kivi_merge_kernel, dim3(unsigned(p.n_q * p.n_head), unsigned((p.head_dim + 31) / 32)), dim3(kMergeThreads), 0, st, p);
+    const unsigned rows = unsigned(p.n_q * p.n_head), chunks = unsigned((p.head_dim + 31) / 32);
+    if (p.pack_ahead) {
+        launch_pdl(kivi_merge_pack_kernel, dim3(rows + unsigned(p.n_head_kv), chunks), dim3(kMergeThreads), 0, st, p);
+    } else {
+        launch_pdl(kivi_merge_kernel, dim3(rows, chunks), dim3(kMergeThreads), 0, st, p);
+    }
 }
 
 }  // namespace vxq::cuda

@@ -116,8 +116,27 @@ inline void kivi_store_bounds(KiviStoreParams& p, const KvWindowWrite& k, const 
 }
 void kivi_store(const KiviStoreParams& p, cudaStream_t stream);
 
+// A decode step's store inside the attention (the step's one token; set by the backend where the
+// store would take its short path: keys flush nothing, and the values' token it would encode was
+// packed ahead by the step before). The heads' table is the state after the store; the new token
+// (stored token n_tokens - 1) is not yet in the windows: the tail block that reads it takes its
+// key (RoPE applied) and value from k and v, rounds them to fp16 as the window holds them and
+// writes them to their ring slots. q comes before RoPE: every block rotates its rows as it reads
+// them (rope.cuh's arithmetic, as the store kernel's: the same bits). The merge kernel then leaves
+// q and k rotated in place, as the store kernel leaves them.
+struct KiviFresh {
+    float* q;                   // the attention's q (p.q) before RoPE, rotated in place by the merge kernel
+    float* k;                   // [n_head_kv, head_dim] the new key before RoPE, alike; null: no fused store
+    const float* v;             // [n_head_kv, head_dim]
+    const int64_t* pos0;        // the token's position (device; the step block)
+    int64_t n_rot;              // even, <= head_dim, <= 2 kKiviMaxRopePairs; 0: no RoPE
+    float theta_scale;          // freq_base^(-2 / n_rot), as cuda::rope computes it
+    int32_t neox;
+};
+constexpr int kKiviMaxRopePairs = 128;  // head_dim <= 256
+
 struct KiviAttentionParams {
-    const float* q;             // [n_q, n_head, head_dim] after RoPE (device)
+    const float* q;             // [n_q, n_head, head_dim] after RoPE (device); before it where fresh.k is set
     const KiviHeadDev* heads;   // [n_head_kv] (device); query i sees the first n_tokens - n_q + i + 1 tokens
     float* partial;             // [n_q, n_head, parts, head_dim + 2] scratch (kivi_attention_scratch_floats): o, max, sum
     float* out;                 // [n_q, n_head, head_dim] (device)
@@ -129,6 +148,13 @@ struct KiviAttentionParams {
     int64_t parts;              // partials per (query, head): set by kivi_attention
     int64_t blocks_per_sm;      // the tensor-core form at GQA <= 4: 0 the default (4 blocks an SM at 128
                                 // registers a thread), 5 (96 registers: 20 warps an SM to issue from)
+    KiviFresh fresh;            // a decode step's store done here (n_q == 1, the tensor-core form)
+    // One query (a decode step): the merge kernel also encodes the values' oldest window token
+    // where the next step's store would encode it (the window holds slots - 1 tokens), into its
+    // packed block: no block of this step reads that block, and the next step's attention can
+    // then take the fused store (fresh) without encoding anything. Bit for bit the store's
+    // encoding; a store that encodes the token again writes the same bytes.
+    int64_t pack_ahead;
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);
@@ -140,6 +166,9 @@ int64_t kivi_attention_splits(const KiviAttentionParams& p);
 // for the SIMT form alone: p.simt).
 bool kivi_tensor_cores(int64_t head_dim, const KiviFormatDev& kf, const KiviFormatDev& vf);
 inline bool kivi_tensor_cores(const KiviAttentionParams& p) { return !p.simt && kivi_tensor_cores(p.head_dim, p.kf, p.vf); }
+// Whether p (n_q, n_head, n_head_kv, head_dim, kf, vf, simt, blocks_per_sm set) can take a decode
+// step's store inside (KiviFresh): one query in the tensor-core form at 4 blocks an SM.
+bool kivi_fused_store_fits(const KiviAttentionParams& p);
 // Blocks an SM the attention kernel runs at for p: 5 where p.blocks_per_sm asks for it and p takes
 // the tensor-core form with one n-tile (GQA <= 4), else 4.
 int kivi_blocks_per_sm(const KiviAttentionParams& p);

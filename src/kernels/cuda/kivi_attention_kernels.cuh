@@ -17,6 +17,7 @@
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rope.cuh"
 
 namespace vxq::cuda {
 namespace {
@@ -809,6 +810,30 @@ __device__ __forceinline__ void kivi_tail_packed8(const KiviAttentionParams& p, 
     }
 }
 
+// A fused decode step's new token (KiviFresh; stored token n_tokens - 1, role 0 its key after
+// RoPE, role 1 its value), channels c .. c + 7 rounded to fp16 as the store's window write rounds
+// them (kv_half_bits of the rotation rope_pair computes), written to the token's ring slot, where
+// kivi_tail_window8 reads them.
+template <int D>
+__device__ __forceinline__ void kivi_fresh8(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t g, int role, int c,
+                                            const float2* rope_cs) {
+    const KiviFresh& fr = p.fresh;
+    const float* row = (role ? fr.v : fr.k) + g * D;
+    const int n_rot = role ? 0 : int(fr.n_rot);
+    unsigned w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const float a = rope_channel(row, c + 2 * e, rope_cs, n_rot, fr.neox != 0);
+        const float b = rope_channel(row, c + 2 * e + 1, rope_cs, n_rot, fr.neox != 0);
+        w[e] = unsigned(kv_half_bits(a)) | unsigned(kv_half_bits(b)) << 16;
+    }
+    const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
+    int slot = int(role ? hd.v_head : hd.k_head) + int(hd.n_tokens - 1) - packed;
+    if (slot >= slots) slot -= slots;
+    *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(role ? hd.vw : hd.kw) + (int64_t(slot) * D + c) * 2) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <int D, int H>
 __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, uint8_t* region,
                                 int warp_bytes, int64_t t_begin, int64_t t_end, int warp, int lane, int gqa, int g4) {
@@ -925,19 +950,45 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
 // states are merged into the block's partial (o, max, sum). 128 registers (4 blocks per SM) where
 // one n-tile or the SIMT form at head_dim <= 128 fits them with at most a few bytes spilled; MB = 5
 // (one n-tile, p.blocks_per_sm) 96 registers: 20 warps an SM (ptxas: 0-28 bytes spilled; at 6
-// blocks, 80 registers, 344-388).
-template <int D, int B, int NT, int VGS, int MB = 4>
+// blocks, 80 registers, 344-388). F: the form with a decode step's store inside (p.fresh: the
+// RoPE angles, q rotated as read, the new token in the tail), an instance of its own, so that the
+// others compile as before (with it in the same instance ptxas spilled 28 -> 164 bytes).
+template <int D, int B, int NT, int VGS, int MB = 4, bool F = false>
 __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D <= 128) ? 4 : 1) kivi_attention_kernel(KiviAttentionParams p) {
     VXQ_DYNAMIC_SMEM(smem);
     const int gqa = int(p.n_head / p.n_head_kv), g4 = kivi_g4(gqa);
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t z = blockIdx.x, g = blockIdx.y, i = blockIdx.z;
     const KiviHeadDev hd = p.heads[g];  // the step block: written before the pass starts (launch.cuh)
+    // A fused store (p.fresh): the angles of the step's RoPE before the wait (the position is in
+    // the step block), q rotated as it is read.
+    __shared__ float2 rope_cs[F ? kKiviMaxRopePairs : 1];
+    const int n_rot = F ? int(p.fresh.n_rot) : 0;
+    if (n_rot > 0) {
+        const int64_t pos = *p.fresh.pos0;
+        for (int e = threadIdx.x; e < n_rot / 2; e += kKiviWarps * 32) rope_cs[e] = rope_angle(e, pos, p.fresh.theta_scale);
+        __syncthreads();
+    }
     pdl_wait();
     const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
     auto* q_s = reinterpret_cast<float*>(smem);
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
-    for (int idx = threadIdx.x; idx < g4 * D; idx += kKiviWarps * 32) q_s[idx] = idx < gqa * D ? qg[idx] : 0.0f;
+    for (int idx = threadIdx.x; idx < g4 * D; idx += kKiviWarps * 32) {
+        const int c = idx % D;
+        q_s[idx] = idx >= gqa * D ? 0.0f : n_rot > 0 ? rope_channel(qg + (idx - c), c, rope_cs, n_rot, p.fresh.neox != 0) : qg[idx];
+    }
+    if constexpr (F) {
+        // The block whose tail stretch holds the new token writes its key and value into the
+        // windows (a thread per 8 channels), where its tail reads them after the barrier (the
+        // block's own global writes are visible to it there).
+        // (kivi_stretch's split of the tail, in 32 bits: its 64-bit division is a call.)
+        const int tail = int(n_vis - kivi_tc_tokens(hd, n_vis)), tails = int(p.parts - p.splits);
+        const int per = max(((tail + tails - 1) / tails + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviTile);
+        if (z >= p.splits && int(z - p.splits) == (tail - 1) / per && int(threadIdx.x) < 2 * (D / 8)) {
+            const int role = int(threadIdx.x) / (D / 8);
+            kivi_fresh8<D>(p, hd, g, role, 8 * (int(threadIdx.x) % (D / 8)), rope_cs);
+        }
+    }
     __syncthreads();
     pdl_trace_mark(41);  // trace builds: block 0's q read (then its tiles: 42, its partial: 43)
     const int q_bytes = kivi_q_bytes(D, g4, B != 0);
@@ -1014,7 +1065,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
 // three rounds of loads (~3 us a layer end to end at 1K on the H200, the launch included); before
 // that a block per row walking ~70 splits serially (~12 us at 32K).
 constexpr int kMergeWarps = 8, kMergeThreads = 32 * kMergeWarps, kMergeUnroll = 12;
-__global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) {
+__device__ __forceinline__ void kivi_merge_block(const KiviAttentionParams& p) {
     __shared__ float state[kMergeWarps][34];  // o of the block's 32 channels, max, sum
     pdl_wait();
     const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
@@ -1062,6 +1113,9 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttention
         p.out[row * d + c] = acc / total;
     }
 }
+// Block (row, chunk) for rows n_q n_head; kivi.cu's launcher adds blocks past them for the values'
+// token encoded ahead (p.pack_ahead).
+__global__ void __launch_bounds__(kMergeThreads) kivi_merge_kernel(KiviAttentionParams p) { kivi_merge_block(p); }
 
 }  // namespace
 }  // namespace vxq::cuda

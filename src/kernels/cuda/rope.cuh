@@ -12,7 +12,7 @@
 
 namespace vxq::cuda {
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(VXQ_SIMT)
 // (cos, sin) of pair i's angle at position pos.
 __device__ __forceinline__ float2 rope_angle(int64_t i, int64_t pos, float theta_scale) {
     float theta = float(pos);
@@ -30,6 +30,20 @@ __device__ __forceinline__ RopePair rope_pair(const float* row, int64_t i, float
     const int64_t b = neox ? i + n_rot / 2 : 2 * i + 1;
     const float x0 = row[a], x1 = row[b];
     return RopePair{a, b, fmaf(x0, cs.x, -__fmul_rn(x1, cs.y)), fmaf(x0, cs.y, __fmul_rn(x1, cs.x))};
+}
+// Channel c of a row after RoPE (c < n_rot) from its pair's values x0 (the pair's first channel)
+// and x1, and the pair's angle: rope_pair's ya or yb, the same operations.
+__device__ __forceinline__ float rope_value(float x0, float x1, float2 cs, bool second) {
+    return second ? fmaf(x0, cs.y, __fmul_rn(x1, cs.x)) : fmaf(x0, cs.x, -__fmul_rn(x1, cs.y));
+}
+// Channel c of a row (at `row`) after RoPE, the pairs' angles in cs[n_rot / 2]: channels past
+// n_rot as they are.
+__device__ __forceinline__ float rope_channel(const float* row, int c, const float2* cs, int n_rot, bool neox) {
+    if (c >= n_rot) return row[c];
+    const int half = n_rot / 2;
+    const int i = neox ? (c < half ? c : c - half) : c / 2;
+    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+    return rope_value(row[a], row[b], cs[i], c == b);
 }
 __device__ __forceinline__ void rope_rotate_pair(float* row, int64_t i, float2 cs, int64_t n_rot, bool neox) {
     const RopePair r = rope_pair(row, i, cs, n_rot, neox);
