@@ -1886,9 +1886,15 @@ TEST(Cuda, KiviFusedStoreEqualsStoreKernel) {
         std::vector<float> outs[2], qk[2];
         std::vector<std::pair<std::vector<uint8_t>, std::vector<uint8_t>>> pages[2];
         for (int fused = 0; fused < 2; ++fused) {
+            const char* was = std::getenv("VXQ_CUDA_KIVI_FUSE");
+            const std::string saved = was ? was : "";
             setenv("VXQ_CUDA_KIVI_FUSE", fused ? "1" : "0", 1);
             auto be = make_backend("cuda", 1);
-            unsetenv("VXQ_CUDA_KIVI_FUSE");
+            if (was) {
+                setenv("VXQ_CUDA_KIVI_FUSE", saved.c_str(), 1);
+            } else {
+                unsetenv("VXQ_CUDA_KIVI_FUSE");
+            }
             const KvShape shape{1, c.n_head, c.n_head_kv, c.head_dim, total};
             KvCacheOptions opts;
             opts.memory = be->kv_memory();
