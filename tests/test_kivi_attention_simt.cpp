@@ -99,6 +99,27 @@ double attend(const std::vector<float>& k, const std::vector<float>& v, const fl
     return peak;
 }
 
+// The attention's parameters over a cache's layer view (heads: its table, filled here), parts
+// set; q, partial and out left to the caller.
+cuda::KiviAttentionParams params_of(const KvLayerView& view, std::vector<cuda::KiviHeadDev>& heads, int64_t n_q, int64_t n_head,
+                                    int64_t splits, bool simt) {
+    heads.clear();
+    for (int64_t g = 0; g < view.n_head_kv; ++g) heads.push_back(cuda::kivi_head(view.heads[g]));
+    cuda::KiviAttentionParams p{};
+    p.heads = heads.data();
+    p.n_q = n_q;
+    p.n_head = n_head;
+    p.n_head_kv = view.n_head_kv;
+    p.head_dim = view.head_dim;
+    p.splits = splits;
+    p.scale = 1.0f / std::sqrt(float(view.head_dim));
+    p.kf = cuda::kivi_format(view.heads[0].k);
+    p.vf = cuda::kivi_format(view.heads[0].v);
+    p.simt = simt;
+    p.parts = cuda::kivi_attention_parts(p);
+    return p;
+}
+
 void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
     const uint32_t seed = test::fresh_seed();
     std::mt19937 rng(seed);
@@ -123,21 +144,9 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         }
         const KvLayerView view = cache->view(0);
         std::vector<cuda::KiviHeadDev> heads;
-        for (int64_t g = 0; g < c.n_head_kv; ++g) heads.push_back(cuda::kivi_head(view.heads[g]));
         const auto q = test::random_floats(size_t(c.n_q * c.n_head * c.d), rng);
-        cuda::KiviAttentionParams p{};
+        cuda::KiviAttentionParams p = params_of(view, heads, c.n_q, c.n_head, c.splits, c.simt);
         p.q = q.data();
-        p.heads = heads.data();
-        p.n_q = c.n_q;
-        p.n_head = c.n_head;
-        p.n_head_kv = c.n_head_kv;
-        p.head_dim = c.d;
-        p.splits = c.splits;
-        p.scale = 1.0f / std::sqrt(float(c.d));
-        p.kf = cuda::kivi_format(view.heads[0].k);
-        p.vf = cuda::kivi_format(view.heads[0].v);
-        p.simt = c.simt;
-        p.parts = cuda::kivi_attention_parts(p);
         ASSERT_FALSE(cuda::kivi_prefill(p));
         std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), out(q.size(), NAN);
         p.partial = partial.data();
@@ -281,18 +290,7 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
         (view.heads[0].v.n_packed != v_packed ? encoding : filling) += 1;
 
         std::vector<cuda::KiviHeadDev> heads;
-        for (int64_t g = 0; g < c.n_head_kv; ++g) heads.push_back(cuda::kivi_head(view.heads[g]));
-        cuda::KiviAttentionParams p{};
-        p.heads = heads.data();
-        p.n_q = 1;
-        p.n_head = c.n_head;
-        p.n_head_kv = c.n_head_kv;
-        p.head_dim = c.d;
-        p.splits = c.splits;
-        p.scale = 1.0f / std::sqrt(float(c.d));
-        p.kf = cuda::kivi_format(view.heads[0].k);
-        p.vf = cuda::kivi_format(view.heads[0].v);
-        p.parts = cuda::kivi_attention_parts(p);
+        cuda::KiviAttentionParams p = params_of(view, heads, 1, c.n_head, c.splits, false);
         ASSERT_TRUE(cuda::kivi_tensor_cores(p));
         std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), ref(q.size(), NAN), out(q.size(), NAN);
         p.partial = partial.data();

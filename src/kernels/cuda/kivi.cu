@@ -291,7 +291,6 @@ void launch_flush(const KiviStoreParams& p, unsigned chunks, cudaStream_t st) {
 // the attention's launch let go at once (this grid is one small block per KV head). On the H200
 // the store took 5.7-7.5 us from its wait to the attention's (VXQ_CUDA_PROFILE=timeline, 1K)
 // when it staged the value token and re-read the rotated k through global memory.
-
 __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviStoreParams p) {
     extern __shared__ float4 store_smem4[];
     __shared__ float2 rope_cs[kKiviMaxRopePairs];
