@@ -1087,7 +1087,8 @@ private:
             drop_launch(ks.op);
         }
         p.pack_ahead = fuse ? 1 : 0;
-        if (fuse) kivi_ahead_[kivi_heads_[0].vw] = kivi_heads_[0].n_tokens;
+        // (No packed block yet, so no address to encode into: the merge encodes nothing ahead.)
+        if (fuse) kivi_ahead_[kivi_heads_[0].vw] = kivi_heads_[0].v != 0 ? kivi_heads_[0].n_tokens : -1;
         kivi_store_ = KiviStoreRec{};
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
         if (p.fresh.k) labels_.back() = "kivi attention (rope q, k; store)";

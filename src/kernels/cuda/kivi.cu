@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_pack_kernel(KiviAtte
         for (int i = threadIdx.x; i < half; i += kMergeThreads) rope_cs[i] = rope_angle(i, pos, fr.theta_scale);
     }
     const KiviHeadDev h = p.heads[g];
-    if (p.vf.slots > 1 && h.n_tokens - h.v_packed >= p.vf.slots - 1) {
+    // (h.v is null while the stream holds no packed block: the step after encodes the token itself.)
+    if (h.v != 0 && p.vf.slots > 1 && h.n_tokens - h.v_packed >= p.vf.slots - 1) {
         const auto* tok = reinterpret_cast<const __half*>(h.vw) + h.v_head * d;
         uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + h.v_packed * p.vf.block_bytes;
         for (int row = threadIdx.x / 32; row < p.vf.rows; row += kMergeWarps) {
