@@ -32,7 +32,8 @@ grep -E "^###|^\| " "$OUT/e2e.txt" | cut -c1-170
 echo "== SASS $(date +%T)"
 for k in ILi128ELi2ELi1ELi32ELi4ELb0E ILi128ELi2ELi1ELi32ELi4ELb1E ILi128ELi4ELi1ELi32ELi4ELb1E; do
   echo "## $k" >> "$OUT/sass.txt"
-  timeout 60 python3 "$(dirname "$0")/gpu_sass_loops.py" "$B/vxq" "kivi_attention_kernel$k" >> "$OUT/sass.txt" 2>&1
+  timeout 200 python3 "$(dirname "$0")/gpu_sass_loops.py" "$B/vxq" "kivi_attention_kernel$k" >> "$OUT/sass.txt" 2>&1 ||
+    echo "(exit $?: 124 is the timeout; cuobjdump reads the whole binary, 40 s were too few on 2026-12-07)" >> "$OUT/sass.txt"
 done
 grep -A3 "^## " "$OUT/sass.txt" | cut -c1-250
 echo "== memcheck $(date +%T)"
