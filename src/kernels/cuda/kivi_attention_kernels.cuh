@@ -773,12 +773,16 @@ inline size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa, bool tc) {
 // Token t's key (role 0) or value (role 1) where it is in the fp16 window: its channels c .. c + 7
 // (c a multiple of 8), 16 bytes of its ring slot (head + t - packed, below 2 slots); false where
 // t is packed.
+// The ring slot of window token t (t >= packed: below packed + slots) of role 0 (keys) or 1.
+__device__ __forceinline__ int kivi_ring_slot(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t) {
+    const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
+    const int slot = int(role ? hd.v_head : hd.k_head) + t - packed;
+    return slot >= slots ? slot - slots : slot;
+}
 template <int D>
 __device__ __forceinline__ bool kivi_tail_window8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, uint4& raw) {
-    const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
-    if (t < packed) return false;
-    int slot = int(role ? hd.v_head : hd.k_head) + t - packed;
-    if (slot >= slots) slot -= slots;
+    if (t < int(role ? hd.v_packed : hd.k_packed)) return false;
+    const int slot = kivi_ring_slot(p, hd, role, t);
     raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(role ? hd.vw : hd.kw) + (int64_t(slot) * D + c) * 2);
     return true;
 }
@@ -827,9 +831,7 @@ __device__ __forceinline__ void kivi_fresh8(const KiviAttentionParams& p, const 
         const float b = rope_channel(row, c + 2 * e + 1, rope_cs, n_rot, fr.neox != 0);
         w[e] = unsigned(kv_half_bits(a)) | unsigned(kv_half_bits(b)) << 16;
     }
-    const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
-    int slot = int(role ? hd.v_head : hd.k_head) + int(hd.n_tokens - 1) - packed;
-    if (slot >= slots) slot -= slots;
+    const int slot = kivi_ring_slot(p, hd, role, int(hd.n_tokens - 1));
     *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(role ? hd.vw : hd.kw) + (int64_t(slot) * D + c) * 2) =
         make_uint4(w[0], w[1], w[2], w[3]);
 }
