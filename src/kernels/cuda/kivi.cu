@@ -355,11 +355,7 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
     const int64_t T = kivi_store_chunk(p.kf.group);
     if (half > 0) {  // the step's RoPE (KiviRope): q's rows of g's query heads, then k's row of g
         __syncthreads();
-        for (int e = threadIdx.x; e < (gqa + 1) * half; e += kStoreThreads) {
-            const int row = e / half, i = e - row * half;
-            float* x = row < gqa ? r.q + (g * gqa + row) * d : r.k + g * d;
-            rope_rotate_pair(x, i, rope_cs[i], r.n_rot, r.neox != 0);
-        }
+        rope_rotate_group(r.q, r.k, g, gqa, d, rope_cs, r.n_rot, r.neox != 0, int(threadIdx.x), kStoreThreads);
         __syncthreads();  // the rotated k row is read below (global memory, this block)
     }
     const int64_t most = max64(wk.encoded, wv.encoded);
@@ -405,12 +401,7 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_pack_kernel(KiviAtte
     if (half == 0) return;
     __syncthreads();
     pdl_wait();
-    const int gqa = int(p.n_head / p.n_head_kv);
-    for (int e = threadIdx.x; e < (gqa + 1) * half; e += kMergeThreads) {
-        const int row = e / half, i = e - row * half;
-        float* x = row < gqa ? fr.q + (g * gqa + row) * d : fr.k + g * d;
-        rope_rotate_pair(x, i, rope_cs[i], fr.n_rot, fr.neox != 0);
-    }
+    rope_rotate_group(fr.q, fr.k, g, int(p.n_head / p.n_head_kv), d, rope_cs, fr.n_rot, fr.neox != 0, int(threadIdx.x), kMergeThreads);
 }
 
 // ---- prefill: a block of queries on tensor cores (flash-style) ----------------------------------

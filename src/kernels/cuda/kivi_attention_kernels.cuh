@@ -115,12 +115,19 @@ __device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const K
     __syncwarp();
 }
 
-// The stretch [begin, end) of n tokens that split z of `splits` takes: whole tiles, at least
-// kKiviMinStretch tokens.
+// The tokens each of `splits` splits of n takes: whole tiles, at least `least`. On the integer
+// type I: the fused store's test for the tail's owner runs it in 32 bits (a 64-bit division is a
+// call).
+template <class I>
+__device__ __forceinline__ I kivi_stretch_per(I n, I splits, I least) {
+    const I per = ((n + splits - 1) / splits + kKiviTile - 1) / kKiviTile * kKiviTile;
+    return per > least ? per : least;
+}
+// The stretch [begin, end) of n tokens that split z of `splits` takes (kivi_stretch_per's), at
+// least kKiviMinStretch tokens unless told.
 __device__ __forceinline__ void kivi_stretch(int64_t n, int64_t splits, int64_t z, int64_t& begin, int64_t& end,
                                              int64_t least = kKiviMinStretch) {
-    int64_t per = (n + splits - 1) / splits;
-    per = max64((per + kKiviTile - 1) / kKiviTile * kKiviTile, least);
+    const int64_t per = kivi_stretch_per<int64_t>(n, splits, least);
     begin = z * per;
     end = min64(n, begin + per);
 }
@@ -983,9 +990,8 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         // The block whose tail stretch holds the new token writes its key and value into the
         // windows (a thread per 8 channels), where its tail reads them after the barrier (the
         // block's own global writes are visible to it there).
-        // (kivi_stretch's split of the tail, in 32 bits: its 64-bit division is a call.)
-        const int tail = int(n_vis - kivi_tc_tokens(hd, n_vis)), tails = int(p.parts - p.splits);
-        const int per = max(((tail + tails - 1) / tails + kKiviTile - 1) / kKiviTile * kKiviTile, kKiviTile);
+        const int tail = int(n_vis - kivi_tc_tokens(hd, n_vis));
+        const int per = kivi_stretch_per<int>(tail, int(p.parts - p.splits), kKiviTile);
         if (z >= p.splits && int(z - p.splits) == (tail - 1) / per && int(threadIdx.x) < 2 * (D / 8)) {
             const int role = int(threadIdx.x) / (D / 8);
             kivi_fresh8<D>(p, hd, g, role, 8 * (int(threadIdx.x) % (D / 8)), rope_cs);

@@ -50,6 +50,17 @@ __device__ __forceinline__ void rope_rotate_pair(float* row, int64_t i, float2 c
     row[r.a] = r.ya;
     row[r.b] = r.yb;
 }
+// KV head g's query rows (q + g gqa d, gqa of them) and its key row (k + g d) rotated in place,
+// the pairs' angles in cs[n_rot / 2], by threads tid of nt: a step's RoPE over one head's group
+// (the KIVI store kernel, and the merge kernel after a fused store).
+__device__ __forceinline__ void rope_rotate_group(float* q, float* k, int64_t g, int gqa, int64_t d, const float2* cs,
+                                                  int64_t n_rot, bool neox, int tid, int nt) {
+    const int half = int(n_rot / 2);
+    for (int e = tid; e < (gqa + 1) * half; e += nt) {
+        const int row = e / half, i = e - row * half;
+        rope_rotate_pair(row < gqa ? q + (g * gqa + row) * d : k + g * d, i, cs[i], n_rot, neox);
+    }
+}
 #endif
 
 }  // namespace vxq::cuda
