@@ -1891,10 +1891,10 @@ private:
     int32_t attn_short_ = kAttnShortTokens;                            // VXQ_CUDA_ATTN_SHORT
     int32_t kivi_prefill_min_ = kKiviPrefillMinQueries;               // VXQ_CUDA_KIVI_PREFILL_MIN
     int32_t kivi_blocks_ = 0;                                         // VXQ_CUDA_KIVI_BLOCKS=5: KiviAttentionParams::blocks_per_sm
-    // VXQ_CUDA_KIVI_FUSE=1: a decode step's KIVI store inside the attention kernel (kivi_attend;
-    // +2.7 % end to end at 32K on an H100); off by default until Cuda.KiviFusedStoreEqualsStoreKernel
-    // passes on a GPU (docs/gpu.md, fourth session of 2026-12-07).
-    bool kivi_fuse_ = false;
+    // A decode step's KIVI store inside the attention kernel (kivi_attend; kivi-2 +4-7 % end to end
+    // at 32K on an H100, its device tests and memcheck clean: docs/gpu.md, fifth session of
+    // 2026-12-07); VXQ_CUDA_KIVI_FUSE=0 runs the store kernel.
+    bool kivi_fuse_ = true;
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     // VXQ_CUDA_ATTN_STREAM_MMA: the stream form on tensor cores where it fits (1), never (0), or by
