@@ -1046,22 +1046,33 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
     pdl_trace_mark(42);
     pdl_launch_dependents();
 
-    // The block's partial: the four warps' states merged with their log-sum-exp weights.
+    // The block's partial: the four warps' states merged with their log-sum-exp weights, taken
+    // once a head (a thread each: the maximum, then each warp's e^(m_w - max), -1 for a warp with
+    // no token), then a thread per channel.
+    __shared__ float wt[kKiviMaxGqa][kKiviWarps + 1];  // the warps' weights, then the maximum
     const int wwords = warp_bytes / 4;
     const auto* w0 = reinterpret_cast<const float*>(smem + q_bytes);
-    for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += kKiviWarps * 32) {
-        const int h = idx / (D + 2), c = idx - h * (D + 2);
+    if (int(threadIdx.x) < gqa) {
+        const int h = threadIdx.x;
         float mx = -INFINITY;
         for (int w = 0; w < kKiviWarps; ++w) mx = fmaxf(mx, w0[w * wwords + gqa * D + 2 * h]);
+        for (int w = 0; w < kKiviWarps; ++w) {
+            const float mw = w0[w * wwords + gqa * D + 2 * h];
+            wt[h][w] = mw == -INFINITY ? -1.0f : expf(mw - mx);
+        }
+        wt[h][kKiviWarps] = mx;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < gqa * (D + 2); idx += kKiviWarps * 32) {
+        const int h = idx / (D + 2), c = idx - h * (D + 2);
         float sum = 0.0f;
         for (int w = 0; w < kKiviWarps; ++w) {
             const float* st = w0 + w * wwords;
-            const float mw = st[gqa * D + 2 * h];
-            if (mw == -INFINITY) continue;
-            sum += expf(mw - mx) * (c < D ? st[h * D + c] : st[gqa * D + 2 * h + 1]);
+            if (wt[h][w] < 0.0f) continue;
+            sum += wt[h][w] * (c < D ? st[h * D + c] : st[gqa * D + 2 * h + 1]);
         }
         float* part = p.partial + ((i * p.n_head + g * gqa + h) * p.parts + z) * (D + 2);
-        part[c] = c == D ? mx : sum;
+        part[c] = c == D ? wt[h][kKiviWarps] : sum;
     }
     pdl_trace_mark(43);
 }
