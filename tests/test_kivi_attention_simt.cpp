@@ -308,25 +308,32 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
         };
         for (const cuda::KiviHeadDev& h : heads) {
             for (int role = 0; role < 2; ++role) {
-                uint16_t* s = slot_of(h, role);
+                const uint16_t* s = slot_of(h, role);
                 slots.emplace_back(s, s + c.d);
-                std::fill(s, s + c.d, uint16_t(0x7e00));
             }
         }
-        const int64_t pos = last;
-        std::vector<float> q_in = q, k_in = k;
-        p.q = q_in.data();
-        p.out = out.data();
-        p.fresh = cuda::KiviFresh{q_in.data(), k_in.data(), v.data(), &pos, c.n_rot, theta_scale, c.neox ? 1 : 0};
-        run();
-        for (size_t i = 0; i < out.size(); ++i) {
-            ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(ref[i])) << "output " << i << ": " << out[i] << " vs " << ref[i];
-        }
-        size_t at = 0;
-        for (const cuda::KiviHeadDev& h : heads) {
-            for (int role = 0; role < 2; ++role, ++at) {
-                const uint16_t* s = slot_of(h, role);
-                ASSERT_TRUE(std::equal(s, s + c.d, slots[at].begin())) << (role ? "value" : "key") << " ring slot of head " << at / 2;
+        // Each warp's first tile copied after the wait, then before it (KiviFresh::early).
+        for (int32_t early = 0; early < 2; ++early) {
+            SCOPED_TRACE(testing::Message() << "early " << early);
+            for (const cuda::KiviHeadDev& h : heads) {
+                for (int role = 0; role < 2; ++role) std::fill_n(slot_of(h, role), c.d, uint16_t(0x7e00));
+            }
+            const int64_t pos = last;
+            std::vector<float> q_in = q, k_in = k;
+            p.q = q_in.data();
+            std::fill(out.begin(), out.end(), NAN);
+            p.out = out.data();
+            p.fresh = cuda::KiviFresh{q_in.data(), k_in.data(), v.data(), &pos, c.n_rot, theta_scale, c.neox ? 1 : 0, early};
+            run();
+            for (size_t i = 0; i < out.size(); ++i) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(ref[i])) << "output " << i << ": " << out[i] << " vs " << ref[i];
+            }
+            size_t at = 0;
+            for (const cuda::KiviHeadDev& h : heads) {
+                for (int role = 0; role < 2; ++role, ++at) {
+                    const uint16_t* s = slot_of(h, role);
+                    ASSERT_TRUE(std::equal(s, s + c.d, slots[at].begin())) << (role ? "value" : "key") << " ring slot of head " << at / 2;
+                }
             }
         }
     }

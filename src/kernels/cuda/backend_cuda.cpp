@@ -180,6 +180,7 @@ public:
         if (const char* kp = std::getenv("VXQ_CUDA_KIVI_PREFILL_MIN")) kivi_prefill_min_ = std::max(1, std::atoi(kp));
         if (const char* kb = std::getenv("VXQ_CUDA_KIVI_BLOCKS")) kivi_blocks_ = std::atoi(kb) == 5 ? 5 : 0;
         if (const char* kf = std::getenv("VXQ_CUDA_KIVI_FUSE")) kivi_fuse_ = std::atoi(kf) != 0;
+        if (const char* ke = std::getenv("VXQ_CUDA_KIVI_EARLY")) kivi_early_ = std::atoi(ke) != 0;
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
@@ -1084,6 +1085,7 @@ private:
             p.fresh.n_rot = ks.a.rope.n_rot;
             p.fresh.theta_scale = ks.a.rope.theta_scale;
             p.fresh.neox = ks.a.rope.neox;
+            p.fresh.early = kivi_early_ ? 1 : 0;
             drop_launch(ks.op);
         }
         p.pack_ahead = fuse ? 1 : 0;
@@ -1895,6 +1897,7 @@ private:
     // at 32K on an H100, its device tests and memcheck clean: docs/gpu.md, fifth session of
     // 2026-12-07); VXQ_CUDA_KIVI_FUSE=0 runs the store kernel.
     bool kivi_fuse_ = true;
+    bool kivi_early_ = true;  // VXQ_CUDA_KIVI_EARLY=0: KiviFresh::early off (a fused step's first tiles after the wait)
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off
     // VXQ_CUDA_ATTN_STREAM_MMA: the stream form on tensor cores where it fits (1), never (0), or by

@@ -88,6 +88,10 @@ struct KiviRope {
     int64_t n_head, n_rot;      // n_rot <= head_dim, even
     float theta_scale;          // freq_base^(-2 / n_rot), as cuda::rope computes it
     int32_t neox;
+    // Nonzero: each tensor-core warp's first tile is copied before the PDL wait. Safe here: no
+    // kernel of the step writes packed blocks before this one (no store kernel runs; the values'
+    // token was encoded ahead by the step before's merge kernel, a kernel boundary ago).
+    int32_t early;
 };
 
 struct KiviStoreParams {
@@ -132,6 +136,10 @@ struct KiviFresh {
     int64_t n_rot;              // even, <= head_dim, <= 2 kKiviMaxRopePairs; 0: no RoPE
     float theta_scale;          // freq_base^(-2 / n_rot), as cuda::rope computes it
     int32_t neox;
+    // Nonzero: each tensor-core warp's first tile is copied before the PDL wait. Safe here: no
+    // kernel of the step writes packed blocks before this one (no store kernel runs; the values'
+    // token was encoded ahead by the step before's merge kernel, a kernel boundary ago).
+    int32_t early;
 };
 constexpr int kKiviMaxRopePairs = 128;  // head_dim <= 256
 

@@ -96,9 +96,9 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
 // f(t0, stage) computes one; the ring is drained at the end.
 template <int D, class F>
 __device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const KiviHeadDev& hd, uint8_t* wbase, int stage_bytes,
-                                           int64_t t_begin, int64_t t_end, int warp, int lane, F&& f) {
+                                           int64_t t_begin, int64_t t_end, int warp, int lane, F&& f, bool issued = false) {
     int64_t t0 = t_begin + warp * kKiviTile;
-    if (t0 < t_end) {
+    if (t0 < t_end && !issued) {  // (issued: the caller copied the first tile into stage 0 and committed it)
         kivi_issue<D>(p, hd, t0, wbase, lane, 32);
         cp_async_commit();
     }
@@ -472,7 +472,7 @@ struct KiviHalfPart {
 // offset in a token's block is then a constant), else 0 (read from p: a division per m-tile).
 template <int D, int B, int NT, int VGS, int MB>
 __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, const uint4* q_tab, uint8_t* wbase,
-                             int64_t t_begin, int64_t t_end, int warp, int lane, int gqa) {
+                             int64_t t_begin, int64_t t_end, int warp, int lane, int gqa, bool issued) {
     constexpr int MT = D / 16;                   // 16-channel steps (keys) / m-tiles (values)
     const int gid = lane >> 2, tig = lane & 3, hq = gid >> 1, part = gid & 1;
     const int VG = VGS ? VGS : p.vf.group, vrows = VGS ? D / VGS : p.vf.rows, vrb = VG * B / 8;
@@ -722,7 +722,7 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
             bias[nt][0] += zt[nt][0];
             bias[nt][1] += zt[nt][1];
         }
-    });
+    }, issued);
 
     // The state: o = hi + lo / 2^8 + the row's sum p z (from lane (row, tig)).
     auto* ws = reinterpret_cast<float*>(wbase);
@@ -978,8 +978,26 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         for (int e = threadIdx.x; e < n_rot / 2; e += kKiviWarps * 32) rope_cs[e] = rope_angle(e, pos, p.fresh.theta_scale);
         __syncthreads();
     }
-    pdl_wait();
     const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
+    const int q_bytes = kivi_q_bytes(D, g4, B != 0);
+    const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
+    uint8_t* wbase = smem + q_bytes + warp * warp_bytes;
+    int64_t begin, end;
+    // A fused store's step (KiviFresh::early): a tensor-core warp's first tile in flight before
+    // the wait, into stage 0 of its ring (kivi_tiles then starts from it).
+    bool issued = false;
+    if constexpr (F && B != 0) {
+        if (p.fresh.early != 0 && z < p.splits) {
+            kivi_stretch(kivi_tc_tokens(hd, n_vis), p.splits, z, begin, end);
+            const int64_t t0 = begin + warp * kKiviTile;
+            if (t0 < end) {
+                kivi_issue<D>(p, hd, t0, wbase, lane, 32);
+                cp_async_commit();
+            }
+            issued = true;
+        }
+    }
+    pdl_wait();
     auto* q_s = reinterpret_cast<float*>(smem);
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
     for (int idx = threadIdx.x; idx < g4 * D; idx += kKiviWarps * 32) {
@@ -999,10 +1017,6 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
     }
     __syncthreads();
     pdl_trace_mark(41);  // trace builds: block 0's q read (then its tiles: 42, its partial: 43)
-    const int q_bytes = kivi_q_bytes(D, g4, B != 0);
-    const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
-    uint8_t* wbase = smem + q_bytes + warp * warp_bytes;
-    int64_t begin, end;
     if constexpr (B != 0) {
         const int64_t t_tc = kivi_tc_tokens(hd, n_vis);
         if (z < p.splits) {
@@ -1020,7 +1034,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
             }
             __syncthreads();
             kivi_stretch(t_tc, p.splits, z, begin, end);
-            if (kivi_tc_warp<D, B, NT, VGS, MB>(p, hd, q_s, q_tab, wbase, begin, end, warp, lane, gqa)) {
+            if (kivi_tc_warp<D, B, NT, VGS, MB>(p, hd, q_s, q_tab, wbase, begin, end, warp, lane, gqa, issued)) {
                 // A B part overflowed: the warp's stretch again in the SIMT form (data that are not
                 // finite themselves come out as they would there). Its head is read again through a
                 // pointer the compiler cannot see through, so that nothing of the prologue's stays
