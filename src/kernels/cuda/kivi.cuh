@@ -88,10 +88,6 @@ struct KiviRope {
     int64_t n_head, n_rot;      // n_rot <= head_dim, even
     float theta_scale;          // freq_base^(-2 / n_rot), as cuda::rope computes it
     int32_t neox;
-    // Nonzero: each tensor-core warp's first tile is copied before the PDL wait. Safe here: no
-    // kernel of the step writes packed blocks before this one (no store kernel runs; the values'
-    // token was encoded ahead by the step before's merge kernel, a kernel boundary ago).
-    int32_t early;
 };
 
 struct KiviStoreParams {
