@@ -777,15 +777,15 @@ inline size_t kivi_smem_bytes(int d, int kbits, int vbb, int gqa, bool tc) {
     return size_t(kivi_q_bytes(d, g4, tc)) + std::max(warps, size_t(kivi_tail_bytes(d, g4)));
 }
 
-// Token t's key (role 0) or value (role 1) where it is in the fp16 window: its channels c .. c + 7
-// (c a multiple of 8), 16 bytes of its ring slot (head + t - packed, below 2 slots); false where
-// t is packed.
 // The ring slot of window token t (t >= packed: below packed + slots) of role 0 (keys) or 1.
 __device__ __forceinline__ int kivi_ring_slot(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t) {
     const int packed = int(role ? hd.v_packed : hd.k_packed), slots = role ? p.vf.slots : p.kf.slots;
     const int slot = int(role ? hd.v_head : hd.k_head) + t - packed;
     return slot >= slots ? slot - slots : slot;
 }
+// Token t's key (role 0) or value (role 1) where it is in the fp16 window: its channels c .. c + 7
+// (c a multiple of 8), 16 bytes of its ring slot (head + t - packed, below 2 slots); false where
+// t is packed.
 template <int D>
 __device__ __forceinline__ bool kivi_tail_window8(const KiviAttentionParams& p, const KiviHeadDev& hd, int role, int t, int c, uint4& raw) {
     if (t < int(role ? hd.v_packed : hd.k_packed)) return false;
@@ -979,16 +979,18 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         __syncthreads();
     }
     const int64_t n_vis = hd.n_tokens - p.n_q + i + 1;
+    const int64_t t_tc = B != 0 ? kivi_tc_tokens(hd, n_vis) : 0;  // the tensor-core form's tokens (the tail's after them)
     const int q_bytes = kivi_q_bytes(D, g4, B != 0);
     const int warp_bytes = kivi_warp_bytes(D, p.kf.bits, p.vf.block_bytes, g4);
     uint8_t* wbase = smem + q_bytes + warp * warp_bytes;
     int64_t begin, end;
     // A fused store's step (KiviFresh::early): a tensor-core warp's first tile in flight before
-    // the wait, into stage 0 of its ring (kivi_tiles then starts from it).
+    // the wait, into stage 0 of its ring (kivi_tiles then starts from it). (The split's stretch is
+    // taken again after the wait: kept live across the prologue, it spilled in the usual instance.)
     bool issued = false;
     if constexpr (F && B != 0) {
         if (p.fresh.early != 0 && z < p.splits) {
-            kivi_stretch(kivi_tc_tokens(hd, n_vis), p.splits, z, begin, end);
+            kivi_stretch(t_tc, p.splits, z, begin, end);
             const int64_t t0 = begin + warp * kKiviTile;
             if (t0 < end) {
                 kivi_issue<D>(p, hd, t0, wbase, lane, 32);
@@ -1008,7 +1010,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         // The block whose tail stretch holds the new token writes its key and value into the
         // windows (a thread per 8 channels), where its tail reads them after the barrier (the
         // block's own global writes are visible to it there).
-        const int tail = int(n_vis - kivi_tc_tokens(hd, n_vis));
+        const int tail = int(n_vis - t_tc);
         const int per = kivi_stretch_per<int>(tail, int(p.parts - p.splits), kKiviTile);
         if (z >= p.splits && int(z - p.splits) == (tail - 1) / per && int(threadIdx.x) < 2 * (D / 8)) {
             const int role = int(threadIdx.x) / (D / 8);
@@ -1018,7 +1020,6 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
     __syncthreads();
     pdl_trace_mark(41);  // trace builds: block 0's q read (then its tiles: 42, its partial: 43)
     if constexpr (B != 0) {
-        const int64_t t_tc = kivi_tc_tokens(hd, n_vis);
         if (z < p.splits) {
             // The keys' B parts of q' = q scale, once a block: entry (kk, h, tig) = the fp16 pairs
             // q'h(c, c + 1), q'h(c + 8, c + 9), then q'l of the same (q'h = fp16(q'), q'l =
