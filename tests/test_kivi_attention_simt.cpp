@@ -53,7 +53,7 @@ void run_attention(const cuda::KiviAttentionParams& p) {
     const size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, cuda::kivi_tensor_cores(p));
     const dim3 grid(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), block(cuda::kKiviWarps * 32);
     const auto launch = [&](auto kernel) { simt::launch(grid, block, smem, [&] { kernel(p); }); };
-    const bool group32 = cuda::kivi_group32(p.vf, D / 32);
+    const bool group32 = cuda::kivi_groups32(p, D);
     if constexpr (D == 64 || D == 128) {
         if (cuda::kivi_tensor_cores(p)) {
             const bool two = gqa > 4, four = p.kf.bits == 4, fused = p.fresh.k != nullptr;  // (a fused store: its own instance)
@@ -120,7 +120,9 @@ cuda::KiviAttentionParams params_of(const KvLayerView& view, std::vector<cuda::K
     return p;
 }
 
-void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
+// overflow: the tensor-core form is expected to meet parts that overflow and do stretches again
+// in the SIMT form (some warp must); else no warp may (the output is then the tensor-core form's).
+void expect_attention_equals_dequantized(const std::vector<Case>& cases, bool overflow = false) {
     const uint32_t seed = test::fresh_seed();
     std::mt19937 rng(seed);
     for (const Case& c : cases) {
@@ -151,6 +153,8 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), out(q.size(), NAN);
         p.partial = partial.data();
         p.out = out.data();
+        int fallbacks = 0;
+        p.fallbacks = &fallbacks;
         switch (c.d) {
             case 64: run_attention<64>(p); break;
             case 96: run_attention<96>(p); break;
@@ -175,6 +179,11 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases) {
         for (size_t i = 0; i < out.size(); ++i) {
             ASSERT_NEAR(out[i], ref[i], 2e-5 * peak) << "output " << i << " (query " << i / size_t(c.n_head * c.d) << ", head "
                                                      << i / size_t(c.d) % size_t(c.n_head) << ")";
+        }
+        if (overflow) {
+            EXPECT_GT(fallbacks, 0) << "no warp met an overflowing part";
+        } else {
+            EXPECT_EQ(fallbacks, 0) << "warps redid their stretch in the SIMT form";
         }
     }
 }
@@ -212,7 +221,7 @@ TEST(KiviSimt, TensorCoreAttentionFallsBackWhereItsPartsOverflow) {
         {"kivi:bits=2,group=32,residual=32", 128, 4, 1, 200, 2, false, 1, 3.0f, 8000.0f},
         // keys of spread 8000 (scales ~2500 at 4 bits): q scale s overflows where |q| > 0.8
         {"kivi:bits=4,group=32,residual=32", 64, 8, 2, 150, 1, false, 1, 8000.0f, 1.0f},
-    });
+    }, true);
 }
 
 // The SIMT form: where the codes are not the tensor-core form's, and on request.
@@ -292,6 +301,8 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
         std::vector<cuda::KiviHeadDev> heads;
         cuda::KiviAttentionParams p = params_of(view, heads, 1, c.n_head, c.splits, false);
         ASSERT_TRUE(cuda::kivi_tensor_cores(p));
+        int fallbacks = 0;  // (both sides the tensor-core form's, not its SIMT redo)
+        p.fallbacks = &fallbacks;
         std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), ref(q.size(), NAN), out(q.size(), NAN);
         p.partial = partial.data();
         const auto run = [&] { c.d == 64 ? run_attention<64>(p) : run_attention<128>(p); };
@@ -336,6 +347,7 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
                 }
             }
         }
+        EXPECT_EQ(fallbacks, 0) << "warps redid their stretch in the SIMT form";
     }
     EXPECT_GT(encoding, 0) << "no case whose step encodes a value token";
     EXPECT_GT(filling, 0) << "no case whose values' window is still filling";

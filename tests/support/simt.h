@@ -116,6 +116,11 @@ inline unsigned atomicOr(unsigned* p, unsigned v) {
     *p = old | v;
     return old;
 }
+inline int atomicAdd(int* p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
 template <class T>
 T __ldg(const T* p) {
     return *p;

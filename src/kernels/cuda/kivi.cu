@@ -580,12 +580,12 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
     launch_pdl(kivi_attention_kernel<D, B, NT, VGS, MB, F>, dim3(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)),
                dim3(kKiviWarps * 32), smem, st, p);
 }
-// The tensor-core form with B-bit codes: one or two n-tiles (GQA <= 4 or <= 8), the values' group
-// of 32 at compile time where the format has it.
+// The tensor-core form with B-bit codes: one or two n-tiles (GQA <= 4 or <= 8), the groups of 32
+// at compile time where both streams have them (VGS = 32: the values' rows, the tiles' copies).
 template <int D, int B>
 void launch_tensor_cores(const KiviAttentionParams& p, cudaStream_t st) {
     const bool two_tiles = p.n_head / p.n_head_kv > 4;
-    if (kivi_group32(p.vf, D / 32)) {
+    if (kivi_groups32(p, D)) {
         two_tiles ? launch_attention<D, B, 2, 32>(p, st) : launch_attention<D, B, 1, 32>(p, st);
     } else {
         two_tiles ? launch_attention<D, B, 2>(p, st) : launch_attention<D, B, 1>(p, st);

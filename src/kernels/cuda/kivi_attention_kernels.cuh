@@ -37,6 +37,9 @@ inline bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
     return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
 }
 
+// Whether the tensor-core form takes both streams in groups of 32 (its VGS = 32 instances).
+inline bool kivi_groups32(const KiviAttentionParams& p, int64_t d) { return kivi_group32(p.vf, d / 32) && kivi_group32(p.kf, d); }
+
 // ---- attention --------------------------------------------------------------------------------
 
 // Shared memory: q of the group's heads [g4][D] f32 (heads past the group zero), then per warp two
@@ -91,20 +94,45 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
     }
 }
 
+// kivi_issue by a warp where the tile is known whole and packed in both streams, and both are in
+// groups of 32 of PB bits (kivi_group32: the tensor-core form's VGS = 32 instance): its key block
+// and its 32 value blocks are two contiguous runs of compile-time size, copied straight (the
+// general form above tests the format and loops per tile). PB = 0: the general form.
+template <int D, int PB>
+__device__ __forceinline__ void kivi_issue_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int lane) {
+    if constexpr (PB == 0) {
+        kivi_issue<D>(p, hd, t0, stage, lane, 32);
+    } else {
+        constexpr int KU = D * (4 + 4 * PB) / 16, VU = kKiviTile * (D / 32) * (4 + 4 * PB) / 16;  // 16-byte units
+        const int t = int(t0);
+        const uint8_t* k = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * (16 * KU);
+        const uint8_t* v = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * (16 * VU / kKiviTile);
+        uint8_t* vs = stage + 16 * KU;
+#pragma unroll
+        for (int j = 0; j < (KU + 31) / 32; ++j) {
+            if (KU % 32 == 0 || lane + 32 * j < KU) cp_async16(stage + 16 * (lane + 32 * j), k + 16 * (lane + 32 * j));
+        }
+#pragma unroll
+        for (int j = 0; j < (VU + 31) / 32; ++j) {
+            if (VU % 32 == 0 || lane + 32 * j < VU) cp_async16(vs + 16 * (lane + 32 * j), v + 16 * (lane + 32 * j));
+        }
+    }
+}
+
 // Warp w's tiles of [t_begin, t_end) (t_begin a multiple of 32): every 4th 32-token tile, its
 // bytes in a stage of the warp's 2-stage ring, the next tile's copies in flight while
-// f(t0, stage) computes one; the ring is drained at the end.
-template <int D, class F>
+// f(t0, stage) computes one; the ring is drained at the end. PB: kivi_issue_warp's.
+template <int D, int PB = 0, class F>
 __device__ __forceinline__ void kivi_tiles(const KiviAttentionParams& p, const KiviHeadDev& hd, uint8_t* wbase, int stage_bytes,
                                            int64_t t_begin, int64_t t_end, int warp, int lane, F&& f, bool issued = false) {
     int64_t t0 = t_begin + warp * kKiviTile;
     if (t0 < t_end && !issued) {  // (issued: the caller copied the first tile into stage 0 and committed it)
-        kivi_issue<D>(p, hd, t0, wbase, lane, 32);
+        kivi_issue_warp<D, PB>(p, hd, t0, wbase, lane);
         cp_async_commit();
     }
     for (int k = 0; t0 < t_end; ++k, t0 += kKiviWarps * kKiviTile) {
         const int64_t tn = t0 + kKiviWarps * kKiviTile;
-        if (tn < t_end) kivi_issue<D>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane, 32);
+        if (tn < t_end) kivi_issue_warp<D, PB>(p, hd, tn, wbase + ((k + 1) & 1) * stage_bytes, lane);
         cp_async_commit();
         cp_async_wait<1>();
         __syncwarp();
@@ -468,8 +496,9 @@ struct KiviHalfPart {
 // past 255.9: keys or values of a range beyond ~700 at 2 bits) a score or the state is not finite,
 // and the warp does its stretch again in the SIMT form. The tensor cores add in f32:
 // dequantize-then-attend within ~1e-6 relative (mma.cuh).
-// VGS: the values' group where it is known at compile time (32, the default: every value row's
-// offset in a token's block is then a constant), else 0 (read from p: a division per m-tile).
+// VGS: 32 where both streams are in groups of 32 (kivi_group32; the default: every value row's
+// offset in a token's block is then a constant, a tile's copies straight), else 0 (the values'
+// group read from p: a division per m-tile).
 template <int D, int B, int NT, int VGS, int MB>
 __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, const float* q_s, const uint4* q_tab, uint8_t* wbase,
                              int64_t t_begin, int64_t t_end, int warp, int lane, int gqa, bool issued) {
@@ -497,7 +526,7 @@ __device__ bool kivi_tc_warp(const KiviAttentionParams& p, const KiviHeadDev& hd
         }
     }
 
-    kivi_tiles<D>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
+    kivi_tiles<D, VGS ? B : 0>(p, hd, wbase, stage_bytes, t_begin, t_end, warp, lane, [&](int64_t t0, const uint8_t* stage) {
         // Scores: two 16-token m-tiles, D / 16 steps over the channels; and sum_c q' z of the key
         // block per head by an MMA on the same B parts (A = the zeros z(c), exact fp16, in every
         // row, so each lane's row holds its head's sum: zacc[nt][0] hi, [1] lo). Each tile, as
@@ -993,7 +1022,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
             kivi_stretch(t_tc, p.splits, z, begin, end);
             const int64_t t0 = begin + warp * kKiviTile;
             if (t0 < end) {
-                kivi_issue<D>(p, hd, t0, wbase, lane, 32);
+                kivi_issue_warp<D, VGS ? B : 0>(p, hd, t0, wbase, lane);
                 cp_async_commit();
             }
             issued = true;
@@ -1044,6 +1073,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
 #if !defined(VXQ_SIMT)
                 asm volatile("" : "+l"(heads));
 #endif
+                if (p.fallbacks != nullptr && lane == 0) atomicAdd(p.fallbacks, 1);
                 const KiviHeadDev h2 = heads[g];
                 const int64_t n2 = h2.n_tokens - p.n_q + i + 1;
                 kivi_stretch(kivi_tc_tokens(h2, n2), p.splits, z, begin, end);
