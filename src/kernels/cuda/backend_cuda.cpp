@@ -198,6 +198,7 @@ public:
         } catch (...) {  // a destructor reports nothing; the error surfaced at the op that failed
         }
         cudaStreamSynchronize(stream_);
+        print_kivi_fallbacks();
         print_profile();
         print_graph_timing();
         print_timeline();
@@ -210,6 +211,7 @@ public:
         split_partial_.release();
         split_arrivals_.release();
         kivi_partial_.release();
+        kivi_fallbacks_.release();
         reader_partial_.release();
         for (auto& [id, c] : turbo_states_) state_free(c);
         for (auto& [id, c] : vecinfer_states_) state_free(c);
@@ -1067,6 +1069,11 @@ private:
         p.vf = kivi_format(view.heads[0].v);
         p.splits = kivi_attention_splits(p);
         p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
+        if (kivi_fallbacks_.size == 0) {
+            grow(kivi_fallbacks_, 1);
+            VXQ_CUDA_CHECK(cudaMemset(kivi_fallbacks_.data, 0, sizeof(int)));
+        }
+        p.fallbacks = kivi_fallbacks_.data;
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
@@ -1392,6 +1399,16 @@ private:
             ++calls;
             total += ms;
         }
+    }
+    // No silent slow path: where KIVI's tensor-core attention met keys or values whose fp16 parts
+    // overflow and redid those stretches in the SIMT form, say so at the end.
+    void print_kivi_fallbacks() {
+        int n = 0;
+        if (kivi_fallbacks_.size == 0 || cudaMemcpy(&n, kivi_fallbacks_.data, sizeof n, cudaMemcpyDeviceToHost) != cudaSuccess || n == 0) return;
+        std::fprintf(stderr,
+                     "vxq: note: KIVI's tensor-core attention met keys or values past its fp16 parts' range (|q s| or |p s| > 255.9) "
+                     "and redid %d warps' stretches in the slower SIMT form\n",
+                     n);
     }
     // VXQ_CUDA_PROFILE=1: GPU time per op kind (events around each launch, plain launches;
     // VXQ_CUDA_PDL=0 keeps kernels from overlapping across the events), on stderr at the end.
@@ -1873,6 +1890,7 @@ private:
     DeviceArray<float> split_partial_;  // the split-K decode attention's partials
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
+    DeviceArray<int> kivi_fallbacks_;       // its count of warps redone in the SIMT form (reported at exit)
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
     DeviceArray<float> reader_partial_;     // the TurboQuant / VecInfer / QJL attention's partials
     std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;        // by KvLayerState::id()
