@@ -159,8 +159,9 @@ struct KiviAttentionParams {
     // then take the fused store (fresh) without encoding anything. Bit for bit the store's
     // encoding; a store that encodes the token again writes the same bytes.
     int64_t pack_ahead;
-    // Where set (the tests): each tensor-core warp that did its stretch again in the SIMT form
-    // (a B part overflowed) adds 1, so that a test tells which form gave its output.
+    // Where set: each tensor-core warp that did its stretch again in the SIMT form (a B part
+    // overflowed) adds 1, so that a test tells which form gave its output and the backend reports
+    // the slow path at exit.
     int* fallbacks;
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
