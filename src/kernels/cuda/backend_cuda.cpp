@@ -743,7 +743,7 @@ private:
             const int64_t most_splits =
                 n_q == 1 && attn_tma_ != 0 ? std::max(p.splits, attention_stream_tma_splits(view.n_head_kv, codes.k)) : p.splits;
             p.partial = grow(split_partial_, attention_split_scratch_floats(n_q, view.n_head, view.head_dim, most_splits));
-            p.arrivals = split_arrivals(size_t(n_q * view.n_head_kv));
+            p.arrivals = grow_zeroed(split_arrivals_, size_t(n_q * view.n_head_kv));
             attention_inputs(p, view, q, n_q, pos0, dev_out);
             p.tile = attn_tile_;
             p.stages = attn_stages_;
@@ -1069,11 +1069,7 @@ private:
         p.vf = kivi_format(view.heads[0].v);
         p.splits = kivi_attention_splits(p);
         p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
-        if (kivi_fallbacks_.size == 0) {
-            grow(kivi_fallbacks_, 1);
-            VXQ_CUDA_CHECK(cudaMemset(kivi_fallbacks_.data, 0, sizeof(int)));
-        }
-        p.fallbacks = kivi_fallbacks_.data;
+        p.fallbacks = grow_zeroed(kivi_fallbacks_, 1);
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
@@ -1747,13 +1743,15 @@ private:
         }
         return a.data;
     }
-    // The split attention's arrival counters: zeroed when allocated, and each call leaves them 0.
-    unsigned* split_arrivals(size_t n) {
-        if (n > split_arrivals_.size) {
-            grow(split_arrivals_, n);
-            VXQ_CUDA_CHECK(cudaMemset(split_arrivals_.data, 0, n * sizeof(unsigned)));
+    // Counters on the device, zeroed when allocated (kernels leave or keep them as they use them:
+    // the split attention's arrivals return to 0, the KIVI attention's fallbacks accumulate).
+    template <class T>
+    T* grow_zeroed(DeviceArray<T>& a, size_t n) {
+        if (n > a.size) {
+            grow(a, n);
+            VXQ_CUDA_CHECK(cudaMemset(a.data, 0, n * sizeof(T)));
         }
-        return split_arrivals_.data;
+        return a.data;
     }
     void scratch_for(size_t bytes) {
         if (bytes > gemv_scratch_.bytes) {

@@ -33,8 +33,9 @@ __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) { return a > b
 // Whether a stream is in groups of 32 with `rows` rows of a block (keys: head_dim channels of 32
 // tokens; values: head_dim / 32 rows of a token), each its zero, scale and 32 codes: the values'
 // group the tensor-core form takes at compile time (VGS = 32), and the flush's layout.
+__host__ __device__ constexpr int64_t kivi_block32_bytes(int64_t rows, int bits) { return rows * (4 + 4 * bits); }
 inline bool kivi_group32(const KiviFormatDev& f, int64_t rows) {
-    return f.group == 32 && f.rows == rows && f.block_bytes == rows * (4 + 4 * f.bits);
+    return f.group == 32 && f.rows == rows && f.block_bytes == kivi_block32_bytes(rows, f.bits);
 }
 
 // Whether the tensor-core form takes both streams in groups of 32 (its VGS = 32 instances).
@@ -98,24 +99,25 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
 // groups of 32 of PB bits (kivi_group32: the tensor-core form's VGS = 32 instance): its key block
 // and its 32 value blocks are two contiguous runs of compile-time size, copied straight (the
 // general form above tests the format and loops per tile). PB = 0: the general form.
+// Bytes [0, N) (a multiple of 16, known at compile time) from src to dst by a warp's lanes.
+template <int N>
+__device__ __forceinline__ void kivi_copy_warp(uint8_t* dst, const uint8_t* src, int lane) {
+    constexpr int U = N / 16;
+#pragma unroll
+    for (int j = 0; j < (U + 31) / 32; ++j) {
+        const int u = lane + 32 * j;
+        if (U % 32 == 0 || u < U) cp_async16(dst + 16 * u, src + 16 * u);
+    }
+}
 template <int D, int PB>
 __device__ __forceinline__ void kivi_issue_warp(const KiviAttentionParams& p, const KiviHeadDev& hd, int64_t t0, uint8_t* stage, int lane) {
     if constexpr (PB == 0) {
         kivi_issue<D>(p, hd, t0, stage, lane, 32);
     } else {
-        constexpr int KU = D * (4 + 4 * PB) / 16, VU = kKiviTile * (D / 32) * (4 + 4 * PB) / 16;  // 16-byte units
+        constexpr int KB = int(kivi_block32_bytes(D, PB)), VB = int(kivi_block32_bytes(D / 32, PB));  // a key block, a value token's
         const int t = int(t0);
-        const uint8_t* k = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * (16 * KU);
-        const uint8_t* v = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * (16 * VU / kKiviTile);
-        uint8_t* vs = stage + 16 * KU;
-#pragma unroll
-        for (int j = 0; j < (KU + 31) / 32; ++j) {
-            if (KU % 32 == 0 || lane + 32 * j < KU) cp_async16(stage + 16 * (lane + 32 * j), k + 16 * (lane + 32 * j));
-        }
-#pragma unroll
-        for (int j = 0; j < (VU + 31) / 32; ++j) {
-            if (VU % 32 == 0 || lane + 32 * j < VU) cp_async16(vs + 16 * (lane + 32 * j), v + 16 * (lane + 32 * j));
-        }
+        kivi_copy_warp<KB>(stage, reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * KB, lane);
+        kivi_copy_warp<kKiviTile * VB>(stage + KB, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * VB, lane);
     }
 }
 
