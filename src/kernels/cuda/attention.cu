@@ -890,11 +890,6 @@ __host__ __device__ constexpr int stream_mma_smem(int rep, int hd) {
     return stream_merge_bytes(rep, hd) + hd / 16 * 32 * 16;
 }
 
-// A hint that [ptr, ptr + bytes) will be read soon: one bulk request into L2 (sm_90; both multiples of 16).
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, unsigned bytes) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
-}
-
 // Values e0 .. e0 + 7 of a page row (f16: 16 bytes, fp8: 8 bytes) as loaded, through L2 (.cg);
 // `asm volatile` so that the compiler keeps the loads where the loop issues them, ahead of the MMAs
 // that run while they are in flight (it would otherwise sink each next to its first use).
@@ -1163,8 +1158,14 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
             // tile starts aligned, and the last piece stays in the page: pages hold whole 64-token runs).
             const unsigned kb = unsigned(align16(int(len) * ktb)), vb = unsigned(align16(int(len) * vtb));
             mbar_expect_tx(bar, kb + vb);
-            bulk_copy_to_shared(st, kpage + c0 * ktb, kb, bar);
-            bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, vb, bar);
+            if (p.kv_evict_first != 0) {
+                const uint64_t policy = l2_policy(true);
+                bulk_copy_to_shared_hint(st, kpage + c0 * ktb, kb, bar, policy);
+                bulk_copy_to_shared_hint(st + TT * ktb, vpage + c0 * vtb, vb, bar, policy);
+            } else {
+                bulk_copy_to_shared(st, kpage + c0 * ktb, kb, bar);
+                bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, vb, bar);
+            }
         }
     };
     if (lane == 0) {

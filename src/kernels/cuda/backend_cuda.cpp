@@ -181,6 +181,8 @@ public:
         if (const char* kb = std::getenv("VXQ_CUDA_KIVI_BLOCKS")) kivi_blocks_ = std::atoi(kb) == 5 ? 5 : 0;
         if (const char* kf = std::getenv("VXQ_CUDA_KIVI_FUSE")) kivi_fuse_ = std::atoi(kf) != 0;
         if (const char* ke = std::getenv("VXQ_CUDA_KIVI_EARLY")) kivi_early_ = std::atoi(ke) != 0;
+        if (const char* ke = std::getenv("VXQ_CUDA_KIVI_EVICT_FIRST")) kivi_evict_first_ = std::atoi(ke) != 0;
+        if (const char* ae = std::getenv("VXQ_CUDA_ATTN_EVICT_FIRST")) attn_evict_first_ = std::atoi(ae) != 0;
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
@@ -766,6 +768,7 @@ private:
                 t.short_tokens = 0;
                 t.tma_stages = attn_tma_ > 0 ? attn_tma_ : attention_stream_tma_stages(codes.k);
                 t.splits = attention_stream_tma_splits(view.n_head_kv, codes.k);
+                t.kv_evict_first = attn_evict_first_ ? 1 : 0;
                 if (attention_stream_tma_fits(t)) p = t;  // (its partials: room made above)
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
@@ -1070,6 +1073,7 @@ private:
         p.splits = kivi_attention_splits(p);
         p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
         p.fallbacks = grow_zeroed(kivi_fallbacks_, 1);
+        p.tiles_evict_first = kivi_evict_first_ ? 1 : 0;
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
@@ -1913,6 +1917,8 @@ private:
     // at 32K on an H100, its device tests and memcheck clean: docs/gpu.md, fifth session of
     // 2026-12-07); VXQ_CUDA_KIVI_FUSE=0 runs the store kernel.
     bool kivi_fuse_ = true;
+    bool kivi_evict_first_ = true;   // VXQ_CUDA_KIVI_EVICT_FIRST=0: KiviAttentionParams::tiles_evict_first off
+    bool attn_evict_first_ = false;  // VXQ_CUDA_ATTN_EVICT_FIRST=1: SplitAttentionParams::kv_evict_first (an A/B knob)
     bool kivi_early_ = true;  // VXQ_CUDA_KIVI_EARLY=0: KiviFresh::early off (a fused step's first tiles after the wait)
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off

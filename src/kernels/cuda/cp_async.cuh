@@ -45,6 +45,13 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
+// The same with an L2 policy (l2_policy, below).
+__device__ __forceinline__ void bulk_copy_to_shared_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t policy) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
+                 : "memory");
+}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
     asm volatile(
         "{\n\t.reg .pred done;\n"
@@ -56,6 +63,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
 // Global memory written through the generic proxy (plain stores), then read by bulk copies: each
 // writing thread fences before the barrier that precedes the copy.
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+// A hint that [ptr, ptr + bytes) will be read soon: one bulk request into L2 (sm_90; both
+// multiples of 16). No registers, no shared memory, nothing to wait for.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
+}
 #elif defined(VXQ_SIMT)
 // The SIMT emulator (tests/support/simt.h): the copies land at once (a thread's own copies are
 // complete at its wait; other threads' after the barrier that follows it, as on the device).
@@ -65,5 +77,27 @@ inline void cp_async_commit() {}
 template <int N>
 inline void cp_async_wait() {}
 #endif
+
+// An L2 eviction policy for the cache-hint copies: evict-first where asked, else normal (both made,
+// one selected: no branch per copy). cp_async16 with such a policy. Compiled everywhere: off the
+// device (the SIMT emulator, host passes) the policy is 0 and the copy a memcpy.
+__device__ __forceinline__ uint64_t l2_policy([[maybe_unused]] bool evict_first) {
+#if defined(__CUDA_ARCH__)
+    uint64_t first, normal;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
+    return evict_first ? first : normal;
+#else
+    return 0;
+#endif
+}
+__device__ __forceinline__ void cp_async16_hint(void* smem, const void* gmem, [[maybe_unused]] uint64_t policy) {
+#if defined(__CUDA_ARCH__)
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "l"(policy) : "memory");
+#else
+    std::memcpy(smem, gmem, 16);
+#endif
+}
 
 }  // namespace vxq::cuda

@@ -168,11 +168,7 @@ __device__ __forceinline__ float ld_weight_half(const __half* ptr) {
     asm("ld.global.nc.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(ptr), "l"(weight_policy()));
     return __half2float(__ushort_as_half(v));
 }
-__device__ __forceinline__ void cp_async16_weight(void* smem, const void* gmem) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "l"(weight_policy())
-                 : "memory");
-}
+__device__ __forceinline__ void cp_async16_weight(void* smem, const void* gmem) { cp_async16_hint(smem, gmem, weight_policy()); }
 
 struct GemvParams {
     const void* w;             // weight plane: dense [rows, cols]; Q8_0 int8 [rows, cols]; Q4_0 [rows, cols / 2];
@@ -839,13 +835,13 @@ __device__ __forceinline__ void g1_issue(const G1Params& p, int item, const int 
 }
 
 // Block b's share of p.l2_next (16-byte pieces, the blocks in order) requested into L2 (Hopper's
-// bulk prefetch: no registers, no shared memory, nothing to wait for). One thread calls.
+// bulk prefetch, cp_async.cuh). One thread calls.
 __device__ __forceinline__ void g1_l2_next(const G1Params& p) {
     const unsigned grid = gridDim.x, per = (p.l2_next_bytes / grid + 15) / 16 * 16;
     const unsigned lo = blockIdx.x * per;
     if (per == 0 || lo >= p.l2_next_bytes) return;
     const unsigned n = min(per, p.l2_next_bytes - lo);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.l2_next + lo), "r"(n) : "memory");
+    prefetch_l2_bulk(p.l2_next + lo, n);
 }
 
 // The sum of a slot's unit partials (the whole warp calls; every lane gets it).

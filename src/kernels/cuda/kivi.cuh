@@ -163,6 +163,13 @@ struct KiviAttentionParams {
     // overflowed) adds 1, so that a test tells which form gave its output and the backend reports
     // the slow path at exit.
     int* fallbacks;
+    // The L2 priority of the tensor-core form's straight tile copies (both streams in groups of
+    // 32): nonzero, evict-first. A layer's codes are read once a step, and at long contexts the
+    // layers' codes together are far past L2, so no line of them is read from there again; with
+    // the normal priority they stay at the expense of lines that are (which ones was not
+    // measured). On an H100, synthetic Llama-3-8B Q4_0: kivi-2 decode +3.2 % at 32K, +4.6 % at
+    // 128K, level at 1K (docs/gpu.md, seventh session of 2026-12-07). VXQ_CUDA_KIVI_EVICT_FIRST=0: normal.
+    int32_t tiles_evict_first;
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);

@@ -101,12 +101,12 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
 // general form above tests the format and loops per tile). PB = 0: the general form.
 // Bytes [0, N) (a multiple of 16, known at compile time) from src to dst by a warp's lanes.
 template <int N>
-__device__ __forceinline__ void kivi_copy_warp(uint8_t* dst, const uint8_t* src, int lane) {
+__device__ __forceinline__ void kivi_copy_warp(uint8_t* dst, const uint8_t* src, int lane, uint64_t policy) {
     constexpr int U = N / 16;
 #pragma unroll
     for (int j = 0; j < (U + 31) / 32; ++j) {
         const int u = lane + 32 * j;
-        if (U % 32 == 0 || u < U) cp_async16(dst + 16 * u, src + 16 * u);
+        if (U % 32 == 0 || u < U) cp_async16_hint(dst + 16 * u, src + 16 * u, policy);
     }
 }
 template <int D, int PB>
@@ -116,8 +116,9 @@ __device__ __forceinline__ void kivi_issue_warp(const KiviAttentionParams& p, co
     } else {
         constexpr int KB = int(kivi_block32_bytes(D, PB)), VB = int(kivi_block32_bytes(D / 32, PB));  // a key block, a value token's
         const int t = int(t0);
-        kivi_copy_warp<KB>(stage, reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * KB, lane);
-        kivi_copy_warp<kKiviTile * VB>(stage + KB, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * VB, lane);
+        const uint64_t policy = l2_policy(p.tiles_evict_first != 0);  // (KiviAttentionParams::tiles_evict_first)
+        kivi_copy_warp<KB>(stage, reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * KB, lane, policy);
+        kivi_copy_warp<kKiviTile * VB>(stage + KB, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * VB, lane, policy);
     }
 }
 

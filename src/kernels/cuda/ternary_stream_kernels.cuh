@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 
 #include "formats/ggml_types.h"
+#include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -89,14 +90,7 @@ constexpr int kTsStaticSmem = int(sizeof(double)) * kNormThreads;
 
 // 16 and 4 bytes from global into shared memory, asynchronously on the device (cp.async; the
 // 16-byte copies with the weights' L2 policy); a copy in the emulator.
-__device__ __forceinline__ void ts_copy16(void* smem, const void* gmem, [[maybe_unused]] uint64_t policy) {
-#if defined(__CUDA_ARCH__)
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "l"(policy) : "memory");
-#else
-    std::memcpy(smem, gmem, 16);
-#endif
-}
+__device__ __forceinline__ void ts_copy16(void* smem, const void* gmem, uint64_t policy) { cp_async16_hint(smem, gmem, policy); }
 __device__ __forceinline__ void ts_copy4(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__)
     const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -117,16 +111,7 @@ __device__ __forceinline__ void ts_wait() {
 #endif
 }
 // The weights' L2 policy (gemv.cu's weight_policy too): both made, one selected, no branch per load.
-__device__ __forceinline__ uint64_t ts_policy([[maybe_unused]] int evict_first) {
-#if defined(__CUDA_ARCH__)
-    uint64_t first, normal;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(first));
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(normal));
-    return evict_first ? first : normal;
-#else
-    return 0;
-#endif
-}
+__device__ __forceinline__ uint64_t ts_policy(int evict_first) { return l2_policy(evict_first != 0); }
 
 // The matrix of stacked row `row` and an element of a per-matrix parameter, by compares and
 // selects: an index computed at run time into the kernel's parameters would copy them to local memory.
