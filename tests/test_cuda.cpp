@@ -2225,16 +2225,21 @@ std::unique_ptr<Backend> cuda_backend_with_env(std::initializer_list<std::pair<c
 
 // 24 greedy decode steps of `model` on every backend of `bes` (each its own -fa f16 cache) from
 // "Once upon a time": the logits of every backend must equal the first one's bit for bit.
-void expect_decode_logits_equal(const Model& model, const std::vector<std::unique_ptr<Backend>>& bes) {
+// Greedy decode of 24 steps after a prompt of `repeat` times "Once upon a time" (each backend its
+// own cache of `spec`): every backend's logits equal the first's bit for bit at every step.
+void expect_decode_logits_equal(const Model& model, const std::vector<std::unique_ptr<Backend>>& bes,
+                                const KvSpec& spec = {}, int repeat = 1) {
     const ModelConfig& c = model.config();
     std::vector<std::unique_ptr<KvCache>> caches;
     for (const auto& be : bes) {
         KvCacheOptions opts;
         opts.memory = be->kv_memory();
         opts.flash_attn = true;
-        caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, KvSpec{}, opts));
+        caches.push_back(make_kv_cache(KvShape{c.n_layer, c.n_head, c.n_head_kv, c.head_dim, 256}, spec, opts));
     }
-    const auto ids = model.tokenizer().encode("Once upon a time", true);
+    std::string prompt;
+    for (int r = 0; r < repeat; ++r) prompt += r == 0 ? "Once upon a time" : " once upon a time";
+    const auto ids = model.tokenizer().encode(prompt, true);
     std::vector<TokenId> batch(ids.begin(), ids.end());
     std::vector<std::vector<float>> logits(bes.size(), std::vector<float>(size_t(c.n_vocab)));
     for (int step = 0; step < 24; ++step) {
@@ -2260,35 +2265,55 @@ TEST(Cuda, StepInPassesEqualsOnePass) {
 }
 
 // The q8_0 handoff (backend_cuda.cpp, q8_handoff): a Q8_0/Q4_0 O projection at n = 1 reads its
-// input quantized by the split attention's merge instead of running a quantize kernel. Decode
-// logits must equal those of the quantize kernel (VXQ_CUDA_Q8_HANDOFF=0) bit for bit, in graphs,
-// in 4-op passes and in plain launches; the profiled backend's op list shows that the attention
-// wrote the q8_0 rows. Files: `vxq synth --shape tiny` (GQA 2, head_dim 32: the split kernel) in
-// Q8_0 and Q4_0, fresh seeds.
+// input quantized by the attention's merge (the split attention's, or a KIVI layer's merge kernel)
+// instead of running a quantize kernel. Decode logits must equal those of the quantize kernel
+// (VXQ_CUDA_Q8_HANDOFF=0) bit for bit, in graphs, in 4-op passes and in plain launches; the
+// profiled backend's op list shows that the attention wrote the q8_0 rows (`label`). `file`:
+// empty for a fresh `vxq synth --shape tiny` file of `type` (GQA 2, head_dim 32: the split kernel,
+// KIVI's SIMT form and its plain merge kernel). KIVI caches here flush keys during the prompt.
+constexpr const char* kHandoffKivi = "kivi:bits=2,group=32,residual=32";
+void expect_q8_handoff(const std::string& file, GgmlType type, const char* kv, const char* label) {
+    std::string path = file;
+    if (path.empty()) {
+        const uint32_t seed = fresh_seed();  // in the file name, hence in the failure's trace
+        path = (std::filesystem::temp_directory_path() /
+                ("vxq_q8_handoff_" + std::string(ggml_type_name(type)) + "_seed" + std::to_string(seed) + "_" + std::to_string(getpid()) + ".gguf"))
+                   .string();
+        SynthModel(SynthOptions{"tiny", type, seed, 0, 0, 1}).write(path);
+    }
+    SCOPED_TRACE(path + ", cache " + kv);
+    auto model = Model::load(path, "cuda");
+    if (file.empty()) std::filesystem::remove(path);  // mapped: the mapping stays valid
+    std::vector<std::unique_ptr<Backend>> bes;
+    bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
+    bes.push_back(cuda_backend_with_env({}));
+    bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
+    bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
+    expect_decode_logits_equal(*model, bes, KvSpec::parse(kv), 12);
+    if (testing::Test::HasFatalFailure()) return;
+    testing::internal::CaptureStderr();
+    bes.back().reset();
+    const std::string ops = testing::internal::GetCapturedStderr();
+    EXPECT_NE(ops.find(label), std::string::npos) << ops;
+}
+
 TEST(Cuda, Q8HandoffEqualsQuantizeKernels) {
     VXQ_REQUIRE_CUDA(cuda);
     for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
-        const uint32_t seed = fresh_seed();  // in the file name, hence in the failure's trace
-        const std::string path = (std::filesystem::temp_directory_path() /
-                                  ("vxq_q8_handoff_" + std::string(ggml_type_name(type)) + "_seed" +
-                                   std::to_string(seed) + "_" + std::to_string(getpid()) + ".gguf"))
-                                     .string();
-        SCOPED_TRACE(path);
-        SynthModel(SynthOptions{"tiny", type, seed, 0, 0, 1}).write(path);
-        auto model = Model::load(path, "cuda");
-        std::filesystem::remove(path);  // mapped: the mapping stays valid
-        std::vector<std::unique_ptr<Backend>> bes;
-        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
-        bes.push_back(cuda_backend_with_env({}));
-        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
-        bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
-        expect_decode_logits_equal(*model, bes);
+        expect_q8_handoff("", type, "f16", "attention split-K (rope + kv store, q8_0 out)");
         if (HasFatalFailure()) return;
-        testing::internal::CaptureStderr();
-        bes.back().reset();
-        const std::string ops = testing::internal::GetCapturedStderr();
-        EXPECT_NE(ops.find("attention split-K (rope + kv store, q8_0 out)"), std::string::npos) << ops;
+        expect_q8_handoff("", type, kHandoffKivi, "kivi attention (q8_0 out)");
+        if (HasFatalFailure()) return;
     }
+}
+
+// The same from KIVI's tensor-core form (head_dim 64), with the decode step's store inside the
+// attention and the merge kernel that encodes the values' token ahead (kivi_merge_pack_kernel).
+TEST(Cuda, Q8HandoffFromKiviTensorCoreMerge) {
+    VXQ_REQUIRE_CUDA(cuda);
+    VXQ_REQUIRE_ASSET("assets/models/vxq-llama-h64-q4_0.gguf");
+    expect_q8_handoff(test::shared_path("assets/models/vxq-llama-h64-q4_0.gguf"), GgmlType::Q4_0, kHandoffKivi,
+                      "kivi attention (rope q, k; store; q8_0 out)");
 }
 
 // The L2 hint between batch-1 matmuls (VXQ_CUDA_L2_NEXT_MB, backend_cuda.cpp link_l2_next):

@@ -1,5 +1,6 @@
 // KIVI's decode attention (kernels/cuda/kivi_attention_kernels.cuh: the split-K kernel in its SIMT
-// and tensor-core forms, the tail over the fp16 windows, and the merge) run on the CPU by the SIMT
+// and tensor-core forms, the tail over the fp16 windows, and the merge, with its q8_0 copy of the
+// output bit for bit against the CPU's quantize of the same rows) run on the CPU by the SIMT
 // emulator (support/simt.h, with mma.cuh's MMAs emulated from the PTX fragment layouts), over a
 // CPU KIVI cache's own pages (the device cache holds the same bytes: Cuda.KiviStoreBitExact*),
 // against dequantize-then-attend in double: the cache's dequantized keys and values, scores,
@@ -22,6 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "core/fp16.h"
+#include "formats/ggml_types.h"
+#include "kernels/cpu/matmul.h"
 #include "kv/kv_cache.h"
 #include "support/assets.h"
 #include "support/random_weights.h"
@@ -153,6 +157,10 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases, bool ov
         std::vector<float> partial(cuda::kivi_attention_scratch_floats(p), NAN), out(q.size(), NAN);
         p.partial = partial.data();
         p.out = out.data();
+        // The merge also writes out as q8_0 (the O projection's input: KiviAttentionParams::out_q8).
+        std::vector<int8_t> q8(out.size(), 99);
+        std::vector<cuda::Q8Scale> q8s(out.size() / cuda::kQBlock, cuda::Q8Scale{NAN, -1});
+        p.out_q8 = cuda::Q8Act{q8.data(), q8s.data()};
         int fallbacks = 0;
         p.fallbacks = &fallbacks;
         switch (c.d) {
@@ -179,6 +187,19 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases, bool ov
         for (size_t i = 0; i < out.size(); ++i) {
             ASSERT_NEAR(out[i], ref[i], 2e-5 * peak) << "output " << i << " (query " << i / size_t(c.n_head * c.d) << ", head "
                                                      << i / size_t(c.d) % size_t(c.n_head) << ")";
+        }
+        // out as q8_0: the CPU's quantize of the same f32 rows (what the quantize kernel
+        // would have written from them), bit for bit, with each block's sum of quants.
+        std::vector<BlockQ8_0> want(q8s.size());
+        cpu::quantize_row_q8_0(out.data(), want.data(), int64_t(out.size()));
+        for (size_t b = 0; b < want.size(); ++b) {
+            int sum = 0;
+            for (int e = 0; e < cuda::kQBlock; ++e) {
+                ASSERT_EQ(q8[b * cuda::kQBlock + e], want[b].qs[e]) << "q8_0 block " << b << ", element " << e;
+                sum += want[b].qs[e];
+            }
+            ASSERT_EQ(std::bit_cast<uint32_t>(q8s[b].d), std::bit_cast<uint32_t>(fp16_to_fp32(want[b].d))) << "q8_0 block " << b;
+            ASSERT_EQ(q8s[b].sum, sum) << "q8_0 block " << b;
         }
         if (overflow) {
             EXPECT_GT(fallbacks, 0) << "no warp met an overflowing part";

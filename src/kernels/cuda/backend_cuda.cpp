@@ -1101,6 +1101,7 @@ private:
         kivi_store_ = KiviStoreRec{};
         record(Op::KiviAttention, p, [](const KiviAttentionParams& p, cudaStream_t st) { kivi_attention(p, st); });
         if (p.fresh.k) labels_.back() = "kivi attention (rope q, k; store)";
+        kivi_attn_ = KiviAttnRec{pending_.size() - 1, p};
         finish(o, p.out, n_out);
     }
 
@@ -1592,20 +1593,31 @@ private:
     // Measured and not kept (docs/gpu.md): the same handoff from the O/down matmuls' last block
     // (the RMSNorm after the residual add) and from the gate/up group's last block per 32 rows
     // (the SwiGLU), which made the matmuls slower than the quantize kernels they removed.
+    // A KIVI layer's merge kernel quantizes the same way (KiviAttentionParams::out_q8), a block
+    // of 32 channels each.
     Q8Act q8_handoff(const DeviceWeight& w, const float* x, int64_t n) {
         if (!q8_handoff_on_ || n != 1 || w.cols > q8_handoff_cols_) return {};
         GemvFusion consumer;
         consumer.x_q8 = q8_handoff_act();
         const DeviceWeight* wp = &w;
+        if (!gemv_fusable(&wp, 1, consumer)) return {};
         AttnSplitRec& a = attn_split_;
-        if (!gemv_fusable(&wp, 1, consumer) || a.op == SIZE_MAX || a.op + 2 != pending_.size() || a.p.out != x ||
-            !attention_split_q8_fits(a.p) || a.p.n_head * a.p.head_dim != w.cols) {
-            return {};
+        if (a.op != SIZE_MAX && a.op + 2 == pending_.size() && a.p.out == x && attention_split_q8_fits(a.p) &&
+            a.p.n_head * a.p.head_dim == w.cols) {
+            a.p.out_q8 = consumer.x_q8;
+            pending_[a.op] = [p = a.p](cudaStream_t st) { attention_split(p, st); };
+            labels_[a.op] = a.p.rope.q ? "attention split-K (rope + kv store, q8_0 out)" : "attention split-K (q8_0 out)";
+            return a.p.out_q8;
         }
-        a.p.out_q8 = consumer.x_q8;
-        pending_[a.op] = [p = a.p](cudaStream_t st) { attention_split(p, st); };
-        labels_[a.op] = a.p.rope.q ? "attention split-K (rope + kv store, q8_0 out)" : "attention split-K (q8_0 out)";
-        return a.p.out_q8;
+        KiviAttnRec& k = kivi_attn_;
+        if (k.op != SIZE_MAX && k.op + 2 == pending_.size() && k.p.out == x && k.p.n_q == 1 && !kivi_prefill(k.p) &&
+            k.p.head_dim % kQBlock == 0 && k.p.n_head * k.p.head_dim == w.cols) {
+            k.p.out_q8 = consumer.x_q8;
+            pending_[k.op] = [p = k.p](cudaStream_t st) { kivi_attention(p, st); };
+            labels_[k.op] = k.p.fresh.k ? "kivi attention (rope q, k; store; q8_0 out)" : "kivi attention (q8_0 out)";
+            return k.p.out_q8;
+        }
+        return {};
     }
     // The handoff's buffer: quants, then (256-byte aligned) scales, for q8_handoff_cols_ columns.
     // Sized before a matmul is recorded: growing drains and drops the graphs, which hold the old
@@ -1679,6 +1691,7 @@ private:
         rope_store_ = RopeStoreRec{};
         kivi_store_ = KiviStoreRec{};
         attn_split_ = AttnSplitRec{};
+        kivi_attn_ = KiviAttnRec{};
         labels_.clear();
         pending_.clear();
         key_.clear();
@@ -1955,6 +1968,11 @@ private:
         SplitAttentionParams p;
     };
     AttnSplitRec attn_split_;
+    struct KiviAttnRec {  // the last KIVI attention recorded (its merge: a candidate q8_0 producer)
+        size_t op = SIZE_MAX;
+        KiviAttentionParams p;
+    };
+    KiviAttnRec kivi_attn_;
     struct SwigluArgs {  // the last one-row SwiGLU recorded unfused (a candidate for a Q8_0/Q4_0 matmul's quantize)
         size_t op = SIZE_MAX;
         float* gate = nullptr;

@@ -718,6 +718,9 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
     if (params.pack_ahead && params.n_q != 1) {
         throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: values encoded ahead in a decode step only", __FILE__, __LINE__);
     }
+    if (params.out_q8.qs != nullptr && (kivi_prefill(params) || params.out_q8.s == nullptr)) {
+        throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: q8_0 output from the merge only (not the prefill form), with its scales", __FILE__, __LINE__);
+    }
     KiviAttentionParams p = params;
     if (kivi_prefill(p)) {
         switch (p.head_dim) {

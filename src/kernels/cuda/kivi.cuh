@@ -46,6 +46,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/q8_act.cuh"
 #include "kv/kv_view.h"
 
 namespace vxq::cuda {
@@ -170,6 +171,11 @@ struct KiviAttentionParams {
     // measured). On an H100, synthetic Llama-3-8B Q4_0: kivi-2 decode +3.2 % at 32K, +4.6 % at
     // 128K, level at 1K (docs/gpu.md, seventh session of 2026-12-07). VXQ_CUDA_KIVI_EVICT_FIRST=0: normal.
     int32_t tiles_evict_first;
+    // Where set (qs non-null): the merge also writes out as q8_0 activations (q8_act.cuh, the
+    // quantize kernel's bits), each of its blocks one q8_0 block of 32 channels, so that a
+    // Q8_0 / Q4_0 output projection reading out runs no quantize kernel (backend_cuda.cpp's
+    // q8_handoff; as the split attention does). Not with the prefill form, which has no merge.
+    Q8Act out_q8;
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);

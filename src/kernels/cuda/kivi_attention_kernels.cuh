@@ -1168,7 +1168,7 @@ __device__ __forceinline__ void kivi_merge_block(const KiviAttentionParams& p) {
     state[warp][lane] = o;
     if (lane == 0) state[warp][32] = m, state[warp][33] = l;
     __syncthreads();
-    if (warp == 0 && c < d) {
+    if (warp == 0) {
         float mx = -INFINITY, total = 0.0f, acc = 0.0f;
         for (int w = 0; w < kMergeWarps; ++w) mx = fmaxf(mx, state[w][32]);
         for (int w = 0; w < kMergeWarps; ++w) {
@@ -1177,7 +1177,11 @@ __device__ __forceinline__ void kivi_merge_block(const KiviAttentionParams& p) {
             total = fmaf(e, state[w][33], total);
             acc = fmaf(e, state[w][lane], acc);
         }
-        p.out[row * d + c] = acc / total;
+        const float o = acc / total;
+        if (c < d) p.out[row * d + c] = o;
+        // The block's 32 channels as one q8_0 block of out's row-major rows (d is a multiple of
+        // 32 wherever the attention runs: every lane holds a channel of it).
+        if (p.out_q8.qs != nullptr) quantize_block_q8_0(o, (row * d + c - lane) / kQBlock, lane, p.out_q8.qs, p.out_q8.s);
     }
 }
 // Block (row, chunk) for rows n_q n_head; kivi.cu's launcher adds blocks past them for the values'

@@ -8,8 +8,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#ifdef __CUDACC__
-#include "kernels/cuda/device_math.cuh"  // device code only (below)
+#if defined(__CUDACC__) || defined(VXQ_SIMT)
+#include "kernels/cuda/device_math.cuh"  // device code (and the SIMT emulator: tests/support/simt.h) only (below)
 #endif
 
 namespace vxq::cuda {
@@ -30,7 +30,7 @@ struct Q8Act {
     Q8Scale* s;
 };
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(VXQ_SIMT)
 // One lane's value of a q8_0 block of 32 (all 32 lanes of the warp call): ggml's AVX2
 // quantize_row_q8_0, amax over |x|, id = amax != 0 ? 127 / amax : 0, q = round-to-nearest-even(x
 // * id), d = fp16(amax / 127) (returned widened).
