@@ -1135,6 +1135,10 @@ constexpr int kMergeWarps = 8, kMergeThreads = 32 * kMergeWarps, kMergeUnroll = 
 __device__ __forceinline__ void kivi_merge_block(const KiviAttentionParams& p) {
     __shared__ float state[kMergeWarps][34];  // o of the block's 32 channels, max, sum
     pdl_wait();
+    // Resident already (128 blocks): the next kernel's blocks (the O projection's GEMV) may start
+    // and put their first weights in flight before their own wait, which still waits for this
+    // grid to end. Without it they were launched only once this kernel had ended.
+    pdl_launch_dependents();
     const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.y) * 32 + lane, cl = c < d ? c : d - 1;  // lanes past d load a channel, write none
