@@ -2284,11 +2284,15 @@ void expect_q8_handoff(const std::string& file, GgmlType type, const char* kv, c
     SCOPED_TRACE(path + ", cache " + kv);
     auto model = Model::load(path, "cuda");
     if (file.empty()) std::filesystem::remove(path);  // mapped: the mapping stays valid
+    // (KIVI's handoff is off by default until it has run on a GPU: VXQ_CUDA_KIVI_Q8_HANDOFF=1 here.)
+    const bool kivi = std::string(kv).rfind("kivi", 0) == 0;
+    if (kivi) setenv("VXQ_CUDA_KIVI_Q8_HANDOFF", "1", 1);
     std::vector<std::unique_ptr<Backend>> bes;
     bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_Q8_HANDOFF", "0"}}));
     bes.push_back(cuda_backend_with_env({}));
     bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_CHUNK_OPS", "4"}, {"VXQ_CUDA_CHUNK_GROW", "0"}}));
     bes.push_back(cuda_backend_with_env({{"VXQ_CUDA_PROFILE", "1"}}));  // plain launches; prints its op list at exit
+    if (kivi) unsetenv("VXQ_CUDA_KIVI_Q8_HANDOFF");
     expect_decode_logits_equal(*model, bes, KvSpec::parse(kv), 12);
     if (testing::Test::HasFatalFailure()) return;
     testing::internal::CaptureStderr();

@@ -50,11 +50,14 @@ struct Case {
     float k_sd = 1.0f, v_sd = 1.0f;  // the keys' and values' spread (normal)
 };
 
-// The kernel for p's form, as kivi.cu's launcher picks it, then the merge.
+// The kernel for p's form, as kivi.cu's launcher picks it, then the merge kernel where p does not
+// merge inside (p.arrivals) or kernel_out asks for its output too (from the same partials, into
+// kernel_out, without q8_0 rows).
 template <int D>
-void run_attention(const cuda::KiviAttentionParams& p) {
+void run_attention(const cuda::KiviAttentionParams& p, float* kernel_out = nullptr) {
     const int gqa = int(p.n_head / p.n_head_kv);
-    const size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, cuda::kivi_tensor_cores(p));
+    size_t smem = cuda::kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, cuda::kivi_tensor_cores(p));
+    if (p.arrivals != nullptr) smem = std::max(smem, cuda::kivi_merge_inside_bytes(gqa, p.parts, D));
     const dim3 grid(unsigned(p.parts), unsigned(p.n_head_kv), unsigned(p.n_q)), block(cuda::kKiviWarps * 32);
     const auto launch = [&](auto kernel) { simt::launch(grid, block, smem, [&] { kernel(p); }); };
     const bool group32 = cuda::kivi_groups32(p, D);
@@ -76,8 +79,14 @@ void run_attention(const cuda::KiviAttentionParams& p) {
     } else {
         launch(cuda::kivi_attention_kernel<D, 0, 0, 0>);
     }
+    if (p.arrivals != nullptr && kernel_out == nullptr) return;
+    cuda::KiviAttentionParams m = p;
+    if (kernel_out != nullptr) {
+        m.out = kernel_out;
+        m.out_q8 = cuda::Q8Act{};
+    }
     simt::launch(dim3(unsigned(p.n_q * p.n_head), unsigned((p.head_dim + 31) / 32)), dim3(cuda::kMergeThreads), 0,
-                 [&] { cuda::kivi_merge_kernel(p); });
+                 [&] { cuda::kivi_merge_kernel(m); });
 }
 
 // softmax(q k^T scale) v over the first n rows of the dequantized keys and values ([n][d]), in
@@ -163,12 +172,18 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases, bool ov
         p.out_q8 = cuda::Q8Act{q8.data(), q8s.data()};
         int fallbacks = 0;
         p.fallbacks = &fallbacks;
+        // Merged inside the attention kernel (p.arrivals) into out, and by the merge kernel from
+        // the same partials into kernel_out: both against the reference.
+        std::vector<unsigned> arrivals(size_t(c.n_q * c.n_head_kv), 0u);
+        std::vector<float> kernel_out(q.size(), NAN);
+        p.arrivals = arrivals.data();
         switch (c.d) {
-            case 64: run_attention<64>(p); break;
-            case 96: run_attention<96>(p); break;
-            case 128: run_attention<128>(p); break;
+            case 64: run_attention<64>(p, kernel_out.data()); break;
+            case 96: run_attention<96>(p, kernel_out.data()); break;
+            case 128: run_attention<128>(p, kernel_out.data()); break;
             default: FAIL() << "head_dim " << c.d << " not in the test's list";
         }
+        for (size_t a = 0; a < arrivals.size(); ++a) ASSERT_EQ(arrivals[a], 0u) << "arrival counter " << a << " not left at 0";
         // Dequantize-then-attend in double: query i sees the first n_tokens - n_q + i + 1 tokens.
         const int64_t gqa = c.n_head / c.n_head_kv;
         std::vector<double> ref(out.size());
@@ -187,6 +202,7 @@ void expect_attention_equals_dequantized(const std::vector<Case>& cases, bool ov
         for (size_t i = 0; i < out.size(); ++i) {
             ASSERT_NEAR(out[i], ref[i], 2e-5 * peak) << "output " << i << " (query " << i / size_t(c.n_head * c.d) << ", head "
                                                      << i / size_t(c.d) % size_t(c.n_head) << ")";
+            ASSERT_NEAR(kernel_out[i], ref[i], 2e-5 * peak) << "merge kernel's output " << i;
         }
         // out as q8_0: the CPU's quantize of the same f32 rows (what the quantize kernel
         // would have written from them), bit for bit, with each block's sum of quants.
@@ -330,6 +346,13 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
         p.q = q_rot.data();
         p.out = ref.data();
         run();
+        // The same merged inside the attention kernel (KiviAttentionParams::arrivals): other sums.
+        std::vector<unsigned> arrivals(size_t(c.n_head_kv), 0u);
+        std::vector<float> ref_inside(q.size(), NAN);
+        p.out = ref_inside.data();
+        p.arrivals = arrivals.data();
+        run();
+        p.arrivals = nullptr;
 
         // The new token's ring slots as the CPU wrote them, then overwritten (NaN halves).
         std::vector<std::vector<uint16_t>> slots;
@@ -344,9 +367,14 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
                 slots.emplace_back(s, s + c.d);
             }
         }
-        // Each warp's first tile copied after the wait, then before it (KiviFresh::early).
-        for (int32_t early = 0; early < 2; ++early) {
-            SCOPED_TRACE(testing::Message() << "early " << early);
+        // Each warp's first tile copied after the wait, then before it (KiviFresh::early), then
+        // merged inside the attention kernel, whose merger also leaves q and k rotated in place.
+        for (int variant = 0; variant < 3; ++variant) {
+            const int32_t early = variant > 0 ? 1 : 0;
+            const bool inside = variant == 2;
+            SCOPED_TRACE(testing::Message() << "early " << early << (inside ? ", merged inside" : ""));
+            p.arrivals = inside ? arrivals.data() : nullptr;
+            const std::vector<float>& want = inside ? ref_inside : ref;
             for (const cuda::KiviHeadDev& h : heads) {
                 for (int role = 0; role < 2; ++role) std::fill_n(slot_of(h, role), c.d, uint16_t(0x7e00));
             }
@@ -358,7 +386,12 @@ TEST(KiviSimt, FusedStoreEqualsStoreThenAttend) {
             p.fresh = cuda::KiviFresh{q_in.data(), k_in.data(), v.data(), &pos, c.n_rot, theta_scale, c.neox ? 1 : 0, early};
             run();
             for (size_t i = 0; i < out.size(); ++i) {
-                ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(ref[i])) << "output " << i << ": " << out[i] << " vs " << ref[i];
+                ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(want[i])) << "output " << i << ": " << out[i] << " vs " << want[i];
+            }
+            if (inside) {
+                for (size_t i = 0; i < q_in.size(); ++i) ASSERT_EQ(std::bit_cast<uint32_t>(q_in[i]), std::bit_cast<uint32_t>(q_rot[i])) << "q " << i;
+                for (size_t i = 0; i < k_in.size(); ++i) ASSERT_EQ(std::bit_cast<uint32_t>(k_in[i]), std::bit_cast<uint32_t>(k_rot[i])) << "k " << i;
+                for (size_t a = 0; a < arrivals.size(); ++a) ASSERT_EQ(arrivals[a], 0u) << "arrival counter " << a;
             }
             size_t at = 0;
             for (const cuda::KiviHeadDev& h : heads) {

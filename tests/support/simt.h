@@ -121,8 +121,20 @@ inline int atomicAdd(int* p, int v) {
     *p = old + v;
     return old;
 }
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+// Blocks run one after another, so a block sees every earlier block's writes: the fences order
+// nothing here, and loads through L2 are plain loads.
+inline void __threadfence() {}
 template <class T>
 T __ldg(const T* p) {
+    return *p;
+}
+template <class T>
+T __ldcg(const T* p) {
     return *p;
 }
 inline int __reduce_add_sync(unsigned, int v) {

@@ -1158,14 +1158,8 @@ __global__ void __launch_bounds__(kSplitThreads, 2) attention_stream_tma_kernel(
             // tile starts aligned, and the last piece stays in the page: pages hold whole 64-token runs).
             const unsigned kb = unsigned(align16(int(len) * ktb)), vb = unsigned(align16(int(len) * vtb));
             mbar_expect_tx(bar, kb + vb);
-            if (p.kv_evict_first != 0) {
-                const uint64_t policy = l2_policy(true);
-                bulk_copy_to_shared_hint(st, kpage + c0 * ktb, kb, bar, policy);
-                bulk_copy_to_shared_hint(st + TT * ktb, vpage + c0 * vtb, vb, bar, policy);
-            } else {
-                bulk_copy_to_shared(st, kpage + c0 * ktb, kb, bar);
-                bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, vb, bar);
-            }
+            bulk_copy_to_shared(st, kpage + c0 * ktb, kb, bar);
+            bulk_copy_to_shared(st + TT * ktb, vpage + c0 * vtb, vb, bar);
         }
     };
     if (lane == 0) {

@@ -196,7 +196,6 @@ struct SplitAttentionParams {
     int32_t stream_stages;    // n_q == 1: the stream form (below) with this many tiles per warp's ring; 0: the tensor-core form
     int32_t stream_mma;       // with stream_stages: 1 runs the stream form on tensor cores (attention_stream_mma_fits must hold)
     int32_t tma_stages;       // > 0: the one-query kernel through a ring of bulk copies, this deep (below; attention_stream_tma_fits)
-    int32_t kv_evict_first;   // the bulk copies read the pages with L2's evict-first priority (VXQ_CUDA_ATTN_EVICT_FIRST=1; an A/B knob)
 };
 //
 // With out_q8 (one query) the merging block also quantizes its query heads' rows of out to q8_0

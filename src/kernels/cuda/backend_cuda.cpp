@@ -182,7 +182,9 @@ public:
         if (const char* kf = std::getenv("VXQ_CUDA_KIVI_FUSE")) kivi_fuse_ = std::atoi(kf) != 0;
         if (const char* ke = std::getenv("VXQ_CUDA_KIVI_EARLY")) kivi_early_ = std::atoi(ke) != 0;
         if (const char* ke = std::getenv("VXQ_CUDA_KIVI_EVICT_FIRST")) kivi_evict_first_ = std::atoi(ke) != 0;
-        if (const char* ae = std::getenv("VXQ_CUDA_ATTN_EVICT_FIRST")) attn_evict_first_ = std::atoi(ae) != 0;
+        if (const char* km = std::getenv("VXQ_CUDA_KIVI_MERGE_INSIDE")) kivi_merge_inside_ = std::atoi(km) != 0;
+        if (const char* ke = std::getenv("VXQ_CUDA_KIVI_MERGE_EARLY")) kivi_merge_early_ = std::atoi(ke) != 0;
+        if (const char* kq = std::getenv("VXQ_CUDA_KIVI_Q8_HANDOFF")) kivi_q8_handoff_ = std::atoi(kq) != 0;
         if (const char* ap = std::getenv("VXQ_CUDA_ATTN_PREFILL_MIN")) attn_prefill_min_ = std::max(1, std::atoi(ap));
         if (const char* sh = std::getenv("VXQ_CUDA_ATTN_SHORT")) {  // capped by the layout (attention_split_short_cap)
             attn_short_ = std::clamp(std::atoi(sh), 0, kAttnShortTokens);
@@ -214,6 +216,7 @@ public:
         split_arrivals_.release();
         kivi_partial_.release();
         kivi_fallbacks_.release();
+        kivi_arrivals_.release();
         reader_partial_.release();
         for (auto& [id, c] : turbo_states_) state_free(c);
         for (auto& [id, c] : vecinfer_states_) state_free(c);
@@ -768,7 +771,6 @@ private:
                 t.short_tokens = 0;
                 t.tma_stages = attn_tma_ > 0 ? attn_tma_ : attention_stream_tma_stages(codes.k);
                 t.splits = attention_stream_tma_splits(view.n_head_kv, codes.k);
-                t.kv_evict_first = attn_evict_first_ ? 1 : 0;
                 if (attention_stream_tma_fits(t)) p = t;  // (its partials: room made above)
             }
             // The step's RoPE + KV store, recorded right before for this layer: into this kernel.
@@ -1074,6 +1076,8 @@ private:
         p.partial = grow(kivi_partial_, kivi_attention_scratch_floats(p));
         p.fallbacks = grow_zeroed(kivi_fallbacks_, 1);
         p.tiles_evict_first = kivi_evict_first_ ? 1 : 0;
+        p.merge_launch_early = kivi_merge_early_ ? 1 : 0;
+        if (kivi_merge_inside_ && !kivi_prefill(p)) p.arrivals = grow_zeroed(kivi_arrivals_, size_t(n_q * view.n_head_kv));
         p.out = out(o, n_out);
         step_reserve({host_bytes(q, n_out), kivi_heads_.size() * sizeof(KiviHeadDev)});
         p.q = in(q, n_out);
@@ -1594,7 +1598,7 @@ private:
     // (the RMSNorm after the residual add) and from the gate/up group's last block per 32 rows
     // (the SwiGLU), which made the matmuls slower than the quantize kernels they removed.
     // A KIVI layer's merge kernel quantizes the same way (KiviAttentionParams::out_q8), a block
-    // of 32 channels each.
+    // of 32 channels each, where VXQ_CUDA_KIVI_Q8_HANDOFF=1 (off by default: not yet run on a GPU).
     Q8Act q8_handoff(const DeviceWeight& w, const float* x, int64_t n) {
         if (!q8_handoff_on_ || n != 1 || w.cols > q8_handoff_cols_) return {};
         GemvFusion consumer;
@@ -1610,7 +1614,7 @@ private:
             return a.p.out_q8;
         }
         KiviAttnRec& k = kivi_attn_;
-        if (k.op != SIZE_MAX && k.op + 2 == pending_.size() && k.p.out == x && k.p.n_q == 1 && !kivi_prefill(k.p) &&
+        if (kivi_q8_handoff_ && k.op != SIZE_MAX && k.op + 2 == pending_.size() && k.p.out == x && k.p.n_q == 1 && !kivi_prefill(k.p) &&
             k.p.head_dim % kQBlock == 0 && k.p.n_head * k.p.head_dim == w.cols) {
             k.p.out_q8 = consumer.x_q8;
             pending_[k.op] = [p = k.p](cudaStream_t st) { kivi_attention(p, st); };
@@ -1906,6 +1910,7 @@ private:
     DeviceArray<unsigned> split_arrivals_;  // and its arrival counters
     DeviceArray<float> kivi_partial_;       // the KIVI attention's partials
     DeviceArray<int> kivi_fallbacks_;       // its count of warps redone in the SIMT form (reported at exit)
+    DeviceArray<unsigned> kivi_arrivals_;   // its arrival counters where it merges inside
     std::vector<KiviHeadDev> kivi_heads_;   // a KIVI layer's heads table (host side)
     DeviceArray<float> reader_partial_;     // the TurboQuant / VecInfer / QJL attention's partials
     std::unordered_map<uint64_t, TurboStateCopy> turbo_states_;        // by KvLayerState::id()
@@ -1930,8 +1935,14 @@ private:
     // at 32K on an H100, its device tests and memcheck clean: docs/gpu.md, fifth session of
     // 2026-12-07); VXQ_CUDA_KIVI_FUSE=0 runs the store kernel.
     bool kivi_fuse_ = true;
-    bool kivi_evict_first_ = true;   // VXQ_CUDA_KIVI_EVICT_FIRST=0: KiviAttentionParams::tiles_evict_first off
-    bool attn_evict_first_ = false;  // VXQ_CUDA_ATTN_EVICT_FIRST=1: SplitAttentionParams::kv_evict_first (an A/B knob)
+    // Off by default since the only GPU run of them (docs/gpu.md, session of 2026-12-08) met "an
+    // illegal instruction" in every KIVI attention of a build with the first three on, and no
+    // machine was left to find which one raises it (each alone: =1). The KIVI kernels then run as
+    // last checked on a GPU (0788743: plain tile copies, the merge kernel).
+    bool kivi_evict_first_ = false;   // VXQ_CUDA_KIVI_EVICT_FIRST=1: KiviAttentionParams::tiles_evict_first
+    bool kivi_merge_early_ = false;   // VXQ_CUDA_KIVI_MERGE_EARLY=1: KiviAttentionParams::merge_launch_early
+    bool kivi_q8_handoff_ = false;    // VXQ_CUDA_KIVI_Q8_HANDOFF=1: KIVI's merge writes the O projection's q8_0 input
+    bool kivi_merge_inside_ = false;  // VXQ_CUDA_KIVI_MERGE_INSIDE=1: KiviAttentionParams::arrivals (no merge kernel)
     bool kivi_early_ = true;  // VXQ_CUDA_KIVI_EARLY=0: KiviFresh::early off (a fused step's first tiles after the wait)
     int64_t attn_prefill_min_ = kAttnPrefillMinQueries;               // VXQ_CUDA_ATTN_PREFILL_MIN
     int attn_stream_ = -1;  // VXQ_CUDA_ATTN_STREAM: stages of the stream form's ring; -1 the default, 0 off

@@ -45,13 +45,6 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, 
                  "l"(src), "r"(bytes), "r"(smem_u32(bar))
                  : "memory");
 }
-// The same with an L2 policy (l2_policy, below).
-__device__ __forceinline__ void bulk_copy_to_shared_hint(void* dst, const void* src, unsigned bytes, uint64_t* bar, uint64_t policy) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar)), "l"(policy)
-                 : "memory");
-}
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
     asm volatile(
         "{\n\t.reg .pred done;\n"

@@ -17,6 +17,7 @@
 #include "kernels/cuda/kivi_attention_kernels.cuh"
 #include "kernels/cuda/kivi_code.h"
 #include "kernels/cuda/kivi_flush_kernels.cuh"
+#include "kernels/cuda/kivi_quantize.cuh"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -28,96 +29,6 @@ namespace {
 
 constexpr int kMaxSplits = 128;
 constexpr int kMaxTailSplits = 64;  // the tensor-core form's tail splits (windows up to 2K tokens)
-
-
-// A group's zero and scale (fp16 bits) from its first minimum and maximum (kivi::quantize_group).
-// A NaN group stores the CPU's fp16 of quiet_NaN() (0x7e00; __float2half_rn gives 0x7fff).
-// code(x): x's code in the group (kivi_code.h: from the scale's reciprocal; 0 where s is not > 0).
-struct KiviZeroScale {
-    uint16_t z16, s16;
-    float z, s, inv_s, qmax;  // z and s as the codes are computed from them
-    __device__ __forceinline__ KiviZeroScale(float mn, float mx, bool nan, float qmax_) : qmax(qmax_) {
-        z16 = nan ? uint16_t(0x7e00) : kv_half_bits(mn);
-        s16 = nan ? uint16_t(0x7e00) : kv_half_bits(__fdiv_rn(__fsub_rn(mx, mn), qmax));
-        z = __half2float(__ushort_as_half(z16));
-        s = __half2float(__ushort_as_half(s16));
-        inv_s = s > 0.0f ? __frcp_rn(s) : 0.0f;
-    }
-    __device__ __forceinline__ unsigned code(float x) const { return s > 0.0f ? kivi_code_rcp(x, z, s, inv_s, qmax) : 0u; }
-};
-
-
-// kivi::quantize_group + pack_row for the n values get(0..n-1): zero and scale (fp16) and the
-// packed codes of one row.
-template <class Get>
-__device__ void quantize_row(Get get, int n, int bits, uint8_t* zero, uint8_t* scale, uint8_t* row) {
-    const KiviRange g = kivi_range(get, n);
-    const float qmax = float((1 << bits) - 1);
-    const KiviZeroScale zs(g.mn, g.mx, g.nan, qmax);
-    *reinterpret_cast<uint16_t*>(zero) = zs.z16;
-    *reinterpret_cast<uint16_t*>(scale) = zs.s16;
-    unsigned acc = 0;
-    int filled = 0;
-    for (int i = 0; i < n; ++i) {
-        const unsigned code = zs.code(get(i));
-        acc |= code << filled;
-        filled += bits;
-        if (filled == 8) {
-            *row++ = uint8_t(acc);
-            acc = 0;
-            filled = 0;
-        }
-    }
-}
-
-// The same by the 32 lanes of a warp (all call; lane l takes values l, l + 32, ...): the first
-// smallest and the first largest value as the loop above finds them (so a -0 / +0 tie keeps the
-// same one), then a code a lane, packed by shuffles (G and 8 / bits are powers of two).
-template <class Get>
-__device__ void quantize_row_warp(Get get, int n, int bits, uint8_t* zero, uint8_t* scale, uint8_t* row, int lane) {
-    float mn = INFINITY, mx = -INFINITY;
-    int imn = n, imx = n;
-    bool nan = false;
-    for (int i = lane; i < n; i += 32) {
-        const float x = get(i);
-        nan |= x != x;
-        if (x < mn) mn = x, imn = i;
-        if (x > mx) mx = x, imx = i;
-    }
-    float neg_mn = -mn;  // the first smallest is the first largest of the negated values (exact)
-    first_max_lanes<16>(neg_mn, imn);
-    first_max_lanes<16>(mx, imx);
-    mn = -neg_mn;
-    nan = __any_sync(0xffffffffu, nan);
-    const float qmax = float((1 << bits) - 1);
-    const KiviZeroScale zs(mn, mx, nan, qmax);
-    if (lane == 0) {
-        *reinterpret_cast<uint16_t*>(zero) = zs.z16;
-        *reinterpret_cast<uint16_t*>(scale) = zs.s16;
-    }
-    for (int base = 0; base < n; base += 32) {
-        const int i = base + lane;
-        const unsigned code = i < n ? zs.code(get(i)) : 0u;
-        unsigned v = code << ((i * bits) & 7);
-        for (int o = 1; o < 8 / bits; o <<= 1) v |= __shfl_xor_sync(0xffffffffu, v, o);
-        if (i < n && (i * bits) % 8 == 0) row[i * bits / 8] = uint8_t(v);
-    }
-}
-
-// Value row r of a token (its d channels in fp16 at tok) into the token's block blk: G channels
-// (a ragged last row repeats its last real channel, as the CPU pads it), by one thread or, Warp,
-// by the 32 lanes of a warp.
-template <bool Warp>
-__device__ __forceinline__ void quantize_value_row(const __half* tok, int d, int r, const KiviFormatDev& vf, uint8_t* blk, int lane) {
-    const int G = vf.group, bits = vf.bits, rows = vf.rows, c0 = r * G, last = min(d, c0 + G) - 1 - c0;
-    const auto get = [&](int i) { return __half2float(tok[c0 + min(i, last)]); };
-    uint8_t *zero = blk + 2 * r, *scale = blk + 2 * rows + 2 * r, *codes = blk + 4 * rows + r * (G * bits / 8);
-    if constexpr (Warp) {
-        quantize_row_warp(get, G, bits, zero, scale, codes, lane);
-    } else {
-        quantize_row(get, G, bits, zero, scale, codes);
-    }
-}
 
 // The store works through shared memory: a block stages up to a chunk of write-local tokens of
 // one stream (fp16, as the window holds them: rows of head_dim + 4 halves, so that consecutive
@@ -370,10 +281,7 @@ __global__ void __launch_bounds__(kStoreThreads) kivi_store_small_kernel(KiviSto
 }
 
 // The merge (kivi_merge_block) and, in blocks (n_q n_head + g, 0), KV head g's values' oldest
-// window token encoded ahead (KiviAttentionParams::pack_ahead) where the next step's store would
-// encode it: the window holds slots - 1 tokens. A warp a row from its ring slot, as the store's
-// short path encodes it. That needs nothing of this step (the slot was written steps ago, the
-// block is read from the next step on), so it comes before the wait. After a fused store
+// window token encoded ahead (kivi_pack_ahead), before the wait. After a fused store
 // (p.fresh), these blocks then leave q's rows of g's query heads and k's row of g rotated in
 // place, as the store kernel does (the RoPE ops' results; the attention read them before RoPE):
 // after the wait, when no block of the attention reads them any more.
@@ -389,15 +297,7 @@ __global__ void __launch_bounds__(kMergeThreads) kivi_merge_pack_kernel(KiviAtte
         const int64_t pos = *fr.pos0;
         for (int i = threadIdx.x; i < half; i += kMergeThreads) rope_cs[i] = rope_angle(i, pos, fr.theta_scale);
     }
-    const KiviHeadDev h = p.heads[g];
-    // (h.v is null while the stream holds no packed block: the step after encodes the token itself.)
-    if (h.v != 0 && p.vf.slots > 1 && h.n_tokens - h.v_packed >= p.vf.slots - 1) {
-        const auto* tok = reinterpret_cast<const __half*>(h.vw) + h.v_head * d;
-        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + h.v_packed * p.vf.block_bytes;
-        for (int row = threadIdx.x / 32; row < p.vf.rows; row += kMergeWarps) {
-            quantize_value_row<true>(tok, int(d), row, p.vf, blk, threadIdx.x & 31);
-        }
-    }
+    kivi_pack_ahead(p, g, kMergeWarps);
     if (half == 0) return;
     __syncthreads();
     pdl_wait();
@@ -568,7 +468,8 @@ void launch_attention(const KiviAttentionParams& p, cudaStream_t st) {
         if (p.fresh.k) return launch_attention<D, B, NT, VGS, 4, true>(p, st);
     }
     const int gqa = int(p.n_head / p.n_head_kv);
-    const size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, B != 0);
+    size_t smem = kivi_smem_bytes(D, p.kf.bits, p.vf.block_bytes, gqa, B != 0);
+    if (p.arrivals != nullptr) smem = std::max(smem, kivi_merge_inside_bytes(gqa, p.parts, D));
     static PerDevice configured, carveout;  // the largest size set so far for this kernel, per device
     allow_smem(kivi_attention_kernel<D, B, NT, VGS, MB, F>, smem, configured);
     if constexpr (MB == 5) {  // 5 blocks of ~37 KB: the largest shared-memory carveout
@@ -742,6 +643,7 @@ void kivi_attention(const KiviAttentionParams& params, cudaStream_t st) {
         case 256: launch_attention<256>(p, st); break;
         default: throw_cuda_error(cudaErrorInvalidValue, "kivi_attention: head_dim not a multiple of 32 up to 256 (the caller checks kivi_attention_fits)", __FILE__, __LINE__);
     }
+    if (p.arrivals != nullptr) return;  // merged inside
     const unsigned rows = unsigned(p.n_q * p.n_head), chunks = unsigned((p.head_dim + 31) / 32);
     if (p.pack_ahead) {
         launch_pdl(kivi_merge_pack_kernel, dim3(rows + unsigned(p.n_head_kv), chunks), dim3(kMergeThreads), 0, st, p);

@@ -169,13 +169,25 @@ struct KiviAttentionParams {
     // layers' codes together are far past L2, so no line of them is read from there again; with
     // the normal priority they stay at the expense of lines that are (which ones was not
     // measured). On an H100, synthetic Llama-3-8B Q4_0: kivi-2 decode +3.2 % at 32K, +4.6 % at
-    // 128K, level at 1K (docs/gpu.md, seventh session of 2026-12-07). VXQ_CUDA_KIVI_EVICT_FIRST=0: normal.
+    // 128K, level at 1K (docs/gpu.md, seventh session of 2026-12-07). Zero: plain copies, no policy
+    // (the backend's default until this form's device tests pass; VXQ_CUDA_KIVI_EVICT_FIRST=1).
     int32_t tiles_evict_first;
     // Where set (qs non-null): the merge also writes out as q8_0 activations (q8_act.cuh, the
     // quantize kernel's bits), each of its blocks one q8_0 block of 32 channels, so that a
     // Q8_0 / Q4_0 output projection reading out runs no quantize kernel (backend_cuda.cpp's
     // q8_handoff; as the split attention does). Not with the prefill form, which has no merge.
     Q8Act out_q8;
+    // Where set: no merge kernel. The block that writes the last of (query i, KV head g)'s
+    // partials (counted here, [n_q][n_head_kv], zero between launches: the merger leaves its
+    // counter at 0) merges them into out (and out_q8) for g's query heads, leaves q and k rotated
+    // after a fused store, and a decode step's value token encoded ahead (pack_ahead) is encoded
+    // by one block of each KV head before its wait. Checked in the SIMT emulator only so far; the
+    // backend sets it with VXQ_CUDA_KIVI_MERGE_INSIDE=1.
+    unsigned* arrivals;
+    // Nonzero: the merge kernel lets the next kernel launch once its blocks are resident
+    // (pdl_launch_dependents after its wait), else at its end (the backend's default until this
+    // has run on a GPU; VXQ_CUDA_KIVI_MERGE_EARLY=1).
+    int32_t merge_launch_early;
 };
 // GQA group <= 8, head_dim a multiple of 32 up to 256.
 bool kivi_attention_fits(int64_t n_head, int64_t n_head_kv, int64_t head_dim);

@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/cp_async.cuh"
 #include "kernels/cuda/kivi.cuh"
+#include "kernels/cuda/kivi_quantize.cuh"
 #include "kernels/cuda/kv_codes.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -100,13 +101,20 @@ __device__ void kivi_issue(const KiviAttentionParams& p, const KiviHeadDev& hd, 
 // and its 32 value blocks are two contiguous runs of compile-time size, copied straight (the
 // general form above tests the format and loops per tile). PB = 0: the general form.
 // Bytes [0, N) (a multiple of 16, known at compile time) from src to dst by a warp's lanes.
-template <int N>
-__device__ __forceinline__ void kivi_copy_warp(uint8_t* dst, const uint8_t* src, int lane, uint64_t policy) {
+// Hint: the copies carry an L2 policy (l2_policy), else they are plain cp.async.
+template <int N, bool Hint>
+__device__ __forceinline__ void kivi_copy_warp(uint8_t* dst, const uint8_t* src, int lane, [[maybe_unused]] uint64_t policy) {
     constexpr int U = N / 16;
 #pragma unroll
     for (int j = 0; j < (U + 31) / 32; ++j) {
         const int u = lane + 32 * j;
-        if (U % 32 == 0 || u < U) cp_async16_hint(dst + 16 * u, src + 16 * u, policy);
+        if (U % 32 == 0 || u < U) {
+            if constexpr (Hint) {
+                cp_async16_hint(dst + 16 * u, src + 16 * u, policy);
+            } else {
+                cp_async16(dst + 16 * u, src + 16 * u);
+            }
+        }
     }
 }
 template <int D, int PB>
@@ -116,9 +124,15 @@ __device__ __forceinline__ void kivi_issue_warp(const KiviAttentionParams& p, co
     } else {
         constexpr int KB = int(kivi_block32_bytes(D, PB)), VB = int(kivi_block32_bytes(D / 32, PB));  // a key block, a value token's
         const int t = int(t0);
-        const uint64_t policy = l2_policy(p.tiles_evict_first != 0);  // (KiviAttentionParams::tiles_evict_first)
-        kivi_copy_warp<KB>(stage, reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * KB, lane, policy);
-        kivi_copy_warp<kKiviTile * VB>(stage + KB, reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * VB, lane, policy);
+        const uint8_t *k = reinterpret_cast<const uint8_t*>(hd.k) + int64_t(t >> 5) * KB, *v = reinterpret_cast<const uint8_t*>(hd.v) + int64_t(t) * VB;
+        if (p.tiles_evict_first != 0) {  // (KiviAttentionParams::tiles_evict_first)
+            const uint64_t policy = l2_policy(true);
+            kivi_copy_warp<KB, true>(stage, k, lane, policy);
+            kivi_copy_warp<kKiviTile * VB, true>(stage + KB, v, lane, policy);
+        } else {
+            kivi_copy_warp<KB, false>(stage, k, lane, 0);
+            kivi_copy_warp<kKiviTile * VB, false>(stage + KB, v, lane, 0);
+        }
     }
 }
 
@@ -985,6 +999,125 @@ __device__ void kivi_tail_block(const KiviAttentionParams& p, const KiviHeadDev&
     st.store(reinterpret_cast<float*>(region + warp * warp_bytes), gqa, D, lane, [&](int j) { return lane + 32 * j; });
 }
 
+// KV head g's values' oldest window token encoded where the next step's store would encode it
+// (KiviAttentionParams::pack_ahead: the window holds slots - 1 tokens), into its packed block, a
+// warp a row (the store's short path's encoding). It needs nothing of this step: the slot was
+// written steps ago and no block of this step reads the packed block.
+__device__ __forceinline__ void kivi_pack_ahead(const KiviAttentionParams& p, int64_t g, int warps) {
+    const KiviHeadDev h = p.heads[g];
+    // (h.v is null while the stream holds no packed block: the step after encodes the token itself.)
+    if (h.v != 0 && p.vf.slots > 1 && h.n_tokens - h.v_packed >= p.vf.slots - 1) {
+        const auto* tok = reinterpret_cast<const __half*>(h.vw) + h.v_head * p.head_dim;
+        uint8_t* blk = reinterpret_cast<uint8_t*>(h.v) + h.v_packed * p.vf.block_bytes;
+        for (int row = threadIdx.x / 32; row < p.vf.rows; row += warps) {
+            quantize_value_row<true>(tok, int(p.head_dim), row, p.vf, blk, threadIdx.x & 31);
+        }
+    }
+}
+
+// The merge inside the attention kernel (KiviAttentionParams::arrivals): its shared memory, from
+// the start of the kernel's (free by then): the parts' weights [gqa][parts], each row's sum
+// [kKiviMaxGqa], the merged rows [gqa][d].
+inline size_t kivi_merge_inside_bytes(int gqa, int64_t parts, int64_t d) {
+    return (size_t(gqa) * size_t(parts) + 8 + size_t(gqa) * size_t(d)) * sizeof(float);
+}
+
+// After the block's partial is written: the block published it (fence) and counted its arrival;
+// the one that arrives last for (i, g) merges g's query heads over all parts, as merge_splits
+// (attention.cu) does for the split attention: each row's maximum, weights e^(m_z - M) and sum
+// over the parts first (a warp a row), then o = sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M), a
+// thread per two channel pairs with kMergeInsideBatch parts' loads in flight (partials of other
+// blocks through L2, __ldcg: L1 is not coherent); out, and out_q8 by a warp per 32-channel block.
+// After a fused store (p.fresh, rope_cs its angles) it then leaves q's rows of g's heads and k's
+// row of g rotated in place, as the store kernel does: every block of g has read them.
+constexpr int kMergeInsideBatch = 16;
+template <int D>
+__device__ __forceinline__ void kivi_merge_inside(const KiviAttentionParams& p, int64_t g, int64_t i, int gqa, uint8_t* smem,
+                                                   const float2* rope_cs) {
+    __shared__ bool merger;
+    constexpr int T = kKiviWarps * 32;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // The barrier orders the block's partial writes before thread 0's fence, which makes them
+    // visible at device scope before its arrival (a release); the merger's fence after it orders
+    // its reads after the other arrivals (an acquire), and the barrier passes that on.
+    __syncthreads();
+    unsigned* arrivals = p.arrivals + i * p.n_head_kv + g;
+    if (tid == 0) {
+        __threadfence();
+        merger = atomicAdd(arrivals, 1u) == unsigned(p.parts - 1);
+        if (merger) __threadfence();
+    }
+    __syncthreads();
+    if (!merger) return;
+    const int parts = int(p.parts);
+    constexpr int64_t stride = D + 2;
+    const int64_t row0 = i * p.n_head + g * gqa;
+    auto* wz = reinterpret_cast<float*>(smem);  // [gqa][parts]
+    float* lsum = wz + gqa * parts;             // [kKiviMaxGqa]
+    float* keep = lsum + 8;                     // [gqa][D]
+    for (int h = warp; h < gqa; h += kKiviWarps) {
+        const float* part = p.partial + (row0 + h) * parts * stride;
+        float* w = wz + h * parts;
+        float m = -INFINITY;
+        for (int z = lane; z < parts; z += 32) {
+            w[z] = __ldcg(part + z * stride + D);
+            m = fmaxf(m, w[z]);
+        }
+        m = warp_max(m);
+        float l = 0.0f;
+        for (int z = lane; z < parts; z += 32) {
+            const float e = w[z] == -INFINITY ? 0.0f : expf(w[z] - m);
+            w[z] = e;
+            l = fmaf(e, __ldcg(part + z * stride + D + 1), l);
+        }
+        l = warp_sum(l);
+        if (lane == 0) lsum[h] = l;
+    }
+    __syncthreads();
+    const int pairs = gqa * D / 2;
+    for (int e0 = tid; e0 < pairs; e0 += 2 * T) {
+        const int e1 = min(e0 + T, pairs - 1);  // past the last pair: the last again (not written)
+        const int r0 = 2 * e0 / D, r1 = 2 * e1 / D;
+        const float* part0 = p.partial + (row0 + r0) * parts * stride + (2 * e0 - r0 * D);
+        const float* part1 = p.partial + (row0 + r1) * parts * stride + (2 * e1 - r1 * D);
+        float2 a0 = make_float2(0.0f, 0.0f), a1 = a0;
+        for (int z0 = 0; z0 < parts; z0 += kMergeInsideBatch) {
+            float2 v0[kMergeInsideBatch], v1[kMergeInsideBatch];
+#pragma unroll
+            for (int u = 0; u < kMergeInsideBatch; ++u) {
+                const int z = min(z0 + u, parts - 1);
+                v0[u] = __ldcg(reinterpret_cast<const float2*>(part0 + z * stride));
+                v1[u] = __ldcg(reinterpret_cast<const float2*>(part1 + z * stride));
+            }
+#pragma unroll
+            for (int u = 0; u < kMergeInsideBatch; ++u) {
+                if (z0 + u < parts) {
+                    const float w0 = wz[r0 * parts + z0 + u], w1 = wz[r1 * parts + z0 + u];
+                    a0 = make_float2(fmaf(w0, v0[u].x, a0.x), fmaf(w0, v0[u].y, a0.y));
+                    a1 = make_float2(fmaf(w1, v1[u].x, a1.x), fmaf(w1, v1[u].y, a1.y));
+                }
+            }
+        }
+        const auto put = [&](int e, int r, float2 a) {
+            const float2 o = make_float2(a.x / lsum[r], a.y / lsum[r]);
+            *reinterpret_cast<float2*>(p.out + row0 * D + 2 * e) = o;
+            keep[2 * e] = o.x;
+            keep[2 * e + 1] = o.y;
+        };
+        put(e0, r0, a0);
+        if (e0 + T < pairs) put(e1, r1, a1);
+    }
+    if (p.out_q8.qs != nullptr) {
+        __syncthreads();
+        for (int b = warp; b < gqa * D / kQBlock; b += kKiviWarps) {
+            quantize_block_q8_0(keep[b * kQBlock + lane], row0 * D / kQBlock + b, lane, p.out_q8.qs, p.out_q8.s);
+        }
+    }
+    const int n_rot = rope_cs != nullptr && p.fresh.k != nullptr ? int(p.fresh.n_rot) : 0;
+    if (n_rot > 0) rope_rotate_group(p.fresh.q, p.fresh.k, g, gqa, D, rope_cs, n_rot, p.fresh.neox != 0, tid, T);
+    if (tid == 0) *arrivals = 0;  // ready for the next launch (a kernel boundary orders it)
+}
+
 // Block (split z, KV head g, query i) for the query heads of g. B = 0: the SIMT form over split z
 // of the tokens the query sees; B = 2 or 4: splits 0 .. splits - 1 take the tensor-core form over
 // kivi_tc_tokens, splits `splits` .. parts - 1 the rest a tile each (kivi_tail_block). The warps'
@@ -1031,6 +1164,9 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
             issued = true;
         }
     }
+    // Merging inside: a decode step's value token encoded ahead by the last block of each KV head
+    // (a tail split, the shortest), before the wait: it needs nothing of this step.
+    if (p.arrivals != nullptr && p.pack_ahead && z == p.parts - 1) kivi_pack_ahead(p, g, kKiviWarps);
     pdl_wait();
     auto* q_s = reinterpret_cast<float*>(smem);
     const float* qg = p.q + (i * p.n_head + g * gqa) * D;
@@ -1123,6 +1259,7 @@ __global__ void __launch_bounds__(kKiviWarps * 32, NT == 1 ? MB : (NT == 0 && D 
         part[c] = c == D ? wt[h][kKiviWarps] : sum;
     }
     pdl_trace_mark(43);
+    if (p.arrivals != nullptr) kivi_merge_inside<D>(p, g, i, gqa, smem, F ? rope_cs : nullptr);
 }
 
 // out = the splits' partials merged: sum_z o_z e^(m_z - M) / sum_z l_z e^(m_z - M). Block (row,
@@ -1138,7 +1275,7 @@ __device__ __forceinline__ void kivi_merge_block(const KiviAttentionParams& p) {
     // Resident already (128 blocks): the next kernel's blocks (the O projection's GEMV) may start
     // and put their first weights in flight before their own wait, which still waits for this
     // grid to end. Without it they were launched only once this kernel had ended.
-    pdl_launch_dependents();
+    if (p.merge_launch_early != 0) pdl_launch_dependents();
     const int64_t row = blockIdx.x, d = p.head_dim, n = p.parts;
     const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const int64_t c = int64_t(blockIdx.y) * 32 + lane, cl = c < d ? c : d - 1;  // lanes past d load a channel, write none
